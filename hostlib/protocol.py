@@ -1,0 +1,209 @@
+"""LTA wire protocol, version 1: the single source of truth.
+
+Every packet is Ethernet / IPv4 / UDP (destination port ``LTA_PORT`` towards the switch) /
+LTA header (``HEADER_BYTES``, big-endian) / payload of exactly K int32 values (big-endian), where K is
+the job's elements-per-packet. Only the first ``nelem`` payload values are meaningful; the rest are
+zero (or ``INT32_MIN`` in exponent rounds, so that ``max`` ignores them). Every op carries the full
+payload so a switch parser needs no op-dependent lengths. ``docs/protocol.md`` documents the same
+layout; ``tests/test_protocol.py`` checks that the P4 header and the scapy layer match this module.
+
+Vectorised helpers turn a whole batch of packets into a structured numpy array (one row per packet)
+and back, so encoding and decoding never loop over elements in Python.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+VERSION = 1
+LTA_PORT = 48879  # 0xBEEF, the switch's UDP port (and the port the P4 parser matches)
+DEFAULT_ELEMS_PER_PACKET = 64  # K; the P4 program is compiled for this value
+MAX_WORKERS = 64  # bitmap width; also the worker count the codec's headroom is sized for
+MAX_JOBS = 64  # job ids 1..MAX_JOBS-1 are usable; index 0 collects packets of no known job
+INT32_MIN = -(2**31)
+
+
+class Op(enum.IntEnum):
+    GRAD = 1  # worker -> switch: a contribution to (slot, seq)
+    RESULT = 2  # switch -> workers: the sum with count, bitmap and weight
+    FLUSH = 3  # worker -> switch: close (slot, seq) now, with whatever arrived
+    PARAM = 4  # owner -> switch -> other workers: absolute parameter values (float32 bits)
+    PARAM_REQ = 5  # receiver -> switch -> other workers: "resend this shard reliably"
+
+
+class Flag(enum.IntFlag):
+    RETX = 0x01  # a RESULT unicast again to a worker that asked for a closed round
+    SATURATED = 0x02  # some contribution was clamped by the codec
+    CRITICAL = 0x04  # exempt from emulated drop policies (reliable resends)
+    MAX = 0x08  # aggregate by element-wise max instead of sum (exponent rounds)
+
+
+# Header layout: (name, numpy big-endian type). Order and sizes are the wire format.
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("version", "u1"),
+    ("op", "u1"),
+    ("flags", "u1"),
+    ("exp", "i1"),  # fixed-point exponent: value = int * 2**-exp
+    ("job_id", ">u2"),
+    ("worker_id", "u1"),
+    ("count", "u1"),  # contributions summed into this RESULT
+    ("slot", ">u2"),
+    ("nelem", ">u2"),  # meaningful payload values (<= K)
+    ("seq", ">u4"),  # round of the slot; strictly increases per slot
+    ("step", ">u4"),  # training iteration (informational, echoed)
+    ("chunk", ">u4"),  # chunk index inside the tensor being reduced (echoed)
+    ("weight", ">u4"),  # summed sample weights
+    ("bitmap", ">u8"),  # bit w set = worker w contributed
+)
+HEADER_DTYPE = np.dtype([(n, t) for n, t in HEADER_FIELDS])
+HEADER_BYTES = HEADER_DTYPE.itemsize  # 36
+HEADER_BITS = {n: np.dtype(t).itemsize * 8 for n, t in HEADER_FIELDS}
+# The same layout as a struct.Struct, for the per-packet path (one unpack is cheaper than numpy there).
+_STRUCT_CODES = {"u1": "B", "i1": "b", ">u2": "H", ">u4": "I", ">u8": "Q"}
+HEADER_STRUCT = struct.Struct(">" + "".join(_STRUCT_CODES[t] for _, t in HEADER_FIELDS))
+assert HEADER_STRUCT.size == HEADER_BYTES
+# The largest K whose packet still fits one UDP datagram (jumbo loopback use; the P4 program uses 64).
+MAX_ELEMS_PER_PACKET = (65507 - HEADER_BYTES) // 4
+FIELD_INDEX = {name: i for i, (name, _) in enumerate(HEADER_FIELDS)}
+
+# Counter names: one per branch of the switch contract. The softswitch, the P4 program (indirect
+# counters indexed by job id) and the control plane use exactly these names.
+COUNTERS: tuple[str, ...] = (
+    "rx_packets",  # every packet that reached the pipeline
+    "drop_malformed",  # short, wrong version, bad op, nelem > K, wrong payload length
+    "drop_unknown_job",
+    "drop_slot_range",
+    "drop_bad_worker",  # worker id out of range or not matching its ingress port/address
+    "drop_policy_up",  # emulated loss of GRAD
+    "grad_start",  # q > seq: a new round starts
+    "grad_add",  # q == seq, open, bit clear: summed
+    "grad_dup",  # q == seq, open, bit set: duplicate dropped
+    "grad_late_resend",  # q == seq, closed: stored RESULT unicast to the sender
+    "grad_stale",  # q < seq: dropped
+    "grad_exp_mismatch",  # exponent differs from the round's: dropped, never added
+    "result_quorum",  # round closed because count reached quorum
+    "flush_partial",  # FLUSH closed an open round
+    "flush_empty",  # FLUSH for a round the slot never saw: closed with count 0
+    "flush_resend",  # FLUSH for an already closed round: stored RESULT unicast
+    "flush_stale",  # FLUSH for an older round: dropped
+    "param_fwd",  # PARAM replicated to the other workers
+    "param_req_fwd",  # PARAM_REQ replicated to the other workers
+    "drop_policy_down",  # emulated loss of a RESULT replica
+    "drop_policy_param",  # emulated loss of a PARAM / PARAM_REQ replica
+    "tx_packets",  # every packet the switch sent
+)
+
+
+def check_elems_per_packet(elems_per_packet: int) -> None:
+    if not 1 <= elems_per_packet <= MAX_ELEMS_PER_PACKET:
+        raise ValueError(f"elems_per_packet must be in 1..{MAX_ELEMS_PER_PACKET}, got {elems_per_packet}")
+
+
+def packet_dtype(elems_per_packet: int) -> np.dtype:
+    """Structured dtype of one whole packet: header fields, then K big-endian int32."""
+    check_elems_per_packet(elems_per_packet)
+    return np.dtype([(n, t) for n, t in HEADER_FIELDS] + [("payload", ">i4", (elems_per_packet,))])
+
+
+def packet_bytes(elems_per_packet: int) -> int:
+    return HEADER_BYTES + 4 * elems_per_packet
+
+
+def empty_batch(n: int, elems_per_packet: int) -> np.ndarray:
+    """A zeroed batch of ``n`` packets with version set; fill fields column-wise."""
+    batch = np.zeros(n, dtype=packet_dtype(elems_per_packet))
+    batch["version"] = VERSION
+    return batch
+
+
+def batch_rows(batch: np.ndarray) -> np.ndarray:
+    """The batch as an (n, packet_bytes) uint8 array of wire bytes (a view, no copy)."""
+    return batch.view(np.uint8).reshape(len(batch), batch.dtype.itemsize)
+
+
+def decode_batch(raw: np.ndarray, elems_per_packet: int) -> np.ndarray:
+    """View an (n, packet_bytes) uint8 array as a batch of packets (no copy)."""
+    return np.ascontiguousarray(raw).view(packet_dtype(elems_per_packet)).reshape(len(raw))
+
+
+@dataclass(frozen=True)
+class Header:
+    """One decoded header, for tools, tests and the slow path."""
+
+    version: int
+    op: int
+    flags: int
+    exp: int
+    job_id: int
+    worker_id: int
+    count: int
+    slot: int
+    nelem: int
+    seq: int
+    step: int
+    chunk: int
+    weight: int
+    bitmap: int
+
+    def pack(self) -> bytes:
+        rec = np.zeros(1, dtype=HEADER_DTYPE)
+        for name, _ in HEADER_FIELDS:
+            rec[name] = getattr(self, name)
+        return rec.tobytes()
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Header:
+        if len(data) < HEADER_BYTES:
+            raise ValueError(f"LTA header needs {HEADER_BYTES} bytes, got {len(data)}")
+        rec = np.frombuffer(data[:HEADER_BYTES], dtype=HEADER_DTYPE)[0]
+        return cls(**{name: int(rec[name]) for name, _ in HEADER_FIELDS})
+
+
+def make_packet(
+    op: Op | int,
+    *,
+    job_id: int,
+    worker_id: int = 0,
+    slot: int = 0,
+    seq: int = 0,
+    payload: np.ndarray | None = None,
+    elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET,
+    flags: int = 0,
+    exp: int = 0,
+    count: int = 0,
+    step: int = 0,
+    chunk: int = 0,
+    weight: int = 0,
+    bitmap: int = 0,
+    nelem: int | None = None,
+    version: int = VERSION,
+) -> bytes:
+    """Build one packet (header + K int32) as bytes. For tests, tools and rare control packets."""
+    values = np.zeros(elems_per_packet, dtype=np.int64) if payload is None else np.asarray(payload)
+    if len(values) > elems_per_packet:
+        raise ValueError(f"payload has {len(values)} values, more than K={elems_per_packet}")
+    batch = empty_batch(1, elems_per_packet)
+    fields = dict(
+        version=version,
+        op=int(op),
+        flags=flags,
+        exp=exp,
+        job_id=job_id,
+        worker_id=worker_id,
+        count=count,
+        slot=slot,
+        seq=seq,
+        step=step,
+        chunk=chunk,
+        weight=weight,
+        bitmap=bitmap,
+        nelem=len(values) if nelem is None else nelem,
+    )
+    for name, value in fields.items():
+        batch[name] = value
+    batch["payload"][0, : len(values)] = values
+    return batch.tobytes()

@@ -1,0 +1,345 @@
+"""The reference data plane: the switch contract of docs/protocol.md, packet in, packets out.
+
+:class:`SoftSwitch` knows nothing about sockets: ``process(data, ingress)`` takes one packet and the port
+(or UDP address) it came from and returns the ``(egress, bytes)`` pairs to send. The UDP daemon, the
+raw-port runner and the P4Runtime server all drive this one object, so every deployment runs the same
+state machine, and the P4 program is tested against it.
+
+Per packet the work is one struct unpack, a few comparisons and one numpy add over the K payload
+values: no per-element Python.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
+from hostlib.protocol import (
+    COUNTERS,
+    DEFAULT_ELEMS_PER_PACKET,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    MAX_JOBS,
+    MAX_WORKERS,
+    VERSION,
+    Flag,
+    Op,
+    check_elems_per_packet,
+)
+
+Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_port) address
+Egress = list[tuple[Port, bytes]]
+
+_C = {name: i for i, name in enumerate(COUNTERS)}
+_ROUND_FLAGS = int(Flag.MAX | Flag.SATURATED)
+_VALID_OPS = {int(op) for op in Op}
+
+
+@dataclass
+class JobConfig:
+    """One aggregation job: ``workers[w]`` is the port/address worker ``w`` sends from and receives on."""
+
+    job_id: int
+    workers: list[Port]
+    quorum: int | None = None  # None: all workers
+    pool_size: int = 512
+    elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_id < MAX_JOBS:
+            raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
+        if not 1 <= len(self.workers) <= MAX_WORKERS:
+            raise ValueError(f"a job needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
+        if len(set(self.workers)) != len(self.workers):
+            raise ValueError(f"job {self.job_id}: two workers share one port/address: {self.workers}")
+        if self.quorum is None:
+            self.quorum = len(self.workers)
+        if not 1 <= self.quorum <= len(self.workers):
+            raise ValueError(f"quorum must be in 1..{len(self.workers)}, got {self.quorum}")
+        if not 1 <= self.pool_size <= 65535:
+            raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
+        check_elems_per_packet(self.elems_per_packet)
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+
+@dataclass
+class _Slots:
+    """Slot registers of one job (the same arrays the P4 program keeps)."""
+
+    pool_size: int
+    elems: int
+    seq: list[int] = field(init=False)
+    closed: list[bool] = field(init=False)
+    count: list[int] = field(init=False)
+    bitmap: list[int] = field(init=False)
+    weight: list[int] = field(init=False)
+    exp: list[int] = field(init=False)
+    flags: list[int] = field(init=False)
+    nelem: list[int] = field(init=False)
+    step: list[int] = field(init=False)
+    chunk: list[int] = field(init=False)
+    closer: list[int] = field(init=False)
+    acc: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.pool_size
+        self.seq, self.closed, self.count, self.bitmap = [0] * p, [False] * p, [0] * p, [0] * p
+        self.weight, self.exp, self.flags, self.nelem = [0] * p, [0] * p, [0] * p, [0] * p
+        self.step, self.chunk, self.closer = [0] * p, [0] * p, [0] * p
+        self.acc = np.zeros((p, self.elems), dtype=np.int32)
+
+
+class _Job:
+    def __init__(self, cfg: JobConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.slots = _Slots(cfg.pool_size, cfg.elems_per_packet)
+        self.worker_of = {port: w for w, port in enumerate(cfg.workers)}
+        self.payload_bytes = 4 * cfg.elems_per_packet
+        self.seed = seed
+        self.policies: dict[tuple[str, int | None], DropPolicy] = {}
+        self.streams: dict[tuple[str, int], DropStream] = {}
+
+    def drops(self, direction: str, worker: int) -> bool:
+        policy = self.policies.get((direction, worker)) or self.policies.get((direction, None))
+        if policy is None or policy == NO_LOSS:
+            return False
+        key = (direction, worker)
+        stream = self.streams.get(key)
+        if stream is None or stream.policy != policy:
+            # Seeded per (job, direction, worker) so a run replays whatever the interleaving.
+            entropy = [self.seed, self.cfg.job_id, DIRECTIONS.index(direction), worker]
+            stream_seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+            stream = self.streams[key] = DropStream(policy, stream_seed)
+        return stream.drop()
+
+
+class SoftSwitch:
+    """The switch contract of docs/protocol.md. Thread-safe: one lock around each packet."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.jobs: dict[int, _Job] = {}
+        # counters[job_id][branch]; row 0 collects packets of no known job.
+        self._counters = [[0] * len(COUNTERS) for _ in range(MAX_JOBS)]
+        self._lock = threading.Lock()
+
+    # ---- control plane -------------------------------------------------------------------------
+    def add_job(self, cfg: JobConfig) -> None:
+        with self._lock:
+            if cfg.job_id in self.jobs:
+                raise ValueError(f"job {cfg.job_id} exists; remove it first (lta ctl job rm {cfg.job_id})")
+            self.jobs[cfg.job_id] = _Job(cfg, self.seed)
+            self._counters[cfg.job_id] = [0] * len(COUNTERS)
+
+    def remove_job(self, job_id: int) -> None:
+        with self._lock:
+            if self.jobs.pop(job_id, None) is None:
+                raise KeyError(f"no job {job_id} on this switch")
+
+    def reset_job(self, job_id: int) -> None:
+        """Clear a job's slots, drop-policy state and counters; keep its configuration and policies."""
+        with self._lock:
+            job = self.jobs[job_id]
+            job.slots = _Slots(job.cfg.pool_size, job.cfg.elems_per_packet)
+            job.streams.clear()
+            self._counters[job_id] = [0] * len(COUNTERS)
+
+    def set_drop_policy(
+        self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None
+    ) -> None:
+        """Emulated loss for one job and direction (``up``/``down``/``param``), for every worker or one.
+        ``None`` removes the policy."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id} on this switch")
+            if worker is not None and not 0 <= worker < job.cfg.n_workers:
+                raise ValueError(f"job {job_id} has workers 0..{job.cfg.n_workers - 1}, not {worker}")
+            if policy is None:
+                job.policies.pop((direction, worker), None)
+            else:
+                job.policies[(direction, worker)] = policy
+
+    def read_counters(self, job_id: int) -> dict[str, int]:
+        with self._lock:
+            return dict(zip(COUNTERS, self._counters[job_id], strict=True))
+
+    # ---- data plane ----------------------------------------------------------------------------
+    def process(self, data: bytes | memoryview, ingress: Port) -> Egress:
+        """Run one packet through the pipeline; return the packets to send as (egress, bytes)."""
+        with self._lock:
+            return self._process(data, ingress)
+
+    def process_many(self, packets: list[tuple[bytes | memoryview, Port]]) -> Egress:
+        """Run a batch of packets in order under one lock acquisition."""
+        out: Egress = []
+        with self._lock:
+            for data, ingress in packets:
+                out.extend(self._process(data, ingress))
+        return out
+
+    def _count(self, job_id: int, name: str) -> None:
+        self._counters[job_id][_C[name]] += 1
+
+    def _process(self, data: bytes | memoryview, ingress: Port) -> Egress:
+        if len(data) < HEADER_BYTES:
+            self._counters[0][_C["rx_packets"]] += 1
+            self._count(0, "drop_malformed")
+            return []
+        (version, op, flags, exp, job_id, w, _count, s, nelem, q, step, chunk, weight, _bitmap) = (
+            HEADER_STRUCT.unpack_from(data)
+        )
+        job = self.jobs.get(job_id)
+        row = job_id if job is not None else 0
+        self._counters[row][_C["rx_packets"]] += 1
+        if version != VERSION or op not in _VALID_OPS or op == Op.RESULT:
+            self._count(row, "drop_malformed")
+            return []
+        if job is None:
+            self._count(0, "drop_unknown_job")
+            return []
+        cfg = job.cfg
+        if len(data) - HEADER_BYTES != job.payload_bytes or nelem > cfg.elems_per_packet:
+            self._count(job_id, "drop_malformed")
+            return []
+        if w >= cfg.n_workers or job.worker_of.get(ingress) != w:
+            self._count(job_id, "drop_bad_worker")
+            return []
+        if op in (Op.PARAM, Op.PARAM_REQ):
+            return self._replicate(job, data, w, flags, "param_fwd" if op == Op.PARAM else "param_req_fwd")
+        if s >= cfg.pool_size:
+            self._count(job_id, "drop_slot_range")
+            return []
+        slots = job.slots
+        if op == Op.FLUSH:
+            return self._flush(job, data, w, s, q, exp, flags, nelem, step, chunk)
+
+        # GRAD
+        if not flags & Flag.CRITICAL and job.drops("up", w):
+            self._count(job_id, "drop_policy_up")
+            return []
+        seq = slots.seq[s]
+        if q > seq:
+            payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
+            slots.acc[s] = payload
+            slots.seq[s], slots.closed[s], slots.count[s], slots.bitmap[s] = q, False, 1, 1 << w
+            slots.weight[s], slots.exp[s], slots.flags[s] = weight, exp, flags & _ROUND_FLAGS
+            slots.nelem[s], slots.step[s], slots.chunk[s] = nelem, step, chunk
+            self._count(job_id, "grad_start")
+        elif q < seq:
+            self._count(job_id, "grad_stale")
+            return []
+        elif slots.closed[s]:
+            self._count(job_id, "grad_late_resend")
+            return self._emit(job, s, [w], retx=True)
+        elif slots.bitmap[s] >> w & 1:
+            self._count(job_id, "grad_dup")
+            return []
+        elif exp != slots.exp[s] or (flags ^ slots.flags[s]) & Flag.MAX:
+            self._count(job_id, "grad_exp_mismatch")
+            return []
+        else:
+            payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
+            if slots.flags[s] & Flag.MAX:
+                np.maximum(slots.acc[s], payload, out=slots.acc[s])
+            else:
+                # int32 wrap-around, as the switch's registers do; the codec guarantees no wrap.
+                np.add(slots.acc[s], payload, out=slots.acc[s], casting="unsafe")
+            slots.count[s] += 1
+            slots.bitmap[s] |= 1 << w
+            slots.weight[s] = (slots.weight[s] + weight) & 0xFFFFFFFF
+            slots.flags[s] |= flags & Flag.SATURATED
+            self._count(job_id, "grad_add")
+        if slots.count[s] >= cfg.quorum:
+            slots.closed[s] = True
+            slots.closer[s] = w
+            self._count(job_id, "result_quorum")
+            return self._emit(job, s, range(cfg.n_workers))
+        return []
+
+    def _flush(
+        self,
+        job: _Job,
+        data: bytes | memoryview,
+        w: int,
+        s: int,
+        q: int,
+        exp: int,
+        flags: int,
+        nelem: int,
+        step: int,
+        chunk: int,
+    ) -> Egress:
+        slots, job_id = job.slots, job.cfg.job_id
+        seq = slots.seq[s]
+        if q > seq:
+            slots.acc[s] = 0
+            slots.seq[s], slots.closed[s], slots.count[s], slots.bitmap[s] = q, True, 0, 0
+            slots.weight[s], slots.exp[s], slots.flags[s] = 0, exp, flags & Flag.MAX
+            slots.nelem[s], slots.step[s], slots.chunk[s], slots.closer[s] = nelem, step, chunk, w
+            self._count(job_id, "flush_empty")
+            return self._emit(job, s, range(job.cfg.n_workers))
+        if q < seq:
+            self._count(job_id, "flush_stale")
+            return []
+        if slots.closed[s]:
+            self._count(job_id, "flush_resend")
+            return self._emit(job, s, [w], retx=True)
+        slots.closed[s] = True
+        slots.closer[s] = w
+        self._count(job_id, "flush_partial")
+        return self._emit(job, s, range(job.cfg.n_workers))
+
+    def _emit(self, job: _Job, s: int, receivers, retx: bool = False) -> Egress:
+        """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy."""
+        slots, cfg = job.slots, job.cfg
+        flags = slots.flags[s] | (Flag.RETX if retx else 0)
+        header = HEADER_STRUCT.pack(
+            VERSION,
+            Op.RESULT,
+            flags,
+            slots.exp[s],
+            cfg.job_id,
+            slots.closer[s],
+            slots.count[s],
+            s,
+            slots.nelem[s],
+            slots.seq[s],
+            slots.step[s],
+            slots.chunk[s],
+            slots.weight[s],
+            slots.bitmap[s],
+        )
+        packet = header + slots.acc[s].astype(">i4").tobytes()
+        out: Egress = []
+        for r in receivers:
+            if job.drops("down", r):
+                self._count(cfg.job_id, "drop_policy_down")
+                continue
+            out.append((cfg.workers[r], packet))
+            self._count(cfg.job_id, "tx_packets")
+        return out
+
+    def _replicate(self, job: _Job, data: bytes | memoryview, w: int, flags: int, counter: str) -> Egress:
+        cfg = job.cfg
+        self._count(cfg.job_id, counter)
+        packet = bytes(data)
+        out: Egress = []
+        for r in range(cfg.n_workers):
+            if r == w:
+                continue
+            if not flags & Flag.CRITICAL and job.drops("param", r):
+                self._count(cfg.job_id, "drop_policy_param")
+                continue
+            out.append((cfg.workers[r], packet))
+            self._count(cfg.job_id, "tx_packets")
+        return out
