@@ -67,7 +67,11 @@ class TransportConfig:
     max_deadline_ms: float = 500.0
     max_flushes: int = 3
     fallback: str = "prev"  # prev | zero | local
-    renormalize: str = "count"  # count | weight
+    # count: divide each chunk's sum by its arrival count (unbiased). weight: by the summed sample
+    # weights. none: divide by N, as systems without counts do; a chunk missing contributions then
+    # takes the fallback, except `zero`, which keeps sum/N (the lost ones count as zeros, LTP's
+    # bubble filling). `none` exists for baselines.
+    renormalize: str = "count"
     reduce_timeout_s: float = 60.0
     socket_buffer_bytes: int = 8 << 20
     seed: int = 0
@@ -76,8 +80,8 @@ class TransportConfig:
         check_elems_per_packet(self.elems_per_packet)
         if self.fallback not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {self.fallback!r}")
-        if self.renormalize not in ("count", "weight"):
-            raise ValueError(f"renormalize must be 'count' or 'weight', got {self.renormalize!r}")
+        if self.renormalize not in ("count", "weight", "none"):
+            raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
         if not 1 <= self.pool_size <= 65535:
             raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
         if self.exp_copies < 1:
@@ -261,20 +265,29 @@ class LtaWorker:
         self._run_units(plan, step, t0)
 
         c = plan.chunks_count
-        got = (plan.state[plan.exp_units :] == _DONE) & (plan.count > 0)
-        divisor = plan.weight if self.config.renormalize == "weight" else plan.count
-        divisor = np.where(divisor > 0, divisor, plan.count)
+        renorm = self.config.renormalize
+        arrived = (plan.state[plan.exp_units :] == _DONE) & (plan.count > 0)
+        if renorm == "count":
+            got, divisor = arrived, plan.count
+        elif renorm == "weight":
+            got, divisor = arrived, np.where(plan.weight > 0, plan.weight, plan.count)
+        else:
+            complete = arrived & (plan.count == self.n_workers)
+            got = arrived if self._fallback == Fallback.ZERO else complete
+            divisor = np.full(c, self.n_workers)
         out = np.empty((c, k), dtype=np.float32)
         if got.any():
             out[got] = codec.dequantize(plan.sums[got], plan.shift[got]) / divisor[got, None]
         missing = ~got
         fallback = np.where(got, Fallback.NONE, self._fallback).astype(np.int8)
+        if renorm == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
+            fallback[plan.count < self.n_workers] = self._fallback
         if missing.any():
             out[missing] = self._fallback_rows(key, n, missing, chunks)
         values = out.reshape(-1)[:n].copy()
         self._prev[n if key is None else key] = values
         elapsed = time.perf_counter() - t0
-        self._account(plan, got, missing, elapsed)
+        self._account(plan, fallback, elapsed)
         return ReduceResult(
             values=values,
             count=np.where(plan.state[plan.exp_units :] == _DONE, plan.count, 0),
@@ -577,7 +590,7 @@ class LtaWorker:
         padded[:n] = prev
         return padded.reshape(chunks.shape)[missing]
 
-    def _account(self, plan: _Plan, got: np.ndarray, missing: np.ndarray, elapsed: float) -> None:
+    def _account(self, plan: _Plan, fallback: np.ndarray, elapsed: float) -> None:
         st = self.stats
         done = plan.state[plan.exp_units :] == _DONE
         st.reduces += 1
@@ -589,13 +602,10 @@ class LtaWorker:
         st.chunks_no_exponent += int(np.sum(~plan.has_exp & ~plan.saturated))
         st.withheld_chunks += int(plan.saturated.sum())
         st.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
-        n_missing = int(missing.sum())
-        if self._fallback == Fallback.PREV:
-            st.fallback_prev += n_missing
-        elif self._fallback == Fallback.ZERO:
-            st.fallback_zero += n_missing
-        else:
-            st.fallback_local += n_missing
+        used = np.bincount(fallback, minlength=len(Fallback))
+        st.fallback_prev += int(used[Fallback.PREV])
+        st.fallback_zero += int(used[Fallback.ZERO])
+        st.fallback_local += int(used[Fallback.LOCAL])
         st.elapsed_s += elapsed
         st.reduce_ms.append(elapsed * 1000.0)
 

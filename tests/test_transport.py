@@ -1,0 +1,223 @@
+"""End to end over UDP: workers reduce through a softswitch with loss; results checked against numpy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from hostlib import codec
+from hostlib.transport import Fallback, LtaWorker, TransportConfig
+from softswitch.pipeline import JobConfig
+from tests.conftest import run_workers
+
+K = 64
+
+
+def check_exact(results, inputs, n):
+    """Every chunk that got a RESULT equals numpy's mean over exactly its bitmap's workers."""
+    stacked = np.stack(inputs).astype(np.float64)
+    checked = 0
+    for r in results:
+        bound = codec.error_bound(r.shift)
+        for c in np.flatnonzero(r.fallback == Fallback.NONE):
+            who = r.contributors(c)
+            assert len(who) == r.count[c] > 0
+            assert max(who) < n
+            lo, hi = c * K, min((c + 1) * K, stacked.shape[1])
+            expected = stacked[who, lo:hi].mean(axis=0)
+            # float32 output: allow its rounding on top of the codec's bound
+            tol = bound[c] + np.abs(expected) * 2**-23
+            assert np.all(np.abs(r.values[lo:hi] - expected) <= tol), (c, who)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("loss", [0.0, 0.1, 0.5])
+def test_every_chunk_is_the_mean_over_its_bitmap(make_cluster, n, loss):
+    length = 1000 * n + 37  # not a multiple of K
+    # Generous deadlines: threads on a shared 2-core machine jitter; this test is about exactness.
+    cluster = make_cluster(n, up=loss, down=loss / 2, seed=n, sync_deadline_ms=300, min_deadline_ms=50)
+    rng = np.random.default_rng(n)
+    checked = 0
+    for step in range(3):
+        inputs = [
+            (rng.standard_normal(length) * 10.0 ** rng.integers(-3, 3)).astype(np.float32) for _ in range(n)
+        ]
+        results = cluster.reduce_all(inputs, step=step)
+        checked += check_exact(results, inputs, n)
+        counts = np.concatenate([r.count[r.fallback == Fallback.NONE] for r in results])
+        if loss == 0.0:
+            assert np.all(counts == n)
+            assert all(np.all(r.fallback == Fallback.NONE) for r in results)
+        else:
+            # the arrival count follows the loss: mean fraction near (1 - loss), within 5 sigma
+            if counts.size == 0:
+                continue  # every exponent packet of this reduce was lost (p^(2N) at 50%): nothing to check
+            frac = counts.mean() / n
+            assert abs(frac - (1 - loss)) < 5 * np.sqrt(loss * (1 - loss) / counts.size) + 0.05
+    assert checked > 0
+    totals = cluster.switch.read_counters(cluster.job_id)
+    assert totals["grad_exp_mismatch"] == 0
+
+
+def test_zero_loss_results_are_identical_on_every_worker(make_cluster):
+    cluster = make_cluster(4, sync_deadline_ms=300, min_deadline_ms=50)
+    inputs = [np.random.default_rng(i).standard_normal(777).astype(np.float32) for i in range(4)]
+    results = cluster.reduce_all(inputs)
+    for r in results[1:]:
+        assert np.array_equal(r.values, results[0].values)
+    assert np.allclose(results[0].values, np.mean(inputs, axis=0), atol=1e-6)
+
+
+def test_renormalization_is_unbiased_where_prev_and_zero_are_not(make_cluster):
+    """30% loss on GRADs, data whose mean drifts each round. Average over rounds of (estimate - true
+    mean): renormalized ~ 0; zero-fill is scaled by ~(1 - p); prev lags behind the drift."""
+    n, rounds, length, loss = 4, 60, 4 * K, 0.3
+    errors = {}
+    for name, renorm, fallback in [
+        ("renorm", "count", "prev"),
+        ("zero", "none", "zero"),
+        ("prev", "none", "prev"),
+    ]:
+        cluster = make_cluster(
+            n,
+            up=loss,
+            seed=11,
+            job_id=len(errors) + 1,
+            renormalize=renorm,
+            fallback=fallback,
+            sync_deadline_ms=50,
+        )
+        rng = np.random.default_rng(5)
+        diffs = []
+        for t in range(rounds):
+            base = 1.0 + 0.05 * t  # the true mean drifts up every round
+            inputs = [(base + rng.standard_normal(length)).astype(np.float32) for _ in range(n)]
+            results = cluster.reduce_all(inputs, step=t)
+            truth = np.mean(inputs, axis=0)
+            ok = (
+                results[0].fallback != Fallback.PREV
+                if fallback == "prev" and renorm == "count"
+                else slice(None)
+            )
+            v = results[0].values.reshape(-1, K)[ok].ravel() - truth.reshape(-1, K)[ok].ravel()
+            diffs.append(v)
+        d = np.concatenate(diffs)
+        errors[name] = (d.mean(), d.std() / np.sqrt(d.size))
+    mean, se = errors["renorm"]
+    assert abs(mean) < 4 * se + 1e-6, errors
+    z_mean, z_se = errors["zero"]
+    assert z_mean < -0.1 and abs(z_mean) > 8 * z_se, errors  # about -p·E[x] ~ -0.3·2.5
+    p_mean, p_se = errors["prev"]
+    assert p_mean < -0.01 and abs(p_mean) > 4 * p_se, errors  # lags a drifting mean
+
+
+def test_fallback_policies(make_cluster):
+    # All RESULTs to worker 1 are lost: it must fall back, by its policy.
+    for policy, expect in [("zero", "zero"), ("local", "local"), ("prev", "prev")]:
+        cluster = make_cluster(
+            2,
+            fallback=policy,
+            job_id={"zero": 1, "local": 2, "prev": 3}[policy],
+            sync_deadline_ms=30,
+            max_flushes=1,
+        )
+        first = [np.full(100, 1.0, np.float32), np.full(100, 3.0, np.float32)]
+        cluster.reduce_all(first)  # lossless round: prev = 2.0 everywhere
+        from hostlib.dropmodels import DropPolicy
+
+        cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=1.0), worker=1)
+        second = [np.full(100, 5.0, np.float32), np.full(100, 7.0, np.float32)]
+        r0, r1 = cluster.reduce_all(second)
+        # Worker 1 never learns the agreed exponent either, so it contributes nothing (protocol.md).
+        assert np.allclose(r0.values, 5.0) and np.all(r0.count == 1)
+        want = {"zero": 0.0, "local": 7.0, "prev": 2.0}[expect]
+        assert np.allclose(r1.values, want) and np.all(r1.fallback == Fallback[expect.upper()])
+        assert np.all(r1.count == 0)
+
+
+def test_second_job_on_the_same_switch_is_unaffected(make_cluster):
+    a = make_cluster(2, job_id=1)
+    b = make_cluster(3, job_id=2, shared_with=a)
+    xa = [np.random.default_rng(i).standard_normal(500).astype(np.float32) for i in range(2)]
+    xb = [np.random.default_rng(10 + i).standard_normal(900).astype(np.float32) for i in range(3)]
+    out: dict = {}
+    run_workers(a.workers + b.workers, lambda w, i: out.__setitem__(i, w.allreduce((xa + xb)[i])))
+    assert np.allclose(out[0].values, np.mean(xa, axis=0), atol=1e-6)
+    assert np.allclose(out[3].values, np.mean(xb, axis=0), atol=1e-6)
+    assert np.all(out[4].count == 3)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from hostlib.transport import LtaWorker, TransportConfig
+    host, port = sys.argv[1], int(sys.argv[2])
+    w = LtaWorker(1, 2, 3, (host, port), config=TransportConfig(sync_deadline_ms=200))
+    print(w.address[1], flush=True)
+    sys.stdin.readline()
+    x = np.full(50000, 9.0, np.float32)
+    while True:
+        w.allreduce(x)
+    """
+)
+
+
+def test_worker_killed_mid_reduce_others_finish_with_count_n_minus_1(make_cluster):
+    from softswitch.pipeline import SoftSwitch
+    from softswitch.server import SoftSwitchServer
+
+    switch = SoftSwitch()
+    with SoftSwitchServer(switch) as server:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, *map(str, server.address)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            child_port = int(child.stdout.readline())
+            cfg = TransportConfig(sync_deadline_ms=200)
+            workers = [LtaWorker(1, w, 3, server.address, config=cfg) for w in range(2)]
+            switch.add_job(JobConfig(1, [w.address for w in workers] + [("127.0.0.1", child_port)]))
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            x = [np.full(50000, 1.0, np.float32), np.full(50000, 2.0, np.float32)]
+            first = run_workers(workers, lambda w, i: w.allreduce(x[i]))
+            assert np.all(first[0].count == 3) and np.allclose(first[0].values, 4.0)
+            # Kill the third worker while it is inside its next reduce.
+            time.sleep(0.02)
+            child.kill()
+            child.wait()
+            t0 = time.perf_counter()
+            results = run_workers(workers, lambda w, i: [w.allreduce(x[i]) for _ in range(2)][-1])
+            elapsed = time.perf_counter() - t0
+        finally:
+            child.kill()
+        for r in results:
+            assert np.all(r.count == 2) and np.all(r.bitmap == 0b011)
+            assert np.allclose(r.values, 1.5)
+        # Bounded: one sync deadline to notice, then short deadlines; far below any hang.
+        assert elapsed < 10.0
+        for w in workers:
+            w.close()
+
+
+def test_bad_arguments_are_rejected_clearly():
+    with pytest.raises(ValueError, match="worker_id"):
+        LtaWorker(1, 3, 3, ("127.0.0.1", 9))
+    with pytest.raises(ValueError, match="fallback"):
+        TransportConfig(fallback="retry")
+    with LtaWorker(1, 0, 1, ("127.0.0.1", 9)) as w:
+        with pytest.raises(ValueError, match="empty"):
+            w.allreduce(np.zeros(0, np.float32))
+        with pytest.raises(TypeError, match="numeric"):
+            w.allreduce(np.array(["a"]))
+        with pytest.raises(ValueError, match="NaN"):
+            w.allreduce(np.array([1.0, np.nan], np.float32))
