@@ -1,0 +1,69 @@
+// Ingress: the checks of docs/protocol.md in order, then the slot update or the PARAM replication.
+// Every LTA packet counts rx_packets and exactly one branch counter (indexed by its job, 0 if unknown).
+#ifndef LTA_INGRESS
+#define LTA_INGRESS
+
+#include "headers.p4"
+#include "counters.gen.p4"
+#include "job_lookup.p4"
+#include "worker_check.p4"
+#include "drop_policy.p4"
+#include "slot_update.p4"
+#include "result_emit.p4"
+
+control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
+                   inout standard_metadata_t standard_metadata) {
+    JobLookup() job_lookup;
+    WorkerCheck() worker_check;
+    DropPolicy() up_loss;
+    SlotUpdate() slot_update;
+    ResultEmit() result_emit;
+    IngressCounters() counters;
+
+    apply {
+        mark_to_drop(standard_metadata);  // nothing leaves unless a branch below says so
+        if (hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
+            meta.branch = BRANCH_NONE;
+            meta.emit = EMIT_NONE;
+            if (hdr.lta.isValid()) {
+                job_lookup.apply(hdr.lta, meta);
+            }
+            meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
+            if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
+                    || hdr.lta.op > OP_PARAM_REQ || hdr.lta.op == OP_RESULT) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (!meta.job_known) {
+                meta.branch = BRANCH_DROP_UNKNOWN_JOB;
+            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES
+                    || hdr.lta.nelem > LTA_ELEMS) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else {
+                worker_check.apply(hdr.lta, standard_metadata.ingress_port, meta);
+                if (!meta.worker_known) {
+                    meta.branch = BRANCH_DROP_BAD_WORKER;
+                } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
+                    // Replicated unchanged; egress drops the sender's own copy.
+                    meta.branch = (hdr.lta.op == OP_PARAM) ? BRANCH_PARAM_FWD : BRANCH_PARAM_REQ_FWD;
+                    standard_metadata.mcast_grp = meta.mcast_grp;
+                } else if (hdr.lta.slot >= meta.pool_size) {
+                    meta.branch = BRANCH_DROP_SLOT_RANGE;
+                } else {
+                    if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
+                        up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, meta.policy_drop);
+                    }
+                    if (meta.policy_drop) {
+                        meta.branch = BRANCH_DROP_POLICY_UP;
+                    } else {
+                        slot_update.apply(hdr, meta);
+                        if (meta.emit != EMIT_NONE) {
+                            result_emit.apply(hdr.lta, meta, standard_metadata);
+                        }
+                    }
+                }
+            }
+            counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,34 @@
+// Result emit: turn the packet into the slot's RESULT (every field from the slot state just read from
+// or written to the registers; the payload already holds the accumulators) and address it: multicast
+// to the job's group (one replica per worker, egress_rid = worker id) or back to the asking worker.
+#ifndef LTA_RESULT_EMIT
+#define LTA_RESULT_EMIT
+
+#include "headers.p4"
+
+control ResultEmit(inout lta_t lta, inout lta_metadata_t meta, inout standard_metadata_t standard_metadata) {
+    apply {
+        meta.receiver = lta.worker_id;
+        lta.op = OP_RESULT;
+        lta.flags = meta.slot.flags;
+        if (meta.emit == EMIT_RESEND) {
+            lta.flags = lta.flags | FLAG_RETX;
+        }
+        lta.exp = meta.slot.exp;
+        lta.worker_id = meta.slot.closer;
+        lta.count = meta.slot.count;
+        lta.nelem = meta.slot.nelem;
+        lta.seq = meta.slot.seq;
+        lta.step = meta.slot.step;
+        lta.chunk = meta.slot.chunk;
+        lta.weight = meta.slot.weight;
+        lta.bitmap = meta.slot.bitmap;
+        if (meta.emit == EMIT_MULTICAST) {
+            standard_metadata.mcast_grp = meta.mcast_grp;
+        } else {
+            standard_metadata.egress_spec = standard_metadata.ingress_port;
+        }
+    }
+}
+
+#endif
