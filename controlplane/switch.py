@@ -1,0 +1,261 @@
+"""The control plane's one code path to an LTA switch (BMv2, Tofino later, or the softswitch's
+P4Runtime server): load the pipeline, add / remove / reset jobs, set drop policies, read counters.
+
+Nothing here reads or writes registers (BMv2 cannot over P4Runtime): a reset gives the job a new
+generation in its job-lookup entry, so every slot written under the old one reads as unused, and
+zeroes the job's counters.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import replace
+from pathlib import Path
+
+from p4.v1 import p4runtime_pb2
+from p4runtime_sh.context import P4Type
+
+from controlplane import entries
+from controlplane.drop_policy import policy_entry, policy_of
+from controlplane.entries import Entry
+from controlplane.errors import ControlPlaneError, PipelineMismatch
+from controlplane.jobs import (
+    JobSpec,
+    WorkerSpec,
+    job_entry,
+    mac_str,
+    multicast_group,
+    new_generation,
+    place_pool,
+    worker_entries,
+)
+from controlplane.p4info import (
+    BMV2_JSON_PATH,
+    JOBS_TABLE,
+    P4INFO_PATH,
+    POLICY_CONTROLS,
+    WORKER_ADDRESSES_TABLE,
+    WORKER_PORTS_TABLE,
+    P4Names,
+    load_p4info,
+    missing_names,
+    p4info_fingerprint,
+    policy_table,
+)
+from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
+from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import COUNTERS
+
+
+class LtaSwitch:
+    """A connected switch. ``LtaSwitch.connect(target)`` opens the session; use it as a context manager."""
+
+    def __init__(self, session: P4RuntimeSession, p4info_path: Path = P4INFO_PATH) -> None:
+        self.session = session
+        self.p4info_path = p4info_path
+        self.names = P4Names(load_p4info(p4info_path))
+
+    @classmethod
+    def connect(
+        cls,
+        target: str = DEFAULT_TARGET,
+        device_id: int = 0,
+        election_id: tuple[int, int] = (0, 1),
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        p4info_path: Path = P4INFO_PATH,
+    ) -> LtaSwitch:
+        session = P4RuntimeSession(target, device_id, election_id, timeout_s).open()
+        try:
+            return cls(session, p4info_path)
+        except Exception:
+            session.close()
+            raise
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> LtaSwitch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def target(self) -> str:
+        return self.session.target
+
+    # ---- pipeline --------------------------------------------------------------------------------
+    def load_pipeline(self, device_config_path: Path = BMV2_JSON_PATH) -> None:
+        """Push our P4Info and the compiled program (BMv2 JSON); the softswitch accepts an empty one."""
+        device_config = device_config_path.read_bytes() if device_config_path.exists() else b""
+        self.session.set_pipeline(self.names.info, device_config)
+
+    def check_pipeline(self) -> None:
+        """Raise :class:`PipelineMismatch` unless the switch runs our P4Info."""
+        running = self.session.get_p4info()
+        if running is None:
+            raise PipelineMismatch(
+                f"switch at {self.target} has no pipeline loaded: run `lta ctl apply FILE` or "
+                f"`lta ctl load` first"
+            )
+        if p4info_fingerprint(running) != p4info_fingerprint(self.names.info):
+            missing = missing_names(running)
+            detail = f"it lacks {', '.join(missing[:4])}" if missing else "it differs from ours"
+            raise PipelineMismatch(
+                f"switch at {self.target} runs another P4 program ({detail}; ours is {self.p4info_path}); "
+                f"reload it with `lta ctl load` (this clears every job)"
+            )
+
+    def ensure_pipeline(self, device_config_path: Path = BMV2_JSON_PATH) -> bool:
+        """Load our pipeline unless it is already running (loading clears all state); True if loaded."""
+        try:
+            self.check_pipeline()
+            return False
+        except PipelineMismatch:
+            self.load_pipeline(device_config_path)
+            return True
+
+    # ---- tables ----------------------------------------------------------------------------------
+    def _write(self, kind: str, items: list) -> None:
+        updates = []
+        for item in items:
+            proto = (
+                entries.to_proto(self.names, item, with_action=kind != "DELETE")
+                if isinstance(item, Entry)
+                else item
+            )
+            updates.append(entries.update(kind, proto))
+        self.session.write(updates)
+
+    def read_table(self, table: str) -> list[Entry]:
+        found = self.session.read([entries.table_wildcard(self.names, table)])
+        return [entries.from_proto(self.names, e.table_entry) for e in found]
+
+    # ---- jobs ------------------------------------------------------------------------------------
+    def jobs(self) -> dict[int, JobSpec]:
+        """The jobs the switch holds, rebuilt from its tables."""
+        ports: dict[tuple[int, int], int] = {}
+        for e in self.read_table(WORKER_PORTS_TABLE):
+            ports[(e.match["job_id"], e.match["worker_id"])] = e.params["port"]
+        addresses: dict[tuple[int, int], dict] = {}
+        for e in self.read_table(WORKER_ADDRESSES_TABLE):
+            addresses[(e.match["job_id"], e.match["worker_id"])] = e.params
+        found = {}
+        for e in self.read_table(JOBS_TABLE):
+            job_id, p = e.match["job_id"], e.params
+            workers = []
+            for w in range(p["n_workers"]):
+                a = addresses.get((job_id, w), {"mac": 0, "ipv4": 0, "udp_port": 1})
+                workers.append(
+                    WorkerSpec(
+                        port=ports.get((job_id, w), 0),
+                        mac=mac_str(a["mac"]),
+                        ip=str(ipaddress.IPv4Address(a["ipv4"])),
+                        udp_port=a["udp_port"],
+                    )
+                )
+            found[job_id] = JobSpec(
+                job_id,
+                tuple(workers),
+                quorum=p["quorum"],
+                pool_size=p["pool_size"],
+                slot_base=p["slot_base"],
+                generation=p["generation"],
+            )
+        return found
+
+    def add_job(self, job: JobSpec) -> JobSpec:
+        """Install a job (job lookup, worker ports and addresses, multicast group); returns it placed."""
+        existing = self.jobs()
+        if job.job_id in existing:
+            raise ControlPlaneError(
+                f"job {job.job_id} already exists on {self.target}; "
+                f"remove it first (lta ctl job rm {job.job_id})"
+            )
+        if job.slot_base is None:
+            used = [(j.slot_base, j.pool_size) for j in existing.values()]
+            job = replace(job, slot_base=place_pool(job.pool_size, used, self.names.slot_capacity()))
+        elif job.slot_base + job.pool_size > self.names.slot_capacity():
+            raise ControlPlaneError(
+                f"job {job.job_id}: slots {job.slot_base}..{job.slot_base + job.pool_size - 1} exceed the "
+                f"switch's {self.names.slot_capacity()} slots; lower slot_base or pool_size"
+            )
+        self._write("INSERT", [multicast_group(job)])
+        self._write("INSERT", worker_entries(job))
+        self._write("INSERT", [job_entry(job)])  # last: packets are only accepted once all is in place
+        self.clear_counters(job.job_id)
+        return job
+
+    def remove_job(self, job_id: int) -> None:
+        job = self.jobs().get(job_id)
+        if job is None:
+            raise ControlPlaneError(f"no job {job_id} on {self.target} (lta ctl stats lists the jobs)")
+        self._write("DELETE", [job_entry(job)])  # first: the job stops accepting packets
+        self._write("DELETE", worker_entries(job))
+        policies = [
+            e
+            for d in POLICY_CONTROLS
+            for e in self.read_table(policy_table(d))
+            if e.match["job_id"] == job_id
+        ]
+        self._write("DELETE", policies)
+        self._write("DELETE", [multicast_group(job)])
+
+    def reset_job(self, job_id: int) -> JobSpec:
+        """Forget every slot of the job (new generation) and zero its counters; keeps its policies."""
+        job = self.jobs().get(job_id)
+        if job is None:
+            raise ControlPlaneError(f"no job {job_id} on {self.target} (lta ctl stats lists the jobs)")
+        job = replace(job, generation=new_generation())
+        self._write("MODIFY", [job_entry(job)])
+        self.clear_counters(job_id)
+        return job
+
+    # ---- drop policies ---------------------------------------------------------------------------
+    def set_drop_policy(
+        self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None
+    ) -> None:
+        """Emulated loss for one job and direction (up / down / param), all workers or one; None removes."""
+        entry = policy_entry(job_id, direction, policy, worker)
+        present = {e.key() for e in self.read_table(entry.table)}
+        if policy is None:
+            if entry.key() in present:
+                self._write("DELETE", [entry])
+            return
+        self._write("MODIFY" if entry.key() in present else "INSERT", [entry])
+
+    def drop_policies(self, job_id: int | None = None) -> list[tuple[str, int, int | None, DropPolicy]]:
+        """(direction, job, worker or None, policy) of every policy entry, optionally of one job."""
+        found = []
+        for direction in POLICY_CONTROLS:
+            for e in self.read_table(policy_table(direction)):
+                if job_id is None or e.match["job_id"] == job_id:
+                    found.append(policy_of(e))
+        return found
+
+    # ---- counters --------------------------------------------------------------------------------
+    def read_counters(self, job_id: int | None = None) -> dict[int, dict[str, int]]:
+        """Packet counts per job index (0: packets of no known job) and counter name."""
+        requests = []
+        for name in COUNTERS:
+            entity = p4runtime_pb2.Entity()
+            entity.counter_entry.counter_id = self.names.id(P4Type.counter, name)
+            if job_id is not None:
+                entity.counter_entry.index.index = job_id
+            requests.append(entity)
+        result: dict[int, dict[str, int]] = {}
+        for entity in self.session.read(requests):
+            c = entity.counter_entry
+            name = self.names.name(c.counter_id)
+            result.setdefault(c.index.index, dict.fromkeys(COUNTERS, 0))[name] = c.data.packet_count
+        return result
+
+    def clear_counters(self, job_id: int) -> None:
+        updates = []
+        for name in COUNTERS:
+            c = p4runtime_pb2.CounterEntry(counter_id=self.names.id(P4Type.counter, name))
+            c.index.index = job_id
+            c.data.packet_count = 0
+            c.data.byte_count = 0
+            updates.append(c)
+        self._write("MODIFY", updates)

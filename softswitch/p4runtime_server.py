@@ -1,0 +1,454 @@
+"""The softswitch behind a P4Runtime server, so one control plane drives BMv2 and the softswitch alike.
+
+It speaks the subset of P4Runtime that ``controlplane`` uses: StreamChannel arbitration,
+Set/GetForwardingPipelineConfig with LTA's P4Info, Write/Read of LTA's tables, multicast group entries
+(PacketReplicationEngineEntry) and indirect counter reads/writes. Table entries are kept as the
+P4 switch would keep them and reconciled onto :class:`softswitch.pipeline.SoftSwitch`:
+
+- a job-lookup entry plus worker-port entries for workers 0..N-1 make a job (``add_job``); a change of
+  shape re-adds it, a change of generation alone is a reset (``reset_job``);
+- policy entries become ``set_drop_policy`` calls (worker wildcard = all workers);
+- the multicast group is stored and read back; the softswitch multicasts to the job's workers itself.
+
+Workers are identified by their switch port number (``port_key="port"``, raw-port and in-process use)
+or by their (IPv4, UDP port) address from the worker-address table (``port_key="address"``, the UDP
+daemon on loopback).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, status_pb2
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+from p4runtime_sh.context import P4Type
+
+from controlplane.drop_policy import policy_of
+from controlplane.entries import Entry, from_proto, to_proto
+from controlplane.p4info import (
+    JOBS_TABLE,
+    POLICY_CONTROLS,
+    WORKER_ADDRESSES_TABLE,
+    WORKER_PORTS_TABLE,
+    P4Names,
+    missing_names,
+    policy_table,
+)
+from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS
+from softswitch.pipeline import JobConfig, Port, SoftSwitch
+
+log = logging.getLogger(__name__)
+API_VERSION = "1.4.1"
+WRITABLE_TABLES = (JOBS_TABLE, WORKER_PORTS_TABLE, WORKER_ADDRESSES_TABLE) + tuple(
+    policy_table(d) for d in POLICY_CONTROLS
+)
+
+
+class _UpdateError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Pipeline:
+    names: P4Names
+    config: p4runtime_pb2.ForwardingPipelineConfig
+    tables: dict[str, dict[tuple, Entry]] = field(default_factory=dict)
+    groups: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """P4Runtime servicer for one :class:`SoftSwitch` (one device)."""
+
+    def __init__(
+        self,
+        switch: SoftSwitch,
+        device_id: int = 0,
+        port_key: str = "port",
+        elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET,
+    ) -> None:
+        if port_key not in ("port", "address"):
+            raise ValueError(f"port_key must be 'port' or 'address', got {port_key!r}")
+        self.switch = switch
+        self.device_id = device_id
+        self.port_key = port_key
+        self.elems_per_packet = elems_per_packet
+        self.pipeline: _Pipeline | None = None
+        self._lock = threading.RLock()
+        self._elections: dict[int, tuple[int, int]] = {}  # stream id -> election id
+        self._next_stream = 0
+        self._active: dict[int, tuple[JobConfig, int]] = {}  # job -> (config, generation) installed
+        self._policies: dict[int, set[tuple[str, int | None]]] = {}
+        self._counter_offset: dict[tuple[int, str], int] = {}
+
+    # ---- arbitration -----------------------------------------------------------------------------
+    def _primary(self) -> tuple[int, int] | None:
+        return max(self._elections.values(), default=None)
+
+    def StreamChannel(self, request_iterator, context) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
+        with self._lock:
+            stream = self._next_stream
+            self._next_stream += 1
+        try:
+            for request in request_iterator:
+                if not request.HasField("arbitration"):
+                    continue  # packet-out, digests: not used by LTA
+                arbitration = request.arbitration
+                if arbitration.device_id != self.device_id:
+                    context.abort(grpc.StatusCode.NOT_FOUND, f"no device {arbitration.device_id} here")
+                election = (arbitration.election_id.high, arbitration.election_id.low)
+                with self._lock:
+                    self._elections[stream] = election
+                    primary = self._primary() == election
+                response = p4runtime_pb2.StreamMessageResponse()
+                response.arbitration.CopyFrom(arbitration)
+                response.arbitration.status.code = code_pb2.OK if primary else code_pb2.ALREADY_EXISTS
+                yield response
+        finally:
+            with self._lock:
+                self._elections.pop(stream, None)
+
+    def _check_primary(self, request, context) -> None:
+        if request.device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id} here")
+        election = (request.election_id.high, request.election_id.low)
+        if self._primary() != election:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "not the primary controller")
+
+    # ---- pipeline --------------------------------------------------------------------------------
+    def SetForwardingPipelineConfig(self, request, context):
+        with self._lock:
+            self._check_primary(request, context)
+            missing = missing_names(request.config.p4info)
+            if missing:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "this softswitch runs LTA's program only; the P4Info lacks " + ", ".join(missing[:4]),
+                )
+            self._clear()
+            config = p4runtime_pb2.ForwardingPipelineConfig()
+            config.CopyFrom(request.config)
+            self.pipeline = _Pipeline(P4Names(config.p4info), config)
+            self.pipeline.tables = {name: {} for name in WRITABLE_TABLES}
+        return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def _clear(self) -> None:
+        for job_id in list(self.switch.jobs):
+            self.switch.remove_job(job_id)
+        self._active.clear()
+        self._policies.clear()
+        for job_id in range(MAX_JOBS):
+            for name, value in self.switch.read_counters(job_id).items():
+                self._counter_offset[(job_id, name)] = value
+
+    def GetForwardingPipelineConfig(self, request, context):
+        if request.device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id} here")
+        response = p4runtime_pb2.GetForwardingPipelineConfigResponse()
+        with self._lock:
+            if self.pipeline is not None:
+                response.config.p4info.CopyFrom(self.pipeline.config.p4info)
+                response.config.cookie.CopyFrom(self.pipeline.config.cookie)
+        return response
+
+    def Capabilities(self, request, context):
+        return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
+
+    # ---- write -----------------------------------------------------------------------------------
+    def Write(self, request, context):
+        with self._lock:
+            self._check_primary(request, context)
+            if self.pipeline is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no pipeline loaded")
+            results: list[tuple[int, str]] = []
+            touched: set[int] = set()
+            for update in request.updates:
+                try:
+                    touched |= self._apply(update)
+                    results.append((code_pb2.OK, ""))
+                except _UpdateError as exc:
+                    results.append((exc.code, str(exc)))
+            for job_id in sorted(touched):
+                self._reconcile(job_id)
+        if any(code != code_pb2.OK for code, _ in results):
+            status = status_pb2.Status(code=code_pb2.UNKNOWN, message="some updates failed")
+            for code, message in results:
+                detail = any_pb2.Any()
+                detail.Pack(p4runtime_pb2.Error(canonical_code=code, message=message))
+                status.details.append(detail)
+            context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+            context.abort(grpc.StatusCode.UNKNOWN, "some updates failed")
+        return p4runtime_pb2.WriteResponse()
+
+    def _apply(self, update: p4runtime_pb2.Update) -> set[int]:
+        kind = p4runtime_pb2.Update.Type.Name(update.type)
+        entity = update.entity
+        which = entity.WhichOneof("entity")
+        if which == "table_entry":
+            return self._write_table(kind, entity.table_entry)
+        if which == "counter_entry":
+            self._write_counter(kind, entity.counter_entry)
+            return set()
+        if which == "packet_replication_engine_entry":
+            self._write_group(kind, entity.packet_replication_engine_entry)
+            return set()
+        raise _UpdateError(code_pb2.UNIMPLEMENTED, f"{which} writes are not supported by the softswitch")
+
+    def _write_table(self, kind: str, proto: p4runtime_pb2.TableEntry) -> set[int]:
+        names = self.pipeline.names
+        try:
+            table_info = names.ctx.get_obj_by_id(proto.table_id)
+        except KeyError:
+            raise _UpdateError(code_pb2.NOT_FOUND, f"no table with id {proto.table_id}") from None
+        table = table_info.preamble.name
+        if table not in WRITABLE_TABLES:
+            raise _UpdateError(code_pb2.PERMISSION_DENIED, f"table {table} is not writable (const entries)")
+        if proto.is_default_action:
+            raise _UpdateError(code_pb2.UNIMPLEMENTED, "LTA's tables keep their default actions")
+        try:
+            entry = from_proto(names, proto)
+        except (KeyError, ValueError) as exc:
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"{table}: bad entry: {exc}") from None
+        self._validate(table_info, entry, with_action=kind != "DELETE")
+        rows = self.pipeline.tables[table]
+        key = entry.key()
+        if kind == "INSERT":
+            if key in rows:
+                raise _UpdateError(code_pb2.ALREADY_EXISTS, f"{table}: entry {entry.match} exists")
+            rows[key] = entry
+        elif kind == "MODIFY":
+            if key not in rows:
+                raise _UpdateError(code_pb2.NOT_FOUND, f"{table}: no entry {entry.match}")
+            rows[key] = entry
+        elif kind == "DELETE":
+            if rows.pop(key, None) is None:
+                raise _UpdateError(code_pb2.NOT_FOUND, f"{table}: no entry {entry.match}")
+        else:
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"unknown update type {kind}")
+        return {entry.match["job_id"]}
+
+    def _validate(self, table_info, entry: Entry, with_action: bool) -> None:
+        table = table_info.preamble.name
+        for mf in table_info.match_fields:
+            value = entry.match.get(mf.name)
+            if mf.match_type == p4info_pb2.MatchField.EXACT and value is None:
+                raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"{table}: key {mf.name} missing")
+            number = value[0] if isinstance(value, tuple) else value
+            if number is not None and number >= 1 << mf.bitwidth:
+                raise _UpdateError(code_pb2.OUT_OF_RANGE, f"{table}: {mf.name} exceeds {mf.bitwidth} bits")
+        ternary = any(mf.match_type == p4info_pb2.MatchField.TERNARY for mf in table_info.match_fields)
+        if ternary and entry.priority <= 0:
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"{table}: ternary entries need a priority > 0")
+        if not with_action:
+            return
+        allowed = {ref.id for ref in table_info.action_refs if ref.scope != p4info_pb2.ActionRef.DEFAULT_ONLY}
+        action_info = self.pipeline.names.action(entry.action) if entry.action else None
+        if action_info is None or action_info.preamble.id not in allowed:
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"{table}: action {entry.action!r} not allowed")
+        for p in action_info.params:
+            if p.name not in entry.params:
+                raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"{entry.action}: parameter {p.name} missing")
+            if entry.params[p.name] >= 1 << p.bitwidth:
+                raise _UpdateError(
+                    code_pb2.OUT_OF_RANGE, f"{entry.action}: {p.name} exceeds {p.bitwidth} bits"
+                )
+
+    def _write_group(self, kind: str, proto: p4runtime_pb2.PacketReplicationEngineEntry) -> None:
+        if not proto.HasField("multicast_group_entry"):
+            raise _UpdateError(code_pb2.UNIMPLEMENTED, "only multicast group entries are supported")
+        group = proto.multicast_group_entry
+        groups = self.pipeline.groups
+        gid = group.multicast_group_id
+        if gid == 0:
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, "multicast group id 0 is reserved")
+        replicas = []
+        for r in group.replicas:
+            port = int.from_bytes(r.port, "big") if r.WhichOneof("port_kind") == "port" else r.egress_port
+            replicas.append((port, r.instance))
+        if kind == "INSERT":
+            if gid in groups:
+                raise _UpdateError(code_pb2.ALREADY_EXISTS, f"multicast group {gid} exists")
+            groups[gid] = replicas
+        elif kind == "MODIFY":
+            if gid not in groups:
+                raise _UpdateError(code_pb2.NOT_FOUND, f"no multicast group {gid}")
+            groups[gid] = replicas
+        elif groups.pop(gid, None) is None:
+            raise _UpdateError(code_pb2.NOT_FOUND, f"no multicast group {gid}")
+
+    def _write_counter(self, kind: str, proto: p4runtime_pb2.CounterEntry) -> None:
+        if kind != "MODIFY":
+            raise _UpdateError(code_pb2.INVALID_ARGUMENT, "counter entries can only be modified")
+        name = self._counter_name(proto.counter_id)
+        if not proto.HasField("index"):
+            raise _UpdateError(code_pb2.UNIMPLEMENTED, "write counters one index at a time")
+        job_id = proto.index.index
+        if not 0 <= job_id < MAX_JOBS:
+            raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {job_id} not in 0..{MAX_JOBS - 1}")
+        current = self.switch.read_counters(job_id)[name]
+        self._counter_offset[(job_id, name)] = current - proto.data.packet_count
+
+    def _counter_name(self, counter_id: int) -> str:
+        try:
+            name = self.pipeline.names.name(counter_id)
+        except KeyError:
+            raise _UpdateError(code_pb2.NOT_FOUND, f"no counter with id {counter_id}") from None
+        if name not in COUNTERS:
+            raise _UpdateError(code_pb2.NOT_FOUND, f"{name} is not an LTA counter")
+        return name
+
+    # ---- reconcile tables -> SoftSwitch ------------------------------------------------------------
+    def _worker_port(self, job_id: int, worker: int) -> Port | None:
+        tables = self.pipeline.tables
+        if self.port_key == "port":
+            entry = tables[WORKER_PORTS_TABLE].get(
+                (WORKER_PORTS_TABLE, (("job_id", job_id), ("worker_id", worker)), 0)
+            )
+            return None if entry is None else entry.params["port"]
+        entry = tables[WORKER_ADDRESSES_TABLE].get(
+            (WORKER_ADDRESSES_TABLE, (("job_id", job_id), ("worker_id", worker)), 0)
+        )
+        if entry is None:
+            return None
+        return (str(ipaddress.IPv4Address(entry.params["ipv4"])), entry.params["udp_port"])
+
+    def _desired(self, job_id: int) -> tuple[JobConfig, int] | None:
+        entry = self.pipeline.tables[JOBS_TABLE].get((JOBS_TABLE, (("job_id", job_id),), 0))
+        if entry is None:
+            return None
+        p = entry.params
+        workers = [self._worker_port(job_id, w) for w in range(p["n_workers"])]
+        if any(port is None for port in workers):
+            log.warning("job %d: worker entries incomplete; not installed yet", job_id)
+            return None
+        try:
+            config = JobConfig(
+                job_id,
+                workers,
+                quorum=p["quorum"],
+                pool_size=p["pool_size"],
+                elems_per_packet=self.elems_per_packet,
+            )
+        except ValueError as exc:
+            log.warning("job %d not installed: %s", job_id, exc)
+            return None
+        return config, p["generation"]
+
+    def _reconcile(self, job_id: int) -> None:
+        desired = self._desired(job_id)
+        current = self._active.get(job_id)
+        if desired is None:
+            if current is not None:
+                self.switch.remove_job(job_id)
+                del self._active[job_id]
+                self._policies.pop(job_id, None)
+            return
+        config, generation = desired
+        if current is None or current[0] != config:
+            if current is not None:
+                self.switch.remove_job(job_id)
+                self._policies.pop(job_id, None)
+            self.switch.add_job(config)
+            self._zero_offsets(job_id)
+        elif current[1] != generation:
+            self.switch.reset_job(job_id)
+            self._zero_offsets(job_id)
+        self._active[job_id] = desired
+        self._reconcile_policies(job_id, config.n_workers)
+
+    def _zero_offsets(self, job_id: int) -> None:
+        for name in COUNTERS:
+            self._counter_offset[(job_id, name)] = 0
+
+    def _reconcile_policies(self, job_id: int, n_workers: int) -> None:
+        wanted = {}
+        for direction in POLICY_CONTROLS:
+            for entry in self.pipeline.tables[policy_table(direction)].values():
+                if entry.match["job_id"] == job_id:
+                    _, _, worker, policy = policy_of(entry)
+                    if worker is None or worker < n_workers:  # the P4 table would never match others
+                        wanted[(direction, worker)] = policy
+        for direction, worker in self._policies.get(job_id, set()) - set(wanted):
+            self.switch.set_drop_policy(job_id, direction, None, worker)
+        for (direction, worker), policy in wanted.items():
+            self.switch.set_drop_policy(job_id, direction, policy, worker)
+        self._policies[job_id] = set(wanted)
+
+    # ---- read ------------------------------------------------------------------------------------
+    def Read(self, request, context):
+        if request.device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id} here")
+        with self._lock:
+            if self.pipeline is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no pipeline loaded")
+            response = p4runtime_pb2.ReadResponse()
+            for entity in request.entities:
+                which = entity.WhichOneof("entity")
+                if which == "table_entry":
+                    self._read_tables(entity.table_entry, response)
+                elif which == "counter_entry":
+                    try:
+                        self._read_counters(entity.counter_entry, response)
+                    except _UpdateError as exc:
+                        context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+                elif which == "packet_replication_engine_entry":
+                    self._read_groups(entity.packet_replication_engine_entry, response)
+                else:
+                    context.abort(grpc.StatusCode.UNIMPLEMENTED, f"reading {which} is not supported")
+        yield response
+
+    def _read_tables(self, query: p4runtime_pb2.TableEntry, response) -> None:
+        names = self.pipeline.names
+        for table in WRITABLE_TABLES:
+            if query.table_id and names.table(table).preamble.id != query.table_id:
+                continue
+            for entry in self.pipeline.tables[table].values():
+                response.entities.add().table_entry.CopyFrom(to_proto(names, entry))
+
+    def _read_counters(self, query: p4runtime_pb2.CounterEntry, response) -> None:
+        wanted = [self._counter_name(query.counter_id)] if query.counter_id else list(COUNTERS)
+        indices = [query.index.index] if query.HasField("index") else list(range(MAX_JOBS))
+        names = self.pipeline.names
+        for job_id in indices:
+            if not 0 <= job_id < MAX_JOBS:
+                raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {job_id} not in 0..{MAX_JOBS - 1}")
+            values = self.switch.read_counters(job_id)
+            for name in wanted:
+                c = response.entities.add().counter_entry
+                c.counter_id = names.id(P4Type.counter, name)
+                c.index.index = job_id
+                c.data.packet_count = values[name] - self._counter_offset.get((job_id, name), 0)
+
+    def _read_groups(self, query: p4runtime_pb2.PacketReplicationEngineEntry, response) -> None:
+        wanted = query.multicast_group_entry.multicast_group_id
+        for gid, replicas in sorted(self.pipeline.groups.items()):
+            if wanted and gid != wanted:
+                continue
+            group = response.entities.add().packet_replication_engine_entry.multicast_group_entry
+            group.multicast_group_id = gid
+            for port, instance in replicas:
+                group.replicas.add(egress_port=port, instance=instance)
+
+
+def serve(
+    switch: SoftSwitch, address: str = "127.0.0.1:0", **options
+) -> tuple[grpc.Server, int, SoftSwitchP4Runtime]:
+    """Start a P4Runtime server for ``switch`` on ``address`` ("host:port", port 0 picks a free one).
+    Returns the running server, the bound port and the servicer; stop with ``server.stop(None)``."""
+    servicer = SoftSwitchP4Runtime(switch, **options)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="p4rt"))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}: is another P4Runtime server there? pick another port")
+    server.start()
+    return server, port, servicer
