@@ -13,6 +13,11 @@ forward path (invisible to both ends, so TCP meets real loss). The aggregator li
 (unlimited and lossless by default: it stands in for a switch whose ports are not a bottleneck).
 A worker-to-worker packet (gloo's ring) crosses two worker links; a GRAD or a RESULT crosses one.
 
+With ``switch="raw"`` there is no bridge and no aggregator host: the switch namespace's ports
+(``raw_ports()``, numbered from 1) are left for ``python -m softswitch.rawport`` to serve at
+``switch_ip``, and loss rules sit on each host's interface (packet sockets would see a frame before
+any switch-side hook could drop it).
+
 Every name carries the owner's PID and a random tag, ``lta-<pid>-<tag>-<role>``, so concurrent runs
 never collide and :func:`remove_stale` can reclaim the namespaces of a run that was killed. Links are
 created directly inside the namespaces, so nothing appears in the root namespace.
@@ -42,6 +47,7 @@ from mininet_topos.linkshape import (
     LossCounters,
     loss_key,
     nft_bridge_loss_script,
+    nft_device_loss_script,
     parse_loss_counters,
     resolve_backend,
     shape_egress,
@@ -50,7 +56,8 @@ from mininet_topos.linkshape import (
 DEFAULT_PREFIX = "lta"
 HOST_DEV = "eth0"
 BRIDGE = "br0"
-LOSS_TABLE = "lta_loss"  # nftables table (family bridge) in the switch namespace
+LOSS_TABLE = "lta_loss"  # nftables table: family bridge in the switch namespace, netdev in raw hosts
+SWITCH_KINDS = ("bridge", "raw")
 COMMAND_TIMEOUT_S = 10.0
 
 
@@ -152,9 +159,12 @@ class NetnsNetwork:
         prefix: str = DEFAULT_PREFIX,
         max_runtime_s: float = 600.0,
         loss_backend: str = "auto",
+        switch: str = "bridge",
     ) -> None:
         if not 1 <= n_workers <= 250:
             raise ValueError(f"n_workers must be in 1..250 (one /24), got {n_workers}")
+        if switch not in SWITCH_KINDS:
+            raise ValueError(f"switch must be one of {SWITCH_KINDS}, got {switch!r}")
         if "-" in prefix or not prefix:
             raise ValueError(f"prefix must be a non-empty name without '-', got {prefix!r}")
         self.link = link or LinkSpec()
@@ -164,7 +174,11 @@ class NetnsNetwork:
         self.tag = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.switch_ns = f"{self.tag}-sw"
         self.workers = [Host(f"h{i}", f"{self.tag}-h{i}", f"{subnet}.{i + 1}") for i in range(n_workers)]
-        self.aggregator = Host("agg", f"{self.tag}-agg", f"{subnet}.254")
+        self.switch = switch
+        # bridge: an aggregation host on the bridge; raw: the switch namespace itself aggregates
+        # (run softswitch.rawport there on raw_ports(), reachable at switch_ip).
+        self.aggregator = Host("agg", f"{self.tag}-agg", f"{subnet}.254") if switch == "bridge" else None
+        self.switch_ip = f"{subnet}.253"
         self.use_netem = False
         self.expired = False
         self._procs: list[subprocess.Popen[Any]] = []
@@ -175,7 +189,11 @@ class NetnsNetwork:
 
     @property
     def hosts(self) -> list[Host]:
-        return [*self.workers, self.aggregator]
+        return [*self.workers, self.aggregator] if self.aggregator else list(self.workers)
+
+    def raw_ports(self) -> dict[int, str]:
+        """Switch port numbers (1-based, as in Mininet) to interfaces in the switch namespace."""
+        return {i + 1: self.port_of(h) for i, h in enumerate(self.workers)}
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> NetnsNetwork:
@@ -213,13 +231,21 @@ class NetnsNetwork:
             # No IPv6 chatter (router solicitations, DAD) on the emulated links.
             self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
             self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        self._ns(self.switch_ns, "ip", "link", "add", BRIDGE, "type", "bridge")
-        self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "up")
+        if self.switch == "bridge":
+            self._ns(self.switch_ns, "ip", "link", "add", BRIDGE, "type", "bridge")
+            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "up")
         for host in self.hosts:
             self._attach(host)
-        if not self.use_netem:
+        if self.use_netem:
+            pass
+        elif self.switch == "bridge":
             links = {self.port_of(h): self.link_of(h) for h in self.hosts}
             self._ns(self.switch_ns, "nft", "-f", "-", stdin=nft_bridge_loss_script(LOSS_TABLE, links))
+        else:
+            # Packet sockets see a frame before any hook on the switch side: drop at the host's interface.
+            for host in self.hosts:
+                script = nft_device_loss_script(LOSS_TABLE, host.dev, self.link_of(host))
+                self._ns(host.netns, "nft", "-f", "-", stdin=script)
         self._watchdog = threading.Timer(self.max_runtime_s, self._on_deadline)
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -255,17 +281,20 @@ class NetnsNetwork:
 
     def port_of(self, host: Host) -> str:
         """The bridge port (in the switch namespace) that the host's link ends on."""
-        return "pagg" if host is self.aggregator else f"p{self.workers.index(host)}"
+        return "pagg" if host == self.aggregator else f"p{self.workers.index(host)}"
 
     def link_of(self, host: Host) -> LinkSpec:
-        return self.aggregator_link if host is self.aggregator else self.link
+        return self.aggregator_link if host == self.aggregator else self.link
 
     def loss_counters(self, host: Host) -> LossCounters:
         """TCP/UDP packets seen and dropped on the host's link, per direction (nftables backend only)."""
         if self.use_netem:
             raise NetnsError("loss counters exist only with the nftables backend; this run uses netem")
-        listing = self.check(self.switch_ns, ["nft", "-j", "list", "table", "bridge", LOSS_TABLE])
-        return parse_loss_counters(listing)[loss_key(self.port_of(host))]
+        if self.switch == "bridge":
+            listing = self.check(self.switch_ns, ["nft", "-j", "list", "table", "bridge", LOSS_TABLE])
+            return parse_loss_counters(listing)[loss_key(self.port_of(host))]
+        listing = self.check(host, ["nft", "-j", "list", "table", "netdev", LOSS_TABLE])
+        return parse_loss_counters(listing)[loss_key(host.dev)]
 
     def qdisc_stats(self, host: Host) -> str:
         return self.check(host, ["tc", "-s", "qdisc", "show", "dev", host.dev])
@@ -278,7 +307,8 @@ class NetnsNetwork:
         port, spec = self.port_of(host), self.link_of(host)
         run_checked(["ip", "link", "add", host.dev, "netns", host.netns, "type", "veth",
                      "peer", "name", port, "netns", self.switch_ns])  # fmt: skip
-        self._ns(self.switch_ns, "ip", "link", "set", port, "master", BRIDGE)
+        if self.switch == "bridge":
+            self._ns(self.switch_ns, "ip", "link", "set", port, "master", BRIDGE)
         self._ns(self.switch_ns, "ip", "link", "set", port, "up")
         self._ns(host.netns, "ip", "addr", "add", f"{host.ip}/24", "dev", host.dev)
         self._ns(host.netns, "ip", "link", "set", host.dev, "up")

@@ -1,0 +1,97 @@
+"""One worker of the emulated-network demo: reduce seeded tensors through the switch and check them.
+
+Every worker's input is a function of ``(seed, round, worker)``, so each worker can rebuild all inputs
+and check its own result independently: a chunk that came back with count > 0 must equal the mean of
+the contributors named in its bitmap, to within the codec's bound ``2^-shift`` (docs/protocol.md) plus
+the rounding of the float32 result (half a unit in the last place). Prints one JSON line with timings,
+chunk outcomes and the worst error relative to that tolerance (< 1 passes).
+
+``python -m mininet_topos.allreduce_worker --job 1 --worker 0 --workers 2 --switch 10.0.0.254:48879
+--bind 10.0.0.1``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+import numpy as np
+
+from hostlib.protocol import LTA_PORT
+from hostlib.transport import LtaWorker, ReduceResult, TransportConfig
+
+
+def worker_input(seed: int, round_: int, worker: int, elems: int) -> np.ndarray:
+    return np.random.default_rng([seed, round_, worker]).standard_normal(elems).astype(np.float32)
+
+
+def check_result(result: ReduceResult, inputs: np.ndarray, elems_per_packet: int) -> tuple[int, float]:
+    """(chunks checked, worst |error| / tolerance) over the chunks renormalized from a RESULT."""
+    checked, worst = 0, 0.0
+    for c in np.flatnonzero(result.count > 0):
+        contributors = result.contributors(int(c))
+        lo, hi = c * elems_per_packet, min((c + 1) * elems_per_packet, inputs.shape[1])
+        expected = inputs[contributors, lo:hi].astype(np.float64).mean(axis=0)
+        error = np.abs(result.values[lo:hi] - expected)
+        tolerance = 2.0 ** -float(result.shift[c]) + np.spacing(np.abs(expected).astype(np.float32)) / 2
+        worst = max(worst, float((error / tolerance).max()))
+        checked += 1
+    return checked, worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mininet_topos.allreduce_worker", description=__doc__)
+    parser.add_argument("--job", type=int, default=1)
+    parser.add_argument("--worker", type=int, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--switch", required=True, help="IP[:PORT] of the switch")
+    parser.add_argument("--bind", default="0.0.0.0", help="local IP[:PORT] to send from")
+    parser.add_argument("--elems", type=int, default=16384, help="float32 values per allreduce")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool-size", type=int, default=512)
+    args = parser.parse_args(argv)
+    host, _, port = args.switch.partition(":")
+    bind_ip, _, bind_port = args.bind.partition(":")
+    config = TransportConfig(pool_size=args.pool_size, seed=args.seed)
+    times_ms, checked, worst = [], 0, 0.0
+    outcomes = {"full": 0, "partial": 0, "fallback": 0}
+    with LtaWorker(
+        args.job,
+        args.worker,
+        args.workers,
+        (host, int(port or LTA_PORT)),
+        config=config,
+        bind=(bind_ip, int(bind_port or 0)),
+    ) as worker:
+        for r in range(args.rounds):
+            inputs = np.stack([worker_input(args.seed, r, w, args.elems) for w in range(args.workers)])
+            result = worker.allreduce(inputs[args.worker], step=r)
+            times_ms.append(result.elapsed_s * 1000.0)
+            n_checked, err = check_result(result, inputs, config.elems_per_packet)
+            checked, worst = checked + n_checked, max(worst, err)
+            outcomes["full"] += int((result.count == args.workers).sum())
+            outcomes["partial"] += int(((result.count > 0) & (result.count < args.workers)).sum())
+            outcomes["fallback"] += int((result.fallback != 0).sum())
+        stats = asdict(worker.stats)
+    t = np.array(times_ms)
+    report = {
+        "worker": args.worker,
+        "rounds": args.rounds,
+        "elems": args.elems,
+        "ms_p50": float(np.percentile(t, 50)),
+        "ms_p99": float(np.percentile(t, 99)),
+        "ms_max": float(t.max()),
+        "chunks": outcomes,
+        "chunks_checked": checked,
+        "worst_error_over_tolerance": worst,
+        "transport": stats,
+    }
+    print(json.dumps(report), flush=True)
+    return 0 if worst < 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
