@@ -63,7 +63,7 @@ class TransportConfig:
     # (the switch ignores duplicates), so one is lost with probability p**copies instead of p.
     exp_copies: int = 2
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
-    min_deadline_ms: float = 5.0
+    min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
     max_deadline_ms: float = 500.0
     max_flushes: int = 3
     fallback: str = "prev"  # prev | zero | local
