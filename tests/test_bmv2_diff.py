@@ -1,0 +1,397 @@
+"""Differential tests: the P4 program on BMv2 and the softswitch, configured by the same control plane,
+answer the same hand-built packet sequences with the same packets and the same counters.
+
+Every branch of the switch contract is driven: full rounds, retransmission after the result, duplicates,
+slot reuse with a higher seq, stale packets, FLUSH partial / empty (count 0) / resend / stale, quorum < N,
+exponent (MAX) rounds and mismatches, SATURATED, spoofed and out-of-range workers, unknown jobs, slots
+out of range, malformed headers and payloads, PARAM / PARAM_REQ replication and the up / down / param
+drop policies (p = 0 or 1, so both switches decide alike), plus a seeded random sequence.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, UDP
+
+from controlplane.bmv2 import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    Bmv2Switch,
+    bmv2_missing,
+    host_worker,
+    lta_of,
+    worker_frame,
+)
+from controlplane.jobs import JobSpec
+from controlplane.p4info import BMV2_JSON_PATH
+from controlplane.switch import LtaSwitch
+from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import INT32_MIN, LTA_PORT, Flag, Op, make_packet
+from softswitch.p4runtime_server import serve
+from softswitch.pipeline import SoftSwitch
+
+ROOT = Path(__file__).resolve().parent.parent
+N_PORTS = 4
+
+
+def _missing() -> str | None:
+    reason = bmv2_missing()
+    if reason:
+        return reason
+    if not BMV2_JSON_PATH.exists() and shutil.which("p4c-bm2-ss") is None:
+        return "p4/build/lta.json is not compiled and p4c-bm2-ss is not on PATH (install p4lang-p4c)"
+    return None
+
+
+pytestmark = [pytest.mark.bmv2, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
+
+
+@dataclass
+class Pair:
+    """BMv2 and a softswitch, each behind P4Runtime, configured through the same LtaSwitch calls."""
+
+    bmv2: Bmv2Switch
+    softswitch: SoftSwitch
+    controllers: list[LtaSwitch]
+
+    def configure(self, fn) -> None:
+        for ctl in self.controllers:
+            fn(ctl)
+
+    def counters(self) -> list[dict[int, dict[str, int]]]:
+        return [ctl.read_counters() for ctl in self.controllers]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Iterator[Pair]:
+    device_config = BMV2_JSON_PATH
+    if not device_config.exists():
+        out = tmp_path_factory.mktemp("p4build")
+        subprocess.run(
+            [
+                "p4c-bm2-ss",
+                "--std",
+                "p4-16",
+                "--arch",
+                "v1model",
+                "-o",
+                str(out / "lta.json"),
+                "p4/v1model/lta.p4",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
+        device_config = out / "lta.json"
+    softswitch = SoftSwitch(seed=1)
+    server, port, _ = serve(softswitch)
+    with Bmv2Switch(N_PORTS, prefix="ltadiff") as bmv2:
+        controllers = [LtaSwitch.connect(bmv2.target, timeout_s=10), LtaSwitch.connect(f"127.0.0.1:{port}")]
+        try:
+            for ctl in controllers:
+                ctl.load_pipeline(device_config)
+            yield Pair(bmv2, softswitch, controllers)
+        finally:
+            for ctl in controllers:
+                ctl.close()
+            server.stop(None)
+
+
+@pytest.fixture
+def fresh(pair: Pair) -> Pair:
+    """Both switches with no jobs and every counter at zero."""
+    for ctl in pair.controllers:
+        for job_id in ctl.jobs():
+            ctl.remove_job(job_id)
+        for job_id in range(64):
+            ctl.clear_counters(job_id)
+    pair.bmv2.drain()
+    return pair
+
+
+def workers(*ports: int):
+    return tuple(host_worker(p) for p in ports)
+
+
+def add_jobs(pair: Pair, *jobs: JobSpec) -> None:
+    for job in jobs:
+        pair.configure(lambda ctl, job=job: ctl.add_job(job))
+
+
+def check_frame(port: int, frame: bytes) -> None:
+    """A frame BMv2 sent on ``port`` is addressed to the worker there, from the switch, with a valid
+    IPv4 checksum."""
+    _, packet = lta_of(frame)
+    worker = host_worker(port)
+    assert (packet.src, packet.dst) == (SWITCH_MAC, worker.mac)
+    ip = packet[IP]
+    assert (ip.src, ip.dst) == (SWITCH_IP, worker.ip)
+    assert (packet[UDP].sport, packet[UDP].dport) == (LTA_PORT, worker.udp_port)
+    recomputed = IP(bytes(ip))
+    del recomputed.chksum
+    assert IP(bytes(recomputed)).chksum == ip.chksum
+
+
+def run(pair: Pair, packets: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+    """Push each (port, LTA bytes) through both switches; assert the same outputs packet by packet and
+    the same counters at the end. Returns the softswitch's outputs for further checks."""
+    all_outputs = []
+    for i, (port, lta) in enumerate(packets):
+        expected = sorted(pair.softswitch.process(lta, port))
+        frames = pair.bmv2.exchange(port, worker_frame(lta, host_worker(port)), len(expected))
+        for out_port, frame in frames:
+            check_frame(out_port, frame)
+        got = sorted((out_port, lta_of(frame)[0]) for out_port, frame in frames)
+        assert got == expected, f"packet #{i} (port {port}, {lta[:12].hex()}...) differs"
+        all_outputs.append(expected)
+    bmv2_counters, soft_counters = pair.counters()
+    assert bmv2_counters == soft_counters
+    return all_outputs
+
+
+def grad(job: int, worker: int, values, slot: int = 0, seq: int = 1, **kw) -> bytes:
+    return make_packet(Op.GRAD, job_id=job, worker_id=worker, slot=slot, seq=seq, payload=values, **kw)
+
+
+def flush(job: int, worker: int, slot: int = 0, seq: int = 1, **kw) -> bytes:
+    return make_packet(Op.FLUSH, job_id=job, worker_id=worker, slot=slot, seq=seq, **kw)
+
+
+def vec(seed: int, low: int = -1000, high: int = 1000) -> np.ndarray:
+    return np.random.default_rng(seed).integers(low, high, 64)
+
+
+# ---- scenarios -------------------------------------------------------------------------------------
+def test_full_round_then_retransmission_after_result(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3)))
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), weight=2, step=9, chunk=4, nelem=60)),
+            (2, grad(1, 1, vec(2), weight=3, step=9, chunk=4, nelem=60)),
+            (3, grad(1, 2, vec(3), weight=4, step=9, chunk=4, nelem=60)),
+            (2, grad(1, 1, vec(2), weight=3)),  # lost its RESULT: unicast resend
+            (3, flush(1, 2)),  # FLUSH after the close: resend too
+        ],
+    )
+    assert [len(o) for o in out] == [0, 0, 3, 1, 1]
+    result = out[2][0][1]
+    np.testing.assert_array_equal(np.frombuffer(result[36:], ">i4"), vec(1) + vec(2) + vec(3))
+
+
+def test_duplicates_ignored_and_slot_reuse_with_higher_seq(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1))),
+            (1, grad(1, 0, vec(9))),  # duplicate: ignored, not added
+            (2, grad(1, 1, vec(2))),
+            (1, grad(1, 0, vec(3), seq=2)),  # the slot moves on to round 2
+            (2, grad(1, 1, vec(4), seq=1)),  # stale
+            (2, flush(1, 1, seq=1)),  # stale FLUSH
+            (2, grad(1, 1, vec(4), seq=2)),
+        ],
+    )
+
+
+def test_flush_partial_and_count_zero(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3), pool_size=4))
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), slot=1, weight=5)),
+            (2, grad(1, 1, vec(2), slot=1, weight=6)),
+            (3, flush(1, 2, slot=1)),  # partial: count 2
+            (3, grad(1, 2, vec(3), slot=1)),  # too late: the partial result is resent
+            (
+                1,
+                flush(1, 0, slot=2, seq=3, exp=12, step=77, chunk=5, nelem=10, flags=int(Flag.MAX)),
+            ),  # count 0
+            (2, flush(1, 1, slot=2, seq=3)),  # resend of the empty result
+            (2, grad(1, 1, vec(2), slot=2, seq=3)),  # late resend of the count-0 result
+        ],
+    )
+
+
+def test_quorum_below_n(fresh):
+    add_jobs(fresh, JobSpec(2, workers(2, 3, 4), quorum=2))
+    run(
+        fresh,
+        [
+            (2, grad(2, 0, vec(5), slot=3)),
+            (4, grad(2, 2, vec(6), slot=3)),  # quorum 2 reached: closed, multicast to all three
+            (3, grad(2, 1, vec(7), slot=3)),  # the third contribution is late: resend, not added
+        ],
+    )
+
+
+def test_quorum_one_closes_on_every_start(fresh):
+    add_jobs(fresh, JobSpec(3, workers(1, 2), quorum=1))
+    run(
+        fresh,
+        [(1, grad(3, 0, vec(1), slot=s, seq=2)) for s in range(3)] + [(2, grad(3, 1, vec(2), slot=1, seq=2))],
+    )
+
+
+def test_exponent_rounds_take_the_signed_max(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3)))
+    low = np.full(64, INT32_MIN)
+    a, b, c = low.copy(), low.copy(), low.copy()
+    a[:3], b[:3], c[:3] = [-5, 3, -127], [-7, 9, -126], [-6, -2, -127]
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, a, flags=int(Flag.MAX), nelem=3)),
+            (2, grad(1, 1, b, flags=int(Flag.MAX | Flag.SATURATED), nelem=3)),
+            (3, grad(1, 2, c, flags=int(Flag.MAX), nelem=3)),
+        ],
+    )
+
+
+def test_exponent_mismatch_and_saturated_flag(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3)))
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), exp=20)),
+            (2, grad(1, 1, vec(2), exp=21)),  # other exponent: dropped, counted
+            (2, grad(1, 1, vec(2), exp=20, flags=int(Flag.MAX))),  # MAX differs: dropped
+            (2, grad(1, 1, vec(2), exp=20, flags=int(Flag.SATURATED))),
+            (3, grad(1, 2, vec(3), exp=20)),  # RESULT carries SATURATED
+        ],
+    )
+
+
+def test_int32_sums_wrap_alike(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    big = np.full(64, 2**31 - 10)
+    run(fresh, [(1, grad(1, 0, big)), (2, grad(1, 1, big))])
+
+
+def test_spoofed_and_out_of_range_workers(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    run(
+        fresh,
+        [
+            (1, grad(1, 1, vec(1))),  # claims worker 1 from worker 0's port
+            (3, grad(1, 0, vec(1))),  # a port no worker of the job uses
+            (1, grad(1, 7, vec(1))),  # worker id >= N
+            (2, flush(1, 0)),  # FLUSH spoofed too
+        ],
+    )
+
+
+def test_malformed_unknown_job_and_slot_range(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2), pool_size=8))
+    ok = grad(1, 0, vec(1))
+    run(
+        fresh,
+        [
+            (1, ok[:10]),  # shorter than the header
+            (1, make_packet(Op.GRAD, job_id=1, version=2)),  # wrong version, known job
+            (1, make_packet(Op.GRAD, job_id=9, version=2)),  # wrong version, unknown job
+            (1, make_packet(Op.RESULT, job_id=1)),  # RESULT sent to the switch
+            (1, make_packet(9, job_id=1)),  # no such op
+            (1, ok[:-100]),  # payload too short
+            (1, ok + b"\0\0\0\0"),  # payload too long
+            (1, grad(1, 0, vec(1), nelem=65)),  # nelem > K
+            (1, grad(5, 0, vec(1))),  # unknown job
+            (1, grad(1, 0, vec(1), slot=8)),  # slot out of range
+            (1, flush(1, 0, slot=300)),  # FLUSH slot out of range
+            (1, ok),  # and a good packet still works afterwards
+        ],
+    )
+
+
+def test_param_and_param_req_replication(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4)))
+    params = np.random.default_rng(0).standard_normal(64).astype(np.float32).view(np.int32)
+    run(
+        fresh,
+        [
+            (2, make_packet(Op.PARAM, job_id=1, worker_id=1, chunk=3, step=8, payload=params)),
+            (4, make_packet(Op.PARAM_REQ, job_id=1, worker_id=3, chunk=3)),
+        ],
+    )
+
+
+def test_drop_policies_up_down_param(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3)))
+    drop_all = DropPolicy("bernoulli", p=1.0)
+    always_bad = DropPolicy("gilbert_elliott", p=1.0, r=0.0, loss_good=0.0, loss_bad=1.0)
+
+    def policies(ctl: LtaSwitch) -> None:
+        ctl.set_drop_policy(1, "up", drop_all, worker=1)
+        ctl.set_drop_policy(1, "down", always_bad, worker=2)
+        ctl.set_drop_policy(1, "param", drop_all)
+        ctl.set_drop_policy(1, "param", DropPolicy("bernoulli", p=0.0), worker=0)
+
+    fresh.configure(policies)
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1))),
+            (2, grad(1, 1, vec(2))),  # dropped by the up policy
+            (2, grad(1, 1, vec(2), flags=int(Flag.CRITICAL))),  # CRITICAL passes it
+            (3, grad(1, 2, vec(3))),  # closes; worker 2's replica dropped (down)
+            (3, grad(1, 2, vec(3))),  # resend to worker 2: dropped again
+            (2, make_packet(Op.PARAM, job_id=1, worker_id=1)),  # only worker 0 receives it
+            (2, make_packet(Op.PARAM, job_id=1, worker_id=1, flags=int(Flag.CRITICAL))),  # everyone
+            (1, make_packet(Op.PARAM_REQ, job_id=1, worker_id=0)),  # dropped for 1 and 2
+        ],
+    )
+
+
+def test_two_jobs_share_ports_and_slot_numbers(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3), pool_size=16), JobSpec(2, workers(2, 3, 4), pool_size=16))
+    run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), slot=5)),
+            (2, grad(2, 0, vec(2), slot=5)),
+            (2, grad(1, 1, vec(3), slot=5)),
+            (3, grad(2, 1, vec(4), slot=5)),
+            (3, grad(1, 2, vec(5), slot=5)),
+            (4, grad(2, 2, vec(6), slot=5)),
+        ],
+    )
+
+
+def test_reset_job_on_both(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    run(fresh, [(1, grad(1, 0, vec(1))), (2, grad(1, 1, vec(2)))])
+    fresh.configure(lambda ctl: ctl.reset_job(1))
+    run(fresh, [(1, grad(1, 0, vec(3))), (2, grad(1, 1, vec(2))), (2, flush(1, 1, slot=1, seq=4))])
+
+
+def test_seeded_random_sequence(fresh):
+    add_jobs(
+        fresh, JobSpec(1, workers(1, 2, 3), pool_size=4), JobSpec(2, workers(2, 3, 4), quorum=2, pool_size=3)
+    )
+    rng = random.Random(2024)
+    ports = {1: (1, 2, 3), 2: (2, 3, 4)}
+    packets = []
+    for _ in range(300):
+        job = rng.choice((1, 2))
+        worker = rng.randrange(3)
+        port = ports[job][worker] if rng.random() > 0.05 else rng.randint(1, 4)
+        kind = rng.choices(("grad", "flush", "param"), (0.8, 0.15, 0.05))[0]
+        flags = rng.choice((0, 0, 0, int(Flag.MAX), int(Flag.SATURATED), int(Flag.CRITICAL)))
+        fields = dict(slot=rng.randrange(5), seq=rng.randint(1, 3), exp=rng.choice((0, 0, 1)), flags=flags)
+        if kind == "grad":
+            lta = grad(job, worker, vec(rng.randrange(10**6)), weight=rng.randrange(5), **fields)
+        elif kind == "flush":
+            lta = flush(job, worker, **fields)
+        else:
+            lta = make_packet(Op.PARAM, job_id=job, worker_id=worker, payload=vec(1))
+        packets.append((port, lta))
+    out = run(fresh, packets)
+    assert sum(len(o) for o in out) > 50  # the sequence really closed rounds
