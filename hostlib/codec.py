@@ -53,24 +53,35 @@ def data_shifts(agreed_exponent: np.ndarray, n_workers: int) -> np.ndarray:
     return np.clip(shift, -SHIFT_LIMIT, SHIFT_LIMIT).astype(np.int32)
 
 
+def _pow2(shifts: np.ndarray, dtype) -> np.ndarray:
+    """Per-row scale ``2^shift`` as a column, exact in ``dtype`` (float32 holds 2^-149..2^127)."""
+    return np.ldexp(np.ones(len(shifts), dtype=dtype), shifts.astype(np.int32))[:, None]
+
+
 def quantize(
     chunks: np.ndarray, shifts: np.ndarray, n_workers: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Stochastically round ``chunks · 2^shift`` to int32. Returns (ints, saturated-per-chunk).
 
-    Unbiased: ``E[ints] = chunks · 2^shift`` for every value within the limit."""
-    scaled = np.ldexp(chunks.astype(np.float64), shifts[:, None].astype(np.int64))
-    scaled += rng.random(scaled.shape)
-    np.floor(scaled, out=scaled)
+    Unbiased: ``E[ints] = chunks · 2^shift`` for every value within the limit. Scaling float32 by a
+    power of two is exact; ``floor(v)`` and ``frac = v - floor(v)`` are exact too, so rounding up with
+    probability ``frac`` (a float32 uniform draw) is unbiased to within 2^-24 of one unit."""
+    scaled = np.multiply(chunks, _pow2(shifts, np.float32), dtype=np.float32)
+    floor = np.floor(scaled)
+    np.subtract(scaled, floor, out=scaled)  # the fractional part, in [0, 1)
+    floor += rng.random(scaled.shape, dtype=np.float32) < scaled
     limit = contribution_limit(n_workers)
-    saturated = np.any(np.abs(scaled) > limit, axis=1)
-    np.clip(scaled, -limit, limit, out=scaled)
-    return scaled.astype(np.int32), saturated
+    saturated = np.any(np.abs(floor) > limit, axis=1)
+    np.clip(floor, -limit, limit, out=floor)
+    return floor.astype(np.int32), saturated
 
 
-def dequantize(sums: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """``sums · 2^-shift`` per chunk row, in float64."""
-    return np.ldexp(sums.astype(np.float64), -shifts[:, None].astype(np.int64))
+def dequantize(sums: np.ndarray, shifts: np.ndarray, divisor: np.ndarray | None = None) -> np.ndarray:
+    """``sums · 2^-shift / divisor`` per chunk row, computed in float64 and returned as float32."""
+    scale = _pow2(-shifts, np.float64)
+    if divisor is not None:
+        scale = scale / divisor.reshape(-1, 1)
+    return np.multiply(sums, scale, dtype=np.float64).astype(np.float32)
 
 
 def error_bound(shifts: np.ndarray) -> np.ndarray:

@@ -277,7 +277,7 @@ class LtaWorker:
             divisor = np.full(c, self.n_workers)
         out = np.empty((c, k), dtype=np.float32)
         if got.any():
-            out[got] = codec.dequantize(plan.sums[got], plan.shift[got]) / divisor[got, None]
+            out[got] = codec.dequantize(plan.sums[got], plan.shift[got], divisor[got])
         missing = ~got
         fallback = np.where(got, Fallback.NONE, self._fallback).astype(np.int8)
         if renorm == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
@@ -434,8 +434,10 @@ class LtaWorker:
                 break
 
     def _arm(self, plan: _Plan, deadlines: list[tuple[float, int]], u: int, start: float) -> None:
-        # Each FLUSH without an answer doubles the wait (RTO backoff, as TCP does).
-        at = start + self._deadline_s(plan) * (1 << int(plan.flushes[u]))
+        # Each FLUSH without an answer doubles the wait (RTO backoff, as TCP does). Ranks are staggered
+        # (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually saves the others'.
+        stagger = 1.0 + 0.5 * self.worker_id / self.n_workers
+        at = start + self._deadline_s(plan) * stagger * (1 << int(plan.flushes[u]))
         plan.deadline_at[u] = at
         heapq.heappush(deadlines, (at, u))
 
@@ -535,7 +537,9 @@ class LtaWorker:
             plan.finished += 1
         if flags & Flag.RETX:
             self.stats.results_retx += 1
-        if prior == _IN_FLIGHT and plan.flushes[u] == 0 and not flags & Flag.RETX:
+        if prior == _IN_FLIGHT and (plan.flushes[u] == 0 or (flags & Flag.RETX and count == self.n_workers)):
+            # A clean answer is an RTT sample. So is a resent, complete one: the round had closed
+            # before our FLUSH (the FLUSH was spurious), and the wait we saw is what the RTO must cover.
             self._rtt_sample((time.perf_counter() - plan.sent_at[u]) * 1000.0)
         if plan.flushes[u] > 0:
             self._early_close = count < self.n_workers
