@@ -122,6 +122,8 @@ class Bmv2Switch:
 
     def _add_veth(self, port: int) -> None:
         sw, host = self.switch_side(port), self.host_side(port)
+        # A run killed before its cleanup leaves its veths behind: same name, so ours to remove.
+        subprocess.run(["ip", "link", "del", sw], capture_output=True, check=False)
         _ip("link", "add", sw, "type", "veth", "peer", "name", host)
         self._veths.append(sw)
         for name in (sw, host):
