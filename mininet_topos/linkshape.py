@@ -141,11 +141,17 @@ def nft_device_loss_script(table: str, dev: str, spec: LinkSpec) -> str:
     egress drop; a TCP sender does (its cwnd shrinks and it resends at once), so compare TCP only on
     bridged links (:func:`nft_bridge_loss_script`)."""
     lines = [f"table netdev {table} {{"]
-    for direction, hook, p in (("up", "egress", spec.loss_up), ("down", "ingress", spec.loss_down)):
+    # Down counts only frames addressed to this host: a bridge floods unknown unicast to every port,
+    # and those copies were never the host's traffic.
+    directions = (
+        ("up", "egress", "", spec.loss_up),
+        ("down", "ingress", "meta pkttype host ", spec.loss_down),
+    )
+    for direction, hook, to_host, p in directions:
         lines += [
             f"  chain {direction}_{loss_key(dev)} {{",
             f'    type filter hook {hook} device "{dev}" priority 0; policy accept;',
-            *_loss_rules("ip protocol { tcp, udp }", p),
+            *_loss_rules(f"{to_host}ip protocol {{ tcp, udp }}", p),
             "  }",
         ]
     lines.append("}")

@@ -7,8 +7,10 @@ pipeline's replies leave as Ethernet / IPv4 / UDP frames from the switch's own a
 answered, so hosts need no static neighbour entries. Everything else is ignored (and counted).
 
 Workers are learned from their packets: the first LTA packet on a port records the sender's MAC, IP
-and UDP port, which is where RESULT and PARAM replicas for that port go. A replica for a port that
-has not been heard from yet is dropped and counted as ``tx_no_neighbor``.
+and UDP port, which is where RESULT and PARAM replicas for that port go. For a port not heard from
+yet, ``resolve`` (when given) supplies the address, e.g. from the worker-address table the control
+plane wrote over P4Runtime (as the P4 program readdresses every replica); otherwise the replica is
+dropped and counted as ``tx_no_neighbor``.
 
 The pipeline sees an ingress port as an ``int`` (``ingress_key="port"``, BMv2's view: one worker per
 port), or as ``(port, source_ip)`` (``"port+ip"``), which lets several workers share a port, e.g.
@@ -29,9 +31,10 @@ import sys
 import threading
 import tomllib
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import LTA_PORT
@@ -146,6 +149,7 @@ class RawPortSwitch:
         ip: str,
         mac: str = DEFAULT_MAC,
         ingress_key: str = "port",
+        resolve: Callable[[Hashable], Neighbor | None] | None = None,
     ) -> None:
         if ingress_key not in INGRESS_KEYS:
             raise ValueError(f"ingress_key must be one of {INGRESS_KEYS}, got {ingress_key!r}")
@@ -155,6 +159,7 @@ class RawPortSwitch:
         self.mac = parse_mac(mac)
         self.ingress_key = ingress_key
         self.neighbors: dict[Hashable, Neighbor] = {}
+        self.resolve = resolve
         self.stats: Counter[str] = Counter()
         self._socks: dict[int, socket.socket] = {}
         self._port_of_fd: dict[int, int] = {}
@@ -218,7 +223,13 @@ class RawPortSwitch:
         while not self._stop.is_set():
             for fd, _event in poller.poll(100):
                 port = self._port_of_fd[fd]
-                self._drain(port, self._socks[port])
+                try:
+                    self._drain(port, self._socks[port])
+                except OSError as exc:
+                    # The interface went away (its link was deleted): stop serving that port only.
+                    poller.unregister(fd)
+                    self.stats["ports_lost"] += 1
+                    print(f"rawport: port {port} ({self.ports[port]}) lost: {exc.strerror}", file=sys.stderr)
 
     def _drain(self, port: int, sock: socket.socket, budget: int = 256) -> None:
         for _ in range(budget):
@@ -246,6 +257,8 @@ class RawPortSwitch:
         self.neighbors[key] = Neighbor(lta.src_mac, lta.src_ip, lta.src_port)
         for egress, packet in self.switch.process(lta.payload, key):
             neighbor = self.neighbors.get(egress)
+            if neighbor is None and self.resolve is not None:
+                neighbor = self.resolve(egress)
             out_port = egress if isinstance(egress, int) else egress[0]
             if neighbor is None or out_port not in self._socks:
                 self.stats["tx_no_neighbor"] += 1
@@ -266,6 +279,28 @@ class RawPortSwitch:
         self.stats["tx_errors"] += 1
 
 
+def p4runtime_resolver(servicer: Any) -> Callable[[Hashable], Neighbor | None]:
+    """Addresses from the worker-port and worker-address tables of a softswitch P4Runtime servicer."""
+    from controlplane.p4info import WORKER_ADDRESSES_TABLE, WORKER_PORTS_TABLE
+
+    def resolve(port: Hashable) -> Neighbor | None:
+        pipeline = servicer.pipeline
+        if pipeline is None:
+            return None
+        tables = pipeline.tables
+        for entry in list(tables.get(WORKER_PORTS_TABLE, {}).values()):
+            if entry.params["port"] != port:
+                continue
+            worker = (entry.match["job_id"], entry.match["worker_id"])
+            for address in list(tables.get(WORKER_ADDRESSES_TABLE, {}).values()):
+                if (address.match["job_id"], address.match["worker_id"]) == worker:
+                    p = address.params
+                    return Neighbor(p["mac"].to_bytes(6, "big"), p["ipv4"].to_bytes(4, "big"), p["udp_port"])
+        return None
+
+    return resolve
+
+
 def parse_worker(entry: int | str, ingress_key: str) -> Hashable:
     """A job's worker in a raw-port config: ``3`` (port 3) or ``"3@10.0.0.1"`` (port 3, that IP)."""
     if ingress_key == "port":
@@ -278,9 +313,28 @@ def parse_worker(entry: int | str, ingress_key: str) -> Hashable:
     return int(port), str(ipaddress.IPv4Address(ip))
 
 
+def load_neighbors(path: str | Path, ingress_key: str = "port") -> dict[Hashable, Neighbor]:
+    """Static worker addresses from the ``[[neighbors]]`` entries of a raw-port config (the softswitch's
+    form of the P4 worker-address table): ``port``, ``ip``, ``mac``, ``udp_port``."""
+    found: dict[Hashable, Neighbor] = {}
+    for i, entry in enumerate(tomllib.loads(Path(path).read_text()).get("neighbors", [])):
+        try:
+            ip = str(ipaddress.IPv4Address(entry["ip"]))
+            key: Hashable = int(entry["port"]) if ingress_key == "port" else (int(entry["port"]), ip)
+            found[key] = Neighbor(
+                parse_mac(entry["mac"]), ipaddress.IPv4Address(ip).packed, int(entry["udp_port"])
+            )
+        except KeyError as exc:
+            raise ValueError(
+                f"{path}: neighbors[{i}]: missing key {exc} (need port, ip, mac, udp_port)"
+            ) from None
+    return found
+
+
 def load_rawport_switch(path: str | Path, ingress_key: str = "port") -> SoftSwitch:
     """A SoftSwitch from the TOML of ``softswitch/config.py``, except that ``workers`` name raw ports
-    (``[1, 2]``, or ``["1@10.0.0.1", "1@10.0.0.2"]`` with ``ingress_key = "port+ip"``)."""
+    (``[1, 2]``, or ``["1@10.0.0.1", "1@10.0.0.2"]`` with ``ingress_key = "port+ip"``). The same file
+    may list ``[[neighbors]]`` (:func:`load_neighbors`)."""
     path = Path(path)
     doc = tomllib.loads(path.read_text())
     switch = SoftSwitch(seed=int(doc.get("seed", 0)))
@@ -312,20 +366,39 @@ def main(argv: list[str] | None = None) -> int:
                         help="port number and interface, repeatable (as simple_switch -i)")  # fmt: skip
     parser.add_argument("--ip", required=True, help="the switch's IPv4 address (workers send to IP:48879)")
     parser.add_argument("--mac", default=DEFAULT_MAC)
-    parser.add_argument("--config", required=True, help="TOML jobs file; workers are port numbers")
+    parser.add_argument("--config", help="TOML jobs file; workers are port numbers")
+    parser.add_argument(
+        "--p4runtime", metavar="HOST:PORT", help="also serve P4Runtime here, so `lta ctl` programs the jobs"
+    )
     parser.add_argument("--ingress-key", choices=INGRESS_KEYS, default="port")
     parser.add_argument("--stats-file", help="write counters and port stats as JSON here on exit")
     args = parser.parse_args(argv)
-    switch = load_rawport_switch(args.config, args.ingress_key)
+    if not args.config and not args.p4runtime:
+        parser.error("give --config FILE, --p4runtime HOST:PORT, or both: otherwise the switch has no jobs")
+    if args.p4runtime and args.ingress_key != "port":
+        parser.error("P4Runtime names workers by port number: use --ingress-key port with --p4runtime")
+    switch = load_rawport_switch(args.config, args.ingress_key) if args.config else SoftSwitch()
     raw = RawPortSwitch(switch, parse_port_map(args.interface), args.ip, args.mac, args.ingress_key)
+    if args.config:
+        raw.neighbors.update(load_neighbors(args.config, args.ingress_key))
+    grpc_server = None
+    banner = f"rawport switch {args.ip} on ports {raw.ports} with jobs {sorted(switch.jobs)}"
+    if args.p4runtime:
+        from softswitch.p4runtime_server import serve  # grpc only when asked for
+
+        grpc_server, grpc_port, servicer = serve(switch, args.p4runtime, port_key="port")
+        raw.resolve = p4runtime_resolver(servicer)
+        banner += f", P4Runtime on {args.p4runtime.rpartition(':')[0]}:{grpc_port}"
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     raw.start()
-    print(f"rawport switch {args.ip} on ports {raw.ports} with jobs {sorted(switch.jobs)}", flush=True)
+    print(banner, flush=True)
     while not done.wait(1.0):
         pass
     raw.stop()
+    if grpc_server is not None:
+        grpc_server.stop(None)
     if args.stats_file:
         report = {"ports": dict(raw.stats), "jobs": {j: switch.read_counters(j) for j in switch.jobs}}
         Path(args.stats_file).write_text(json.dumps(report, indent=1))

@@ -20,6 +20,7 @@ from softswitch.rawport import (
     RawPortSwitch,
     arp_reply,
     build_udp_frame,
+    load_neighbors,
     load_rawport_switch,
     parse_lta_frame,
     parse_port_map,
@@ -183,9 +184,53 @@ def test_port_map_and_config_parse_like_simple_switch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="NUMBER@INTERFACE"):
         parse_port_map(["s1-eth1"])
     config = tmp_path / "jobs.toml"
-    config.write_text('[[jobs]]\njob_id = 2\nworkers = ["1@10.0.0.1", "1@10.0.0.2"]\n'
-                      '[[jobs.drop]]\ndirection = "down"\np = 0.5\n')  # fmt: skip
+    config.write_text(
+        '[[jobs]]\njob_id = 2\nworkers = ["1@10.0.0.1", "1@10.0.0.2"]\n'
+        '[[jobs.drop]]\ndirection = "down"\np = 0.5\n'
+        '[[neighbors]]\nport = 1\nip = "10.0.0.2"\nmac = "02:00:00:00:00:02"\nudp_port = 40001\n'
+    )
     switch = load_rawport_switch(config, ingress_key="port+ip")
     assert switch.jobs[2].cfg.workers == [(1, "10.0.0.1"), (1, "10.0.0.2")]
+    neighbors = load_neighbors(config, ingress_key="port+ip")
+    assert neighbors == {
+        (1, "10.0.0.2"): Neighbor(bytes.fromhex("020000000002"), bytes([10, 0, 0, 2]), 40001)
+    }
     with pytest.raises(ValueError, match="port number"):
         load_rawport_switch(config, ingress_key="port")
+
+
+def test_resolver_addresses_a_port_never_heard_from(raw_switch: _PairedPorts) -> None:
+    _, mac, ip, udp_port = HOSTS[1]
+    neighbor = Neighbor(bytes.fromhex(mac.replace(":", "")), socket.inet_aton(ip), udp_port)
+    raw_switch.resolve = lambda port: neighbor if port == 2 else None
+    flush = make_packet(Op.FLUSH, job_id=1, worker_id=0, slot=0, seq=1)  # closes an empty round
+    frame = (
+        Ether(src=HOSTS[0][1]) / IP(src="10.0.0.1", dst=SWITCH_IP) / UDP(sport=40001, dport=LTA_PORT) / flush
+    )
+    raw_switch.handle_frame(1, bytes(frame))
+    (result,) = raw_switch.sent_on("s1-eth2")
+    assert (result.dst, result[IP].dst, result[UDP].dport) == (mac, ip, udp_port)
+    assert result[LTA].count == 0 and raw_switch.stats["tx_no_neighbor"] == 0
+
+
+def test_p4runtime_resolver_reads_the_addresses_the_control_plane_wrote() -> None:
+    pytest.importorskip("grpc")
+    from controlplane.jobs import JobSpec, WorkerSpec
+    from controlplane.switch import LtaSwitch
+    from softswitch.p4runtime_server import serve
+    from softswitch.rawport import p4runtime_resolver
+
+    server, port, servicer = serve(SoftSwitch(), "127.0.0.1:0", port_key="port")
+    try:
+        with LtaSwitch.connect(f"127.0.0.1:{port}") as ctl:
+            ctl.ensure_pipeline()
+            workers = (
+                WorkerSpec(port=5, mac="02:00:00:00:00:07", ip="10.0.0.7", udp_port=40006),
+                WorkerSpec(port=6, mac="02:00:00:00:00:08", ip="10.0.0.8", udp_port=40007),
+            )
+            ctl.add_job(JobSpec(1, workers))
+        resolve = p4runtime_resolver(servicer)
+        assert resolve(6) == Neighbor(bytes.fromhex("020000000008"), socket.inet_aton("10.0.0.8"), 40007)
+        assert resolve(9) is None
+    finally:
+        server.stop(None)
