@@ -1,0 +1,34 @@
+# `make run`: set up .venv and run the main job. `make test`: set up .venv and run the tests.
+# Both work on a fresh clone: Python 3.11 and pip are all they need (torch is pinned in
+# constraints.txt). As root, `make test` also installs Debian's mininet, bridge-utils and nftables so
+# the Mininet/netns tests run; without root those tests skip and say why.
+
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+MAIN_JOB ?= train
+
+.PHONY: run test setup lint clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,p4rt]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/lta $(MAIN_JOB) $(ARGS)
+
+test: $(STAMP)
+	@if [ "$$(id -u)" = 0 ] && [ -x mininet_topos/setup_deps.sh ]; then mininet_topos/setup_deps.sh; fi
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -ra
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean-venv:
+	rm -rf $(VENV)
