@@ -171,6 +171,7 @@ class _Plan:
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
         self.flushes = np.zeros(self.units, dtype=np.int64)
+        self.probes = np.zeros(self.units, dtype=np.int64)
         self.deadline_at = np.zeros(self.units, dtype=np.float64)
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.base = 0  # global index of this reduce's first unit
@@ -374,7 +375,15 @@ class LtaWorker:
         d["chunk"] = np.arange(plan.chunks_count)
         d["nelem"] = np.minimum(k, plan.n - k * np.arange(plan.chunks_count))
         d["weight"] = weight
-        for arr in (plan.count, plan.bitmap, plan.weight, plan.shift, plan.result_flags, plan.flushes):
+        for arr in (
+            plan.count,
+            plan.bitmap,
+            plan.weight,
+            plan.shift,
+            plan.result_flags,
+            plan.flushes,
+            plan.probes,
+        ):
             arr[:] = 0
         plan.has_exp[:] = False
         plan.saturated[:] = False
@@ -419,11 +428,7 @@ class LtaWorker:
                 at, u = heapq.heappop(deadlines)
                 if state[u] != _IN_FLIGHT or at != plan.deadline_at[u]:
                     continue  # finished, or re-armed since
-                if plan.flushes[u] < self.config.max_flushes:
-                    plan.flushes[u] += 1
-                    self._send_flush(plan, u, step)
-                    self._arm(plan, deadlines, u, now)
-                else:
+                if self._on_deadline(plan, deadlines, u, now, step):
                     state[u] = _GAVE_UP
                     in_flight -= 1
                     plan.finished += 1  # an exponent unit given up leaves its chunks without has_exp
@@ -438,13 +443,36 @@ class LtaWorker:
         # (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually saves the others'.
         stagger = 1.0 + 0.5 * self.worker_id / self.n_workers
         at = start + self._deadline_s(plan) * stagger * (1 << int(plan.flushes[u]))
+        if u < plan.exp_units and not plan.synced:
+            # Exponent units also get an early probe (see _on_deadline), one RTO after each send.
+            at = min(at, start + self._rto_s() * (1 << int(plan.probes[u])))
         plan.deadline_at[u] = at
         heapq.heappush(deadlines, (at, u))
 
-    def _deadline_s(self, plan: _Plan) -> float:
+    def _on_deadline(
+        self, plan: _Plan, deadlines: list[tuple[float, int]], u: int, now: float, step: int
+    ) -> bool:
+        """A unit's deadline passed. Returns True if the unit is given up."""
+        sync_end = plan.sent_at[u] + self.config.sync_deadline_ms / 1000.0
+        if u < plan.exp_units and not plan.synced and now < sync_end:
+            # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
+            # duplicate (or counts it, if the first copies were lost); once the round closed, it
+            # answers with the stored RESULT, so a worker that lost the exponent RESULT recovers in
+            # one RTO instead of sitting out the whole group. No FLUSH yet: others may be late.
+            plan.probes[u] += 1
+            self._send_rows(plan.exp_rows[u : u + 1])
+            self._arm(plan, deadlines, u, now)
+            return False
+        if plan.flushes[u] < self.config.max_flushes:
+            plan.flushes[u] += 1
+            self._send_flush(plan, u, step)
+            self._arm(plan, deadlines, u, now)
+            return False
+        return True
+
+    def _rto_s(self) -> float:
+        """Retransmission timeout from the measured round trips (srtt + 4·rttvar), clamped."""
         cfg = self.config
-        if not plan.synced:
-            return cfg.sync_deadline_ms / 1000.0
         if self.srtt_ms is None:
             ms = cfg.initial_deadline_ms
         elif self._early_close:
@@ -452,6 +480,11 @@ class LtaWorker:
         else:
             ms = self.srtt_ms + 4 * self.rttvar_ms
         return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
+
+    def _deadline_s(self, plan: _Plan) -> float:
+        if not plan.synced:
+            return self.config.sync_deadline_ms / 1000.0
+        return self._rto_s()
 
     def _send_unit(self, plan: _Plan, u: int) -> None:
         if u < plan.exp_units:
