@@ -190,6 +190,10 @@ def run_demo(config: DemoConfig, log=print) -> DemoReport:
             for host in hosts:
                 listing = _node_runner(host)(["nft", "-j", "list", "table", "netdev", LOSS_TABLE], None)
                 links[host.name] = parse_loss_counters(listing)[loss_key(host.defaultIntf().name)]
+    except BaseException:
+        # The error carries what is needed (a switch that fails to start quotes its log).
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     finally:
         for proc in procs:
             if proc.poll() is None:
