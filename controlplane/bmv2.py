@@ -116,7 +116,7 @@ class Bmv2Switch:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             self._wait_listening(timeout_s)
         except BaseException:
-            self.stop()
+            self.stop(keep_log=True)
             raise
         return self
 
@@ -152,7 +152,8 @@ class Bmv2Switch:
             time.sleep(0.1)
         raise RuntimeError(f"simple_switch_grpc did not listen on {self.target} within {timeout_s:g} s")
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
+        """Stop the switch (by PID) and delete our veths (by name); the log goes unless ``keep_log``."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()  # by PID: only the process this object started
             try:
@@ -167,6 +168,8 @@ class Bmv2Switch:
         for name in self._veths:
             subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
         self._veths.clear()
+        if not keep_log:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Bmv2Switch:
         return self.start()
