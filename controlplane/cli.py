@@ -134,6 +134,11 @@ def _connect(args: argparse.Namespace, **kw):
     return LtaSwitch.connect(args.target, args.device_id, (0, args.election_id), args.timeout, **kw)
 
 
+def _monitor(args: argparse.Namespace):
+    """A read-only session: needs no arbitration, so it runs beside the controller that writes."""
+    return _connect(args, read_only=True)
+
+
 def _apply(args: argparse.Namespace) -> int:
     from controlplane import deployment
 
@@ -198,7 +203,7 @@ def _job_reset(args: argparse.Namespace) -> int:
 
 
 def _job_ls(args: argparse.Namespace) -> int:
-    with _connect(args) as switch:
+    with _monitor(args) as switch:
         switch.check_pipeline()
         jobs = switch.jobs()
         policies = switch.drop_policies()
@@ -262,7 +267,7 @@ def format_counters(counters: dict[int, dict[str, int]], show_zero: bool = False
 
 
 def _stats(args: argparse.Namespace) -> int:
-    with _connect(args) as switch:
+    with _monitor(args) as switch:
         switch.check_pipeline()
         counters = switch.read_counters(args.job)
     if args.json:
@@ -273,7 +278,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    with _connect(args) as switch:
+    with _monitor(args) as switch:
         switch.check_pipeline()
         before, t0 = switch.read_counters(args.job), time.monotonic()
         refreshes = 0

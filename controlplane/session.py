@@ -35,6 +35,8 @@ class P4RuntimeSession:
 
     Use as a context manager; ``open`` raises :class:`SwitchUnreachable` when the switch does not answer
     within ``timeout_s`` and :class:`NotPrimary` when another controller holds a higher election id.
+    With ``arbitrate=False`` the session only reads (Read and GetForwardingPipelineConfig need no
+    arbitration), so a monitor never competes with the controller that writes.
     """
 
     def __init__(
@@ -43,8 +45,10 @@ class P4RuntimeSession:
         device_id: int = 0,
         election_id: tuple[int, int] = (0, 1),
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        arbitrate: bool = True,
     ) -> None:
         self.target = target
+        self.arbitrate = arbitrate
         self.device_id = device_id
         self.election_id = election_id
         self.timeout_s = timeout_s
@@ -63,6 +67,8 @@ class P4RuntimeSession:
             self._channel.close()
             raise SwitchUnreachable(self.target, self.timeout_s) from None
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
+        if not self.arbitrate:
+            return self
         self._stream = self.stub.StreamChannel(self._request_iterator())
         self._reader = threading.Thread(target=self._read_stream, name="p4rt-stream", daemon=True)
         self._reader.start()

@@ -63,8 +63,10 @@ class LtaSwitch:
         election_id: tuple[int, int] = (0, 1),
         timeout_s: float = DEFAULT_TIMEOUT_S,
         p4info_path: Path = P4INFO_PATH,
+        read_only: bool = False,
     ) -> LtaSwitch:
-        session = P4RuntimeSession(target, device_id, election_id, timeout_s).open()
+        """Open a session; ``read_only`` skips the arbitration (monitors: stats, watch, listings)."""
+        session = P4RuntimeSession(target, device_id, election_id, timeout_s, arbitrate=not read_only).open()
         try:
             return cls(session, p4info_path)
         except Exception:

@@ -179,3 +179,19 @@ def test_cli_errors_are_one_line_and_exit_1(softswitch, capsys):
     assert "no job 4" in capsys.readouterr().err
     assert lta(["ctl", "--target", target, "apply", "/nonexistent.toml"]) == 1
     assert "no deployment file" in capsys.readouterr().err
+
+
+def test_monitors_run_beside_the_primary_controller(softswitch, capsys):
+    _, target = softswitch
+    with LtaSwitch.connect(target, election_id=(0, 50)) as primary:
+        primary.load_pipeline()
+        from controlplane.jobs import JobSpec, WorkerSpec
+
+        primary.add_job(JobSpec(2, (WorkerSpec(1),)))
+        # Lower election id than the primary: monitors still read, a writer is refused.
+        assert lta(["ctl", "--target", target, "stats", "--json"]) == 0
+        assert "2" in json.loads(capsys.readouterr().out)
+        assert lta(["ctl", "--target", target, "job", "ls"]) == 0
+        assert "job 2: quorum 1/1" in capsys.readouterr().out
+        assert lta(["ctl", "--target", target, "job", "rm", "2"]) == 1
+        assert "another controller is primary" in capsys.readouterr().err
