@@ -28,6 +28,7 @@ from mininet_topos.netns import NetnsNetwork, leftovers, list_namespaces, remove
 from mininet_topos.probes import probe_argv, run_pair
 
 REPO = Path(__file__).resolve().parents[1]
+SHAPED_MBIT = 40.0
 Z = 4.42  # two-sided 1e-5: a correct harness fails a binomial check about once in 100,000 runs
 
 
@@ -140,7 +141,7 @@ def _tcp_counters(net: NetnsNetwork, host) -> dict[str, int]:
 
 @needs_netns
 def test_tbf_limits_tcp_goodput_and_tcp_meets_loss_as_on_a_wire() -> None:
-    rate_mbit = 40.0
+    rate_mbit = SHAPED_MBIT
     with NetnsNetwork(1, LinkSpec(rate_mbit=rate_mbit, loss_up=0.01), loss_backend="nftables") as net:
         h0, agg = net.workers[0], net.aggregator
         before = _tcp_counters(net, h0)
@@ -173,7 +174,8 @@ def test_unshaped_link_is_much_faster_than_the_tbf_rate() -> None:
             _launcher(net, agg), probe_argv("tcp-sink", "--port", 9002),
             _launcher(net, h0), probe_argv("tcp-send", "--dst", f"{agg.ip}:9002", "--seconds", 0.5),
         )  # fmt: skip
-    assert sink["mbit_s"] > 200, f"unshaped veth gave only {sink['mbit_s']:.0f} Mbit/s"
+    # Offload is off, so this is a few hundred Mbit/s on a busy machine, not tens of Gbit/s.
+    assert sink["mbit_s"] > 3 * SHAPED_MBIT, f"unshaped veth gave only {sink['mbit_s']:.0f} Mbit/s"
 
 
 # ---- teardown ----------------------------------------------------------------------------------------
