@@ -47,6 +47,8 @@ class Fallback(enum.IntEnum):
 
 FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fallback.LOCAL}
 
+_DEAD_AFTER_RESULTS = 64  # see LtaWorker._track_absent
+
 # Unit states
 _PENDING, _IN_FLIGHT, _DONE, _GAVE_UP = 0, 1, 2, 3
 
@@ -59,6 +61,9 @@ class TransportConfig:
     # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
     # workers reach a reduce at different times (skew), and flushing then would throw their data away.
     sync_deadline_ms: float = 200.0
+    # A unit some peer has not reached yet (by the bitmaps, see LtaWorker._fast_flush) waits this long
+    # for it: a late peer is not a lost packet. Units every peer has passed are flushed at once.
+    lag_deadline_ms: float = 200.0
     # Exponent packets are 1/K of the traffic and gate every data packet: send each this many times
     # (the switch ignores duplicates), so one is lost with probability p**copies instead of p.
     exp_copies: int = 2
@@ -132,6 +137,7 @@ class TransportStats:
     packets_received: int = 0
     results_retx: int = 0
     packets_ignored: int = 0  # not ours, stale, or malformed
+    units_overtaken: int = 0  # given up because their slot already moved to a later round
     params_received: int = 0
     elapsed_s: float = 0.0
     reduce_ms: list[float] = field(default_factory=list)
@@ -176,6 +182,10 @@ class _Plan:
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.base = 0  # global index of this reduce's first unit
         self.synced = False  # a RESULT of this reduce arrived: every worker is in it
+        self.low = 0  # every unit below this index is done or given up
+        self.frontier = np.full(0, -1, dtype=np.int64)  # per worker: highest unit it is known to have sent
+        self.fast_flushed_to = 0  # units below this were already checked against the frontier
+        self.all_sent = False  # this worker sent every unit of the reduce
         self.finished = 0  # units done or given up
         self.slots = np.zeros(self.units, dtype=np.int64)
         self.seqs = np.zeros(self.units, dtype=np.int64)
@@ -227,7 +237,10 @@ class LtaWorker:
         self._prev: dict[Any, np.ndarray] = {}
         self.srtt_ms: float | None = None
         self.rttvar_ms = 0.0
-        self._early_close = False
+        self._early_close = False  # some worker looks dead: use short deadlines
+        self._all_workers = (1 << n_workers) - 1
+        self._absent = self._all_workers  # workers missing from every RESULT of the current window
+        self._absent_window = 0
         self.stats = TransportStats()
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
@@ -389,6 +402,10 @@ class LtaWorker:
         plan.saturated[:] = False
         plan.state[:] = _PENDING
         plan.synced = False
+        plan.low = 0
+        plan.frontier = np.full(self.n_workers, -1, dtype=np.int64)
+        plan.fast_flushed_to = 0
+        plan.all_sent = False
         plan.slots, plan.seqs = slots, seqs
 
     def _run_units(self, plan: _Plan, step: int, t0: float) -> None:
@@ -414,16 +431,21 @@ class LtaWorker:
                     plan.sent_at[next_unit] = time.perf_counter()
                     self._arm(plan, deadlines, next_unit, plan.sent_at[next_unit])
                 next_unit += 1
+            plan.frontier[self.worker_id] = next_unit - 1
+            if next_unit == plan.units and not plan.all_sent:
+                # The tail: nothing more of ours is coming, so units still open wait only the RTO.
+                plan.all_sent = True
+                self._rearm_shorter(plan, deadlines, time.perf_counter())
             now = time.perf_counter()
             wait = (deadlines[0][0] - now) if deadlines else 0.05
             was_synced = plan.synced
             in_flight -= self._receive(max(0.0, min(wait, give_up_at - now)), plan)
             now = time.perf_counter()
             if plan.synced and not was_synced:
-                # Everyone is in this reduce now: units waiting on the long sync deadline move to the RTO.
-                for u in np.flatnonzero(state == _IN_FLIGHT):
-                    if plan.deadline_at[u] > now + self._deadline_s(plan):
-                        self._arm(plan, deadlines, int(u), now)
+                # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
+                self._rearm_shorter(plan, deadlines, now)
+            if plan.frontier.min() > plan.fast_flushed_to:
+                self._fast_flush(plan, deadlines, now)
             while deadlines and deadlines[0][0] <= now:
                 at, u = heapq.heappop(deadlines)
                 if state[u] != _IN_FLIGHT or at != plan.deadline_at[u]:
@@ -448,6 +470,23 @@ class LtaWorker:
             at = min(at, start + self._rto_s() * (1 << int(plan.probes[u])))
         plan.deadline_at[u] = at
         heapq.heappush(deadlines, (at, u))
+
+    def _fast_flush(self, plan: _Plan, deadlines: list[tuple[float, int]], now: float) -> None:
+        """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at
+        or beyond unit v (its frontier), all of them have sent every unit before v: an older unit still
+        open lost a packet (up or down), and waiting would only add latency. One worker per unit
+        (u mod N) flushes it at once; its RESULT goes to all. Units past some worker's frontier wait
+        longer (``lag_deadline_ms``): that worker may simply be late."""
+        lo, hi = max(plan.low, plan.fast_flushed_to), int(plan.frontier.min())
+        plan.fast_flushed_to = hi
+        # The others wait one smoothed RTT for the designated FLUSH's RESULT, then flush themselves:
+        # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
+        srtt_s = max(self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
+        for u in np.flatnonzero(plan.state[lo:hi] == _IN_FLIGHT) + lo:
+            at = now if u % self.n_workers == self.worker_id else now + srtt_s
+            if plan.flushes[u] == 0 and plan.deadline_at[u] > at:
+                plan.deadline_at[u] = at
+                heapq.heappush(deadlines, (at, int(u)))
 
     def _on_deadline(
         self, plan: _Plan, deadlines: list[tuple[float, int]], u: int, now: float, step: int
@@ -482,9 +521,19 @@ class LtaWorker:
         return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
 
     def _deadline_s(self, plan: _Plan) -> float:
+        """How long a unit waits before its first FLUSH (units behind every frontier are flushed
+        sooner, by _fast_flush)."""
         if not plan.synced:
             return self.config.sync_deadline_ms / 1000.0
-        return self._rto_s()
+        if self._early_close or plan.all_sent:
+            return self._rto_s()  # a peer looks dead, or this is the tail of the reduce
+        return max(self._rto_s(), self.config.lag_deadline_ms / 1000.0)
+
+    def _rearm_shorter(self, plan: _Plan, deadlines: list[tuple[float, int]], now: float) -> None:
+        """Re-arm in-flight units whose deadline is later than the current rule gives."""
+        for u in np.flatnonzero(plan.state == _IN_FLIGHT):
+            if plan.flushes[u] == 0 and plan.deadline_at[u] > now + self._deadline_s(plan):
+                self._arm(plan, deadlines, int(u), now)
 
     def _send_unit(self, plan: _Plan, u: int) -> None:
         if u < plan.exp_units:
@@ -560,9 +609,10 @@ class LtaWorker:
             self.stats.packets_ignored += 1
             return 0
         u = (q - 1) * self.config.pool_size + s - plan.base
+        finished = self._drop_overtaken(plan, u)
         if not 0 <= u < plan.units or plan.state[u] == _DONE:
             self.stats.packets_ignored += 1
-            return 0
+            return finished
         prior = plan.state[u]
         plan.state[u] = _DONE
         plan.synced = True
@@ -574,10 +624,14 @@ class LtaWorker:
             # A clean answer is an RTT sample. So is a resent, complete one: the round had closed
             # before our FLUSH (the FLUSH was spurious), and the wait we saw is what the RTO must cover.
             self._rtt_sample((time.perf_counter() - plan.sent_at[u]) * 1000.0)
-        if plan.flushes[u] > 0:
-            self._early_close = count < self.n_workers
-        elif count == self.n_workers:
-            self._early_close = False
+        self._track_absent(bitmap)
+        # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
+        frontier, bits = plan.frontier, bitmap
+        while bits:
+            w = (bits & -bits).bit_length() - 1
+            if w < self.n_workers and frontier[w] < u:
+                frontier[w] = u
+            bits &= bits - 1
         payload = np.frombuffer(buf, dtype=">i4", count=k, offset=HEADER_BYTES)
         if u < plan.exp_units:
             if count > 0:
@@ -592,7 +646,30 @@ class LtaWorker:
             plan.weight[c] = weight
             plan.result_flags[c] = flags
             plan.shift[c] = exp
-        return 1 if prior == _IN_FLIGHT else 0
+        return finished + (1 if prior == _IN_FLIGHT else 0)
+
+    def _drop_overtaken(self, plan: _Plan, u: int) -> int:
+        """A RESULT for unit ``u`` means slot ``u mod P`` has moved past every older round: units
+        u-P, u-2P, ... of this reduce that are still open can never be answered (the switch drops
+        their FLUSHes as stale). Give them up now instead of waiting through every deadline: the
+        worker that fell behind falls back for those chunks and catches up. Returns how many of them
+        were in flight."""
+        p = self.config.pool_size
+        finished = 0
+        start = u - p
+        if start >= plan.units:
+            start -= ((start - plan.units) // p + 1) * p
+        while plan.low < plan.units and plan.state[plan.low] >= _DONE:
+            plan.low += 1  # every unit below `low` is settled: the scan below stops there
+        for v in range(start, plan.low - 1, -p):
+            state = plan.state[v]
+            if state >= _DONE:
+                continue
+            plan.state[v] = _GAVE_UP
+            plan.finished += 1
+            self.stats.units_overtaken += 1
+            finished += state == _IN_FLIGHT
+        return finished
 
     def _on_exponents(self, plan: _Plan, c0: int, c1: int, agreed: np.ndarray) -> None:
         """The exponent round for chunks [c0, c1) closed: quantize those chunks for the data round."""
@@ -608,6 +685,17 @@ class LtaWorker:
         # contribution is renormalized away.
         plan.saturated[c0:c1] = saturated
         plan.has_exp[c0:c1] = ~saturated
+
+    def _track_absent(self, bitmap: int) -> None:
+        """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
+        that shows up in any of them is slow or lossy, and is waited for with the normal RTO."""
+        self._absent &= ~bitmap
+        self._absent_window += 1
+        if self._absent_window >= _DEAD_AFTER_RESULTS:
+            self._early_close = self._absent != 0
+            self._absent, self._absent_window = self._all_workers, 0
+        elif self._early_close and bitmap == self._all_workers:
+            self._early_close = False  # everyone contributed again
 
     def _rtt_sample(self, ms: float) -> None:
         if self.srtt_ms is None:
