@@ -41,7 +41,9 @@ _VALID_OPS = {int(op) for op in Op}
 
 @dataclass
 class JobConfig:
-    """One aggregation job: ``workers[w]`` is the port/address worker ``w`` sends from and receives on."""
+    """One aggregation job: ``workers[w]`` is the port/address worker ``w`` sends from and receives on.
+    Several workers may share a port (behind a leaf switch), as in the P4 program: a packet is checked
+    by looking up its worker id's port, and every worker gets its own replica."""
 
     job_id: int
     workers: list[Port]
@@ -54,8 +56,6 @@ class JobConfig:
             raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
         if not 1 <= len(self.workers) <= MAX_WORKERS:
             raise ValueError(f"a job needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
-        if len(set(self.workers)) != len(self.workers):
-            raise ValueError(f"job {self.job_id}: two workers share one port/address: {self.workers}")
         if self.quorum is None:
             self.quorum = len(self.workers)
         if not 1 <= self.quorum <= len(self.workers):
@@ -100,7 +100,6 @@ class _Job:
     def __init__(self, cfg: JobConfig, seed: int) -> None:
         self.cfg = cfg
         self.slots = _Slots(cfg.pool_size, cfg.elems_per_packet)
-        self.worker_of = {port: w for w, port in enumerate(cfg.workers)}
         self.payload_bytes = 4 * cfg.elems_per_packet
         self.seed = seed
         self.policies: dict[tuple[str, int | None], DropPolicy] = {}
@@ -211,7 +210,7 @@ class SoftSwitch:
         if len(data) - HEADER_BYTES != job.payload_bytes or nelem > cfg.elems_per_packet:
             self._count(job_id, "drop_malformed")
             return []
-        if w >= cfg.n_workers or job.worker_of.get(ingress) != w:
+        if w >= cfg.n_workers or cfg.workers[w] != ingress:
             self._count(job_id, "drop_bad_worker")
             return []
         if op in (Op.PARAM, Op.PARAM_REQ):

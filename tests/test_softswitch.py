@@ -262,8 +262,8 @@ def test_control_plane_errors_are_clear():
     sw = switch_with_job()
     with pytest.raises(ValueError, match="exists"):
         sw.add_job(JobConfig(1, [30]))
-    with pytest.raises(ValueError, match="share one port"):
-        JobConfig(3, [1, 1])
+    with pytest.raises(ValueError, match="quorum"):
+        JobConfig(3, [1, 2], quorum=3)
     with pytest.raises(ValueError, match="direction"):
         sw.set_drop_policy(1, "sideways", DropPolicy(p=0.1))
     with pytest.raises(KeyError, match="no job 7"):
@@ -274,3 +274,13 @@ def test_control_plane_errors_are_clear():
     # After a reset the slot starts afresh: seq 1 is a new round again.
     sw.process(grad(0), 10)
     assert sw.read_counters(1)["grad_start"] == 1
+
+
+def test_two_workers_behind_one_port_as_in_p4():
+    sw = SoftSwitch()
+    sw.add_job(JobConfig(1, [7, 7, 8], pool_size=4, elems_per_packet=K))  # workers 0, 1 behind port 7
+    sw.process(grad(0), 7)
+    sw.process(grad(1), 7)
+    assert sw.process(grad(2), 7) == []  # worker 2 is on port 8
+    out = sw.process(grad(2), 8)
+    assert [p for p, _ in out] == [7, 7, 8]  # one replica per worker
