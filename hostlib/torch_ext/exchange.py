@@ -1,0 +1,221 @@
+"""Parameter broadcast with stale copies: owners publish absolute values, receivers keep what arrives.
+
+Each step the owner of a chunk sends its absolute values as PARAM (the switch replicates them to every
+other worker, each replica subject to that receiver's loss), then one *end marker* (a PARAM with chunk id
+``MARKER_CHUNK_BASE + owner``, flagged CRITICAL so emulated loss spares it). On one switch path packets
+stay in order, so once a receiver has every owner's marker it knows which chunks were lost and need not
+wait for a deadline; the deadline only covers a marker lost on a real network or a late owner.
+
+A lost chunk leaves the receiver's previous copy in place (the paper's Algorithm 1, lines 17-22). A
+:class:`~hostlib.stale.StaleTracker` per receiver counts each copy's age; a copy older than the bound S
+is requested (PARAM_REQ, critical) and the owner resends it reliably (critical) — at once if it is
+waiting in :meth:`ParamExchange.collect`, else with its next publish. The receiver waits for every copy
+it requested before it accounts the next step, so **no copy's age ever exceeds S+1**.
+
+One worker, one exchange: the exchange drains ``worker.param_inbox`` and ``worker.param_requests``.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from hostlib.stale import StaleTracker
+from hostlib.torch_ext.layout import MARKER_CHUNK_BASE, ShardLayout
+from hostlib.transport import LtaWorker
+
+_REREQUEST_S = 0.1  # PARAM_REQ is critical, but a real network may still lose it: ask again this often
+
+
+@dataclass
+class ExchangeStats:
+    steps: int = 0
+    chunks_expected: int = 0  # foreign chunks summed over steps
+    chunks_fresh: int = 0  # ... of which this step's copy arrived in time
+    late_copies: int = 0  # copies that arrived after their step was accounted
+    resend_requests: int = 0  # chunks this receiver asked for reliably (age past the bound)
+    resends_served: int = 0  # chunks this owner resent reliably on request
+    markers_missed: int = 0  # an owner's end marker did not come before the deadline
+    wait_s: float = 0.0  # time spent in collect
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["fresh_fraction"] = self.chunks_fresh / self.chunks_expected if self.chunks_expected else 1.0
+        return out
+
+
+class ParamExchange:
+    """Publishes this worker's chunks of ``rows`` and collects everyone else's into it.
+
+    ``rows``: a (C, K) float32 host array (the flat parameters, padded), written in place on receipt."""
+
+    def __init__(
+        self,
+        worker: LtaWorker,
+        layout: ShardLayout,
+        rows: np.ndarray,
+        *,
+        stale_bound: int = 8,
+        deadline_ms: float = 200.0,
+        resend_timeout_s: float = 30.0,
+    ) -> None:
+        k = worker.config.elems_per_packet
+        if layout.elems_per_chunk != k:
+            raise ValueError(f"layout chunks hold {layout.elems_per_chunk} values, the transport's K is {k}")
+        if rows.shape != (layout.n_chunks, k) or rows.dtype != np.float32:
+            raise ValueError(
+                f"rows must be float32 of shape {(layout.n_chunks, k)}, got {rows.dtype} {rows.shape}"
+            )
+        self.worker, self.layout, self.rows = worker, layout, rows
+        me = worker.worker_id
+        self.owned = layout.chunks_of(me)
+        self.foreign = np.flatnonzero(layout.owners != me)
+        self.others = np.array([w for w in range(worker.n_workers) if w != me], dtype=np.int64)
+        self.deadline_s = deadline_ms / 1000.0
+        self.resend_timeout_s = resend_timeout_s
+        self.tracker = StaleTracker(len(self.foreign), stale_bound)
+        self.held_step = np.full(layout.n_chunks, -1, dtype=np.int64)  # step of the copy held
+        self.held_step[self.owned] = np.iinfo(np.int64).max  # the owner's copy is never stale
+        self._held_at_update = self.held_step[self.foreign].copy()
+        self._awaiting = np.zeros(layout.n_chunks, dtype=bool)  # requested, no newer copy yet
+        self._awaiting_above = np.zeros(layout.n_chunks, dtype=np.int64)  # ... than this step
+        self._marker_step = np.full(worker.n_workers, -1, dtype=np.int64)
+        self._published_step = -1
+        self.changed = False  # some foreign rows were overwritten since the flag was last cleared
+        self.stats = ExchangeStats()
+
+    # ---- owner side ------------------------------------------------------------------------------
+    def publish(self, step: int, *, critical: bool = False) -> None:
+        """Broadcast every owned chunk's current values, then this owner's end marker. Chunks a receiver
+        asked for (and all of them when ``critical``) go CRITICAL, exempt from emulated loss."""
+        owned = self.owned
+        if len(owned):
+            if critical:
+                self.worker.broadcast_params(owned, self.rows[owned], step=step, critical=True)
+            else:
+                asked = np.isin(owned, self._take_requests())
+                lossy, reliable = owned[~asked], owned[asked]
+                if len(lossy):
+                    self.worker.broadcast_params(lossy, self.rows[lossy], step=step)
+                if len(reliable):
+                    self.worker.broadcast_params(reliable, self.rows[reliable], step=step, critical=True)
+                    self.stats.resends_served += len(reliable)
+        marker = np.array([MARKER_CHUNK_BASE + self.worker.worker_id])
+        self.worker.broadcast_params(
+            marker, np.array([[float(len(owned))]], np.float32), step=step, critical=True
+        )
+        self._published_step = step
+
+    def _take_requests(self) -> np.ndarray:
+        requests = self.worker.param_requests
+        if not requests:
+            return np.empty(0, dtype=np.int64)
+        ids = np.fromiter(requests, dtype=np.int64, count=len(requests))
+        requests.clear()
+        ids = ids[ids < self.layout.n_chunks]
+        return ids[self.layout.owners[ids] == self.worker.worker_id]
+
+    def _serve_requests(self) -> None:
+        if self._published_step < 0 or not self.worker.param_requests:
+            return
+        ids = self._take_requests()
+        if len(ids):
+            self.worker.broadcast_params(ids, self.rows[ids], step=self._published_step, critical=True)
+            self.stats.resends_served += len(ids)
+
+    # ---- receiver side ---------------------------------------------------------------------------
+    def collect(self, step: int, *, require_all: bool = False) -> np.ndarray:
+        """Take in what the owners published for ``step``; returns the foreign chunks that are fresh.
+
+        Waits until every other owner's end marker for ``step`` is in (or the deadline passes) and every
+        copy this receiver requested earlier has arrived; ``require_all`` waits for every chunk (after a
+        critical publish). Meanwhile serves other receivers' requests for owned chunks. Raises
+        TimeoutError past ``resend_timeout_s``."""
+        t0 = time.perf_counter()
+        deadline, give_up = t0 + self.deadline_s, t0 + self.resend_timeout_s
+        last_request = t0
+        while True:
+            self._absorb()
+            self._serve_requests()
+            self._awaiting &= self.held_step <= self._awaiting_above
+            awaiting = np.flatnonzero(self._awaiting)
+            if require_all:
+                done = bool(np.all(self.held_step[self.foreign] >= step))
+            else:
+                done = bool(np.all(self._marker_step[self.others] >= step)) and len(awaiting) == 0
+            if done:
+                break
+            now = time.perf_counter()
+            if not require_all and len(awaiting) == 0 and now >= deadline:
+                self.stats.markers_missed += int(np.sum(self._marker_step[self.others] < step))
+                break
+            if now >= give_up:
+                missing = awaiting if len(awaiting) else self.foreign[self.held_step[self.foreign] < step]
+                owners = sorted({int(w) for w in self.layout.owners[missing]})
+                host, port = self.worker.switch_addr
+                raise TimeoutError(
+                    f"worker {self.worker.worker_id}: chunks {missing[:8].tolist()} (owners {owners}) "
+                    f"did not arrive within {self.resend_timeout_s:.0f} s at step {step}; are those workers "
+                    f"alive and still calling step()? (switch {host}:{port})"
+                )
+            if len(awaiting) and now - last_request >= _REREQUEST_S:
+                self.worker.request_params(awaiting, step=step)
+                last_request = now
+            bounded = require_all or len(awaiting)
+            self._wait_readable(0.01 if bounded else min(0.01, max(deadline - now, 0.0)))
+        self.stats.wait_s += time.perf_counter() - t0
+        return self._account(step)
+
+    def _wait_readable(self, timeout_s: float) -> None:
+        readable, _, _ = select.select([self.worker.sock], [], [], timeout_s)
+        if readable:
+            self.worker.poll(0.0)
+
+    def _absorb(self) -> None:
+        """Move the inbox into ``rows``: every copy newer than the one held."""
+        self.worker.poll(0.0)
+        inbox = self.worker.param_inbox
+        if not inbox:
+            return
+        items = list(inbox.items())
+        inbox.clear()
+        ids = np.fromiter((c for c, _ in items), dtype=np.int64, count=len(items))
+        steps = np.fromiter((s for _, (s, _) in items), dtype=np.int64, count=len(items))
+        is_marker = ids >= MARKER_CHUNK_BASE
+        if is_marker.any():
+            owner = ids[is_marker] - MARKER_CHUNK_BASE
+            known = owner < len(self._marker_step)
+            np.maximum.at(self._marker_step, owner[known], steps[is_marker][known])
+        fresh = ~is_marker & (ids < self.layout.n_chunks)
+        fresh[fresh] &= steps[fresh] > self.held_step[ids[fresh]]
+        take = np.flatnonzero(fresh)
+        if len(take):
+            k = self.layout.elems_per_chunk
+            values = np.stack([items[i][1][1] for i in take])
+            self.rows[ids[take], : values.shape[1]] = values[:, :k]
+            self.held_step[ids[take]] = steps[take]
+            self.changed = True
+
+    def _account(self, step: int) -> np.ndarray:
+        held = self.held_step[self.foreign]
+        fresh = held >= step
+        late = (held > self._held_at_update) & ~fresh  # an older step's copy that came after its step
+        if late.any():
+            self.tracker.refreshed(np.flatnonzero(late))
+            self.stats.late_copies += int(late.sum())
+        overdue = self.tracker.update(fresh)
+        self._held_at_update = held.copy()
+        if len(overdue):
+            ids = self.foreign[overdue]
+            self._awaiting[ids] = True
+            self._awaiting_above[ids] = self.held_step[ids]  # satisfied by any newer copy
+            self.worker.request_params(ids, step=step)
+            self.stats.resend_requests += len(ids)
+        self.stats.steps += 1
+        self.stats.chunks_expected += len(self.foreign)
+        self.stats.chunks_fresh += int(fresh.sum())
+        return self.foreign[fresh]
