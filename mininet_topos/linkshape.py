@@ -72,9 +72,9 @@ def loss_threshold_ppm(p: float) -> int:
     return round(p * PPM)
 
 
-def disable_offload_argv(dev: str) -> list[str]:
-    """One wire packet per skb on ``dev`` (see the module docstring for why)."""
-    return ["ip", "link", "set", "dev", dev, "gso_max_segs", "1", "gso_max_size", "1500"]
+def disable_offload_argv(dev: str, mtu: int = 1500) -> list[str]:
+    """One wire packet per skb on ``dev`` (see the module docstring for why); ``mtu``: the link's."""
+    return ["ip", "link", "set", "dev", dev, "gso_max_segs", "1", "gso_max_size", str(max(mtu, 1500))]
 
 
 def tbf_argv(dev: str, spec: LinkSpec, parent: str = "root") -> list[str]:
@@ -191,9 +191,11 @@ def parse_loss_counters(nft_json: str) -> dict[str, LossCounters]:
     return {key: LossCounters(**fields) for key, fields in totals.items()}
 
 
-def shape_egress(run: Runner, dev: str, spec: LinkSpec, loss: float, use_netem: bool) -> None:
+def shape_egress(
+    run: Runner, dev: str, spec: LinkSpec, loss: float, use_netem: bool, mtu: int = 1500
+) -> None:
     """Shape the sending side ``dev`` of one direction: offload off, netem loss (if used), tbf."""
-    run(disable_offload_argv(dev), None)
+    run(disable_offload_argv(dev, mtu), None)
     for argv in egress_argvs(dev, spec, loss, use_netem):
         run(argv, None)
 

@@ -12,6 +12,7 @@ each direction, random loss by netem where the kernel has it, else by nftables r
 forward path (invisible to both ends, so TCP meets real loss). The aggregator link has its own spec
 (unlimited and lossless by default: it stands in for a switch whose ports are not a bottleneck).
 A worker-to-worker packet (gloo's ring) crosses two worker links; a GRAD or a RESULT crosses one.
+``mtu=9000`` gives every veth (and the bridge) jumbo frames; by default they keep the kernel's 1500.
 
 With ``switch="raw"`` there is no bridge and no aggregator host: the switch namespace's ports
 (``raw_ports()``, numbered from 1) are left for ``python -m softswitch.rawport`` to serve at
@@ -59,6 +60,9 @@ BRIDGE = "br0"
 LOSS_TABLE = "lta_loss"  # nftables table: family bridge in the switch namespace, netdev in raw hosts
 SWITCH_KINDS = ("bridge", "raw")
 COMMAND_TIMEOUT_S = 10.0
+DEFAULT_MTU = 1500  # what the kernel gives a new veth
+MAX_MTU = 65535 - 14  # a veth's limit: an IPv4 packet plus the Ethernet header
+ETHERNET_HEADER_BYTES = 14  # what tbf counts besides the IP packet
 
 
 class NetnsError(RuntimeError):
@@ -160,6 +164,7 @@ class NetnsNetwork:
         max_runtime_s: float = 600.0,
         loss_backend: str = "auto",
         switch: str = "bridge",
+        mtu: int | None = None,
     ) -> None:
         if not 1 <= n_workers <= 250:
             raise ValueError(f"n_workers must be in 1..250 (one /24), got {n_workers}")
@@ -169,6 +174,9 @@ class NetnsNetwork:
             raise ValueError(f"prefix must be a non-empty name without '-', got {prefix!r}")
         self.link = link or LinkSpec()
         self.aggregator_link = aggregator_link or LinkSpec(rate_mbit=None)
+        if mtu is not None:
+            _check_mtu(mtu, [self.link, self.aggregator_link])
+        self.mtu = mtu  # None: the kernel's default (1500)
         self.max_runtime_s = max_runtime_s
         self.loss_backend = loss_backend
         self.tag = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -236,6 +244,8 @@ class NetnsNetwork:
             self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "up")
         for host in self.hosts:
             self._attach(host)
+        if self.switch == "bridge" and self.mtu is not None:
+            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu))
         if self.use_netem:
             pass
         elif self.switch == "bridge":
@@ -307,16 +317,20 @@ class NetnsNetwork:
         port, spec = self.port_of(host), self.link_of(host)
         run_checked(["ip", "link", "add", host.dev, "netns", host.netns, "type", "veth",
                      "peer", "name", port, "netns", self.switch_ns])  # fmt: skip
+        if self.mtu is not None:  # both ends before enslaving: the bridge takes its ports' smallest MTU
+            self._ns(self.switch_ns, "ip", "link", "set", port, "mtu", str(self.mtu))
+            self._ns(host.netns, "ip", "link", "set", host.dev, "mtu", str(self.mtu))
         if self.switch == "bridge":
             self._ns(self.switch_ns, "ip", "link", "set", port, "master", BRIDGE)
         self._ns(self.switch_ns, "ip", "link", "set", port, "up")
         self._ns(host.netns, "ip", "addr", "add", f"{host.ip}/24", "dev", host.dev)
         self._ns(host.netns, "ip", "link", "set", host.dev, "up")
         # Up is shaped where the host sends (its eth0), down where the bridge sends (its port).
+        mtu = self.mtu or DEFAULT_MTU
         shape_egress(lambda argv, stdin: self._ns(host.netns, *argv, stdin=stdin),
-                     host.dev, spec, spec.loss_up, self.use_netem)  # fmt: skip
+                     host.dev, spec, spec.loss_up, self.use_netem, mtu)  # fmt: skip
         shape_egress(lambda argv, stdin: self._ns(self.switch_ns, *argv, stdin=stdin),
-                     port, spec, spec.loss_down, self.use_netem)  # fmt: skip
+                     port, spec, spec.loss_down, self.use_netem, mtu)  # fmt: skip
 
     def _stop_processes(self) -> None:
         with self._procs_lock:
@@ -347,6 +361,18 @@ class NetnsNetwork:
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
+
+
+def _check_mtu(mtu: int, links: Sequence[LinkSpec]) -> None:
+    """A jumbo MTU must fit the veth and every shaped link's tbf bucket (tbf drops larger frames)."""
+    if not 68 <= mtu <= MAX_MTU:
+        raise ValueError(f"mtu must be in 68..{MAX_MTU} bytes (IPv4 on a veth), got {mtu}")
+    for spec in links:
+        if spec.rate_mbit is not None and mtu + ETHERNET_HEADER_BYTES > spec.burst:
+            raise ValueError(
+                f"mtu {mtu} does not fit the tbf bucket of {spec.burst} bytes (tbf drops larger frames): "
+                f"give the LinkSpec burst_bytes >= {mtu + ETHERNET_HEADER_BYTES}"
+            )
 
 
 def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
