@@ -131,16 +131,7 @@ def bench_scaling(args: argparse.Namespace) -> dict:
             )
             results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
             t = float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
-            rows.append(
-                {
-                    "mode": "processes",
-                    "workers": n,
-                    "kib": kib,
-                    "ms": t * 1e3,
-                    "ns_per_element": t / n_values * 1e9,
-                    "ns_per_contribution": t / (n * n_values) * 1e9,
-                }
-            )
+            rows.append(_scaling_row("processes", n, kib, t, n_values))
         for n in [int(v) for v in args.sim_workers.split(",") if v]:
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
             times = []
@@ -149,19 +140,21 @@ def bench_scaling(args: argparse.Namespace) -> dict:
                 simulate_reduce(x, elems_per_packet=args.elems_per_packet, up=DropPolicy(p=args.loss), seed=i)
                 times.append(time.perf_counter() - t0)
             t = float(np.median(times))
-            rows.append(
-                {
-                    "mode": "simulator",
-                    "workers": n,
-                    "kib": kib,
-                    "ms": t * 1e3,
-                    "ns_per_element": t / n_values * 1e9,
-                    "ns_per_contribution": t / (n * n_values) * 1e9,
-                }
-            )
+            rows.append(_scaling_row("simulator", n, kib, t, n_values))
     if args.plot:
         _plot_scaling(rows, args.plot)
     return {"config": vars(args) | {"func": None}, "rows": rows}
+
+
+def _scaling_row(mode: str, n: int, kib: int, seconds: float, n_values: int) -> dict:
+    return {
+        "mode": mode,
+        "workers": n,
+        "kib": kib,
+        "ms": seconds * 1e3,
+        "ns_per_element": seconds / n_values * 1e9,
+        "ns_per_contribution": seconds / (n * n_values) * 1e9,
+    }
 
 
 def _plot_scaling(rows: list[dict], path: str) -> None:
