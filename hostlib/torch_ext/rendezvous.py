@@ -1,0 +1,162 @@
+"""Joining an LTA job from torch.distributed: find the switch, bind, register worker addresses.
+
+Workers meet through torch.distributed's store (``env://``, torchrun, a FileStore...). Two modes:
+
+- **self-hosted** (no switch address given): rank 0 runs a softswitch in a thread on ``listen`` (loopback
+  by default) and configures the job itself. One machine only; what tests and demos use.
+- **external switch** (``LTA_SWITCH=host:port``): every rank binds ``bind_host`` (port ``bind_port_base +
+  rank``, or an ephemeral port when the base is 0) and publishes its address; rank 0 calls
+  ``register_job(JobConfig)`` if given (e.g. the control plane's job table), else the job must already
+  be configured on the switch with exactly these worker addresses.
+
+Environment variables (read by :meth:`LtaOptions.from_env`; options passed in code win):
+
+| variable | meaning | default |
+| --- | --- | --- |
+| ``LTA_SWITCH`` | switch ``host:port`` | unset: rank 0 hosts a softswitch |
+| ``LTA_JOB_ID`` | job id on the switch (1..63) | 1 |
+| ``LTA_BIND_HOST`` / ``LTA_BIND_PORT_BASE`` | worker UDP address | 127.0.0.1 / 0 |
+| ``LTA_ELEMS_PER_PACKET``, ``LTA_POOL_SIZE`` | K and P (must match the switch's job) | 64 / 512 |
+| ``LTA_FALLBACK``, ``LTA_RENORMALIZE`` | transport policies | prev / count |
+| ``LTA_DROP_UP``, ``LTA_DROP_DOWN``, ``LTA_DROP_PARAM`` | Bernoulli loss, self-hosted switch only | 0 |
+| ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.transport import LtaWorker, TransportConfig
+from softswitch.config import parse_address
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+
+
+@dataclass
+class LtaOptions:
+    switch: tuple[str, int] | None = None
+    job_id: int = 1
+    bind_host: str = "127.0.0.1"
+    bind_port_base: int = 0
+    listen: tuple[str, int] = ("127.0.0.1", 0)  # where a self-hosted softswitch listens
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    drop: dict[str, DropPolicy] = field(default_factory=dict)  # direction -> policy (self-hosted only)
+    register_job: Callable[[JobConfig], None] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.drop) - set(DIRECTIONS)
+        if unknown:
+            raise ValueError(f"drop directions must be among {DIRECTIONS}, got {sorted(unknown)}")
+        if self.drop and self.switch is not None:
+            raise ValueError(
+                "emulated drops are set on a self-hosted softswitch only; "
+                "with LTA_SWITCH, set them on that switch (lta ctl)"
+            )
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> LtaOptions:
+        env = dict(os.environ if env is None else env)
+
+        def number(name: str, default: float, kind: type = int) -> float:
+            text = env.get(name)
+            if text is None or text == "":
+                return default
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a valid {kind.__name__}") from None
+
+        seed = int(number("LTA_SEED", 0))
+        transport = TransportConfig(
+            elems_per_packet=int(number("LTA_ELEMS_PER_PACKET", 64)),
+            pool_size=int(number("LTA_POOL_SIZE", 512)),
+            fallback=env.get("LTA_FALLBACK", "prev"),
+            renormalize=env.get("LTA_RENORMALIZE", "count"),
+            seed=seed,
+        )
+        drop = {}
+        for direction in DIRECTIONS:
+            p = number(f"LTA_DROP_{direction.upper()}", 0.0, float)
+            if p:
+                drop[direction] = DropPolicy(p=p)
+        switch = env.get("LTA_SWITCH")
+        return cls(
+            switch=parse_address(switch) if switch else None,
+            job_id=int(number("LTA_JOB_ID", 1)),
+            bind_host=env.get("LTA_BIND_HOST", "127.0.0.1"),
+            bind_port_base=int(number("LTA_BIND_PORT_BASE", 0)),
+            transport=transport,
+            drop=drop,
+            seed=seed,
+        )
+
+
+@dataclass
+class LtaSession:
+    worker: LtaWorker
+    server: SoftSwitchServer | None  # the softswitch this rank hosts, if any
+
+    @property
+    def switch(self) -> SoftSwitch | None:
+        return self.server.switch if self.server is not None else None
+
+    def close(self) -> None:
+        self.worker.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _key(options: LtaOptions, name: str) -> str:
+    return f"lta/job{options.job_id}/{name}"
+
+
+def join_job(
+    store, rank: int, world: int, options: LtaOptions, timeout: timedelta | None = None
+) -> LtaSession:
+    """Bind this rank's worker, exchange addresses through ``store`` and wait until the job is ready."""
+    if timeout is not None:
+        store.set_timeout(timeout)
+    server = None
+    if options.switch is None:
+        if rank == 0:
+            server = SoftSwitchServer(SoftSwitch(seed=options.seed), options.listen).start()
+            host, port = server.address
+            store.set(_key(options, "switch"), f"{host}:{port}")
+        switch_addr = parse_address(store.get(_key(options, "switch")).decode())
+    else:
+        switch_addr = options.switch
+    port = options.bind_port_base + rank if options.bind_port_base else 0
+    transport = replace(options.transport, seed=options.seed)
+    try:
+        worker = LtaWorker(
+            options.job_id, rank, world, switch_addr, config=transport, bind=(options.bind_host, port)
+        )
+    except OSError as exc:
+        raise OSError(
+            f"rank {rank}: cannot bind the LTA worker to {options.bind_host}:{port}: {exc.strerror} "
+            "(set LTA_BIND_HOST / LTA_BIND_PORT_BASE)"
+        ) from exc
+    host, port = worker.address
+    store.set(_key(options, f"worker{rank}"), f"{host}:{port}")
+    if rank == 0:
+        addresses = [parse_address(store.get(_key(options, f"worker{r}")).decode()) for r in range(world)]
+        job = JobConfig(
+            options.job_id,
+            addresses,
+            pool_size=transport.pool_size,
+            elems_per_packet=transport.elems_per_packet,
+        )
+        if server is not None:
+            server.switch.add_job(job)
+            for direction, policy in options.drop.items():
+                server.switch.set_drop_policy(options.job_id, direction, policy)
+        elif options.register_job is not None:
+            options.register_job(job)
+        store.set(_key(options, "ready"), "1")
+    store.get(_key(options, "ready"))
+    return LtaSession(worker, server)

@@ -1,0 +1,243 @@
+"""DDP with the LTA comm hook, and stock DDP over ``init_process_group("lta")``, in spawned processes.
+
+Each test spawns a few ranks that meet through a FileStore; rank 0 hosts the softswitch (self-hosted
+mode of hostlib.torch_ext.rendezvous). Ranks report back through a queue; assertions run here.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import os
+import queue
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hostlib import codec
+from hostlib.dropmodels import DropPolicy
+from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
+from hostlib.torch_ext.rendezvous import LtaOptions, join_job
+from hostlib.transport import TransportConfig
+
+WORLD = 3
+
+
+def spawn(target, tmp_path, *args) -> list:
+    """Run ``target(rank, world, store_path, results, *args)`` on WORLD ranks; return their results."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    store_path = str(tmp_path / "store")
+    procs = [
+        ctx.Process(target=_guarded, args=(target, r, WORLD, store_path, results, *args))
+        for r in range(WORLD)
+    ]
+    for proc in procs:
+        proc.start()
+    out: dict[int, object] = {}
+    try:
+        while len(out) < WORLD:
+            rank, ok, value = results.get(timeout=120)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+    except queue.Empty:
+        raise AssertionError(
+            f"ranks {sorted(set(range(WORLD)) - set(out))} sent nothing within 120 s"
+        ) from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=20)
+            if proc.is_alive():
+                proc.terminate()
+    return [out[r] for r in range(WORLD)]
+
+
+def _guarded(target, rank, world, store_path, results, *args) -> None:
+    torch.set_num_threads(1)
+    try:
+        results.put((rank, True, target(rank, world, store_path, *args)))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)
+    )
+
+
+# ---- the comm hook ----------------------------------------------------------------------------------
+def _hook_rank(rank: int, world: int, store_path: str) -> dict:
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    base = _model()
+    plain = DDP(copy.deepcopy(base), bucket_cap_mb=0.01)  # small buckets: several per step
+    direct, staged = (
+        DDP(copy.deepcopy(base), bucket_cap_mb=0.01),
+        DDP(copy.deepcopy(base), bucket_cap_mb=0.01),
+    )
+    session = join_job(dist.PrefixStore("hook", store), rank, world, LtaOptions(job_id=1))
+    direct.register_comm_hook(LtaHookState(session.worker), lta_hook)
+    staged.register_comm_hook(LtaHookState(session.worker, force_host_staging=True), lta_hook)
+    x = torch.randn(32, 20, generator=torch.Generator().manual_seed(rank))
+    out: dict = {"diff": [], "bound": [], "max_grad": 0.0}
+    for step in range(3):
+        for model in (plain, direct, staged):
+            model.zero_grad()
+            (model(x * (step + 1)).pow(2).mean()).backward()
+        local = copy.deepcopy(base)
+        (local(x * (step + 1)).pow(2).mean()).backward()
+        biggest = torch.tensor([max(p.grad.abs().max().item() for p in local.parameters())])
+        dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
+        for name, model in (("direct", direct), ("staged", staged)):
+            diff = max(
+                (a.grad - b.grad).abs().max().item()
+                for a, b in zip(model.parameters(), plain.parameters(), strict=True)
+            )
+            out["diff"].append((name, diff))
+        out["bound"].append(float(biggest))
+        out["max_grad"] = max(out["max_grad"], max(p.grad.abs().max().item() for p in plain.parameters()))
+    out["stats"] = session.worker.stats.as_dict()
+
+    # Drift and its reset: with RESULTs lost on the way down, replicas that fall back drift apart; the
+    # owners' periodic re-broadcast (lossless PARAM here) makes them identical again.
+    # No FLUSH retries: a lost RESULT falls back at its first deadline (keeps the test short).
+    hasty = TransportConfig(max_flushes=0, max_deadline_ms=50.0)
+    options = LtaOptions(job_id=2, drop={"down": DropPolicy(p=0.2)}, transport=hasty)
+    lossy = join_job(dist.PrefixStore("drift", store), rank, world, options)
+    model = DDP(copy.deepcopy(base), bucket_cap_mb=0.01)
+    state = LtaHookState(lossy.worker, rebroadcast_every=3)
+    model.register_comm_hook(state, lta_hook)
+    state.attach(model.module)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spread = []
+    for _ in range(4):  # steps 0..2 drift; the forward of step 3 re-broadcasts first
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        gathered = [torch.zeros_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        spread.append(max((g - gathered[0]).abs().max().item() for g in gathered))
+    before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    model(x)  # forward of step 4: 4 % 3 != 0, nothing; call rebroadcast explicitly to check the reset
+    state.rebroadcast()
+    after = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    gathered = [torch.zeros_like(after) for _ in range(world)]
+    dist.all_gather(gathered, after)
+    out["spread_before_reset"] = max(spread[:3])
+    out["spread_after_reset"] = max((g - gathered[0]).abs().max().item() for g in gathered)
+    out["changed_by_reset"] = (after - before).abs().max().item()
+    out["hook_stats"] = state.stats.as_dict()
+    dist.barrier()
+    session.close()
+    lossy.close()
+    dist.destroy_process_group()
+    return out
+
+
+def test_hook_equals_gloo_ddp_without_loss_and_rebroadcast_resets_drift(tmp_path):
+    results = spawn(_hook_rank, tmp_path)
+    # codec bound per chunk: 2^-shift <= 2·max|x|·2^(L-30); float32 rounding of the mean on top
+    bound_factor = 2.0 * 2.0 ** (codec.headroom_bits(WORLD) - 30)
+    for rank, out in enumerate(results):
+        assert out["max_grad"] > 1e-3
+        for (name, diff), biggest in zip(out["diff"], np.repeat(out["bound"], 2), strict=True):
+            assert diff <= bound_factor * biggest + 1e-6 * out["max_grad"], (rank, name, diff)
+        assert out["stats"]["chunks_partial"] == 0 and out["stats"]["fallback_prev"] == 0
+        assert out["hook_stats"]["chunks_fallback"] > 0, "down loss never triggered a fallback"
+        assert out["spread_before_reset"] > 1e-4, "replicas did not drift: nothing to reset"
+        assert out["spread_after_reset"] == 0.0
+        assert out["hook_stats"]["rebroadcasts"] == 2  # at step 3 (by the forward hook) and explicitly
+    assert any(out["changed_by_reset"] > 0 for out in results)
+
+
+# ---- the process-group backend ------------------------------------------------------------------------
+def _backend_rank(rank: int, world: int, store_path: str) -> dict:
+    import hostlib.torch_ext.backend  # noqa: F401  (registers "lta")
+
+    options = LtaOptions(drop={"up": DropPolicy(p=0.1)}, seed=3)
+    dist.init_process_group(
+        "lta", init_method=f"file://{store_path}", rank=rank, world_size=world, pg_options=options
+    )
+    pg = dist.distributed_c10d._get_default_group()
+    model = DDP(_model())  # broadcasts rank 0's weights (reliable path)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    target = torch.nn.Linear(20, 4)
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(40):
+        x = torch.randn(32, 20, generator=gen)
+        with torch.no_grad():
+            y = target(x)
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    ranks = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(ranks, torch.tensor([float(rank)]))
+    count = torch.tensor([rank + 1])
+    dist.all_reduce(count)  # integer: reliable, exact
+    total = torch.full((1000,), float(rank))
+    dist.all_reduce(total)  # float SUM, lossy path: the estimate of 0+1+2
+    mean = torch.full((1000,), float(rank))
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    dist.barrier()
+    out = {
+        "backend": dist.get_backend(),
+        "losses": losses,
+        "ranks": [float(r) for r in ranks],
+        "count": int(count),
+        "total_range": (float(total.min()), float(total.max())),
+        "mean_range": (float(mean.min()), float(mean.max())),
+        "partial": pg.worker.stats.chunks_partial,
+        "lossy_calls": pg.lossy_calls,
+        "weights": torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy(),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def test_init_process_group_lta_trains_stock_ddp(tmp_path):
+    results = spawn(_backend_rank, tmp_path)
+    for out in results:
+        assert out["backend"] == "lta"
+        first, last = np.mean(out["losses"][:5]), np.mean(out["losses"][-5:])
+        assert last < 0.5 * first, f"loss went from {first:.3f} to {last:.3f}"
+        assert out["ranks"] == [0.0, 1.0, 2.0]
+        assert out["count"] == 6
+        assert out["lossy_calls"] >= 40 + 2
+        assert out["partial"] > 0, "10% up loss never left a chunk partial"
+        # a chunk renormalized over a subset of {0, 1, 2}: SUM = mean·3 lies in [0, 6], AVG in [0, 2]
+        lo, hi = out["total_range"]
+        assert 0 - 1e-3 <= lo <= hi <= 6 + 1e-3
+        lo, hi = out["mean_range"]
+        assert 0 - 1e-3 <= lo <= hi <= 2 + 1e-3
+    # up loss is seen identically by every rank, so the replicas stay equal
+    for out in results[1:]:
+        np.testing.assert_allclose(out["weights"], results[0]["weights"], atol=1e-6)
+
+
+def test_options_from_environment():
+    env = {
+        "LTA_SWITCH": "10.0.0.1:48879",
+        "LTA_JOB_ID": "7",
+        "LTA_FALLBACK": "zero",
+        "LTA_BIND_PORT_BASE": "41000",
+    }
+    options = LtaOptions.from_env(env)
+    assert options.switch == ("10.0.0.1", 48879) and options.job_id == 7
+    assert options.transport.fallback == "zero" and options.bind_port_base == 41000
+    with pytest.raises(ValueError, match="LTA_JOB_ID"):
+        LtaOptions.from_env({"LTA_JOB_ID": "x"})
+    with pytest.raises(ValueError, match="self-hosted"):
+        LtaOptions.from_env({**env, "LTA_DROP_UP": "0.1"})
+    assert os.environ.get("LTA_SWITCH") is None or True  # the real environment is not consulted
