@@ -48,6 +48,7 @@ class Fallback(enum.IntEnum):
 FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fallback.LOCAL}
 
 _DEAD_AFTER_RESULTS = 64  # see LtaWorker._track_absent
+_QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once when a data packet needs them
 
 # Unit states
 _PENDING, _IN_FLIGHT, _DONE, _GAVE_UP = 0, 1, 2, 3
@@ -172,7 +173,9 @@ class _Plan:
         self.bitmap = np.zeros(c, dtype=np.uint64)
         self.weight = np.zeros(c, dtype=np.int64)
         self.shift = np.zeros(c, dtype=np.int32)
-        self.has_exp = np.zeros(c, dtype=bool)
+        self.has_exp = np.zeros(c, dtype=bool)  # quantized, within range: will be sent
+        self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
+        self.quantized = np.zeros(c, dtype=bool)
         self.saturated = np.zeros(c, dtype=bool)
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
@@ -399,6 +402,8 @@ class LtaWorker:
         ):
             arr[:] = 0
         plan.has_exp[:] = False
+        plan.exp_known[:] = False
+        plan.quantized[:] = False
         plan.saturated[:] = False
         plan.state[:] = _PENDING
         plan.synced = False
@@ -541,6 +546,8 @@ class LtaWorker:
                 self._send_rows(plan.exp_rows[u : u + 1])
             return
         c = u - plan.exp_units
+        if plan.exp_known[c] and not plan.quantized[c]:
+            self._quantize_block(plan, c)
         if plan.has_exp[c]:
             self._send_rows(plan.data_rows[c : c + 1])
         # else: the exponent RESULT was lost; this worker contributes nothing but still awaits the RESULT.
@@ -672,19 +679,27 @@ class LtaWorker:
         return finished
 
     def _on_exponents(self, plan: _Plan, c0: int, c1: int, agreed: np.ndarray) -> None:
-        """The exponent round for chunks [c0, c1) closed: quantize those chunks for the data round."""
-        shifts = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
-        ints, saturated = codec.quantize(plan.chunks[c0:c1], shifts, self.n_workers, self._rng)
+        """The exponent round for chunks [c0, c1) closed: their data-round shifts are known. Chunks are
+        quantized lazily, a block at a time as they are sent, so the quantizing overlaps the switch's
+        work on the packets already sent."""
+        plan.shift[c0:c1] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
+        plan.exp_known[c0:c1] = True
+
+    def _quantize_block(self, plan: _Plan, c: int) -> None:
+        k = self.config.elems_per_packet
+        c1 = min(c + max(1, _QUANTIZE_BLOCK_VALUES // k), (c // k + 1) * k, plan.chunks_count)
+        shifts = plan.shift[c:c1]
+        ints, saturated = codec.quantize(plan.chunks[c:c1], shifts, self.n_workers, self._rng)
         d = plan.data_batch
-        d["payload"][c0:c1] = ints
-        d["exp"][c0:c1] = shifts
-        d["flags"][c0:c1] = 0
-        plan.shift[c0:c1] = shifts
+        d["payload"][c:c1] = ints
+        d["exp"][c:c1] = shifts
+        d["flags"][c:c1] = 0
         # A chunk that would saturate (this worker's exponent proposal was lost and its values exceed
         # the agreed bound) is withheld rather than clamped: a clamp would bias the sum, a missing
         # contribution is renormalized away.
-        plan.saturated[c0:c1] = saturated
-        plan.has_exp[c0:c1] = ~saturated
+        plan.saturated[c:c1] = saturated
+        plan.has_exp[c:c1] = ~saturated
+        plan.quantized[c:c1] = True
 
     def _track_absent(self, bitmap: int) -> None:
         """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
@@ -724,7 +739,7 @@ class LtaWorker:
         st.chunks_partial += int(np.sum(done & (plan.count > 0) & (plan.count < self.n_workers)))
         st.chunks_empty += int(np.sum(done & (plan.count == 0)))
         st.chunks_no_result += int(np.sum(~done))
-        st.chunks_no_exponent += int(np.sum(~plan.has_exp & ~plan.saturated))
+        st.chunks_no_exponent += int(np.sum(~plan.exp_known))
         st.withheld_chunks += int(plan.saturated.sum())
         st.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
         used = np.bincount(fallback, minlength=len(Fallback))
