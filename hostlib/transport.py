@@ -469,7 +469,12 @@ class LtaWorker:
         # Each FLUSH without an answer doubles the wait (RTO backoff, as TCP does). Ranks are staggered
         # (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually saves the others'.
         stagger = 1.0 + 0.5 * self.worker_id / self.n_workers
-        at = start + self._deadline_s(plan) * stagger * (1 << int(plan.flushes[u]))
+        flushes = int(plan.flushes[u])
+        # Once FLUSHed, a unit's round is closed (or its RESULT resent) by the switch within one round
+        # trip: a missing answer was lost, so retry on the RTO, not on the sync/lag deadline that waits
+        # for late peers (2 x 200 ms there made every lost FLUSH or RESULT of a flush a 400 ms stall).
+        base_s = self._rto_s() if flushes else self._deadline_s(plan)
+        at = start + base_s * stagger * (1 << flushes)
         if u < plan.exp_units and not plan.synced:
             # Exponent units also get an early probe (see _on_deadline), one RTO after each send.
             at = min(at, start + self._rto_s() * (1 << int(plan.probes[u])))
