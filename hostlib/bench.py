@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from hostlib import bench_lossy
 from hostlib.dropmodels import DropPolicy
 from hostlib.launch import JobSpec, run_job
 from hostlib.transport import LtaWorker, TransportConfig
@@ -214,6 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
     sc.add_argument("--json", action="store_true")
     sc.set_defaults(func=_run_scaling)
+    bench_lossy.register(sub)
 
 
 def _run_allreduce(args: argparse.Namespace) -> int:
