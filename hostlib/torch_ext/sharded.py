@@ -94,6 +94,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.grad_chunks = 0
         self.grad_chunks_partial = 0
         self.grad_chunks_fallback = 0
+        self.grad_contributions = 0  # arrival counts summed: 1 - this / (N · grad_chunks) is the loss seen
 
     # ---- the training loop's API -------------------------------------------------------------------
     @torch.no_grad()
@@ -155,6 +156,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
         mine_count, mine_fallback = count[first:last], fallback[first:last]
         self.grad_chunks += len(mine_count)
+        self.grad_contributions += int(mine_count.sum())
         self.grad_chunks_partial += int(np.sum((mine_count > 0) & (mine_count < self.worker.n_workers)))
         self.grad_chunks_fallback += int(np.sum(mine_fallback != Fallback.NONE))
 
@@ -167,6 +169,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             "grad_chunks": self.grad_chunks,
             "grad_chunks_partial": self.grad_chunks_partial,
             "grad_chunks_fallback": self.grad_chunks_fallback,
+            "grad_contributions": self.grad_contributions,
             "sigma2": self.drift.sigma2,
             "sigma2_mean": self.drift.sigma2_sum / max(1, self.drift.recorded - 1),
             "stale": self.exchange.tracker.summary(),

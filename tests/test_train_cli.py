@@ -1,0 +1,65 @@
+"""``lta train --quick``: the main job end to end (4 worker processes, a softswitch, 13 runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hostlib.torch_ext.drift import iid_drift, paper_drift
+
+ROW_FIELDS = {"drop", "train_loss", "train_ppl", "val_loss", "val_ppl"}
+CHANGES = {f"{m}_change_pct" for m in ("train_loss", "train_ppl", "val_loss", "val_ppl")}
+DRIFT_FIELDS = {"p", "measured", "sigma2", "paper", "iid", "max_stale_age", "stale_bound"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lta-train")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hostlib.cli", "train", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_quick_train_writes_every_field(quick_run):
+    out, proc = quick_run
+    results = json.loads((out / "results.json").read_text())
+    drops = [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert [r["drop"] for r in results["rows"]] == drops
+    for row in results["rows"]:
+        assert ROW_FIELDS | CHANGES <= set(row)
+        assert row["train_ppl"] == pytest.approx(2.718281828 ** row["train_loss"], rel=1e-9)
+        assert row["val_ppl"] == pytest.approx(2.718281828 ** row["val_loss"], rel=1e-9)
+        assert 0.5 < row["val_loss"] < 4.7  # below the uniform guess ln(103) = 4.63: it learned
+    assert all(results["rows"][0][c] == 0.0 for c in CHANGES)
+    for method in ("prev", "zero"):
+        baseline = results["baselines"][method]
+        assert [r["drop"] for r in baseline] == drops
+        assert all(ROW_FIELDS | CHANGES <= set(r) for r in baseline)
+    assert [d["p"] for d in results["drift"]] == drops
+    for d in results["drift"]:
+        assert DRIFT_FIELDS <= set(d)
+        assert d["paper"] == pytest.approx(paper_drift(d["p"], d["sigma2"]))
+        assert d["iid"] == pytest.approx(iid_drift(d["p"], d["sigma2"]))
+        assert d["max_stale_age"] <= d["stale_bound"] + 1
+    lossless, lossy = results["drift"][0], results["drift"][-1]
+    assert lossless["measured"] == 0.0  # nothing lost: every replica identical
+    assert lossy["measured"] > 0.0 and lossy["sigma2"] > 0.0
+    assert lossy["p_effective"] == pytest.approx(0.4, abs=0.08)
+    assert "| Metric | 0% | 10% | 20% | 30% | 40% |" in (out / "table.md").read_text()
+    assert "| Metric |" in proc.stdout
+
+
+def test_quick_train_plots(quick_run):
+    out, _ = quick_run
+    for name in ("loss_curves.png", "drift.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
