@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from hostlib import bench_lossy
+from hostlib import bench_lossy, bench_lossy_train
 from hostlib.dropmodels import DropPolicy
 from hostlib.launch import JobSpec, run_job
 from hostlib.transport import LtaWorker, TransportConfig
@@ -216,6 +216,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sc.add_argument("--json", action="store_true")
     sc.set_defaults(func=_run_scaling)
     bench_lossy.register(sub)
+    bench_lossy_train.register(sub)
 
 
 def _run_allreduce(args: argparse.Namespace) -> int:

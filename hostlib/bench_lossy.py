@@ -40,6 +40,7 @@ for ``go`` on stdin (so every rank starts together), and print one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -302,7 +303,7 @@ class WorkerGroup:
                 stderr=subprocess.PIPE,
                 text=True,
                 cwd=REPO,
-            )  # fmt: skip
+            )
             for host, argv in argvs
         ]
 
@@ -361,33 +362,43 @@ def softswitch_toml(cfg: LossyConfig, worker_addrs: Sequence[str]) -> str:
     )
 
 
-def run_lta(net: Any, cfg: LossyConfig, loss: float, workdir: Path) -> list[dict[str, Any]]:
-    addrs = [f"{h.ip}:{WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
+@contextlib.contextmanager
+def softswitch_in(
+    net: Any, cfg: LossyConfig, worker_addrs: Sequence[str], listen: str, workdir: Path
+) -> Iterator[subprocess.Popen[str]]:
+    """``lta softswitch`` in the aggregator namespace with one job for ``worker_addrs``; stopped after."""
     config = workdir / "softswitch.toml"
-    config.write_text(softswitch_toml(cfg, addrs))
-    switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
+    config.write_text(softswitch_toml(cfg, worker_addrs))
     switch = net.run_in(
         net.aggregator,
-        [sys.executable, "-m", "hostlib.cli", "softswitch", "--listen", switch_addr, "--config", str(config)],
+        [sys.executable, "-m", "hostlib.cli", "softswitch", "--listen", listen, "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
-    assert switch.stdout is not None
-    line = switch.stdout.readline()
+    assert switch.stdout is not None and switch.stderr is not None
+    ready, _, _ = select.select([switch.stdout], [], [], START_TIMEOUT_S)
+    line = switch.stdout.readline() if ready else "(nothing)"
     if "listening" not in line:
         switch.kill()
         raise RuntimeError(
-            f"softswitch did not start in {net.aggregator.netns}: {line!r} {switch.stderr.read()}"
+            f"softswitch did not start in {net.aggregator.netns}: printed {line!r}; {switch.stderr.read()}"
         )
+    try:
+        yield switch
+    finally:
+        switch.terminate()
+        switch.wait(timeout=10)
+
+
+def run_lta(net: Any, cfg: LossyConfig, loss: float, workdir: Path) -> list[dict[str, Any]]:
+    addrs = [f"{h.ip}:{WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
+    switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
     extra = ["--switch", switch_addr, "--elems-per-packet", str(cfg.k), "--window", str(cfg.window),
              "--min-deadline-ms", f"{cfg.deadline_ms:g}"]  # fmt: skip
     argvs = [
         (h, _worker_argv("lta-worker", cfg, r, "--bind", addrs[r], *extra)) for r, h in enumerate(net.workers)
     ]
-    try:
+    with softswitch_in(net, cfg, addrs, switch_addr, workdir):
         return WorkerGroup(net, argvs, cfg.worker_timeout_s(loss)).run()
-    finally:
-        switch.terminate()
-        switch.wait(timeout=10)
 
 
 def measured_loss(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
@@ -468,7 +479,7 @@ def bench_lossy(cfg: LossyConfig, losses: Sequence[float], systems: Sequence[str
             "loss_applied": "nftables, per worker link, each direction",
             "gloo_wire": "ring: 2(N-1)/N x tensor in MTU-52-byte TCP segments + 1 ACK per 2 segments",
             "lta_wire": f"(chunks + 2 x exponent units) x {lta_frame_bytes(cfg.k)}-byte frames",
-        },  # fmt: skip
+        },
         "points": points,
     }
     if plot:
