@@ -68,6 +68,8 @@ class TransportConfig:
     # Exponent packets are 1/K of the traffic and gate every data packet: send each this many times
     # (the switch ignores duplicates), so one is lost with probability p**copies instead of p.
     exp_copies: int = 2
+    # FLUSHes too: a lost FLUSH (or its answer) costs a doubled RTO; a duplicate costs one packet.
+    flush_copies: int = 2
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
     max_deadline_ms: float = 500.0
@@ -90,8 +92,10 @@ class TransportConfig:
             raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
         if not 1 <= self.pool_size <= 65535:
             raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
-        if self.exp_copies < 1:
-            raise ValueError(f"exp_copies must be >= 1, got {self.exp_copies}")
+        if self.exp_copies < 1 or self.flush_copies < 1:
+            raise ValueError(
+                f"exp_copies and flush_copies must be >= 1, got {self.exp_copies}, {self.flush_copies}"
+            )
         if self.window is not None and not 1 <= self.window <= self.pool_size:
             raise ValueError(f"window must be in 1..pool_size={self.pool_size}, got {self.window}")
         if not 0 < self.min_deadline_ms <= self.max_deadline_ms:
@@ -244,6 +248,7 @@ class LtaWorker:
         self._all_workers = (1 << n_workers) - 1
         self._absent = self._all_workers  # workers missing from every RESULT of the current window
         self._absent_window = 0
+        self._update_rto()
         self.stats = TransportStats()
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
@@ -520,7 +525,11 @@ class LtaWorker:
         return True
 
     def _rto_s(self) -> float:
-        """Retransmission timeout from the measured round trips (srtt + 4·rttvar), clamped."""
+        """Retransmission timeout from the measured round trips (srtt + 4·rttvar), clamped. Cached:
+        it changes only with a new RTT sample or the dead-peer mode."""
+        return self._rto_cached_s
+
+    def _update_rto(self) -> None:
         cfg = self.config
         if self.srtt_ms is None:
             ms = cfg.initial_deadline_ms
@@ -528,7 +537,7 @@ class LtaWorker:
             ms = 1.5 * self.srtt_ms  # a worker looks dead: don't wait the full RTO for it
         else:
             ms = self.srtt_ms + 4 * self.rttvar_ms
-        return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
+        self._rto_cached_s = min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
 
     def _deadline_s(self, plan: _Plan) -> float:
         """How long a unit waits before its first FLUSH (units behind every frontier are flushed
@@ -566,7 +575,8 @@ class LtaWorker:
         else:
             c = u - plan.exp_units
             b["flags"], b["exp"], b["chunk"], b["nelem"] = 0, plan.shift[c], c, 0
-        self._send_rows(batch_rows(b))
+        for _ in range(self.config.flush_copies):
+            self._send_rows(batch_rows(b))
         self.stats.flushes_sent += 1
 
     def _send_rows(self, rows: np.ndarray) -> None:
@@ -714,8 +724,10 @@ class LtaWorker:
         if self._absent_window >= _DEAD_AFTER_RESULTS:
             self._early_close = self._absent != 0
             self._absent, self._absent_window = self._all_workers, 0
+            self._update_rto()
         elif self._early_close and bitmap == self._all_workers:
             self._early_close = False  # everyone contributed again
+            self._update_rto()
 
     def _rtt_sample(self, ms: float) -> None:
         if self.srtt_ms is None:
@@ -723,6 +735,7 @@ class LtaWorker:
         else:
             self.rttvar_ms = 0.75 * self.rttvar_ms + 0.25 * abs(self.srtt_ms - ms)
             self.srtt_ms = 0.875 * self.srtt_ms + 0.125 * ms
+        self._update_rto()
 
     def _fallback_rows(self, key: Any, n: int, missing: np.ndarray, chunks: np.ndarray) -> np.ndarray:
         policy = self._fallback

@@ -35,7 +35,12 @@ Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_por
 Egress = list[tuple[Port, bytes]]
 
 _C = {name: i for i, name in enumerate(COUNTERS)}
-_ROUND_FLAGS = int(Flag.MAX | Flag.SATURATED)
+# Plain ints for the per-packet path: IntEnum/IntFlag operators go through Python-level __and__.
+_RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
+_GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ = (
+    int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ)
+)
+_ROUND_FLAGS = _MAX | _SATURATED
 _VALID_OPS = {int(op) for op in Op}
 
 
@@ -200,7 +205,7 @@ class SoftSwitch:
         job = self.jobs.get(job_id)
         row = job_id if job is not None else 0
         self._counters[row][_C["rx_packets"]] += 1
-        if version != VERSION or op not in _VALID_OPS or op == Op.RESULT:
+        if version != VERSION or op not in _VALID_OPS or op == _RESULT:
             self._count(row, "drop_malformed")
             return []
         if job is None:
@@ -213,17 +218,17 @@ class SoftSwitch:
         if w >= cfg.n_workers or cfg.workers[w] != ingress:
             self._count(job_id, "drop_bad_worker")
             return []
-        if op in (Op.PARAM, Op.PARAM_REQ):
-            return self._replicate(job, data, w, flags, "param_fwd" if op == Op.PARAM else "param_req_fwd")
+        if op in (_PARAM, _PARAM_REQ):
+            return self._replicate(job, data, w, flags, "param_fwd" if op == _PARAM else "param_req_fwd")
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
         slots = job.slots
-        if op == Op.FLUSH:
+        if op == _FLUSH:
             return self._flush(job, data, w, s, q, exp, flags, nelem, step, chunk)
 
         # GRAD
-        if not flags & Flag.CRITICAL and job.drops("up", w):
+        if not flags & _CRITICAL and job.drops("up", w):
             self._count(job_id, "drop_policy_up")
             return []
         seq = slots.seq[s]
@@ -243,12 +248,12 @@ class SoftSwitch:
         elif slots.bitmap[s] >> w & 1:
             self._count(job_id, "grad_dup")
             return []
-        elif exp != slots.exp[s] or (flags ^ slots.flags[s]) & Flag.MAX:
+        elif exp != slots.exp[s] or (flags ^ slots.flags[s]) & _MAX:
             self._count(job_id, "grad_exp_mismatch")
             return []
         else:
             payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
-            if slots.flags[s] & Flag.MAX:
+            if slots.flags[s] & _MAX:
                 np.maximum(slots.acc[s], payload, out=slots.acc[s])
             else:
                 # int32 wrap-around, as the switch's registers do; the codec guarantees no wrap.
@@ -256,7 +261,7 @@ class SoftSwitch:
             slots.count[s] += 1
             slots.bitmap[s] |= 1 << w
             slots.weight[s] = (slots.weight[s] + weight) & 0xFFFFFFFF
-            slots.flags[s] |= flags & Flag.SATURATED
+            slots.flags[s] |= flags & _SATURATED
             self._count(job_id, "grad_add")
         if slots.count[s] >= cfg.quorum:
             slots.closed[s] = True
@@ -283,7 +288,7 @@ class SoftSwitch:
         if q > seq:
             slots.acc[s] = 0
             slots.seq[s], slots.closed[s], slots.count[s], slots.bitmap[s] = q, True, 0, 0
-            slots.weight[s], slots.exp[s], slots.flags[s] = 0, exp, flags & Flag.MAX
+            slots.weight[s], slots.exp[s], slots.flags[s] = 0, exp, flags & _MAX
             slots.nelem[s], slots.step[s], slots.chunk[s], slots.closer[s] = nelem, step, chunk, w
             self._count(job_id, "flush_empty")
             return self._emit(job, s, range(job.cfg.n_workers))
@@ -301,10 +306,10 @@ class SoftSwitch:
     def _emit(self, job: _Job, s: int, receivers, retx: bool = False) -> Egress:
         """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy."""
         slots, cfg = job.slots, job.cfg
-        flags = slots.flags[s] | (Flag.RETX if retx else 0)
+        flags = slots.flags[s] | (_RETX if retx else 0)
         header = HEADER_STRUCT.pack(
             VERSION,
-            Op.RESULT,
+            _RESULT,
             flags,
             slots.exp[s],
             cfg.job_id,
@@ -336,7 +341,7 @@ class SoftSwitch:
         for r in range(cfg.n_workers):
             if r == w:
                 continue
-            if not flags & Flag.CRITICAL and job.drops("param", r):
+            if not flags & _CRITICAL and job.drops("param", r):
                 self._count(cfg.job_id, "drop_policy_param")
                 continue
             out.append((cfg.workers[r], packet))
