@@ -53,11 +53,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hostlib.protocol import HEADER_BYTES, LTA_PORT, MAX_ELEMS_PER_PACKET
+
+if TYPE_CHECKING:
+    from hostlib.transport import TransportConfig
 
 ETH_BYTES = 14  # what tbf counts besides the IP packet
 IPV4_BYTES = 20
@@ -157,17 +160,24 @@ def _wait_for_go() -> None:
         raise SystemExit(f"expected 'go' on stdin, got {line!r}")
 
 
-def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
-    from hostlib.transport import LtaWorker, TransportConfig
-    from mininet_topos.allreduce_worker import check_result
+def transport_config(args: argparse.Namespace) -> TransportConfig:
+    """The transport settings both lossy benchmarks use (K, window and deadline fitted to the link)."""
+    from hostlib.transport import TransportConfig
 
-    config = TransportConfig(
+    return TransportConfig(
         elems_per_packet=args.elems_per_packet,
         window=args.window,
         min_deadline_ms=args.min_deadline_ms,
         initial_deadline_ms=max(args.min_deadline_ms, 10.0),
         seed=args.seed,
     )
+
+
+def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
+    from hostlib.transport import LtaWorker
+    from mininet_topos.allreduce_worker import check_result
+
+    config = transport_config(args)
     inputs = worker_inputs(args.seed, args.workers, args.values)
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")

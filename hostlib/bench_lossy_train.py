@@ -110,15 +110,9 @@ def train_worker_main(args: argparse.Namespace) -> dict[str, Any]:
 
 def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
     from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
-    from hostlib.transport import LtaWorker, TransportConfig
+    from hostlib.transport import LtaWorker
 
-    config = TransportConfig(
-        elems_per_packet=args.elems_per_packet,
-        window=args.window,
-        min_deadline_ms=args.min_deadline_ms,
-        initial_deadline_ms=max(args.min_deadline_ms, 10.0),
-        seed=args.seed,
-    )
+    config = bench_lossy.transport_config(args)
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     worker = LtaWorker(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -96,3 +99,17 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
             w.close()
     for _, server in switches.values():
         server.stop()
+
+
+def netns_skip_reason() -> str | None:
+    """Why tests that build network namespaces cannot run here (None: they can)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    missing = [tool for tool in ("ip", "tc", "nft") if shutil.which(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)}: apt-get install -y iproute2 nftables"
+    probe = subprocess.run(["ip", "netns", "add", f"ltaskip-{os.getpid()}"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create network namespaces here: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", f"ltaskip-{os.getpid()}"], capture_output=True)
+    return None

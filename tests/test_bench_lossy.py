@@ -6,8 +6,6 @@ asserted: they depend on the machine."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,25 +14,13 @@ import pytest
 
 from hostlib.bench_lossy import elems_for_mtu, gloo_wire_bytes, link_limit_ms, lta_frame_bytes, lta_wire_bytes
 from mininet_topos.netns import leftovers
+from tests.conftest import netns_skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 STAT_KEYS = {"mean_ms", "p50_ms", "p99_ms", "p99_9_ms", "max_ms", "link_limit_ms", "p50_over_limit"}
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    missing = [tool for tool in ("ip", "tc", "nft") if shutil.which(tool) is None]
-    if missing:
-        return f"missing {', '.join(missing)}: apt-get install -y iproute2 nftables"
-    probe = subprocess.run(["ip", "netns", "add", f"ltaskip-{os.getpid()}"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"cannot create network namespaces here: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", f"ltaskip-{os.getpid()}"], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason()
 
 
 # ---- wire accounting (no root) ------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,26 +25,14 @@ from mininet_topos.linkshape import (
 )
 from mininet_topos.netns import NetnsNetwork, leftovers, list_namespaces, remove_stale
 from mininet_topos.probes import probe_argv, run_pair
+from tests.conftest import netns_skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPED_MBIT = 40.0
 Z = 4.42  # two-sided 1e-5: a correct harness fails a binomial check about once in 100,000 runs
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    missing = [tool for tool in ("ip", "tc", "nft") if shutil.which(tool) is None]
-    if missing:
-        return f"missing {', '.join(missing)}: apt-get install -y iproute2 nftables"
-    probe = subprocess.run(["ip", "netns", "add", f"ltaskip-{os.getpid()}"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"cannot create network namespaces here: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", f"ltaskip-{os.getpid()}"], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason()
 
 
 def needs_netns(test):
