@@ -143,7 +143,7 @@ def ratios(gloo: dict[str, float], lta: dict[str, float]) -> dict[str, float]:
 # ---- worker processes (run inside the namespaces) ------------------------------------------------
 def worker_inputs(seed: int, n_workers: int, n_values: int) -> np.ndarray:
     """(rounds, workers, values) float32: every worker can rebuild every worker's input to check."""
-    from mininet_topos.allreduce_worker import worker_input
+    from hostlib.verify import seeded_input as worker_input
 
     return np.stack(
         [
@@ -175,7 +175,7 @@ def transport_config(args: argparse.Namespace) -> TransportConfig:
 
 def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     from hostlib.transport import LtaWorker
-    from mininet_topos.allreduce_worker import check_result
+    from hostlib.verify import check_result
 
     config = transport_config(args)
     inputs = worker_inputs(args.seed, args.workers, args.values)

@@ -1,10 +1,7 @@
 """One worker of the emulated-network demo: reduce seeded tensors through the switch and check them.
 
-Every worker's input is a function of ``(seed, round, worker)``, so each worker can rebuild all inputs
-and check its own result independently: a chunk that came back with count > 0 must equal the mean of
-the contributors named in its bitmap, to within the codec's bound ``2^-shift`` (docs/protocol.md) plus
-the rounding of the float32 result (half a unit in the last place). Prints one JSON line with timings,
-chunk outcomes and the worst error relative to that tolerance (< 1 passes).
+Each worker rebuilds every worker's seeded input and checks its own result (hostlib.verify). Prints
+one JSON line with timings, chunk outcomes and the worst error relative to the tolerance (< 1 passes).
 
 ``python -m mininet_topos.allreduce_worker --job 1 --worker 0 --workers 2 --switch 10.0.0.254:48879
 --bind 10.0.0.1``
@@ -20,25 +17,9 @@ from dataclasses import asdict
 import numpy as np
 
 from hostlib.protocol import LTA_PORT
-from hostlib.transport import LtaWorker, ReduceResult, TransportConfig
-
-
-def worker_input(seed: int, round_: int, worker: int, elems: int) -> np.ndarray:
-    return np.random.default_rng([seed, round_, worker]).standard_normal(elems).astype(np.float32)
-
-
-def check_result(result: ReduceResult, inputs: np.ndarray, elems_per_packet: int) -> tuple[int, float]:
-    """(chunks checked, worst |error| / tolerance) over the chunks renormalized from a RESULT."""
-    checked, worst = 0, 0.0
-    for c in np.flatnonzero(result.count > 0):
-        contributors = result.contributors(int(c))
-        lo, hi = c * elems_per_packet, min((c + 1) * elems_per_packet, inputs.shape[1])
-        expected = inputs[contributors, lo:hi].astype(np.float64).mean(axis=0)
-        error = np.abs(result.values[lo:hi] - expected)
-        tolerance = 2.0 ** -float(result.shift[c]) + np.spacing(np.abs(expected).astype(np.float32)) / 2
-        worst = max(worst, float((error / tolerance).max()))
-        checked += 1
-    return checked, worst
+from hostlib.transport import LtaWorker, TransportConfig
+from hostlib.verify import check_result
+from hostlib.verify import seeded_input as worker_input
 
 
 def main(argv: list[str] | None = None) -> int:
