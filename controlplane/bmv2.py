@@ -134,8 +134,10 @@ class Bmv2Switch:
                 check=False,
             )
             _ip("link", "set", name, "up", "mtu", "9000")
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        s.bind((host, 0))
+        # Protocol 0 until bound: a socket opened for ETH_P_ALL would queue every interface's traffic
+        # (loopback included) until bind restricts it to ours.
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        s.bind((host, ETH_P_ALL))
         s.setblocking(False)
         self._sockets[port] = s
 
@@ -216,6 +218,6 @@ class Bmv2Switch:
                         frame, addr = self._sockets[port].recvfrom(65535)
                     except BlockingIOError:
                         break
-                    if addr[2] == socket.PACKET_OUTGOING:
-                        continue  # our own send on this host side
+                    if addr[0] != self.host_side(port) or addr[2] == socket.PACKET_OUTGOING:
+                        continue  # another interface's frame, or our own send on this host side
                     got.append((port, frame))
