@@ -395,3 +395,31 @@ def test_seeded_random_sequence(fresh):
         packets.append((port, lta))
     out = run(fresh, packets)
     assert sum(len(o) for o in out) > 50  # the sequence really closed rounds
+
+
+def test_seeded_lossy_rounds(fresh):
+    """Rounds as hosts send them (unit g in slot g mod P, seq g div P + 1), with random losses,
+    duplicates, late packets, FLUSHes and exponent rounds: mostly adds and quorum closes."""
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4), pool_size=4))
+    rng = random.Random(7)
+    packets = []
+    for g in range(60):
+        slot, seq = g % 4, g // 4 + 1
+        exponent_round = rng.random() < 0.3
+        flags = int(Flag.MAX) if exponent_round else 0
+        senders = [w for w in range(4) if rng.random() > 0.15]
+        for w in senders:
+            values = vec(rng.randrange(10**6), -(2**20), 2**20)
+            lta = grad(
+                1, w, values, slot=slot, seq=seq, flags=flags, exp=0 if exponent_round else 12, weight=w + 1
+            )
+            packets.append((w + 1, lta))
+            if rng.random() < 0.1:
+                packets.append((w + 1, lta))  # duplicate (or a late resend request once closed)
+        if len(senders) < 4:
+            w = rng.randrange(4)
+            packets.append((w + 1, flush(1, w, slot=slot, seq=seq, flags=flags)))
+    out = run(fresh, packets)
+    assert sum(len(o) for o in out) > 150
+    counters = fresh.counters()[0][1]
+    assert counters["result_quorum"] > 20 and counters["flush_partial"] > 5 and counters["grad_add"] > 100
