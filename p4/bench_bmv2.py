@@ -44,11 +44,20 @@ def template_frames(n_workers: int) -> list[bytearray]:
 
 
 def offer(
-    bmv2: Bmv2Switch, frames: list[bytearray], pool_size: int, stop: threading.Event, sent: list[int]
+    bmv2: Bmv2Switch,
+    frames: list[bytearray],
+    pool_size: int,
+    stop: threading.Event,
+    sent: list[int],
+    rate: float,
 ) -> None:
-    """Send unit g = 0, 1, 2, ... (slot g mod P, seq g div P + 1) from every worker until ``stop``."""
-    g = 0
+    """Send unit g = 0, 1, 2, ... (slot g mod P, seq g div P + 1) from every worker until ``stop``,
+    at ``rate`` packets/s (0: as fast as possible)."""
+    g, start = 0, time.monotonic()
     while not stop.is_set():
+        if rate and sent[0] > rate * (time.monotonic() - start):
+            time.sleep(0.001)
+            continue
         slot, seq = g % pool_size, g // pool_size + 1
         for port, frame in enumerate(frames, start=1):
             struct.pack_into(">H", frame, SLOT_OFFSET, slot)
@@ -66,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seconds", type=int, default=5, help="how many one-second samples")
     parser.add_argument("--pool-size", type=int, default=512)
+    parser.add_argument(
+        "--rate", type=float, default=0, help="offered GRAD packets/s (0: as fast as possible)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     missing = bmv2_missing()
@@ -81,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         ctl.add_job(JobSpec(1, workers, pool_size=args.pool_size))
         stop, sent = threading.Event(), [0]
         sender = threading.Thread(
-            target=offer, args=(bmv2, template_frames(args.workers), args.pool_size, stop, sent)
+            target=offer, args=(bmv2, template_frames(args.workers), args.pool_size, stop, sent, args.rate)
         )
         sender.start()
         time.sleep(1.0)  # warm up
