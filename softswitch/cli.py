@@ -17,6 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("softswitch", help="run the reference switch as a UDP daemon")
     p.add_argument("--listen", default=f"127.0.0.1:{LTA_PORT}", help="HOST:PORT to listen on")
     p.add_argument("--config", help="TOML file with jobs and drop policies (see softswitch/config.py)")
+    p.add_argument(
+        "--p4runtime",
+        metavar="HOST:PORT",
+        help="also serve P4Runtime here (`lta ctl --target HOST:PORT`); workers by address",
+    )
     p.add_argument("--stats-every", type=float, default=0.0, help="print counters every N seconds")
     p.set_defaults(func=run)
 
@@ -26,6 +31,12 @@ def run(args: argparse.Namespace) -> int:
     server = SoftSwitchServer(switch, parse_address(args.listen))
     host, port = server.address
     print(f"softswitch listening on {host}:{port} with jobs {sorted(switch.jobs)}", flush=True)
+    p4rt = None
+    if args.p4runtime:
+        from softswitch.p4runtime_server import serve
+
+        p4rt, p4rt_port, _ = serve(switch, args.p4runtime, port_key="address")
+        print(f"P4Runtime on {args.p4runtime.rpartition(':')[0]}:{p4rt_port}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     server.start()
@@ -38,4 +49,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.stop()
+        if p4rt is not None:
+            p4rt.stop(None)
     return 0

@@ -71,3 +71,49 @@ def test_config_errors_name_the_file_and_entry(tmp_path):
     bad.write_text("[[jobs]]\nworkers = []\n")
     with pytest.raises(ValueError, match="missing key 'job_id'"):
         load_switch(bad)
+
+
+def test_daemon_configured_over_p4runtime_by_the_control_plane():
+    """`lta softswitch --p4runtime`: `lta ctl`'s code path adds a job with UDP worker addresses, then
+    workers reduce through the daemon."""
+    from controlplane.jobs import JobSpec, WorkerSpec
+    from controlplane.switch import LtaSwitch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        p4rt_port = s.getsockname()[1]
+    switch_port = free_udp_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hostlib.cli",
+            "softswitch",
+            "--listen",
+            f"127.0.0.1:{switch_port}",
+            "--p4runtime",
+            f"127.0.0.1:{p4rt_port}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "listening" in proc.stdout.readline()
+        assert "P4Runtime" in proc.stdout.readline()
+        config = TransportConfig(sync_deadline_ms=1000)
+        workers = [LtaWorker(2, w, 2, ("127.0.0.1", switch_port), config=config) for w in range(2)]
+        with LtaSwitch.connect(f"127.0.0.1:{p4rt_port}") as ctl:
+            ctl.load_pipeline()
+            specs = tuple(
+                WorkerSpec(w + 1, ip="127.0.0.1", udp_port=wk.address[1]) for w, wk in enumerate(workers)
+            )
+            ctl.add_job(JobSpec(2, specs))
+            x = [np.full(300, 2.0, np.float32), np.full(300, 4.0, np.float32)]
+            results = run_workers(workers, lambda w, i: w.allreduce(x[i]))
+            assert all(np.all(r.count == 2) and np.allclose(r.values, 3.0) for r in results)
+            assert ctl.read_counters(2)[2]["result_quorum"] > 0
+        for w in workers:
+            w.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
