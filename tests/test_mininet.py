@@ -21,7 +21,7 @@ needs_bmv2 = pytest.mark.skipif(_BMV2_PROBLEM is not None, reason=_BMV2_PROBLEM 
 Z = 4.42  # two-sided 1e-5
 
 
-def _check_demo(report: DemoReport, loss: float) -> None:
+def _check_demo(report: DemoReport, loss: float, switch_queues_may_drop: bool = False) -> None:
     assert report.ok, report.to_json()
     for worker in report.workers:
         assert worker["rounds"] == report.config.rounds and worker["chunks_checked"] > 0
@@ -32,7 +32,13 @@ def _check_demo(report: DemoReport, loss: float) -> None:
     assert len(links) == report.config.hosts
     # The switch counted exactly what the links delivered, and the links carried exactly what it sent.
     counters = report.switch_counters
-    assert counters["rx_packets"] == sum(link.seen_up - link.dropped_up for link in links)
+    delivered = sum(link.seen_up - link.dropped_up for link in links)
+    if switch_queues_may_drop:
+        # BMv2 drops what it cannot process in its own input queues (about 6k packets/s here, see
+        # p4/bench_bmv2.py) before the pipeline, so its counters see at most what the links delivered.
+        assert 0 < counters["rx_packets"] <= delivered
+    else:
+        assert counters["rx_packets"] == delivered
     assert counters["tx_packets"] == sum(link.seen_down for link in links)
     assert counters["drop_bad_worker"] == 0 and counters["drop_malformed"] == 0
     # The kernel dropped the configured fraction of what the links carried.
@@ -64,7 +70,7 @@ def test_leafspine_softswitch_lets_workers_share_a_spine_port() -> None:
 def test_bmv2_reduces_over_lossy_links(topo: str, hosts: int) -> None:
     report = run_demo(DemoConfig(switch="bmv2", topo=topo, hosts=hosts, loss=0.01, rounds=5, elems=4096),
                       log=lambda *_: None)  # fmt: skip
-    _check_demo(report, 0.01)
+    _check_demo(report, 0.01, switch_queues_may_drop=True)
 
 
 @needs_mininet
