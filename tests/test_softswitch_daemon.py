@@ -20,6 +20,12 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
+def start_daemon(switch_port: int, *args: str) -> subprocess.Popen:
+    """`lta softswitch` in its own process, listening on 127.0.0.1:switch_port."""
+    argv = [sys.executable, "-m", "hostlib.cli", "softswitch", "--listen", f"127.0.0.1:{switch_port}", *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
 def test_daemon_from_config_file_aggregates(tmp_path):
     ports = [free_udp_port() for _ in range(3)]
     switch_port = free_udp_port()
@@ -28,20 +34,7 @@ def test_daemon_from_config_file_aggregates(tmp_path):
         f"seed = 3\n[[jobs]]\njob_id = 5\nworkers = {[f'127.0.0.1:{p}' for p in ports]!r}\n".replace("'", '"')
         + '[[jobs.drop]]\ndirection = "down"\nmodel = "bernoulli"\np = 0.0\n'
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hostlib.cli",
-            "softswitch",
-            "--listen",
-            f"127.0.0.1:{switch_port}",
-            "--config",
-            str(cfg),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_daemon(switch_port, "--config", str(cfg))
     try:
         assert "listening" in proc.stdout.readline()
         config = TransportConfig(sync_deadline_ms=1000)
@@ -83,20 +76,7 @@ def test_daemon_configured_over_p4runtime_by_the_control_plane():
         s.bind(("127.0.0.1", 0))
         p4rt_port = s.getsockname()[1]
     switch_port = free_udp_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hostlib.cli",
-            "softswitch",
-            "--listen",
-            f"127.0.0.1:{switch_port}",
-            "--p4runtime",
-            f"127.0.0.1:{p4rt_port}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_daemon(switch_port, "--p4runtime", f"127.0.0.1:{p4rt_port}")
     try:
         assert "listening" in proc.stdout.readline()
         assert "P4Runtime" in proc.stdout.readline()
