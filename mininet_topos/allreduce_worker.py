@@ -33,10 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pool-size", type=int, default=512)
+    parser.add_argument("--window", type=int, default=None, help="packets in flight (default: transport's)")
+    parser.add_argument("--min-deadline-ms", type=float, default=None, help="floor of the FLUSH deadline")
     args = parser.parse_args(argv)
     host, _, port = args.switch.partition(":")
     bind_ip, _, bind_port = args.bind.partition(":")
-    config = TransportConfig(pool_size=args.pool_size, seed=args.seed)
+    tuning = {"window": args.window, "min_deadline_ms": args.min_deadline_ms}
+    config = TransportConfig(
+        pool_size=args.pool_size, seed=args.seed, **{k: v for k, v in tuning.items() if v is not None}
+    )
     times_ms, checked, worst = [], 0, 0.0
     outcomes = {"full": 0, "partial": 0, "fallback": 0}
     with LtaWorker(
