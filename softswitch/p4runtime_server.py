@@ -58,6 +58,20 @@ class _UpdateError(Exception):
         self.code = code
 
 
+def _apply_update(store: dict, kind: str, key: object, value: object, what: str) -> None:
+    """P4Runtime's INSERT / MODIFY / DELETE on a dict, with its error codes."""
+    if kind == "INSERT":
+        if key in store:
+            raise _UpdateError(code_pb2.ALREADY_EXISTS, f"{what} exists")
+        store[key] = value
+    elif kind == "MODIFY":
+        if key not in store:
+            raise _UpdateError(code_pb2.NOT_FOUND, f"{what} does not exist")
+        store[key] = value
+    elif store.pop(key, None) is None:
+        raise _UpdateError(code_pb2.NOT_FOUND, f"{what} does not exist")
+
+
 @dataclass
 class _Pipeline:
     names: P4Names
@@ -221,19 +235,9 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         self._validate(table_info, entry, with_action=kind != "DELETE")
         rows = self.pipeline.tables[table]
         key = entry.key()
-        if kind == "INSERT":
-            if key in rows:
-                raise _UpdateError(code_pb2.ALREADY_EXISTS, f"{table}: entry {entry.match} exists")
-            rows[key] = entry
-        elif kind == "MODIFY":
-            if key not in rows:
-                raise _UpdateError(code_pb2.NOT_FOUND, f"{table}: no entry {entry.match}")
-            rows[key] = entry
-        elif kind == "DELETE":
-            if rows.pop(key, None) is None:
-                raise _UpdateError(code_pb2.NOT_FOUND, f"{table}: no entry {entry.match}")
-        else:
+        if kind not in ("INSERT", "MODIFY", "DELETE"):
             raise _UpdateError(code_pb2.INVALID_ARGUMENT, f"unknown update type {kind}")
+        _apply_update(rows, kind, key, entry, f"{table}: entry {entry.match}")
         return {entry.match["job_id"]}
 
     def _validate(self, table_info, entry: Entry, with_action: bool) -> None:
@@ -274,16 +278,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         for r in group.replicas:
             port = int.from_bytes(r.port, "big") if r.WhichOneof("port_kind") == "port" else r.egress_port
             replicas.append((port, r.instance))
-        if kind == "INSERT":
-            if gid in groups:
-                raise _UpdateError(code_pb2.ALREADY_EXISTS, f"multicast group {gid} exists")
-            groups[gid] = replicas
-        elif kind == "MODIFY":
-            if gid not in groups:
-                raise _UpdateError(code_pb2.NOT_FOUND, f"no multicast group {gid}")
-            groups[gid] = replicas
-        elif groups.pop(gid, None) is None:
-            raise _UpdateError(code_pb2.NOT_FOUND, f"no multicast group {gid}")
+        _apply_update(groups, kind, gid, replicas, f"multicast group {gid}")
 
     def _write_counter(self, kind: str, proto: p4runtime_pb2.CounterEntry) -> None:
         if kind != "MODIFY":
