@@ -68,7 +68,6 @@ HEADER_STRUCT = struct.Struct(">" + "".join(_STRUCT_CODES[t] for _, t in HEADER_
 assert HEADER_STRUCT.size == HEADER_BYTES
 # The largest K whose packet still fits one UDP datagram (jumbo loopback use; the P4 program uses 64).
 MAX_ELEMS_PER_PACKET = (65507 - HEADER_BYTES) // 4
-FIELD_INDEX = {name: i for i, (name, _) in enumerate(HEADER_FIELDS)}
 
 # Counter names: one per branch of the switch contract. The softswitch, the P4 program (indirect
 # counters indexed by job id) and the control plane use exactly these names.
