@@ -24,10 +24,12 @@ run: $(STAMP)
 test: $(STAMP)
 	@if [ "$$(id -u)" = 0 ] && [ -x mininet_topos/setup_deps.sh ]; then mininet_topos/setup_deps.sh; fi
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q -ra
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check .
 
 clean-venv:

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controlplane.drop_policy import describe
 from controlplane.errors import ControlPlaneError
 from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.p4schema import describe
 from hostlib.protocol import COUNTERS, LTA_PORT
 
 
@@ -147,7 +147,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from controlplane.p4info import BMV2_JSON_PATH, P4INFO_PATH
+    from hostlib.p4schema import BMV2_JSON_PATH, P4INFO_PATH
 
     p4info, device_config = args.p4info or P4INFO_PATH, args.json or BMV2_JSON_PATH
     with _connect(args, p4info_path=p4info) as switch:

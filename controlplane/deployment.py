@@ -31,11 +31,11 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from controlplane.drop_policy import describe
 from controlplane.errors import ControlPlaneError
 from controlplane.jobs import DEFAULT_POOL_SIZE, JobSpec, WorkerSpec
 from controlplane.session import DEFAULT_TARGET
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.p4schema import describe
 
 
 @dataclass(frozen=True)

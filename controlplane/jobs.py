@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 from p4.v1 import p4runtime_pb2
 
-from controlplane.entries import Entry
-from controlplane.p4info import (
+from hostlib.p4schema import (
     EXPECT_PORT,
     JOBS_TABLE,
     SET_ADDRESS,
     SET_JOB,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
+    Entry,
 )
 from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_WORKERS
 

@@ -15,9 +15,6 @@ from pathlib import Path
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.context import P4Type
 
-from controlplane import entries
-from controlplane.drop_policy import policy_entry, policy_of
-from controlplane.entries import Entry
 from controlplane.errors import ControlPlaneError, PipelineMismatch
 from controlplane.jobs import (
     JobSpec,
@@ -29,21 +26,22 @@ from controlplane.jobs import (
     place_pool,
     worker_entries,
 )
-from controlplane.p4info import (
+from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
+from hostlib import p4info
+from hostlib.dropmodels import DropPolicy
+from hostlib.p4info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
+from hostlib.p4schema import (
     BMV2_JSON_PATH,
     JOBS_TABLE,
     P4INFO_PATH,
     POLICY_CONTROLS,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
-    P4Names,
-    load_p4info,
-    missing_names,
-    p4info_fingerprint,
+    Entry,
+    policy_entry,
+    policy_of,
     policy_table,
 )
-from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
-from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import COUNTERS
 
 
@@ -53,7 +51,10 @@ class LtaSwitch:
     def __init__(self, session: P4RuntimeSession, p4info_path: Path = P4INFO_PATH) -> None:
         self.session = session
         self.p4info_path = p4info_path
-        self.names = P4Names(load_p4info(p4info_path))
+        try:
+            self.names = P4Names(load_p4info(p4info_path))
+        except P4InfoMismatch as exc:
+            raise PipelineMismatch(str(exc)) from None
 
     @classmethod
     def connect(
@@ -122,16 +123,16 @@ class LtaSwitch:
         updates = []
         for item in items:
             proto = (
-                entries.to_proto(self.names, item, with_action=kind != "DELETE")
+                p4info.to_proto(self.names, item, with_action=kind != "DELETE")
                 if isinstance(item, Entry)
                 else item
             )
-            updates.append(entries.update(kind, proto))
+            updates.append(p4info.update(kind, proto))
         self.session.write(updates)
 
     def read_table(self, table: str) -> list[Entry]:
-        found = self.session.read([entries.table_wildcard(self.names, table)])
-        return [entries.from_proto(self.names, e.table_entry) for e in found]
+        found = self.session.read([p4info.table_wildcard(self.names, table)])
+        return [p4info.from_proto(self.names, e.table_entry) for e in found]
 
     # ---- jobs ------------------------------------------------------------------------------------
     def jobs(self) -> dict[int, JobSpec]:

@@ -25,6 +25,9 @@ DEFAULT_ELEMS_PER_PACKET = 64  # K; the P4 program is compiled for this value
 MAX_WORKERS = 64  # bitmap width; also the worker count the codec's headroom is sized for
 MAX_JOBS = 64  # job ids 1..MAX_JOBS-1 are usable; index 0 collects packets of no known job
 INT32_MIN = -(2**31)
+# The switch's Ethernet address where it answers ARP itself (softswitch raw ports, Mininet demos);
+# locally administered, "LTA" in ASCII.
+SWITCH_MAC = "02:4c:54:41:00:01"
 
 
 class Op(enum.IntEnum):
@@ -95,6 +98,14 @@ COUNTERS: tuple[str, ...] = (
     "drop_policy_param",  # emulated loss of a PARAM / PARAM_REQ replica
     "tx_packets",  # every packet the switch sent
 )
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; raises ValueError naming the text otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {text!r} is not HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:48879)")
+    return host, int(port)
 
 
 def check_elems_per_packet(elems_per_packet: int) -> None:

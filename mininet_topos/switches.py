@@ -23,8 +23,8 @@ from mininet_topos.mnenv import import_mininet
 import_mininet()
 from mininet.node import Switch  # noqa: E402  (importable only after import_mininet)
 
-from controlplane.p4info import BMV2_JSON_PATH  # noqa: E402
-from softswitch.rawport import DEFAULT_MAC  # noqa: E402
+from hostlib.p4schema import BMV2_JSON_PATH  # noqa: E402
+from hostlib.protocol import SWITCH_MAC  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SWITCH_KINDS = ("softswitch", "bmv2")
@@ -57,7 +57,7 @@ class LtaSwitchNode(Switch):
         self,
         name: str,
         switch_ip: str = "10.0.0.254",
-        switch_mac: str = DEFAULT_MAC,
+        switch_mac: str = SWITCH_MAC,
         grpc_port: int | None = None,
         log_dir: str = "/tmp",
         **params: Any,

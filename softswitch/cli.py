@@ -7,8 +7,8 @@ import json
 import signal
 import threading
 
-from hostlib.protocol import LTA_PORT
-from softswitch.config import load_switch, parse_address
+from hostlib.protocol import LTA_PORT, parse_address
+from softswitch.config import load_switch
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
 

@@ -20,14 +20,8 @@ import tomllib
 from pathlib import Path
 
 from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import parse_address
 from softswitch.pipeline import JobConfig, SoftSwitch
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"address {text!r} is not HOST:PORT (e.g. 127.0.0.1:48879)")
-    return host, int(port)
 
 
 def load_switch(path: str | Path) -> SoftSwitch:

@@ -31,15 +31,14 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from p4runtime_sh.context import P4Type
 
-from controlplane.drop_policy import policy_of
-from controlplane.entries import Entry, from_proto, to_proto
-from controlplane.p4info import (
+from hostlib.p4info import P4Names, from_proto, missing_names, to_proto
+from hostlib.p4schema import (
     JOBS_TABLE,
     POLICY_CONTROLS,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
-    P4Names,
-    missing_names,
+    Entry,
+    policy_of,
     policy_table,
 )
 from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hostlib.dropmodels import DropPolicy
-from hostlib.protocol import LTA_PORT
+from hostlib.protocol import LTA_PORT, SWITCH_MAC
 from softswitch.pipeline import JobConfig, SoftSwitch
 
 ETH_P_ALL = 0x0003
@@ -46,7 +46,6 @@ ETH_P_ARP = 0x0806
 SOL_PACKET = 263  # not exported by the socket module
 PACKET_OUTGOING = 4  # sll_pkttype of frames this host sent
 PACKET_IGNORE_OUTGOING = 23  # setsockopt: do not capture our own transmissions (Linux >= 4.20)
-DEFAULT_MAC = "02:4c:54:41:00:01"  # locally administered; "LTA"
 INGRESS_KEYS = ("port", "port+ip")
 
 _ETH = struct.Struct("!6s6sH")
@@ -147,7 +146,7 @@ class RawPortSwitch:
         switch: SoftSwitch,
         ports: dict[int, str],
         ip: str,
-        mac: str = DEFAULT_MAC,
+        mac: str = SWITCH_MAC,
         ingress_key: str = "port",
         resolve: Callable[[Hashable], Neighbor | None] | None = None,
     ) -> None:
@@ -281,7 +280,7 @@ class RawPortSwitch:
 
 def p4runtime_resolver(servicer: Any) -> Callable[[Hashable], Neighbor | None]:
     """Addresses from the worker-port and worker-address tables of a softswitch P4Runtime servicer."""
-    from controlplane.p4info import WORKER_ADDRESSES_TABLE, WORKER_PORTS_TABLE
+    from hostlib.p4schema import WORKER_ADDRESSES_TABLE, WORKER_PORTS_TABLE
 
     def resolve(port: Hashable) -> Neighbor | None:
         pipeline = servicer.pipeline
@@ -365,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-i", "--interface", action="append", required=True, metavar="N@INTF",
                         help="port number and interface, repeatable (as simple_switch -i)")  # fmt: skip
     parser.add_argument("--ip", required=True, help="the switch's IPv4 address (workers send to IP:48879)")
-    parser.add_argument("--mac", default=DEFAULT_MAC)
+    parser.add_argument("--mac", default=SWITCH_MAC)
     parser.add_argument("--config", help="TOML jobs file; workers are port numbers")
     parser.add_argument(
         "--p4runtime", metavar="HOST:PORT", help="also serve P4Runtime here, so `lta ctl` programs the jobs"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hostlib.bench_lossy import elems_for_mtu, gloo_wire_bytes, link_limit_ms, lta_frame_bytes, lta_wire_bytes
+from lta.bench.lossy import elems_for_mtu, gloo_wire_bytes, link_limit_ms, lta_frame_bytes, lta_wire_bytes
 from mininet_topos.netns import leftovers
 from tests.conftest import netns_skip_reason
 
@@ -47,7 +47,7 @@ def test_link_limits_count_every_header():
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 def test_short_lossy_point_reports_both_systems_and_lta_is_exact(tmp_path):
     plot = tmp_path / "lossy.png"
-    argv = [sys.executable, "-m", "hostlib.cli", "bench", "lossy", "--workers", "2", "--mib", "0.0625",
+    argv = [sys.executable, "-m", "lta.cli", "bench", "lossy", "--workers", "2", "--mib", "0.0625",
             "--loss", "0.01", "--iters", "20", "--warmup", "2", "--json", "--plot", str(plot)]  # fmt: skip
     bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     stdout, stderr = bench.communicate(timeout=300)

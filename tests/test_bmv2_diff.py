@@ -31,9 +31,9 @@ from controlplane.bmv2 import (
     worker_frame,
 )
 from controlplane.jobs import JobSpec
-from controlplane.p4info import BMV2_JSON_PATH
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
+from hostlib.p4schema import BMV2_JSON_PATH
 from hostlib.protocol import INT32_MIN, LTA_PORT, Flag, Op, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch

@@ -17,7 +17,6 @@ from google.protobuf import text_format
 from p4.v1 import p4runtime_pb2
 
 from controlplane.bmv2 import Bmv2Switch, bmv2_missing, host_worker, lta_of, worker_frame
-from controlplane.entries import update
 from controlplane.errors import (
     ControlPlaneError,
     NotPrimary,
@@ -26,9 +25,10 @@ from controlplane.errors import (
     WriteRejected,
 )
 from controlplane.jobs import JobSpec, job_entry
-from controlplane.p4info import BMV2_JSON_PATH, load_p4info
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
+from hostlib.p4info import load_p4info, update
+from hostlib.p4schema import BMV2_JSON_PATH
 from hostlib.protocol import COUNTERS, Flag, Header, Op, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch
@@ -201,7 +201,7 @@ def test_duplicate_and_missing_jobs_are_clear_errors(ctl):
 
 def test_rejected_write_lists_each_failed_update(ctl):
     job = ctl.add_job(JobSpec(1, workers(2)))
-    from controlplane.entries import to_proto
+    from hostlib.p4info import to_proto
 
     duplicate = update("INSERT", to_proto(ctl.names, job_entry(job)))
     with pytest.raises(

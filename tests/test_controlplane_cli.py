@@ -12,9 +12,9 @@ import pytest
 from controlplane import deployment
 from controlplane.bmv2 import free_tcp_port
 from controlplane.switch import LtaSwitch
-from hostlib.cli import main as lta
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import Op, make_packet
+from lta.cli import main as lta
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch
 

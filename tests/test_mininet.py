@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mininet_topos.demo import DemoConfig, DemoReport, problem, root_links, run_demo
+from lta.mininet_demo import DemoConfig, DemoReport, problem, root_links, run_demo
 
 _SOFT_PROBLEM = problem(DemoConfig(switch="softswitch"))
 _BMV2_PROBLEM = _SOFT_PROBLEM or problem(DemoConfig(switch="bmv2"))
@@ -75,7 +75,7 @@ def test_bmv2_reduces_over_lossy_links(topo: str, hosts: int) -> None:
 
 @needs_mininet
 def test_failure_after_start_still_tears_everything_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mininet_topos.demo as demo
+    import lta.mininet_demo as demo
 
     names: list[str] = []
 

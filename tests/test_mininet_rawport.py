@@ -15,7 +15,7 @@ from hostlib.protocol import LTA_PORT, Flag, Op, make_packet
 from hostlib.scapy_layer import LTA
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.rawport import (
-    DEFAULT_MAC,
+    SWITCH_MAC,
     Neighbor,
     RawPortSwitch,
     arp_reply,
@@ -36,7 +36,7 @@ HOSTS = {  # worker -> (port, mac, ip, udp port)
 def _grad_frame(worker: int, values: list[int], ip: str | None = None, port: int | None = None) -> bytes:
     _, mac, host_ip, udp_port = HOSTS[worker]
     lta = make_packet(Op.GRAD, job_id=1, worker_id=worker, slot=3, seq=1, payload=np.array(values))
-    frame = Ether(src=mac, dst=DEFAULT_MAC) / IP(src=ip or host_ip, dst=SWITCH_IP)
+    frame = Ether(src=mac, dst=SWITCH_MAC) / IP(src=ip or host_ip, dst=SWITCH_IP)
     return bytes(frame / UDP(sport=port or udp_port, dport=LTA_PORT) / lta)
 
 
@@ -98,7 +98,7 @@ def test_build_udp_frame_is_valid_for_an_independent_parser() -> None:
     dst = Neighbor(bytes.fromhex("020000000002"), socket.inet_aton("10.0.0.2"), 40002)
     payload = make_packet(Op.RESULT, job_id=1, count=2, payload=np.array([7, -8]))
     frame = Ether(build_udp_frame(bytes.fromhex("024c54410001"), dst, socket.inet_aton(SWITCH_IP), payload))
-    assert frame.dst == "02:00:00:00:00:02" and frame.src == DEFAULT_MAC
+    assert frame.dst == "02:00:00:00:00:02" and frame.src == SWITCH_MAC
     ip = frame[IP]
     assert (ip.src, ip.dst, ip.ttl) == (SWITCH_IP, "10.0.0.2", 64)
     rebuilt = IP(bytes(ip))
@@ -114,7 +114,7 @@ def test_arp_request_for_the_switch_gets_our_mac_and_others_get_nothing() -> Non
         op=1, hwsrc="02:00:00:00:00:01", psrc="10.0.0.1", pdst=SWITCH_IP
     )
     reply = Ether(arp_reply(bytes(request), socket.inet_aton(SWITCH_IP), mac))
-    assert reply[ARP].op == 2 and reply[ARP].hwsrc == DEFAULT_MAC and reply[ARP].psrc == SWITCH_IP
+    assert reply[ARP].op == 2 and reply[ARP].hwsrc == SWITCH_MAC and reply[ARP].psrc == SWITCH_IP
     assert reply[ARP].pdst == "10.0.0.1" and reply.dst == "02:00:00:00:00:01"
     other = request.copy()
     other[ARP].pdst = "10.0.0.9"

@@ -8,7 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from controlplane.p4info import load_p4info, missing_names
+from hostlib.p4info import load_p4info, missing_names
 from hostlib.protocol import COUNTERS, HEADER_BITS, HEADER_FIELDS, LTA_PORT
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controlplane.entries import Entry, to_proto, update
 from controlplane.errors import WriteRejected
 from controlplane.jobs import JobSpec, WorkerSpec, job_entry, worker_entries
-from controlplane.p4info import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, policy_action, policy_table
 from controlplane.switch import LtaSwitch
+from hostlib.p4info import to_proto, update
+from hostlib.p4schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
 from hostlib.protocol import Op, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch

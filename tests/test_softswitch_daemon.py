@@ -22,7 +22,7 @@ def free_udp_port() -> int:
 
 def start_daemon(switch_port: int, *args: str) -> subprocess.Popen:
     """`lta softswitch` in its own process, listening on 127.0.0.1:switch_port."""
-    argv = [sys.executable, "-m", "hostlib.cli", "softswitch", "--listen", f"127.0.0.1:{switch_port}", *args]
+    argv = [sys.executable, "-m", "lta.cli", "softswitch", "--listen", f"127.0.0.1:{switch_port}", *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
 

@@ -20,7 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lta-train")
     proc = subprocess.run(
-        [sys.executable, "-m", "hostlib.cli", "train", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "lta.cli", "train", "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -6,7 +6,7 @@ Workers meet through torch.distributed's store (``env://``, torchrun, a FileStor
   by default) and configures the job itself. One machine only; what tests and demos use.
 - **external switch** (``LTA_SWITCH=host:port``): every rank binds ``bind_host`` (port ``bind_port_base +
   rank``, or an ephemeral port when the base is 0) and publishes its address; rank 0 calls
-  ``register_job(JobConfig)`` if given (e.g. the control plane's job table), else the job must already
+  ``register_job(JobRequest)`` if given (e.g. the control plane's job table), else the job must already
   be configured on the switch with exactly these worker addresses.
 
 Environment variables (read by :meth:`LtaOptions.from_env`; options passed in code win):
@@ -28,12 +28,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any
 
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.protocol import parse_address
 from hostlib.transport import LtaWorker, TransportConfig
-from softswitch.config import parse_address
-from softswitch.pipeline import JobConfig, SoftSwitch
-from softswitch.server import SoftSwitchServer
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The job a switch must hold for this group: worker ``w`` sends from ``workers[w]``."""
+
+    job_id: int
+    workers: list[tuple[str, int]]
+    pool_size: int
+    elems_per_packet: int
 
 
 @dataclass
@@ -45,7 +54,7 @@ class LtaOptions:
     listen: tuple[str, int] = ("127.0.0.1", 0)  # where a self-hosted softswitch listens
     transport: TransportConfig = field(default_factory=TransportConfig)
     drop: dict[str, DropPolicy] = field(default_factory=dict)  # direction -> policy (self-hosted only)
-    register_job: Callable[[JobConfig], None] | None = None
+    register_job: Callable[[JobRequest], None] | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -99,16 +108,17 @@ class LtaOptions:
 @dataclass
 class LtaSession:
     worker: LtaWorker
-    server: SoftSwitchServer | None  # the softswitch this rank hosts, if any
+    embedded: Any | None  # the softswitch this rank hosts (hostlib.torch_ext.embedded), if any
 
     @property
-    def switch(self) -> SoftSwitch | None:
-        return self.server.switch if self.server is not None else None
+    def switch(self) -> Any | None:
+        """The embedded SoftSwitch (for its counters), or None with an external switch."""
+        return self.embedded.switch if self.embedded is not None else None
 
     def close(self) -> None:
         self.worker.close()
-        if self.server is not None:
-            self.server.stop()
+        if self.embedded is not None:
+            self.embedded.stop()
 
 
 def _key(options: LtaOptions, name: str) -> str:
@@ -121,11 +131,13 @@ def join_job(
     """Bind this rank's worker, exchange addresses through ``store`` and wait until the job is ready."""
     if timeout is not None:
         store.set_timeout(timeout)
-    server = None
+    embedded = None
     if options.switch is None:
         if rank == 0:
-            server = SoftSwitchServer(SoftSwitch(seed=options.seed), options.listen).start()
-            host, port = server.address
+            from hostlib.torch_ext.embedded import EmbeddedSwitch  # softswitch only when self-hosting
+
+            embedded = EmbeddedSwitch(options.seed, options.listen)
+            host, port = embedded.address
             store.set(_key(options, "switch"), f"{host}:{port}")
         switch_addr = parse_address(store.get(_key(options, "switch")).decode())
     else:
@@ -145,18 +157,17 @@ def join_job(
     store.set(_key(options, f"worker{rank}"), f"{host}:{port}")
     if rank == 0:
         addresses = [parse_address(store.get(_key(options, f"worker{r}")).decode()) for r in range(world)]
-        job = JobConfig(
-            options.job_id,
-            addresses,
-            pool_size=transport.pool_size,
-            elems_per_packet=transport.elems_per_packet,
-        )
-        if server is not None:
-            server.switch.add_job(job)
-            for direction, policy in options.drop.items():
-                server.switch.set_drop_policy(options.job_id, direction, policy)
+        job = JobRequest(options.job_id, addresses, transport.pool_size, transport.elems_per_packet)
+        if embedded is not None:
+            embedded.add_job(
+                job.job_id,
+                job.workers,
+                pool_size=job.pool_size,
+                elems_per_packet=job.elems_per_packet,
+                drop=options.drop,
+            )
         elif options.register_job is not None:
             options.register_job(job)
         store.set(_key(options, "ready"), "1")
     store.get(_key(options, "ready"))
-    return LtaSession(worker, server)
+    return LtaSession(worker, embedded)

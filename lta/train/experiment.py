@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hostlib.torch_ext.gpt import CharCorpus, CharGpt, GptConfig
 from hostlib.torch_ext.sharded import ShardedOptimizer
 from hostlib.transport import LtaWorker, TransportConfig
+from lta.train.gpt import CharCorpus, CharGpt, GptConfig
 
 # What a baseline method means on the wire (see TransportConfig.renormalize / fallback).
 METHODS: dict[str, dict[str, str]] = {

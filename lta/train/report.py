@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.torch_ext.drift import iid_drift, paper_drift, perfectly_correlated_drift
-from hostlib.torch_ext.sweep import RunResult
+from lta.train.sweep import RunResult
 
 METRICS = (
     ("train_loss", "Train Loss"),

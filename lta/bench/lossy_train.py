@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib import bench_lossy
 from hostlib.protocol import LTA_PORT
+from lta.bench import lossy as bench_lossy
 
 EMA_WEIGHT = 0.1
 BATCH = 64
@@ -127,7 +127,7 @@ def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
 
 
 def worker_cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hostlib.bench_lossy_train", description="one train rank")
+    parser = argparse.ArgumentParser(prog="python -m lta.bench.lossy_train", description="one train rank")
     parser.add_argument("system", choices=["gloo", "lta"])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--workers", type=int, required=True)
@@ -190,7 +190,7 @@ class TrainConfig:
 
 def _train_argv(system: str, cfg: TrainConfig, rank: int, master: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "hostlib.bench_lossy_train", system, "--rank", str(rank),
+        sys.executable, "-m", "lta.bench.lossy_train", system, "--rank", str(rank),
         "--workers", str(cfg.lossy.workers), "--steps", str(cfg.steps), "--master", master,
         "--lr", str(cfg.lr), "--seed", str(cfg.lossy.seed), *extra,
     ]  # fmt: skip

@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from hostlib.dropmodels import DropPolicy
-from hostlib.launch import JobSpec, run_job
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.verify import check_result, seeded_input
+from lta.launch import JobSpec, run_job
 
 
 def demo_worker(worker: LtaWorker, rank: int, n_values: int, rounds: int, seed: int) -> dict:

@@ -1,34 +1,91 @@
-"""Table entries by name: an :class:`Entry` says which table, key values, action and parameters, and
-converts to and from the P4Runtime ``TableEntry`` of one P4Info. The softswitch's P4Runtime server
-decodes with the same code, so the two ends cannot disagree on an encoding."""
+"""Our P4Info through protobuf: load it, look names up, convert :class:`~hostlib.p4schema.Entry` to and
+from P4Runtime ``TableEntry`` messages. Needs the ``p4rt`` extra (protobuf, p4runtime, p4runtime-shell).
+
+The softswitch's P4Runtime server decodes with the same code ``controlplane`` encodes with, so the two
+ends cannot disagree; nothing depends on the numeric ids, which the compiler chooses.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
 
+from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
-from p4runtime_sh.context import P4Type
+from p4runtime_sh.context import Context, P4Type
 
-from controlplane.p4info import P4Names, decode, encode
-
-Ternary = tuple[int, int]  # (value, mask)
+from hostlib.p4schema import P4INFO_PATH, SLOT_REGISTER, Entry, Ternary, decode, encode, required_names
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One table entry. ``match`` maps a key field to an int (exact) or (value, mask) (ternary); a
-    ternary field left out matches anything. ``action`` is the full action name."""
+class P4InfoMismatch(ValueError):
+    """A P4Info that is not LTA's program (some name the control plane needs is missing)."""
 
-    table: str
-    match: dict[str, int | Ternary]
-    action: str = ""
-    params: dict[str, int] = field(default_factory=dict)
-    priority: int = 0
 
-    def key(self) -> tuple:
-        """What identifies the entry in its table (P4Runtime: match fields and priority)."""
-        return (self.table, tuple(sorted(self.match.items())), self.priority)
+def load_p4info(path: Path = P4INFO_PATH) -> p4info_pb2.P4Info:
+    if not path.exists():
+        raise FileNotFoundError(f"no P4Info at {path}: compile p4/v1model/lta.p4 (see p4/build/README.md)")
+    info = p4info_pb2.P4Info()
+    text_format.Merge(path.read_text(), info, allow_unknown_field=True)
+    return info
+
+
+def p4info_fingerprint(info: p4info_pb2.P4Info) -> str:
+    """A short digest of a P4Info, to tell two pipelines apart in messages."""
+    return hashlib.sha256(info.SerializeToString(deterministic=True)).hexdigest()[:12]
+
+
+def missing_names(info: p4info_pb2.P4Info) -> list[str]:
+    """Names the control plane needs that ``info`` lacks ("" when it is our program)."""
+    missing = []
+    for kind, names in required_names().items():
+        present = {obj.preamble.name for obj in getattr(info, kind)}
+        missing += [f"{kind[:-1]} {name}" for name in names if name not in present]
+    return missing
+
+
+@dataclass
+class P4Names:
+    """Name <-> id lookups over one P4Info (a thin layer over p4runtime-shell's Context)."""
+
+    info: p4info_pb2.P4Info
+
+    def __post_init__(self) -> None:
+        missing = missing_names(self.info)
+        if missing:
+            raise P4InfoMismatch(
+                "the P4Info is not LTA's v1model program; missing: "
+                + ", ".join(missing[:6])
+                + (" ..." if len(missing) > 6 else "")
+                + " — recompile p4/v1model/lta.p4 and load p4/build/ (lta ctl apply)"
+            )
+        self.ctx = Context()
+        self.ctx.set_p4info(self.info)
+
+    def id(self, kind: P4Type, name: str) -> int:
+        return self.ctx.get_obj_id(kind, name)
+
+    def name(self, obj_id: int) -> str:
+        return self.ctx.get_name_from_id(obj_id)
+
+    def table(self, name: str):
+        return self.ctx.get_obj(P4Type.table, name)
+
+    def action(self, name: str):
+        return self.ctx.get_obj(P4Type.action, name)
+
+    def match_field(self, table: str, field: str):
+        return self.ctx.get_mf(table, field)
+
+    def param(self, action: str, param: str):
+        return self.ctx.get_param(action, param)
+
+    def counter_size(self, name: str) -> int:
+        return self.ctx.get_obj(P4Type.counter, name).size
+
+    def slot_capacity(self) -> int:
+        return next(r.size for r in self.info.registers if r.preamble.name == SLOT_REGISTER)
 
 
 def to_proto(names: P4Names, entry: Entry, with_action: bool = True) -> p4runtime_pb2.TableEntry:

@@ -307,7 +307,7 @@ def format_report(report: DemoReport) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m mininet_topos.demo: the defaults, for a quick look
+if __name__ == "__main__":  # python -m lta.mininet_demo: the defaults, for a quick look
     if os.geteuid() != 0:
         sys.exit("run as root")
     print(format_report(run_demo(DemoConfig())))

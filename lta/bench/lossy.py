@@ -33,7 +33,7 @@ smoothed RTT 4-7 ms on this harness, against 20-40 ms with the uncapped window o
 ``srtt + 4 · rttvar``. Losses inside a reduce are flushed at once from the other workers' progress
 (the transport's fast flush); only a loss among the last units of a reduce waits for the RTO.
 
-Worker processes run ``python -m hostlib.bench_lossy {gloo,lta}-worker``; they print ``ready``, wait
+Worker processes run ``python -m lta.bench.lossy {gloo,lta}-worker``; they print ``ready``, wait
 for ``go`` on stdin (so every rank starts together), and print one JSON line.
 """
 
@@ -245,7 +245,7 @@ def gloo_worker_main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker_cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hostlib.bench_lossy", description="one bench worker")
+    parser = argparse.ArgumentParser(prog="python -m lta.bench.lossy", description="one bench worker")
     parser.add_argument("system", choices=["lta-worker", "gloo-worker"])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--workers", type=int, required=True)
@@ -353,7 +353,7 @@ class WorkerGroup:
 
 def _worker_argv(system: str, cfg: LossyConfig, rank: int, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "hostlib.bench_lossy", system, "--rank", str(rank),
+        sys.executable, "-m", "lta.bench.lossy", system, "--rank", str(rank),
         "--workers", str(cfg.workers), "--values", str(cfg.n_values), "--iters", str(cfg.iters),
         "--warmup", str(cfg.warmup), "--seed", str(cfg.seed), *extra,
     ]  # fmt: skip
@@ -381,7 +381,7 @@ def softswitch_in(
     config.write_text(softswitch_toml(cfg, worker_addrs))
     switch = net.run_in(
         net.aggregator,
-        [sys.executable, "-m", "hostlib.cli", "softswitch", "--listen", listen, "--config", str(config)],
+        [sys.executable, "-m", "lta.cli", "softswitch", "--listen", listen, "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     assert switch.stdout is not None and switch.stderr is not None

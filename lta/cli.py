@@ -9,12 +9,12 @@ import sys
 
 # Modules that define subcommands, in the order `lta --help` lists them.
 SUBCOMMAND_MODULES = (
-    "hostlib.torch_ext.train",  # lta train
-    "hostlib.demo",  # lta demo
-    "hostlib.bench",  # lta bench allreduce | lossy | scaling
+    "lta.train.cli",  # lta train
+    "lta.demo",  # lta demo
+    "lta.bench",  # lta bench allreduce | scaling | lossy | lossy-train
     "softswitch.cli",  # lta softswitch
     "controlplane.cli",  # lta ctl
-    "mininet_topos.cli",  # lta mininet
+    "lta.mininet_cli",  # lta mininet
 )
 
 

@@ -77,9 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hostlib.torch_ext import report
-    from hostlib.torch_ext.experiment import RunSpec, TrainConfig, config_dict
-    from hostlib.torch_ext.sweep import LocalCluster, WorkerFailed
+    from lta.train import report
+    from lta.train.experiment import RunSpec, TrainConfig, config_dict
+    from lta.train.sweep import LocalCluster, WorkerFailed
 
     if not 3 <= args.workers <= 64:
         print(

@@ -18,8 +18,8 @@ import numpy as np
 
 from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.drift import receiver_pair_drift
-from hostlib.torch_ext.experiment import RunSpec, TrainConfig, worker_main
 from hostlib.torch_ext.layout import ShardLayout
+from lta.train.experiment import RunSpec, TrainConfig, worker_main
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mininet_topos.demo import TOPOLOGIES, DemoConfig, format_report, run_demo
+from lta.mininet_demo import TOPOLOGIES, DemoConfig, format_report, run_demo
 from mininet_topos.linkshape import LOSS_BACKENDS
 from mininet_topos.mnenv import MininetUnavailable
 

@@ -1,0 +1,42 @@
+"""The embedded softswitch: with no ``LTA_SWITCH``, rank 0 hosts the switch in a thread on loopback.
+
+This is the one place in :mod:`hostlib.torch_ext` that imports :mod:`softswitch` (the layer contract in
+pyproject.toml allows it by name), so a user who points ``LTA_SWITCH`` at a P4 switch or a softswitch
+daemon never loads it, and the rest of the torch layer depends only on the host library.
+"""
+
+from __future__ import annotations
+
+from hostlib.dropmodels import DropPolicy
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+
+
+class EmbeddedSwitch:
+    """A softswitch serving UDP on ``listen`` from a background thread, configured in-process."""
+
+    def __init__(self, seed: int, listen: tuple[str, int]) -> None:
+        self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen).start()
+        self.address: tuple[str, int] = self.server.address
+
+    @property
+    def switch(self) -> SoftSwitch:
+        return self.server.switch
+
+    def add_job(
+        self,
+        job_id: int,
+        workers: list[tuple[str, int]],
+        *,
+        pool_size: int,
+        elems_per_packet: int,
+        drop: dict[str, DropPolicy] | None = None,
+    ) -> None:
+        """Add a job whose worker ``w`` sends from ``workers[w]``, with emulated loss per direction."""
+        job = JobConfig(job_id, workers, pool_size=pool_size, elems_per_packet=elems_per_packet)
+        self.switch.add_job(job)
+        for direction, policy in (drop or {}).items():
+            self.switch.set_drop_policy(job_id, direction, policy)
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -1,0 +1,5 @@
+import sys
+
+from lta.cli import main
+
+sys.exit(main())
