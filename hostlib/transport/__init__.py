@@ -1,0 +1,26 @@
+"""Worker side of LTA over UDP: reduce a float32 tensor through a switch, renormalize, fall back.
+
+``LtaWorker.allreduce(x)`` returns the mean over the workers whose contribution reached the switch,
+chunk by chunk (sum · 2^-exp / count), together with each chunk's count, bitmap and the fallback used
+where nothing arrived. It never waits without a deadline: a unit (one packet's worth) that gets no
+RESULT is FLUSHed at its deadline, up to ``max_flushes`` times, then given up.
+
+One module per concern: ``config`` (TransportConfig, fallbacks, path-MTU packet size), ``plan`` (the
+buffers of one reduce), ``deadlines`` (RTO, deadline rules, early flushes), ``io`` (batched socket I/O),
+``result`` (ReduceResult, statistics, fallback rows), ``worker`` (LtaWorker and its unit engine).
+The protocol pieces (header, slots, exponent rounds) are described in docs/protocol.md.
+"""
+
+from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig, elems_for_path
+from hostlib.transport.result import ReduceResult, TransportStats
+from hostlib.transport.worker import LtaWorker
+
+__all__ = [
+    "FALLBACK_POLICIES",
+    "Fallback",
+    "LtaWorker",
+    "ReduceResult",
+    "TransportConfig",
+    "TransportStats",
+    "elems_for_path",
+]

@@ -1,0 +1,104 @@
+"""How a worker talks to its switch: packet size, window, deadlines, fallbacks (one dataclass)."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+from hostlib.protocol import (
+    DEFAULT_ELEMS_PER_PACKET,
+    HEADER_BYTES,
+    MAX_ELEMS_PER_PACKET,
+    check_elems_per_packet,
+)
+
+_IP_UDP_BYTES = 20 + 8
+_IP_MTU = getattr(socket, "IP_MTU", 14)  # Linux: the path MTU of a connected socket
+
+
+class Fallback(enum.IntEnum):
+    NONE = 0  # the chunk was renormalized from a RESULT with count > 0
+    PREV = 1  # the value this worker returned for the chunk last time (paper's Algorithm 1)
+    ZERO = 2  # zero ("bubble filling", LTP)
+    LOCAL = 3  # this worker's own contribution
+
+
+FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fallback.LOCAL}
+
+
+@dataclass
+class TransportConfig:
+    elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET  # K
+    pool_size: int = 512  # P, must equal the job's pool size on the switch
+    window: int | None = None  # units in flight; None: as many as the socket buffers hold
+    # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
+    # workers reach a reduce at different times (skew), and flushing then would throw their data away.
+    sync_deadline_ms: float = 200.0
+    # A unit some peer has not reached yet (by the bitmaps, see Deadlines.fast_flush) waits this long
+    # for it: a late peer is not a lost packet. Units every peer has passed are flushed at once.
+    lag_deadline_ms: float = 200.0
+    # Exponent packets are 1/K of the traffic and gate every data packet: send each this many times
+    # (the switch ignores duplicates), so one is lost with probability p**copies instead of p.
+    exp_copies: int = 2
+    # FLUSHes too: a lost FLUSH (or its answer) costs a doubled RTO; a duplicate costs one packet.
+    flush_copies: int = 2
+    initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
+    min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
+    max_deadline_ms: float = 500.0
+    max_flushes: int = 3
+    fallback: str = "prev"  # prev | zero | local
+    # count: divide each chunk's sum by its arrival count (unbiased). weight: by the summed sample
+    # weights. none: divide by N, as systems without counts do; a chunk missing contributions then
+    # takes the fallback, except `zero`, which keeps sum/N (the lost ones count as zeros, LTP's
+    # bubble filling). `none` exists for baselines.
+    renormalize: str = "count"
+    reduce_timeout_s: float = 60.0
+    socket_buffer_bytes: int = 8 << 20
+    # Packet I/O: None picks the fastest available (batched recvmmsg/sendmmsg, else plain socket calls);
+    # "plain" forces one system call per packet. The environment variable LTA_IO does the same.
+    io: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_elems_per_packet(self.elems_per_packet)
+        if self.fallback not in FALLBACK_POLICIES:
+            raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {self.fallback!r}")
+        if self.renormalize not in ("count", "weight", "none"):
+            raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
+        if not 1 <= self.pool_size <= 65535:
+            raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
+        if self.exp_copies < 1 or self.flush_copies < 1:
+            raise ValueError(
+                f"exp_copies and flush_copies must be >= 1, got {self.exp_copies}, {self.flush_copies}"
+            )
+        if self.window is not None and not 1 <= self.window <= self.pool_size:
+            raise ValueError(f"window must be in 1..pool_size={self.pool_size}, got {self.window}")
+        if not 0 < self.min_deadline_ms <= self.max_deadline_ms:
+            raise ValueError("need 0 < min_deadline_ms <= max_deadline_ms")
+
+
+def elems_for_mtu(mtu: int) -> int:
+    """The largest K whose packet (IPv4 + UDP + LTA header + K int32) fits one frame of ``mtu`` bytes."""
+    return max(1, min(MAX_ELEMS_PER_PACKET, (mtu - _IP_UDP_BYTES - HEADER_BYTES) // 4))
+
+
+def path_mtu(addr: tuple[str, int]) -> int:
+    """The MTU of the route to ``addr`` as the kernel knows it (a connected UDP socket's IP_MTU).
+    Loopback counts as one 64 KiB datagram: the loopback device's MTU is 64 KiB and nothing fragments."""
+    host = socket.gethostbyname(addr[0])
+    if ipaddress.ip_address(host).is_loopback:
+        return 65535
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, addr[1]))
+            return int(probe.getsockopt(socket.IPPROTO_IP, _IP_MTU))
+        except OSError:
+            return 1500
+
+
+def elems_for_path(addr: tuple[str, int]) -> int:
+    """Default K for a software switch at ``addr``: one packet per frame of the path's MTU (1500 → 359,
+    9000 → 2234, loopback → 16367). P4 switches keep the K their program was compiled for (64)."""
+    return elems_for_mtu(path_mtu(addr))

@@ -1,0 +1,143 @@
+"""When a unit stops waiting: the RTO estimate, the deadline of every unit in flight, and which units
+are flushed early because every peer has provably passed them.
+
+Deadlines are one array per reduce (``ReducePlan.deadline_at``), armed and scanned with numpy over the
+units in flight: no per-packet heap entries. Each rule below says *why* a wait is as long as it is, so
+a timer can be changed without rediscovering a stall.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hostlib.transport.config import TransportConfig
+from hostlib.transport.plan import IN_FLIGHT, ReducePlan
+
+_DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
+
+
+class Deadlines:
+    """RTO estimation (srtt + 4·rttvar, as TCP) and the deadline rules of one worker."""
+
+    def __init__(self, config: TransportConfig, worker_id: int, n_workers: int) -> None:
+        self.config = config
+        self.worker_id, self.n_workers = worker_id, n_workers
+        self.srtt_ms: float | None = None
+        self.rttvar_ms = 0.0
+        self.early_close = False  # some worker looks dead: use short deadlines
+        self._all_workers = (1 << n_workers) - 1
+        self._absent = self._all_workers  # workers missing from every RESULT of the current window
+        self._absent_window = 0
+        # Ranks are staggered (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually
+        # saves the others'.
+        self._stagger = 1.0 + 0.5 * worker_id / n_workers
+        self._update_rto()
+
+    # ---- the RTO -------------------------------------------------------------------------------
+    def rto_s(self) -> float:
+        """Retransmission timeout from the measured round trips, clamped. Cached: it changes only with
+        a new RTT sample or the dead-peer mode."""
+        return self._rto_cached_s
+
+    def _update_rto(self) -> None:
+        cfg = self.config
+        if self.srtt_ms is None:
+            ms = cfg.initial_deadline_ms
+        elif self.early_close:
+            ms = 1.5 * self.srtt_ms  # a worker looks dead: don't wait the full RTO for it
+        else:
+            ms = self.srtt_ms + 4 * self.rttvar_ms
+        self._rto_cached_s = min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
+
+    def rtt_sample(self, ms: float) -> None:
+        """One round-trip sample. Callers pass one per received batch (the batch's median), as TCP takes
+        about one sample per round trip: the estimator follows the path, not the batching."""
+        if self.srtt_ms is None:
+            self.srtt_ms, self.rttvar_ms = ms, ms / 2
+        else:
+            self.rttvar_ms = 0.75 * self.rttvar_ms + 0.25 * abs(self.srtt_ms - ms)
+            self.srtt_ms = 0.875 * self.srtt_ms + 0.125 * ms
+        self._update_rto()
+
+    def track_absent(self, bitmaps: np.ndarray) -> None:
+        """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
+        that shows up in any of them is slow or lossy, and is waited for with the normal RTO."""
+        if not bitmaps.size:
+            return
+        self._absent &= ~int(np.bitwise_or.reduce(bitmaps))
+        self._absent_window += len(bitmaps)
+        if self._absent_window >= _DEAD_AFTER_RESULTS:
+            self.early_close = self._absent != 0
+            self._absent, self._absent_window = self._all_workers, 0
+            self._update_rto()
+        elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
+            self.early_close = False  # everyone contributed again
+            self._update_rto()
+
+    # ---- deadlines -----------------------------------------------------------------------------
+    def first_wait_s(self, plan: ReducePlan) -> float:
+        """How long a unit waits before its first FLUSH (units behind every frontier are flushed
+        sooner, by :meth:`fast_flush`)."""
+        if not plan.synced:
+            return self.config.sync_deadline_ms / 1000.0
+        if self.early_close or plan.all_sent:
+            return self.rto_s()  # a peer looks dead, or this is the tail of the reduce
+        return max(self.rto_s(), self.config.lag_deadline_ms / 1000.0)
+
+    def arm(self, plan: ReducePlan, units: np.ndarray, start: float) -> None:
+        """Set the deadlines of ``units`` from ``start``. Each FLUSH without an answer doubles the wait
+        (RTO backoff, as TCP does). Once FLUSHed, a unit's round is closed (or its RESULT resent) by the
+        switch within one round trip: a missing answer was lost, so retry on the RTO, not on the
+        sync/lag deadline that waits for late peers (2 x 200 ms there made every lost FLUSH or RESULT
+        of a flush a 400 ms stall)."""
+        if not units.size:
+            return
+        flushes = plan.flushes[units]
+        base_s = np.where(flushes > 0, self.rto_s(), self.first_wait_s(plan))
+        at = start + base_s * self._stagger * np.left_shift(1, flushes)
+        if not plan.synced:
+            # Exponent units also get an early probe (see LtaWorker._on_deadlines), one RTO after
+            # each send.
+            exp = units < plan.exp_units
+            if exp.any():
+                probe_at = start + self.rto_s() * np.left_shift(1, plan.probes[units[exp]])
+                at[exp] = np.minimum(at[exp], probe_at)
+        plan.deadline_at[units] = at
+
+    def fast_flush(self, plan: ReducePlan, now: float) -> None:
+        """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at
+        or beyond unit v (its frontier), all of them have sent every unit before v: an older unit still
+        open lost a packet (up or down), and waiting would only add latency. One worker per unit
+        (u mod N) flushes it at once; its RESULT goes to all. Units past some worker's frontier wait
+        longer (``lag_deadline_ms``): that worker may simply be late."""
+        lo, hi = max(plan.low, plan.fast_flushed_to), int(plan.frontier.min())
+        plan.fast_flushed_to = max(plan.fast_flushed_to, hi)
+        if hi <= lo:
+            return
+        units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
+        if not units.size:
+            return
+        # The others wait one smoothed RTT for the designated FLUSH's RESULT, then flush themselves:
+        # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
+        srtt_s = max(self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
+        at = np.where(units % self.n_workers == self.worker_id, now, now + srtt_s)
+        sooner = (plan.flushes[units] == 0) & (plan.deadline_at[units] > at)
+        plan.deadline_at[units[sooner]] = at[sooner]
+
+    def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
+        """Re-arm in-flight units whose first deadline is later than the current rule gives."""
+        units = plan.in_flight()
+        later = (plan.flushes[units] == 0) & (plan.deadline_at[units] > now + self.first_wait_s(plan))
+        self.arm(plan, units[later], now)
+
+    @staticmethod
+    def due(plan: ReducePlan, now: float) -> np.ndarray:
+        """In-flight units whose deadline has passed."""
+        units = plan.in_flight()
+        return units[plan.deadline_at[units] <= now]
+
+    @staticmethod
+    def next_at(plan: ReducePlan) -> float:
+        """The earliest deadline of a unit in flight (inf when none is)."""
+        units = plan.in_flight()
+        return float(plan.deadline_at[units].min()) if units.size else float("inf")

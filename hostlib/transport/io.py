@@ -1,0 +1,55 @@
+"""A worker's packet I/O: one UDP socket to its switch, many datagrams per system call.
+
+Received packets land as rows of one preallocated buffer (``rx.data``) that the worker parses with
+numpy; sends take rows of the plan's packet buffers as they are. :mod:`hostlib.batchio` picks
+``recvmmsg``/``sendmmsg`` where the platform has them and falls back to one call per packet otherwise
+(``mode`` says which; ``LTA_IO=plain`` forces the fallback).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+
+from hostlib.batchio import BatchSocket, RxBatch, addr_key
+
+_RX_BUFFER_BYTES = 4 << 20  # received rows kept per call: 1024 small packets, 64 jumbo ones
+
+
+class WorkerIO:
+    def __init__(
+        self,
+        bind: tuple[str, int],
+        switch_addr: tuple[str, int],
+        packet_bytes: int,
+        buffer_bytes: int,
+        io: str | None = None,
+    ) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+            self.sock.bind(bind)
+            self.batch = BatchSocket(self.sock, io)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.mode = self.batch.io
+        self.switch_key = addr_key(switch_addr)
+        capacity = max(16, min(1024, _RX_BUFFER_BYTES // packet_bytes))
+        # A few bytes more than a packet, so a longer datagram shows up as a wrong length (ignored).
+        self.rx = RxBatch(capacity, packet_bytes + 4)
+
+    def send_rows(self, rows: np.ndarray) -> int:
+        """Send each row (a whole packet) to the switch; returns how many went out."""
+        if not len(rows):
+            return 0
+        return self.batch.send(rows, rows.shape[1], self.switch_key)
+
+    def recv(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for packets, then take what is queued (rows 0..n-1 of ``rx``)."""
+        return self.batch.recv(self.rx, timeout_s)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,118 @@
+"""The buffers of one reduce: every unit (packet's worth) of a tensor of one length, reused each step.
+
+A reduce of n values is ``exp_units`` exponent units (one per K chunks: each carries K per-chunk
+exponent proposals, aggregated by max) followed by one data unit per chunk. Unit g of the job (counted
+over every reduce since the worker started) uses slot ``g mod P`` in round ``g div P + 1``; every worker
+of a job derives the same numbering from the same sequence of tensor lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hostlib.protocol import INT32_MIN, Flag, Op, batch_rows, empty_batch
+
+# Unit states, ordered: a unit at or past DONE is settled.
+PENDING, IN_FLIGHT, DONE, GAVE_UP = 0, 1, 2, 3
+
+
+class ReducePlan:
+    """Preallocated buffers for reduces of one length (reused every step)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        self.n = n
+        self.k = k
+        self.chunks_count = max(1, math.ceil(n / k))
+        c = self.chunks_count
+        self.exp_units = math.ceil(c / k)
+        self.units = self.exp_units + c
+        self.chunks = np.zeros((c, k), dtype=np.float32)
+        self.exp_batch = empty_batch(self.exp_units, k)
+        self.data_batch = empty_batch(c, k)
+        self.exp_rows = batch_rows(self.exp_batch)
+        self.data_rows = batch_rows(self.data_batch)
+        self.out = np.zeros((c, k), dtype=np.float32)  # dequantized as RESULTs arrive
+        self.count = np.zeros(c, dtype=np.int64)
+        self.bitmap = np.zeros(c, dtype=np.uint64)
+        self.weight = np.zeros(c, dtype=np.int64)
+        self.shift = np.zeros(c, dtype=np.int32)
+        self.has_exp = np.zeros(c, dtype=bool)  # quantized, within range: will be sent
+        self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
+        self.quantized = np.zeros(c, dtype=bool)
+        self.saturated = np.zeros(c, dtype=bool)
+        self.result_flags = np.zeros(c, dtype=np.int64)
+        self.state = np.zeros(self.units, dtype=np.int8)
+        self.sent_at = np.zeros(self.units, dtype=np.float64)
+        self.flushes = np.zeros(self.units, dtype=np.int64)
+        self.probes = np.zeros(self.units, dtype=np.int64)
+        self.deadline_at = np.full(self.units, np.inf, dtype=np.float64)
+        self.slots = np.zeros(self.units, dtype=np.int64)
+        self.seqs = np.zeros(self.units, dtype=np.int64)
+        self.base = 0  # global index of this reduce's first unit
+        self.synced = False  # a RESULT of this reduce arrived: every worker is in it
+        self.low = 0  # every unit below this index is done or given up
+        self.next_unit = 0  # units below this were sent (or skipped: already settled)
+        self.frontier = np.full(0, -1, dtype=np.int64)  # per worker: highest unit it is known to have sent
+        self.fast_flushed_to = 0  # units below this were already checked against the frontier
+        self.all_sent = False  # this worker sent every unit of the reduce
+
+    def reset(
+        self,
+        base: int,
+        pool_size: int,
+        header: dict[str, int],
+        weight: int,
+        proposals: np.ndarray,
+        n_workers: int,
+    ) -> None:
+        """Start a reduce whose first unit is global unit ``base``; ``header`` holds the fields every
+        packet of this worker carries (version, job_id, worker_id, step)."""
+        k = self.k
+        self.base = base
+        g = base + np.arange(self.units, dtype=np.int64)
+        self.slots, self.seqs = g % pool_size, g // pool_size + 1
+        for batch, sl in (
+            (self.exp_batch, slice(0, self.exp_units)),
+            (self.data_batch, slice(self.exp_units, None)),
+        ):
+            for name, value in header.items():
+                batch[name] = value
+            batch["op"] = int(Op.GRAD)
+            batch["slot"] = self.slots[sl]
+            batch["seq"] = self.seqs[sl]
+        e = self.exp_batch
+        e["flags"] = int(Flag.MAX)
+        e["exp"] = 0
+        e["chunk"] = np.arange(self.exp_units)
+        padded = np.full(self.exp_units * k, INT32_MIN, dtype=np.int64)
+        padded[: self.chunks_count] = proposals
+        e["payload"] = padded.reshape(self.exp_units, k)
+        e["nelem"] = np.minimum(k, self.chunks_count - k * np.arange(self.exp_units))
+        d = self.data_batch
+        d["chunk"] = np.arange(self.chunks_count)
+        d["nelem"] = np.minimum(k, self.n - k * np.arange(self.chunks_count))
+        d["weight"] = weight
+        for arr in (self.count, self.bitmap, self.weight, self.shift, self.result_flags, self.flushes):
+            arr[:] = 0
+        self.probes[:] = 0
+        self.deadline_at[:] = np.inf
+        for flags in (self.has_exp, self.exp_known, self.quantized, self.saturated):
+            flags[:] = False
+        self.state[:] = PENDING
+        self.synced = False
+        self.low = 0
+        self.next_unit = 0
+        self.frontier = np.full(n_workers, -1, dtype=np.int64)
+        self.fast_flushed_to = 0
+        self.all_sent = False
+
+    def advance_low(self) -> None:
+        """Move ``low`` past the settled prefix."""
+        pending = np.flatnonzero(self.state[self.low : max(self.low, self.next_unit)] < DONE)
+        self.low = self.low + int(pending[0]) if pending.size else max(self.low, self.next_unit)
+
+    def in_flight(self) -> np.ndarray:
+        """Indices of the units in flight (they all lie in [low, next_unit))."""
+        return np.flatnonzero(self.state[self.low : self.next_unit] == IN_FLIGHT) + self.low

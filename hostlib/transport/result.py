@@ -1,0 +1,101 @@
+"""What a reduce returns and what a worker counts: per-chunk results, fallbacks, running statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hostlib.protocol import MAX_WORKERS, Flag
+from hostlib.transport.config import Fallback
+from hostlib.transport.plan import DONE, ReducePlan
+
+
+@dataclass
+class ReduceResult:
+    """What one allreduce returned, chunk by chunk (chunk c covers values [c·K, (c+1)·K))."""
+
+    values: np.ndarray  # float32, the input's length: renormalized mean, or the fallback
+    count: np.ndarray  # contributions summed per chunk (0 where no RESULT came)
+    bitmap: np.ndarray  # uint64, bit w = worker w contributed
+    fallback: np.ndarray  # Fallback code per chunk
+    withheld: np.ndarray  # bool per chunk: this worker's values exceeded the agreed exponent (its
+    # proposal was lost), so it sent nothing rather than a clamped, biased value
+    saturated: np.ndarray  # bool per chunk: the RESULT carried SATURATED (some sender clamped)
+    shift: np.ndarray  # per chunk fixed-point shift used (error bound 2^-shift)
+    elapsed_s: float
+
+    def contributors(self, chunk: int) -> list[int]:
+        bits = int(self.bitmap[chunk])
+        return [w for w in range(MAX_WORKERS) if bits >> w & 1]
+
+
+@dataclass
+class TransportStats:
+    """Running totals over every allreduce of a worker."""
+
+    io: str = ""  # packet I/O path in use: mmsg-c, mmsg-ctypes (batched system calls) or plain
+    reduces: int = 0
+    chunks: int = 0
+    chunks_full: int = 0  # count == N
+    chunks_partial: int = 0  # 0 < count < N
+    chunks_empty: int = 0  # a RESULT with count 0
+    chunks_no_result: int = 0  # no RESULT at all, after every FLUSH
+    chunks_no_exponent: int = 0  # this worker lost the exponent RESULT and sent nothing
+    fallback_prev: int = 0
+    fallback_zero: int = 0
+    fallback_local: int = 0
+    withheld_chunks: int = 0  # would have saturated: withheld instead of clamped
+    saturated_results: int = 0  # RESULTs flagged SATURATED by some sender
+    flushes_sent: int = 0
+    packets_sent: int = 0
+    packets_received: int = 0
+    results_retx: int = 0
+    packets_ignored: int = 0  # not ours, stale, duplicate or malformed
+    units_overtaken: int = 0  # given up because their slot already moved to a later round
+    params_received: int = 0
+    elapsed_s: float = 0.0
+    reduce_ms: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        times = np.array(self.reduce_ms) if self.reduce_ms else np.zeros(1)
+        out["reduce_ms"] = {
+            "p50": float(np.percentile(times, 50)),
+            "p99": float(np.percentile(times, 99)),
+            "max": float(times.max()),
+        }
+        return out
+
+    def account(self, plan: ReducePlan, fallback: np.ndarray, n_workers: int, elapsed: float) -> None:
+        done = plan.state[plan.exp_units :] == DONE
+        self.reduces += 1
+        self.chunks += plan.chunks_count
+        self.chunks_full += int(np.sum(done & (plan.count == n_workers)))
+        self.chunks_partial += int(np.sum(done & (plan.count > 0) & (plan.count < n_workers)))
+        self.chunks_empty += int(np.sum(done & (plan.count == 0)))
+        self.chunks_no_result += int(np.sum(~done))
+        self.chunks_no_exponent += int(np.sum(~plan.exp_known))
+        self.withheld_chunks += int(plan.saturated.sum())
+        self.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
+        used = np.bincount(fallback, minlength=len(Fallback))
+        self.fallback_prev += int(used[Fallback.PREV])
+        self.fallback_zero += int(used[Fallback.ZERO])
+        self.fallback_local += int(used[Fallback.LOCAL])
+        self.elapsed_s += elapsed
+        self.reduce_ms.append(elapsed * 1000.0)
+
+
+def fallback_rows(
+    policy: Fallback, prev: np.ndarray | None, n: int, missing: np.ndarray, chunks: np.ndarray
+) -> np.ndarray:
+    """Rows for the chunks where nothing usable arrived: this worker's own values (local), its last
+    result for the tensor (prev; zeros the first time) or zeros."""
+    if policy == Fallback.LOCAL:
+        return chunks[missing]
+    if policy == Fallback.ZERO or prev is None:
+        return np.zeros((int(missing.sum()), chunks.shape[1]), dtype=np.float32)
+    padded = np.zeros(chunks.size, dtype=np.float32)
+    padded[:n] = prev
+    return padded.reshape(chunks.shape)[missing]

@@ -1,0 +1,486 @@
+"""``LtaWorker``: reduce a float32 tensor through a switch over UDP, renormalize, fall back.
+
+The unit engine works on whole batches: every wake-up receives what is queued in one system call,
+parses the headers as one structured array, settles all the RESULTs at once (vectorized), sends every
+unit that may go in one call, and scans the deadlines of the units in flight with numpy. No Python
+runs per packet in the steady state.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from hostlib import codec
+from hostlib.protocol import (
+    HEADER_BYTES,
+    HEADER_DTYPE,
+    MAX_WORKERS,
+    VERSION,
+    Flag,
+    Op,
+    batch_rows,
+    empty_batch,
+    packet_bytes,
+)
+from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
+from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.io import WorkerIO
+from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan
+from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
+
+_QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
+_RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
+_RETX, _MAX = int(Flag.RETX), int(Flag.MAX)
+
+
+class LtaWorker:
+    """One worker of one job: reduces tensors through the switch at ``switch_addr`` over UDP.
+
+    All workers of a job must call :meth:`allreduce` with tensors of the same lengths in the same order
+    (as DDP does): the slot and round of every packet follow from that order."""
+
+    def __init__(
+        self,
+        job_id: int,
+        worker_id: int,
+        n_workers: int,
+        switch_addr: tuple[str, int],
+        *,
+        config: TransportConfig | None = None,
+        bind: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> None:
+        if not 1 <= n_workers <= MAX_WORKERS:
+            raise ValueError(f"n_workers must be in 1..{MAX_WORKERS}, got {n_workers}")
+        if not 0 <= worker_id < n_workers:
+            raise ValueError(f"worker_id must be in 0..{n_workers - 1}, got {worker_id}")
+        self.job_id, self.worker_id, self.n_workers = job_id, worker_id, n_workers
+        self.config = config or TransportConfig()
+        self.switch_addr = (socket.gethostbyname(switch_addr[0]), switch_addr[1])
+        k = self.config.elems_per_packet
+        self._packet_bytes = packet_bytes(k)
+        self.io = WorkerIO(
+            bind, self.switch_addr, self._packet_bytes, self.config.socket_buffer_bytes, self.config.io
+        )
+        self.sock = self.io.sock
+        self.address: tuple[str, int] = self.sock.getsockname()
+        rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        # Linux reports twice the usable size; keep a window that fits our own receive buffer.
+        fit = max(2, rcvbuf // 2 // (self._packet_bytes + 64))
+        self.window = min(self.config.window or min(fit, 256), self.config.pool_size)
+        self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
+        self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
+        self._rng = np.random.default_rng([self.config.seed, job_id, worker_id])
+        self._plans: dict[int, ReducePlan] = {}
+        self._prev: dict[Any, np.ndarray] = {}
+        self.deadlines = Deadlines(self.config, worker_id, n_workers)
+        self.stats = TransportStats(io=self.io.mode)
+        self._fallback = FALLBACK_POLICIES[self.config.fallback]
+        self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
+        self._worker_bits = np.arange(n_workers, dtype=np.uint64)
+        # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
+        self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
+        self.param_requests: set[int] = set()
+
+    @property
+    def srtt_ms(self) -> float | None:
+        return self.deadlines.srtt_ms
+
+    @property
+    def rttvar_ms(self) -> float:
+        return self.deadlines.rttvar_ms
+
+    # ---- public API ----------------------------------------------------------------------------
+    def close(self) -> None:
+        self.io.close()
+
+    def __enter__(self) -> LtaWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def allreduce(self, x: Any, *, step: int = 0, key: Any = None, weight: int = 1) -> ReduceResult:
+        """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
+
+        ``x``: float array or tensor (any shape; flattened). ``key`` names the tensor for the ``prev``
+        fallback (default: its length). ``weight``: this worker's sample count, summed by the switch
+        and used as the divisor when ``renormalize='weight'``. Unbiased for any drop pattern that is
+        independent of the values, up to the codec's error bound (``2^-shift`` per chunk)."""
+        t0 = time.perf_counter()
+        local = _as_float32(x)
+        n = local.size
+        plan = self._plan(n)
+        chunks = plan.chunks
+        chunks.reshape(-1)[:n] = local
+        chunks.reshape(-1)[n:] = 0.0
+        if self.config.renormalize == "weight":
+            chunks *= np.float32(weight)
+        proposals = codec.exponent_proposals(chunks)
+        self._header["step"] = step
+        plan.reset(self._next_unit, self.config.pool_size, self._header, weight, proposals, self.n_workers)
+        self._next_unit += plan.units
+        self._run_units(plan, step, t0)
+
+        renorm = self.config.renormalize
+        arrived = (plan.state[plan.exp_units :] == DONE) & (plan.count > 0)
+        if renorm == "none":
+            complete = arrived & (plan.count == self.n_workers)
+            got = arrived if self._fallback == Fallback.ZERO else complete
+        else:
+            got = arrived
+        out = plan.out
+        missing = ~got
+        fallback = np.where(got, Fallback.NONE, self._fallback).astype(np.int8)
+        if renorm == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
+            fallback[plan.count < self.n_workers] = self._fallback
+        key = n if key is None else key
+        if missing.any():
+            out[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, chunks)
+        values = out.reshape(-1)[:n].copy()
+        self._prev[key] = values
+        elapsed = time.perf_counter() - t0
+        self.stats.account(plan, fallback, self.n_workers, elapsed)
+        done = plan.state[plan.exp_units :] == DONE
+        return ReduceResult(
+            values=values,
+            count=np.where(done, plan.count, 0),
+            bitmap=np.where(done, plan.bitmap, np.uint64(0)),
+            fallback=fallback,
+            withheld=plan.saturated.copy(),
+            saturated=(plan.result_flags & Flag.SATURATED).astype(bool),
+            shift=plan.shift.copy(),
+            elapsed_s=elapsed,
+        )
+
+    def broadcast_params(
+        self, chunk_ids: np.ndarray, values: np.ndarray, *, step: int = 0, critical: bool = False
+    ) -> None:
+        """Send absolute float32 values of the given chunks (rows of ``values``, K each) as PARAM; the
+        switch replicates them to every other worker. ``critical`` exempts them from emulated loss."""
+        k = self.config.elems_per_packet
+        values = np.asarray(values, dtype=np.float32).reshape(len(chunk_ids), -1)
+        if values.shape[1] > k:
+            raise ValueError(f"param rows have {values.shape[1]} values, more than K={k}")
+        batch = self._control_batch(len(chunk_ids), Op.PARAM, step)
+        batch["chunk"] = chunk_ids
+        batch["nelem"] = values.shape[1]
+        batch["flags"] = int(Flag.CRITICAL) if critical else 0
+        batch["payload"][:, : values.shape[1]] = values.view(np.int32)
+        self._send(batch_rows(batch))
+
+    def request_params(self, chunk_ids: np.ndarray, *, step: int = 0) -> None:
+        """Ask the owners of these chunks for a reliable resend (PARAM_REQ, marked critical)."""
+        batch = self._control_batch(len(chunk_ids), Op.PARAM_REQ, step)
+        batch["chunk"] = chunk_ids
+        batch["flags"] = int(Flag.CRITICAL)
+        self._send(batch_rows(batch))
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Receive whatever arrived (parameter broadcasts, requests) for up to ``timeout_s``."""
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            self._receive(max(0.0, deadline - time.perf_counter()), None)
+            if time.perf_counter() >= deadline:
+                return
+
+    # ---- the unit engine -----------------------------------------------------------------------
+    def _plan(self, n: int) -> ReducePlan:
+        if n == 0:
+            raise ValueError("cannot allreduce an empty tensor")
+        plan = self._plans.get(n)
+        if plan is None:
+            plan = self._plans[n] = ReducePlan(n, self.config.elems_per_packet)
+        return plan
+
+    def _control_batch(self, n: int, op: Op, step: int) -> np.ndarray:
+        batch = empty_batch(n, self.config.elems_per_packet)
+        for name, value in self._header.items():
+            batch[name] = value
+        batch["op"] = int(op)
+        batch["step"] = step
+        return batch
+
+    def _run_units(self, plan: ReducePlan, step: int, t0: float) -> None:
+        dl = self.deadlines
+        give_up_at = t0 + self.config.reduce_timeout_s
+        while True:
+            plan.advance_low()
+            if not np.any(plan.state < DONE):
+                return
+            self._send_ready(plan)
+            plan.frontier[self.worker_id] = plan.next_unit - 1
+            if plan.next_unit == plan.units and not plan.all_sent:
+                # The tail: nothing more of ours is coming, so units still open wait only the RTO.
+                plan.all_sent = True
+                dl.rearm_shorter(plan, time.perf_counter())
+            now = time.perf_counter()
+            wait = min(dl.next_at(plan) - now, 0.05, give_up_at - now)
+            was_synced = plan.synced
+            self._receive(max(0.0, wait), plan)
+            now = time.perf_counter()
+            if plan.synced and not was_synced:
+                # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
+                dl.rearm_shorter(plan, now)
+            if plan.frontier.min() > plan.fast_flushed_to:
+                dl.fast_flush(plan, now)
+            due = dl.due(plan, now)
+            if due.size:
+                self._on_deadlines(plan, due, now, step)
+            if now >= give_up_at:
+                plan.state[plan.state < DONE] = GAVE_UP
+                return
+
+    def _send_ready(self, plan: ReducePlan) -> None:
+        """Send, in one batch, every unit that may go: window room, its slot's previous round settled,
+        its exponent known. Quantizes the chunks it needs (a block ahead) just before."""
+        state, k, p = plan.state, self.config.elems_per_packet, self.config.pool_size
+        u0 = plan.next_unit
+        room = self.window - int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
+        if room <= 0 or u0 >= plan.units:
+            return
+        units = np.arange(u0, min(plan.units, u0 + room))
+        blocked = np.zeros(len(units), dtype=bool)
+        reuse = units >= p
+        blocked[reuse] = state[units[reuse] - p] < DONE  # the slot's previous round is still open
+        data = units >= plan.exp_units
+        blocked[data] |= state[(units[data] - plan.exp_units) // k] < DONE  # exponent not settled
+        if blocked.any():
+            units = units[: int(np.argmax(blocked))]
+        if not units.size:
+            return
+        plan.next_unit = int(units[-1]) + 1
+        units = units[state[units] == PENDING]  # settled already (a peer's FLUSH): nothing to send
+        if not units.size:
+            return
+        exp_units = units[units < plan.exp_units]
+        if exp_units.size:
+            rows = plan.exp_rows[exp_units]
+            for _ in range(self.config.exp_copies):
+                self._send(rows)
+        c = units[units >= plan.exp_units] - plan.exp_units
+        if c.size:
+            self._quantize_ahead(plan, int(c[0]), int(c[-1]) + 1)
+            c = c[plan.has_exp[c]]  # no exponent: withheld, but the RESULT is still awaited
+            if c.size and c[-1] - c[0] + 1 == c.size:
+                self._send(plan.data_rows[c[0] : c[-1] + 1])  # contiguous: a view, no copy
+            elif c.size:
+                self._send(plan.data_rows[c])
+        now = time.perf_counter()
+        state[units] = IN_FLIGHT
+        plan.sent_at[units] = now
+        self.deadlines.arm(plan, units, now)
+
+    def _quantize_ahead(self, plan: ReducePlan, c0: int, c1: int) -> None:
+        """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
+        block, so that the numpy passes are large and run while earlier packets are at the switch."""
+        block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+        hi = min(plan.chunks_count, max(c1, c0 + block))
+        known = plan.exp_known[c1:hi]
+        if not known.all():
+            hi = c1 + int(np.argmin(known))
+        todo = np.flatnonzero(plan.exp_known[c0:hi] & ~plan.quantized[c0:hi]) + c0
+        if not todo.size:
+            return
+        lo, top = int(todo[0]), int(todo[-1]) + 1
+        sel: slice | np.ndarray = slice(lo, top) if todo.size == top - lo else todo
+        shifts = plan.shift[sel]
+        ints, saturated = codec.quantize(plan.chunks[sel], shifts, self.n_workers, self._rng)
+        d = plan.data_batch
+        d["payload"][sel] = ints
+        d["exp"][sel] = shifts
+        d["flags"][sel] = 0
+        # A chunk that would saturate (this worker's exponent proposal was lost and its values exceed
+        # the agreed bound) is withheld rather than clamped: a clamp would bias the sum, a missing
+        # contribution is renormalized away.
+        plan.saturated[sel] = saturated
+        plan.has_exp[sel] = ~saturated
+        plan.quantized[sel] = True
+
+    def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
+        """Units whose deadline passed: probe, FLUSH, or give up."""
+        sync_end = plan.sent_at[due] + self.config.sync_deadline_ms / 1000.0
+        probe = (due < plan.exp_units) & (not plan.synced) & (now < sync_end)
+        if probe.any():
+            # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
+            # duplicate (or counts it, if the first copies were lost); once the round closed, it
+            # answers with the stored RESULT, so a worker that lost the exponent RESULT recovers in
+            # one RTO instead of sitting out the whole group. No FLUSH yet: others may be late.
+            units = due[probe]
+            plan.probes[units] += 1
+            self._send(plan.exp_rows[units])
+            self.deadlines.arm(plan, units, now)
+        rest = due[~probe]
+        more = plan.flushes[rest] < self.config.max_flushes
+        units = rest[more]
+        if units.size:
+            plan.flushes[units] += 1
+            self._send_flushes(plan, units, step)
+            self.deadlines.arm(plan, units, now)
+        plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _send_flushes(self, plan: ReducePlan, units: np.ndarray, step: int) -> None:
+        n = len(units)
+        if len(self._flush_batch) < n:
+            self._flush_batch = self._control_batch(max(n, 2 * len(self._flush_batch), 16), Op.FLUSH, 0)
+        b = self._flush_batch[:n]
+        b["step"] = step
+        b["slot"], b["seq"] = plan.slots[units], plan.seqs[units]
+        exp = units < plan.exp_units
+        c = np.where(exp, units, units - plan.exp_units)
+        b["flags"] = np.where(exp, _MAX, 0)
+        b["exp"] = np.where(exp, 0, plan.shift[np.where(exp, 0, c)])
+        b["chunk"] = c
+        b["nelem"] = 0
+        rows = batch_rows(self._flush_batch)[:n]
+        for _ in range(self.config.flush_copies):
+            self._send(rows)
+        self.stats.flushes_sent += n
+
+    def _send(self, rows: np.ndarray) -> None:
+        self.stats.packets_sent += self.io.send_rows(rows)
+
+    # ---- receiving -----------------------------------------------------------------------------
+    def _receive(self, timeout_s: float, plan: ReducePlan | None) -> None:
+        """Wait up to ``timeout_s`` for packets, then handle everything queued as one batch."""
+        n = self.io.recv(timeout_s)
+        if n:
+            self.stats.packets_received += n
+            self._handle(n, plan)
+
+    def _handle(self, n: int, plan: ReducePlan | None) -> None:
+        rx = self.io.rx
+        data = rx.data
+        hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+        ok = (
+            (rx.lens[:n] == self._packet_bytes) & (hdr["version"] == VERSION) & (hdr["job_id"] == self.job_id)
+        )
+        ops = hdr["op"]
+        params = np.flatnonzero(ok & (ops == _PARAM))
+        if params.size:
+            self._on_params(hdr, params)
+        requests = ok & (ops == _PARAM_REQ)
+        if requests.any():
+            self.param_requests.update(hdr["chunk"][requests].tolist())
+        results = np.flatnonzero(ok & (ops == _RESULT)) if plan is not None else np.zeros(0, np.int64)
+        self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
+        if results.size:
+            self._on_results(plan, hdr, results)
+
+    def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
+        k = self.config.elems_per_packet
+        payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
+        values = payload.astype(np.float32)
+        for i, (chunk, step, nelem) in enumerate(
+            zip(
+                hdr["chunk"][rows].tolist(),
+                hdr["step"][rows].tolist(),
+                hdr["nelem"][rows].tolist(),
+                strict=True,
+            )
+        ):
+            self.param_inbox[chunk] = (step, values[i, :nelem])
+        self.stats.params_received += len(rows)
+
+    def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:
+        """Settle the units these RESULTs answer, all at once."""
+        cfg = self.config
+        u_all = (hdr["seq"][rows].astype(np.int64) - 1) * cfg.pool_size + hdr["slot"][rows] - plan.base
+        state = plan.state
+        take = (u_all >= 0) & (u_all < plan.units)
+        take[take] = state[u_all[take]] != DONE
+        rows, u = rows[take], u_all[take]
+        # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
+        first = np.sort(np.unique(u, return_index=True)[1])
+        rows, u = rows[first], u[first]
+        self.stats.packets_ignored += len(u_all) - len(u)
+        if u.size:
+            self._settle(plan, hdr, rows, u)
+        self._drop_overtaken(plan, u_all[u_all >= 0])
+
+    def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
+        k, n_workers = self.config.elems_per_packet, self.n_workers
+        prior = plan.state[u].copy()
+        plan.state[u] = DONE
+        plan.synced = True
+        flags = hdr["flags"][rows].astype(np.int64)
+        count = hdr["count"][rows].astype(np.int64)
+        bitmap = hdr["bitmap"][rows].astype(np.uint64)
+        retx = (flags & _RETX) != 0
+        self.stats.results_retx += int(retx.sum())
+        # A clean answer is an RTT sample. So is a resent, complete one: the round had closed before our
+        # FLUSH (the FLUSH was spurious), and the wait we saw is what the RTO must cover.
+        clean = (prior == IN_FLIGHT) & ((plan.flushes[u] == 0) | (retx & (count == n_workers)))
+        if clean.any():
+            rtt_ms = (time.perf_counter() - plan.sent_at[u[clean]]) * 1000.0
+            self.deadlines.rtt_sample(float(np.median(rtt_ms)))
+        self.deadlines.track_absent(bitmap)
+        # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
+        has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+        reached = np.where(has_bit, u[:, None], -1).max(axis=0)
+        np.maximum(plan.frontier, reached, out=plan.frontier)
+        payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
+        exp = u < plan.exp_units
+        for i in np.flatnonzero(exp & (count > 0)):
+            c0 = int(u[i]) * k
+            c1 = min(c0 + k, plan.chunks_count)
+            self._on_exponents(plan, c0, c1, payload[i, : c1 - c0])
+        data = ~exp
+        if not data.any():
+            return
+        c = u[data] - plan.exp_units
+        cnt, shift = count[data], hdr["exp"][rows[data]].astype(np.int32)
+        plan.count[c], plan.bitmap[c] = cnt, bitmap[data]
+        plan.weight[c] = hdr["weight"][rows[data]]
+        plan.result_flags[c], plan.shift[c] = flags[data], shift
+        # Dequantized as they arrive, straight from the receive buffer.
+        renorm = self.config.renormalize
+        if renorm == "count":
+            divisor = cnt
+        elif renorm == "weight":
+            divisor = np.where(plan.weight[c] > 0, plan.weight[c], cnt)
+        else:
+            divisor = np.full(len(c), n_workers)
+        got = cnt > 0
+        if got.all():
+            plan.out[c] = codec.dequantize(payload[data], shift, divisor)
+        elif got.any():
+            plan.out[c[got]] = codec.dequantize(payload[data][got], shift[got], divisor[got])
+
+    def _drop_overtaken(self, plan: ReducePlan, u: np.ndarray) -> None:
+        """A RESULT for unit ``u`` means slot ``u mod P`` has moved past every older round: units
+        u-P, u-2P, ... of this reduce that are still open can never be answered (the switch drops
+        their FLUSHes as stale). Give them up now instead of waiting through every deadline: the
+        worker that fell behind falls back for those chunks and catches up."""
+        p = self.config.pool_size
+        u = u[u - p >= plan.low]
+        if not u.size:
+            return
+        newest = np.full(p, -1, dtype=np.int64)
+        np.maximum.at(newest, u % p, u)
+        hi = min(plan.units, int(u.max()) - p + 1)
+        v = np.arange(plan.low, hi)
+        v = v[plan.state[v] < DONE]
+        over = v[v < newest[v % p]]
+        if over.size:
+            plan.state[over] = GAVE_UP
+            self.stats.units_overtaken += len(over)
+
+    def _on_exponents(self, plan: ReducePlan, c0: int, c1: int, agreed: np.ndarray) -> None:
+        """The exponent round for chunks [c0, c1) closed: their data-round shifts are known. Chunks are
+        quantized lazily, a block at a time as they are sent, so the quantizing overlaps the switch's
+        work on the packets already sent."""
+        plan.shift[c0:c1] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
+        plan.exp_known[c0:c1] = True
+
+
+def _as_float32(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"allreduce needs a numeric array or tensor, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
