@@ -10,7 +10,7 @@ MAIN_JOB ?= train
 
 .PHONY: run test setup lint clean-venv
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py hostlib/_batchio.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,p4rt]'

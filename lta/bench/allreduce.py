@@ -1,30 +1,111 @@
-"""``lta bench``: lta against torch.distributed gloo, measured in the same run on the same machine.
+"""``lta bench allreduce``: lta against torch.distributed gloo and against the kernel's own limit, all
+measured in the same run on the same machine.
+
+Three measurements per (workers, MiB) pair:
+
+``lta``
+    N worker processes reduce through a softswitch on loopback (:func:`lta.launch.run_job`).
+``gloo``
+    N processes run ``torch.distributed.all_reduce`` with the gloo backend over TCP on loopback.
+``raw``
+    the datagrams of one lta reduce (as many, as large) echoed by a server that does no LTA work: N
+    sender processes each send their reduce's datagram count through :class:`hostlib.batchio.BatchSocket`
+    in windows of lta's size, and one echo server (a thread of this process, where the softswitch runs
+    too) sends every datagram straight back to its sender. That is what the kernel and the batched I/O
+    allow here; ``ratio_lta_over_raw_pps`` says how much of it lta reaches.
 
 busbw follows nccl-tests: ``algbw = bytes / time`` and ``busbw = algbw · 2(N-1)/N`` (the ring
 allreduce factor) for both systems, so ``ratio_busbw`` is simply gloo's mean time over lta's. With
 in-network aggregation each worker moves only ``bytes`` each way, so lta's busbw by that factor
 overstates its link use for N > 2; we keep one factor so the two numbers compare.
+
+pps, for lta and raw alike, is the datagrams that reached the switch (the echo server) during the timed
+iterations over the sum of those iterations' times (each iteration timed by its slowest worker). lta's
+count is the workers' ``stats.packets_sent`` over the timed iterations (GRADs, exponent copies and
+FLUSHes; the softswitch receives all of them on loopback, emulated loss drops them after receipt); raw's
+is counted by the echo server itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import math
 import os
+import queue as queue_mod
 import socket
+import struct
+import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from hostlib.batchio import IO_MODES, BatchSocket, RxBatch, addr_key, available_modes
 from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.launch import JobSpec, run_job
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "lta.bench.allreduce/1"
+IO_CHOICES = ("auto", *IO_MODES)
+PPS_DEFINITION = (
+    "datagrams into the switch during the timed iterations (lta: the workers' stats.packets_sent; "
+    "raw: counted by the echo server) / the sum of the timed iterations' times (slowest worker each)"
+)
+RAW_DEFINITION = (
+    "N sender processes each send lta's datagram count per reduce (data + exponent copies) of "
+    "packet_bytes(K) bytes through hostlib.batchio.BatchSocket, window as lta's; one echo server "
+    "(a BatchSocket in a thread) returns every datagram to its sender"
+)
+# What the JSON keeps of each measurement (the rest stays in the Python result).
+LTA_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "mean_ms",
+    "pps",
+    "busbw_gbps",
+    "algbw_gbps",
+    "mean_count",
+    "flushes_per_reduce",
+    "packets_per_reduce",
+)
+GLOO_KEYS = ("p50_ms", "p99_ms", "mean_ms", "busbw_gbps", "algbw_gbps")
+RAW_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "mean_ms",
+    "pps",
+    "datagrams_per_reduce",
+    "window",
+    "timeouts",
+    "lost",
+    "io",
+)
+
+_RX_BUFFER_BYTES = 4 << 20  # a sender's receive rows, as lta's worker keeps them
+_ECHO_RX_BYTES = 8 << 20  # the echo server's receive rows
+_ECHO_BUFFER_BYTES = 32 << 20  # socket buffers of the echo server, as the softswitch server asks for
+_RECV_SLICE_S = 0.05  # a sender's longest single wait for replies (then it checks its stall clock)
+
+
+# ---------------------------------------------------------------------------------------------------
+# lta
 
 
 def lta_bench_worker(worker: LtaWorker, rank: int, n_values: int, iters: int, warmup: int) -> dict:
     x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
     for i in range(warmup):
         worker.allreduce(x, step=i)
+    packets0, flushes0 = worker.stats.packets_sent, worker.stats.flushes_sent
     times = []
     counts = []
     for i in range(iters):
@@ -32,7 +113,30 @@ def lta_bench_worker(worker: LtaWorker, rank: int, n_values: int, iters: int, wa
         r = worker.allreduce(x, step=warmup + i)
         times.append(time.perf_counter() - t0)
         counts.append(float(r.count.mean()))
-    return {"times_s": times, "mean_count": float(np.mean(counts)), "stats": worker.stats.as_dict()}
+    return {
+        "times_s": times,
+        "mean_count": float(np.mean(counts)),
+        "packets_timed": worker.stats.packets_sent - packets0,
+        "flushes_timed": worker.stats.flushes_sent - flushes0,
+        "stats": worker.stats.as_dict(),
+    }
+
+
+def lta_datagrams_per_reduce(n_values: int, elems_per_packet: int, exp_copies: int) -> int:
+    """Datagrams one lta worker sends per reduce of ``n_values`` when nothing is lost: one per chunk of
+    K values, plus ``exp_copies`` of each exponent unit (one per K chunks)."""
+    chunks = max(1, math.ceil(n_values / elems_per_packet))
+    return chunks + exp_copies * math.ceil(chunks / elems_per_packet)
+
+
+def lta_window(rcvbuf: int, pkt_bytes: int, config: TransportConfig) -> int:
+    """The window LtaWorker keeps for a socket whose SO_RCVBUF reads ``rcvbuf`` (Linux doubles it)."""
+    fit = max(2, rcvbuf // 2 // (pkt_bytes + 64))
+    return min(config.window or min(fit, 256), config.pool_size)
+
+
+# ---------------------------------------------------------------------------------------------------
+# gloo
 
 
 def gloo_bench_worker(rank: int, n: int, port: int, n_values: int, iters: int, warmup: int, queue) -> None:
@@ -69,11 +173,349 @@ def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
     ]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=600) for _ in range(n))
-    for p in procs:
-        p.join(timeout=30)
+    try:
+        results = dict(queue.get(timeout=600) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
     # An allreduce is over when the slowest rank is done.
     return list(np.max(np.array([results[r] for r in range(n)]), axis=0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# raw: the same datagrams echoed by a server that does no LTA work
+
+
+@dataclass(frozen=True)
+class RawSpec:
+    """One raw echo measurement. Every datagram carries its iteration number in bytes 0..3 (uint32,
+    little-endian); the rest is the sender's payload (zeros unless given)."""
+
+    n_datagrams: int  # per sender per iteration
+    packet_bytes: int
+    iters: int
+    warmup: int = 0
+    io: str | None = None  # None: BatchSocket's default (LTA_IO, else the fastest available)
+    window: int | None = None  # datagrams in flight per sender; None: lta's window for this socket
+    buffer_bytes: int = TransportConfig.socket_buffer_bytes
+    stall_timeout_s: float = 1.0  # an iteration with no reply for this long is given up (and counted)
+    start_timeout_s: float = 300.0  # bound on every barrier wait (the first one covers process start)
+    keep_echoes: bool = False  # return every echoed datagram (tests)
+
+    def __post_init__(self) -> None:
+        if self.n_datagrams < 1 or self.iters < 1 or self.warmup < 0:
+            raise ValueError("need n_datagrams >= 1, iters >= 1, warmup >= 0")
+        if not 4 <= self.packet_bytes <= 65507:
+            raise ValueError(f"packet_bytes must be in 4..65507, got {self.packet_bytes}")
+
+
+class EchoServer:
+    """Stands in for the switch: receives in batches and sends every datagram back to its source, one
+    reply per request. Counts the datagrams of timed iterations (tag >= ``warmup``) as they arrive."""
+
+    def __init__(self, spec: RawSpec) -> None:
+        self.spec = spec
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, opt, _ECHO_BUFFER_BYTES)
+            sock.bind(("127.0.0.1", 0))
+            self.batch = BatchSocket(sock, spec.io)
+        except BaseException:
+            sock.close()
+            raise
+        self.address: tuple[str, int] = sock.getsockname()
+        capacity = max(16, min(1024, _ECHO_RX_BYTES // spec.packet_bytes))
+        self.rx = RxBatch(capacity, spec.packet_bytes + 4)
+        self.received_timed = 0
+        self.wrong_length = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EchoServer:
+        self._thread = threading.Thread(target=self._serve, name="raw-echo", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.batch.close()
+
+    def __enter__(self) -> EchoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        rx, bs, pb, warmup = self.rx, self.batch, self.spec.packet_bytes, self.spec.warmup
+        try:
+            while not self._stop.is_set():
+                n = bs.recv(rx, 0.1)
+                if not n:
+                    continue
+                lens = rx.lens[:n]
+                ok = lens == pb
+                tags = np.ascontiguousarray(rx.data[:n, :4]).view("<u4")[:, 0]
+                self.received_timed += int(np.count_nonzero(ok & (tags >= warmup)))
+                self.wrong_length += n - int(np.count_nonzero(ok))
+                bs.send(rx.data[:n], lens, rx.keys[:n])
+        except OSError as exc:
+            if not self._stop.is_set():
+                self.error = f"echo server: {exc}"
+                log.error("raw echo server failed: %s", exc)
+
+
+def _raw_iterations(
+    bs: BatchSocket, server_key: int, rows: np.ndarray, spec: RawSpec, window: int, barrier: Any
+) -> dict:
+    """Run every iteration of one sender; returns its times (timed iterations) and counts."""
+    m, pb = rows.shape
+    rx = RxBatch(max(16, min(1024, _RX_BUFFER_BYTES // pb)), pb + 4)
+    times: list[float] = []
+    timeouts = sent_timed = echoed_timed = send_failed = 0
+    echoes: list[np.ndarray] = []
+    for it in range(spec.warmup + spec.iters):
+        rows[:, :4] = np.frombuffer(struct.pack("<I", it), dtype=np.uint8)
+        kept: list[np.ndarray] = []
+        barrier.wait(timeout=spec.start_timeout_s)
+        t0 = last = time.perf_counter()
+        sent = got = failed = 0
+        while got + failed < m:
+            in_flight = sent - got - failed
+            if sent < m and in_flight < window:
+                k = min(window - in_flight, m - sent)
+                ok = bs.send(rows[sent : sent + k], pb, server_key)
+                sent += k
+                failed += k - ok  # given up by the socket (no room for stall_timeout_s): never echoed
+            n = bs.recv(rx, _RECV_SLICE_S)
+            now = time.perf_counter()
+            if n:
+                tags = np.ascontiguousarray(rx.data[:n, :4]).view("<u4")[:, 0]
+                mine = (rx.lens[:n] == pb) & (tags == it)  # a late echo of a given-up iteration is not
+                k = int(np.count_nonzero(mine))
+                if k:
+                    got += k
+                    last = now
+                    if spec.keep_echoes:
+                        kept.append(rx.data[:n][mine, :pb].copy())
+            if now - last > spec.stall_timeout_s:
+                if it >= spec.warmup:
+                    timeouts += 1
+                log.warning(
+                    "raw sender: iteration %d gave up after %.1f s without a reply (%d of %d echoed)",
+                    it,
+                    spec.stall_timeout_s,
+                    got,
+                    m,
+                )
+                break
+        elapsed = time.perf_counter() - t0
+        send_failed += failed
+        if it >= spec.warmup:
+            times.append(elapsed)
+            sent_timed += sent - failed
+            echoed_timed += got
+        if spec.keep_echoes:
+            echoes.append(np.concatenate(kept) if kept else np.zeros((0, pb), dtype=np.uint8))
+    out: dict[str, Any] = {
+        "times_s": times,
+        "timeouts": timeouts,
+        "sent_timed": sent_timed,
+        "echoed_timed": echoed_timed,
+        "send_failed": send_failed,
+        "window": window,
+        "io": bs.io,
+    }
+    if spec.keep_echoes:
+        out["echoes"] = echoes
+    return out
+
+
+def _raw_sender_main(
+    rank: int, server_addr: tuple[str, int], spec: RawSpec, payload: np.ndarray | None, to_parent, barrier
+) -> None:
+    """One sender (a process, or a thread in-process): bind, then run every iteration in step with the
+    others (a barrier before each), and report ("done"|"error", rank, payload)."""
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, opt, spec.buffer_bytes)
+            sock.bind(("127.0.0.1", 0))
+            bs = BatchSocket(sock, spec.io)
+            rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            window = spec.window or lta_window(rcvbuf, spec.packet_bytes, TransportConfig())
+            if payload is None:
+                rows = np.zeros((spec.n_datagrams, spec.packet_bytes), dtype=np.uint8)
+            else:
+                rows = np.array(payload, dtype=np.uint8, copy=True)
+                if rows.shape != (spec.n_datagrams, spec.packet_bytes):
+                    raise ValueError(
+                        f"payload must be ({spec.n_datagrams}, {spec.packet_bytes}) bytes, got {rows.shape}"
+                    )
+            result = _raw_iterations(bs, addr_key(server_addr), rows, spec, window, barrier)
+        finally:
+            sock.close()
+        to_parent.put(("done", rank, result))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            barrier.abort()  # the others would wait for this one at the next barrier
+        to_parent.put(("error", rank, traceback.format_exc()))
+
+
+def run_raw(
+    n_senders: int,
+    spec: RawSpec,
+    *,
+    in_process: bool = False,
+    payloads: list[np.ndarray] | None = None,
+    timeout_s: float = 900.0,
+) -> dict:
+    """Echo ``spec`` through one :class:`EchoServer` from ``n_senders`` senders (spawned processes, or
+    threads with ``in_process``). An iteration is over when the slowest sender has every reply (or gave
+    up: ``timeouts``). Returns the summary (p50_ms, pps, ...) plus ``times_s`` and each sender's result.
+
+    ``payloads``: per sender, the (n_datagrams, packet_bytes) bytes to send (bytes 0..3 are replaced by
+    the iteration number)."""
+    if n_senders < 1:
+        raise ValueError(f"n_senders must be >= 1, got {n_senders}")
+    if payloads is not None and len(payloads) != n_senders:
+        raise ValueError(f"need one payload per sender ({n_senders}), got {len(payloads)}")
+    results: dict[int, dict] = {}
+    with EchoServer(spec) as server:
+        if in_process:
+            to_parent: Any = queue_mod.Queue()
+            barrier: Any = threading.Barrier(n_senders)
+            make: Callable[..., Any] = threading.Thread
+        else:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            to_parent, barrier, make = ctx.Queue(), ctx.Barrier(n_senders), ctx.Process
+        runners = [
+            make(
+                target=_raw_sender_main,
+                args=(r, server.address, spec, None if payloads is None else payloads[r], to_parent, barrier),
+                daemon=True,
+            )
+            for r in range(n_senders)
+        ]
+        for p in runners:
+            p.start()
+        give_up_at = time.monotonic() + timeout_s
+        try:
+            while len(results) < n_senders:
+                try:
+                    kind, rank, payload = to_parent.get(timeout=1.0)
+                except queue_mod.Empty:
+                    if server.error:
+                        raise RuntimeError(server.error) from None
+                    dead = [r for r, p in enumerate(runners) if r not in results and not p.is_alive()]
+                    if dead:
+                        # A process that died reports nothing; the queue may still hold its last words.
+                        time.sleep(0.5)
+                        if to_parent.empty():
+                            raise RuntimeError(f"raw senders {dead} exited without a result") from None
+                    if time.monotonic() > give_up_at:
+                        raise TimeoutError(f"raw senders gave no answer within {timeout_s:.0f} s") from None
+                    continue
+                if kind == "error":
+                    raise RuntimeError(f"raw sender {rank} failed:\n{payload}")
+                results[rank] = payload
+        finally:
+            with contextlib.suppress(Exception):
+                barrier.abort()
+            for p in runners:
+                p.join(timeout=5)
+                if not in_process and p.is_alive():
+                    p.kill()
+        received_timed, wrong_length = server.received_timed, server.wrong_length
+    senders = [results[r] for r in range(n_senders)]
+    times = np.max(np.array([s["times_s"] for s in senders]), axis=0)
+    total_s = float(times.sum())
+    return {
+        "p50_ms": float(np.percentile(times, 50) * 1e3),
+        "p99_ms": float(np.percentile(times, 99) * 1e3),
+        "mean_ms": float(times.mean() * 1e3),
+        "pps": received_timed / total_s if total_s > 0 else 0.0,
+        "datagrams_per_reduce": spec.n_datagrams,
+        "window": senders[0]["window"],
+        "timeouts": max(s["timeouts"] for s in senders),
+        "lost": sum(s["sent_timed"] - s["echoed_timed"] for s in senders),
+        "io": senders[0]["io"],
+        "received_timed": received_timed,
+        "wrong_length": wrong_length,
+        "times_s": times.tolist(),
+        "senders": senders,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# One (workers, MiB) pair, and the command
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    workers: tuple[int, ...]
+    mibs: tuple[float, ...]
+    loss: float
+    iters: int
+    warmup: int
+    elems_per_packet: int
+    io: str | None  # None: auto
+
+
+def _parse_list(text: str, name: str, kind: type) -> tuple:
+    values = []
+    for item in str(text).split(","):
+        item = item.strip()
+        try:
+            values.append(kind(item))
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"{name}: {item!r} is not {what} (give one or a comma list, e.g. 2,4)") from None
+    return tuple(values)
+
+
+def parse_options(args: argparse.Namespace) -> BenchOptions:
+    """Every argument check, before anything is spawned; raises ValueError with a one-line message."""
+    workers = _parse_list(args.workers, "--workers", int)
+    mibs = _parse_list(args.mib, "--mib", float)
+    for n in workers:
+        if not 1 <= n <= MAX_WORKERS:
+            raise ValueError(f"--workers: {n} is not in 1..{MAX_WORKERS}")
+    for mib in mibs:
+        if not math.isfinite(mib) or mib <= 0:
+            raise ValueError(f"--mib: {mib} must be > 0")
+        if int(mib * (1 << 20) / 4) < 1:
+            raise ValueError(f"--mib: {mib} is less than one float32")
+    if args.iters < 1:
+        raise ValueError(f"--iters: {args.iters} must be >= 1")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup: {args.warmup} must be >= 0")
+    if not 1 <= args.elems_per_packet <= MAX_ELEMS_PER_PACKET:
+        raise ValueError(f"--elems-per-packet: {args.elems_per_packet} is not in 1..{MAX_ELEMS_PER_PACKET}")
+    if not 0.0 <= args.loss < 1.0:
+        raise ValueError(f"--loss: {args.loss} is not in [0, 1)")
+    if args.io not in IO_CHOICES:
+        raise ValueError(f"--io: {args.io!r} is not one of {', '.join(IO_CHOICES)}")
+    if args.io != "auto" and args.io not in available_modes():
+        raise ValueError(f"--io: {args.io} is not available here (available: {', '.join(available_modes())})")
+    return BenchOptions(
+        workers=workers,
+        mibs=mibs,
+        loss=args.loss,
+        iters=args.iters,
+        warmup=args.warmup,
+        elems_per_packet=args.elems_per_packet,
+        io=None if args.io == "auto" else args.io,
+    )
 
 
 def summarize(times_s: list[float], n_bytes: int, n: int) -> dict:
@@ -88,36 +530,99 @@ def summarize(times_s: list[float], n_bytes: int, n: int) -> dict:
     }
 
 
-def bench_allreduce(args: argparse.Namespace) -> dict:
-    n, n_values = args.workers, int(args.mib * (1 << 20) / 4)
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+Phase = Callable[[str], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def _no_progress(label: str) -> Iterator[None]:
+    yield
+
+
+def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progress) -> dict:
+    """lta, gloo and raw for ``n`` workers reducing ``mib`` MiB of float32; the JSON object of one pair."""
+    n_values = int(mib * (1 << 20) / 4)
     n_bytes = 4 * n_values
-    transport = TransportConfig(elems_per_packet=args.elems_per_packet, seed=0)
-    spec = JobSpec(n_workers=n, transport=transport, drop={"up": DropPolicy(p=args.loss)})
-    lta_results, switch = run_job(spec, lta_bench_worker, n_values, args.iters, args.warmup)
+    k = opts.elems_per_packet
+    transport = TransportConfig(elems_per_packet=k, seed=0, io=opts.io)
+    with phase("lta"):
+        spec = JobSpec(n_workers=n, transport=transport, drop={"up": DropPolicy(p=opts.loss)})
+        lta_results, _ = run_job(spec, lta_bench_worker, n_values, opts.iters, opts.warmup)
     lta_times = list(np.max(np.array([r["times_s"] for r in lta_results]), axis=0))
-    gloo_times = run_gloo(n, n_values, args.iters, args.warmup)
-    lta, gloo = summarize(lta_times, n_bytes, n), summarize(gloo_times, n_bytes, n)
+    lta = summarize(lta_times, n_bytes, n)
+    packets_timed = sum(r["packets_timed"] for r in lta_results)
+    lta["pps"] = packets_timed / float(np.sum(lta_times))
     lta["mean_count"] = float(np.mean([r["mean_count"] for r in lta_results]))
-    lta["flushes_per_reduce"] = lta_results[0]["stats"]["flushes_sent"] / (args.iters + args.warmup)
+    lta["flushes_per_reduce"] = float(np.mean([r["flushes_timed"] for r in lta_results])) / opts.iters
+    lta["packets_per_reduce"] = packets_timed / n / opts.iters
+    io = ",".join(sorted({r["stats"]["io"] for r in lta_results}))
+
+    with phase("gloo"):
+        gloo_times = run_gloo(n, n_values, opts.iters, opts.warmup)
+    gloo = summarize(gloo_times, n_bytes, n)
+
+    raw_spec = RawSpec(
+        n_datagrams=lta_datagrams_per_reduce(n_values, k, transport.exp_copies),
+        packet_bytes=packet_bytes(k),
+        iters=opts.iters,
+        warmup=opts.warmup,
+        io=opts.io,
+        window=transport.window,
+        buffer_bytes=transport.socket_buffer_bytes,
+    )
+    with phase("raw"):
+        raw = run_raw(n, raw_spec)
+    if raw["timeouts"]:
+        log.warning("raw: %d iterations gave up waiting for echoes", raw["timeouts"])
+
     return {
         "config": {
             "workers": n,
-            "mib": args.mib,
-            "loss": args.loss,
-            "elems_per_packet": args.elems_per_packet,
-            "iters": args.iters,
+            "mib": mib,
+            "n_values": n_values,
+            "bytes": n_bytes,
+            "loss": opts.loss,
+            "elems_per_packet": k,
+            "packet_bytes": packet_bytes(k),
+            "iters": opts.iters,
+            "warmup": opts.warmup,
+            "io_requested": opts.io or "auto",
             "busbw_factor": "2(N-1)/N for both",
+            "pps": PPS_DEFINITION,
+            "raw": RAW_DEFINITION,
         },
-        "lta": lta,
-        "gloo": gloo,
-        "ratio_busbw": lta["busbw_gbps"] / gloo["busbw_gbps"],
+        "lta": {key: lta[key] for key in LTA_KEYS},
+        "gloo": {key: gloo[key] for key in GLOO_KEYS},
+        "raw": {key: raw[key] for key in RAW_KEYS},
+        "io": io,
+        "ratio_gloo_over_lta_p50": _ratio(gloo["p50_ms"], lta["p50_ms"]),
+        "ratio_lta_over_raw_pps": _ratio(lta["pps"], raw["pps"]),
+        "ratio_busbw": _ratio(lta["busbw_gbps"], gloo["busbw_gbps"]),
     }
 
 
+def bench_allreduce(opts: BenchOptions, phase_for: Callable[[int, int, float], Phase] | None = None) -> dict:
+    """One result per (workers, mib) pair: the object itself for one pair, else under ``results``."""
+    pairs = [(n, mib) for n in opts.workers for mib in opts.mibs]
+    results = []
+    for n, mib in pairs:
+        phase = phase_for(len(results), n, mib) if phase_for else _no_progress
+        results.append(bench_pair(opts, n, mib, phase))
+    if len(results) == 1:
+        return {"schema": SCHEMA, **results[0]}
+    return {"schema": SCHEMA, "results": results}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser("allreduce", help="allreduce time and busbw on loopback, lta (softswitch) vs gloo")
-    a.add_argument("--workers", type=int, default=2)
-    a.add_argument("--mib", type=float, default=4.0)
+    a = sub.add_parser(
+        "allreduce",
+        help="allreduce time, busbw and pps on loopback: lta (softswitch) vs gloo vs a raw UDP echo",
+    )
+    a.add_argument("--workers", default="2", help="worker count, or a comma list (e.g. 2,4); 1..64")
+    a.add_argument("--mib", default="4", help="tensor size in MiB, or a comma list (e.g. 4,64)")
     a.add_argument("--loss", type=float, default=0.0, help="softswitch drop probability of GRAD packets")
     a.add_argument("--iters", type=int, default=20)
     a.add_argument("--warmup", type=int, default=3)
@@ -125,22 +630,78 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--elems-per-packet",
         type=int,
         default=64,
-        help="K; 64 is the P4 wire default, up to 16367 fits one loopback datagram",
+        help=f"K; 64 is the P4 wire default, up to {MAX_ELEMS_PER_PACKET} fits one loopback datagram",
     )
-    a.add_argument("--json", action="store_true")
+    a.add_argument(
+        "--io",
+        default="auto",
+        metavar="{" + ",".join(IO_CHOICES) + "}",
+        help="packet I/O path for lta's workers and the raw echo (auto: the fastest available)",
+    )
+    a.add_argument("--json", action="store_true", help="one JSON document on stdout")
     a.set_defaults(func=_run_allreduce)
 
 
+def _progress(total: int) -> Callable[[int, int, float], Phase]:
+    """Phase reporters on stderr: a spinner on a terminal, one line per phase start otherwise; a line
+    with the time taken after each phase either way."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
+    def phase_for(index: int, n: int, mib: float) -> Phase:
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            label = f"[{index + 1}/{total}] {n} workers, {mib:g} MiB: {name}"
+            t0 = time.perf_counter()
+            if console.is_terminal:
+                with console.status(label + " ..."):
+                    yield
+            else:
+                say(label + " ...")
+                yield
+            say(f"{label} done in {time.perf_counter() - t0:.1f} s")
+
+        return phase
+
+    return phase_for
+
+
+def format_pair(result: dict) -> list[str]:
+    c, lta, gloo, raw = result["config"], result["lta"], result["gloo"], result["raw"]
+
+    def ratio(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    def times(s: dict) -> str:
+        return f"p50 {s['p50_ms']:8.2f} ms  p99 {s['p99_ms']:8.2f} ms"
+
+    return [
+        f"{c['workers']} workers, {c['mib']:g} MiB, K={c['elems_per_packet']}, io {result['io']}",
+        f"  lta   {times(lta)}  busbw {lta['busbw_gbps']:7.3f} Gbit/s  pps {lta['pps']:9.0f}"
+        f"  mean count {lta['mean_count']:.2f}",
+        f"  gloo  {times(gloo)}  busbw {gloo['busbw_gbps']:7.3f} Gbit/s",
+        f"  raw   {times(raw)}  pps {raw['pps']:9.0f}  ({raw['datagrams_per_reduce']} datagrams/reduce,"
+        f" window {raw['window']}, {raw['timeouts']} timeouts, io {raw['io']})",
+        f"  ratios: gloo/lta p50 {ratio(result['ratio_gloo_over_lta_p50'])}"
+        f"  lta/raw pps {ratio(result['ratio_lta_over_raw_pps'])}"
+        f"  lta/gloo busbw {ratio(result['ratio_busbw'])}",
+    ]
+
+
 def _run_allreduce(args: argparse.Namespace) -> int:
-    out = bench_allreduce(args)
+    try:
+        opts = parse_options(args)
+    except ValueError as exc:
+        print(f"lta bench allreduce: error: {exc}", file=sys.stderr)
+        return 2
+    out = bench_allreduce(opts, _progress(len(opts.workers) * len(opts.mibs)))
     if args.json:
         print(json.dumps(out))
     else:
-        for system in ("lta", "gloo"):
-            s = out[system]
-            print(
-                f"{system:5s} busbw {s['busbw_gbps']:.3f} Gbit/s  "
-                f"p50 {s['p50_ms']:.1f} ms  p99 {s['p99_ms']:.1f} ms"
-            )
-        print(f"ratio_busbw (lta/gloo) {out['ratio_busbw']:.3f}")
+        for result in out.get("results", [out]):
+            print("\n".join(format_pair(result)))
     return 0
