@@ -1,7 +1,8 @@
-"""``lta bench lossy``: the wire accounting against hand-counted frames, and one short lossy point run
-for real (root, network namespaces, nftables: marked ``mininet``) with its output checked for
-structure, measured loss, and exact lta results wherever a chunk's RESULT came back. No timings are
-asserted: they depend on the machine."""
+"""``lta bench lossy``: the wire accounting against hand-counted frames, ``--rate`` parsing and the
+limits it feeds, and, for real (root, network namespaces, nftables: marked ``mininet``), the links'
+MTU and tbf settings, one short lossy point with its output checked for structure, measured loss,
+and exact lta results wherever a chunk's RESULT came back, and one loss-free point at 1 Gbit/s whose
+times must respect the link. No timing of our own speed is asserted: it depends on the machine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from lta.bench.lossy import elems_for_mtu, gloo_wire_bytes, link_limit_ms, lta_frame_bytes, lta_wire_bytes
+from lta.bench import lossy
+from lta.bench.lossy import (
+    LossyConfig,
+    deadline_floor_ms,
+    elems_for_mtu,
+    format_rate,
+    gloo_wire_bytes,
+    link_limit_ms,
+    lta_frame_bytes,
+    lta_wire_bytes,
+    parse_rate_mbit,
+    summarize_system,
+    tbf_burst_bytes,
+    tbf_limit_bytes,
+)
+from lta.cli import build_parser
 from mininet_topos.netns import leftovers
 from tests.conftest import netns_skip_reason
 
@@ -40,6 +56,171 @@ def test_link_limits_count_every_header():
     assert gloo_wire_bytes(1 << 20, 2, 9000) == (1 << 20) + 118 * 66 + 59 * 66
     # 4 ranks move 2(N-1)/N = 1.5 times the tensor
     assert gloo_wire_bytes(1 << 20, 4, 9000) > 1.5 * (1 << 20)
+
+
+# ---- --rate ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "mbit"),
+    [
+        ("1gbit", 1000.0),
+        ("2500mbit", 2500.0),
+        ("200", 200.0),
+        ("1.5gbit", 1500.0),
+        ("200mbit", 200.0),
+        ("1GBit", 1000.0),
+        ("500kbit", 0.5),
+        (" 10 Mbit ", 10.0),
+        ("0.5", 0.5),
+        (".5gbit", 500.0),
+    ],
+)
+def test_rates_parse_to_mbit(text, mbit):
+    assert parse_rate_mbit(text) == pytest.approx(mbit)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "fast", "1gbps", "10mbps", "1tbit", "-5", "0", "0gbit", "1e3", "1,5gbit"]
+)
+def test_bad_rates_are_rejected_with_the_flag_and_an_example(text):
+    with pytest.raises(ValueError) as exc:
+        parse_rate_mbit(text)
+    message = str(exc.value)
+    assert "--rate" in message and "1gbit" in message and "\n" not in message
+
+
+def test_bad_rate_stops_the_cli_in_one_line_before_any_namespace(monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("built a network for a bad --rate")
+
+    monkeypatch.setattr(lossy, "bench_lossy", must_not_run)
+    monkeypatch.setattr("mininet_topos.netns.require_root", must_not_run)
+    args = build_parser().parse_args(["bench", "lossy", "--rate", "1gbps", "--iters", "20"])
+    with pytest.raises(SystemExit) as exc:
+        args.func(args)
+    message = str(exc.value.code)
+    assert message.startswith("lta bench lossy: --rate") and "1gbit" in message and "\n" not in message
+    # the old spelling still works, and means Mbit/s
+    args = build_parser().parse_args(["bench", "lossy", "--rate-mbit", "300"])
+    assert lossy.config_from_args(args).rate_mbit == 300.0
+    assert lossy.config_from_args(build_parser().parse_args(["bench", "lossy"])).rate_mbit == 200.0
+
+
+def test_rates_read_back_in_their_unit():
+    assert [format_rate(r) for r in (1000.0, 2500.0, 200.0, 0.5)] == [
+        "1 Gbit/s",
+        "2.5 Gbit/s",
+        "200 Mbit/s",
+        "500 kbit/s",
+    ]
+
+
+def test_link_limits_and_deadline_floor_at_1_gbit():
+    # 1 MiB = 262144 float32 = 128 chunks of 2048 and one exponent unit sent twice: 130 frames of
+    # 8270 bytes = 1,075,100 bytes; 8,600,800 bits at 1e9 bit/s = 8.6008 ms
+    cfg = LossyConfig(workers=2, mib=1.0, rate_mbit=parse_rate_mbit("1gbit"))
+    assert lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2) == 1_075_100
+    # gloo, 2 ranks: 1,048,576 bytes in 118 segments (66 bytes of headers each) + 59 ACKs of 66 bytes
+    # = 1,060,258 bytes = 8.482064 ms
+    ranks = [{"times_s": [0.010, 0.012, 0.011]}, {"times_s": [0.011, 0.010, 0.013]}]
+    gloo = summarize_system("gloo", cfg, ranks)
+    assert gloo["wire_bytes_per_worker"] == 1_060_258
+    assert gloo["link_limit_ms"] == pytest.approx(8.482064)
+    assert gloo["p50_ms"] == pytest.approx(12.0) and gloo["max_ms"] == pytest.approx(13.0)
+    assert link_limit_ms(1_075_100, cfg.rate_mbit) == pytest.approx(8.6008)
+    # the FLUSH deadline floor: 16 frames of 8270 bytes at 1 Gbit/s (1.05856 ms) + 1 ms
+    assert cfg.deadline_ms == pytest.approx(2.05856)
+    assert deadline_floor_ms(2048, 16, 200.0) == pytest.approx(16 * 8270 * 8 / 200e6 * 1e3 + 1)
+
+
+def test_tbf_bucket_holds_a_millisecond_and_two_jumbo_frames():
+    # 1 ms at the rate from 262 Mbit/s up; 32 KiB below; two frames for very large MTUs
+    assert tbf_burst_bytes(1000.0, 9000) == 125_000
+    assert tbf_burst_bytes(2500.0, 9000) == 312_500
+    assert tbf_burst_bytes(200.0, 9000) == 32 * 1024
+    assert tbf_burst_bytes(200.0, 60000) == 2 * 60014
+    for rate in (0.5, 200.0, 1000.0, 2500.0, 10000.0):
+        burst = tbf_burst_bytes(rate, 9000)
+        assert burst >= rate * 1e6 / 8 / 1000  # rate/HZ for HZ = 1000
+        assert burst >= 2 * 9014
+        assert tbf_limit_bytes(rate, burst) >= burst
+    # tbf's queue: 50 ms at 1 Gbit/s (6.25 MB) on top of the bucket
+    assert tbf_limit_bytes(1000.0, 125_000) == 6_375_000
+    link = LossyConfig(rate_mbit=1000.0).link(0.01)
+    assert (link.rate_mbit, link.burst, link.loss_up, link.loss_down) == (1000.0, 125_000, 0.01, 0.01)
+
+
+# ---- worker processes (plain subprocesses standing in for the namespaces) -------------------------
+class _LocalNet:
+    """``run_in`` without namespaces: what WorkerGroup needs of a NetnsNetwork."""
+
+    def run_in(self, host, argv, **popen_kwargs):
+        return subprocess.Popen(argv, **popen_kwargs)
+
+
+_CHATTY_WORKER = """
+import json, sys
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
+for i in range(1, 5):
+    sys.stderr.write("x" * 100_000 + "\\n")  # far more than a pipe holds, while the others run
+    sys.stderr.flush()
+    print(f"progress {i} 4", flush=True)
+print(json.dumps({"rank": int(sys.argv[1]), "times_s": [0.001] * 2000}), flush=True)
+"""
+
+
+def test_worker_group_reads_every_pipe_and_relays_progress():
+    argvs = [(None, [sys.executable, "-c", _CHATTY_WORKER, str(rank)]) for rank in range(3)]
+    heard: list[str] = []
+    results = lossy.WorkerGroup(_LocalNet(), argvs, timeout_s=60, progress=heard.append, label="lta").run()
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(len(r["times_s"]) == 2000 for r in results)
+    assert heard[-1] == "  lta 4/4" and len(heard) == 3 * 4  # every rank's lines are relayed
+
+
+def test_worker_group_names_a_worker_that_did_not_start():
+    argvs = [
+        (None, [sys.executable, "-c", "print('ready', flush=True); import sys; sys.stdin.readline()"]),
+        (None, [sys.executable, "-c", "import sys; sys.exit('no such switch')"]),
+    ]
+    group = lossy.WorkerGroup(_LocalNet(), argvs, timeout_s=60)
+    with pytest.raises(
+        RuntimeError, match="(?s)bench worker 1 did not start: printed '[(]nothing[)]'.*no such switch"
+    ):
+        group.run()
+    for proc in group.procs:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+# ---- on real links ------------------------------------------------------------------------------
+def _ns_json(ns: str, *argv: str) -> list[dict]:
+    return json.loads(subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True,
+                                     text=True).stdout)  # fmt: skip
+
+
+@pytest.mark.mininet
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_links_carry_the_rate_bucket_and_jumbo_mtu():
+    cfg = LossyConfig(workers=2, rate_mbit=parse_rate_mbit("1gbit"))
+    with cfg.network(0.0, max_runtime_s=60) as net:
+        ports = {net.port_of(h) for h in net.workers}
+        for host in net.hosts:
+            (dev,) = _ns_json(host.netns, "ip", "-j", "link", "show", "dev", host.dev)
+            assert dev["mtu"] == 9000, host
+        switch_links = {d["ifname"]: d for d in _ns_json(net.switch_ns, "ip", "-j", "link", "show")}
+        assert {*ports, "pagg", "br0"} <= set(switch_links)
+        assert all(switch_links[name]["mtu"] == 9000 for name in (*ports, "pagg", "br0"))
+        # tbf on both ends of every worker link (up: the host's eth0, down: its bridge port)
+        shaped = [(h.netns, h.dev) for h in net.workers] + [(net.switch_ns, p) for p in ports]
+        for ns, dev in shaped:
+            (tbf,) = [q for q in _ns_json(ns, "tc", "-j", "qdisc", "show", "dev", dev) if q["kind"] == "tbf"]
+            assert tbf["options"]["rate"] == 125_000_000  # bytes/s
+            assert tbf["options"]["burst"] == 125_000
+        # the aggregator's own link is not the bottleneck
+        agg = _ns_json(net.aggregator.netns, "tc", "-j", "qdisc", "show", "dev", net.aggregator.dev)
+        assert not [q for q in agg if q["kind"] == "tbf"]
+    assert not [name for name in leftovers() if name.startswith(net.tag)]
 
 
 # ---- one short lossy point, for real --------------------------------------------------------------
@@ -78,3 +259,29 @@ def test_short_lossy_point_reports_both_systems_and_lta_is_exact(tmp_path):
     assert lta["chunks_checked"] == chunks["full"] + chunks["partial"]
     assert lta["exact"] and lta["worst_error_over_tolerance"] < 1.0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mininet
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_one_gbit_point_is_limited_by_the_link():
+    argv = [sys.executable, "-m", "lta.cli", "bench", "lossy", "--workers", "2", "--mib", "1", "--loss", "0",
+            "--rate", "1gbit", "--iters", "20", "--warmup", "2", "--json"]  # fmt: skip
+    bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    stdout, stderr = bench.communicate(timeout=300)
+    assert bench.returncode == 0, stderr[-3000:]
+    assert not [name for name in leftovers() if f"lta-{bench.pid}-" in name], "namespaces left behind"
+    config = json.loads(stdout)["config"]
+    assert config["rate_mbit"] == 1000.0 and config["rate"] == "1 Gbit/s"
+    assert config["tbf_burst_bytes"] == 125_000 and config["mtu"] == 9000
+    assert config["min_deadline_ms"] == pytest.approx(2.05856)
+    # progress went to stderr, not into the JSON
+    assert "gloo 20/20" in stderr and "lta 20/20" in stderr
+    (point,) = json.loads(stdout)["points"]
+    bucket_ms = link_limit_ms(config["tbf_burst_bytes"], 1000.0)  # 1 ms
+    for system, limit_ms in (("gloo", 8.482064), ("lta", 8.6008)):
+        stats = point[system]
+        assert stats["link_limit_ms"] == pytest.approx(limit_ms)
+        # The link really limits: tbf passes at most one bucket ahead of the rate, so no allreduce can
+        # beat the link limit by more than the bucket's 1 ms. A one-sided check: a missing tbf, a
+        # wrong rate or a wrong limit would show as a p50 below it (a slow machine only raises p50).
+        assert stats["p50_ms"] >= limit_ms - bucket_ms, (system, stats)

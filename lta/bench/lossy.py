@@ -22,6 +22,11 @@ every header tbf counts (Ethernet 14 + IPv4 20, no preamble or FCS):
   frames, and the same direction carries one 66-byte delayed ACK per two segments of the peer's
   stream. The round trips of either protocol are not in the limit.
 
+**Rate.** ``--rate`` (``200mbit``, ``1gbit``, ``2500mbit``, ``500kbit``, or a plain number of Mbit/s)
+shapes every worker link in both directions; the link limits and the deadline floor below use it.
+The tbf bucket is sized for it and for jumbo frames (:func:`tbf_burst_bytes`), and tbf's queue holds
+``TBF_QUEUE_MS`` at the rate on top of the bucket.
+
 **Deadlines.** A jumbo-frame link at 200 Mbit/s serializes a frame in 0.33 ms and the namespaces'
 own round trip is below a millisecond, so lta's default 20 ms floor on its FLUSH deadline (made for
 loaded loopback) would dominate the tail of every reduce that loses a packet. The bench caps the
@@ -29,12 +34,19 @@ units in flight (``--window``, default 16: enough to keep the link busy through 
 trip, few enough that a unit's RTT is not inflated by a queue of its own packets in tbf; measured
 smoothed RTT 4-7 ms on this harness, against 20-40 ms with the uncapped window of 256) and sets
 ``min_deadline_ms`` to one window serialized at the link rate plus 1 ms for the softswitch
-(``W · frame_time + 1``: 6.3 ms here). The RTO above that floor is the transport's own
-``srtt + 4 · rttvar``. Losses inside a reduce are flushed at once from the other workers' progress
-(the transport's fast flush); only a loss among the last units of a reduce waits for the RTO.
+(``W · frame_time + 1``: 6.3 ms at 200 Mbit/s, 2.1 ms at 1 Gbit/s). The RTO above that floor is the
+transport's own ``srtt + 4 · rttvar``. Losses inside a reduce are flushed at once from the other
+workers' progress (the transport's fast flush); only a loss among the last units of a reduce waits
+for the RTO.
+
+**Iterations.** p99.9 needs ``--iters 2000`` or more per point (two samples above it; with 500 it is
+interpolated between the two slowest allreduces). A run keeps one float per allreduce and rank, and
+rank 0 reports its progress every tenth of the run, which the CLI shows on stderr.
 
 Worker processes run ``python -m lta.bench.lossy {gloo,lta}-worker``; they print ``ready``, wait
-for ``go`` on stdin (so every rank starts together), and print one JSON line.
+for ``go`` on stdin (so every rank starts together), print ``progress DONE TOTAL`` lines (rank 0)
+and end with one JSON line. Their stdout and stderr are read as they come, so a chatty worker cannot
+stall on a full pipe.
 """
 
 from __future__ import annotations
@@ -42,14 +54,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
+import re
 import select
+import selectors
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -61,6 +76,11 @@ from hostlib.protocol import HEADER_BYTES, LTA_PORT, MAX_ELEMS_PER_PACKET
 
 if TYPE_CHECKING:
     from hostlib.transport import TransportConfig
+    from mininet_topos.linkshape import LinkSpec
+    from mininet_topos.netns import NetnsNetwork
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]  # where progress lines go (the CLI: stderr)
 
 ETH_BYTES = 14  # what tbf counts besides the IP packet
 IPV4_BYTES = 20
@@ -70,6 +90,12 @@ TCP_ACK_FRAME_BYTES = ETH_BYTES + IPV4_BYTES + TCP_BYTES
 DEFAULT_LOSSES = "0,0.001,0.01,0.05"
 DEFAULT_MTU = 9000
 DEFAULT_WINDOW = 16
+DEFAULT_RATE = "200mbit"
+TBF_QUEUE_MS = 50.0  # tbf latency: the queue holds this long at the rate, on top of the bucket
+TBF_BUCKET_MS = 1.0  # the bucket holds this long at the rate (see tbf_burst_bytes) ...
+TBF_MIN_BURST_BYTES = 32 * 1024  # ... but at least this much ...
+TBF_MIN_BURST_FRAMES = 2  # ... and at least this many full frames
+P99_9_MIN_ITERS = 2000  # allreduces per point for a p99.9 that is not just the max
 WORKER_PORT_BASE = 41000  # worker w binds <its ip>:WORKER_PORT_BASE + w
 GLOO_PORT = 29500
 JOB_ID = 1
@@ -78,6 +104,68 @@ INPUT_ROUNDS = 4  # distinct seeded inputs, cycled: enough to vary the values, c
 REPO = Path(__file__).resolve().parents[1]
 HOST_DEV = "eth0"  # each worker namespace's one interface (mininet_topos.netns)
 START_TIMEOUT_S = 60.0  # from launch to "ready": imports, binding, gloo's rendezvous
+STDERR_KEEP_BYTES = 64 * 1024  # the tail of each worker's stderr kept for error messages
+PROGRESS_STEPS = 10  # rank 0 reports its progress this many times per run
+
+
+# ---- link rate -----------------------------------------------------------------------------------
+_RATE_UNITS_MBIT = {"": 1.0, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
+_RATE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(kbit|mbit|gbit)?\s*", re.IGNORECASE)
+RATE_HELP = "e.g. --rate 1gbit, --rate 2500mbit, --rate 500kbit or --rate 200 (Mbit/s)"
+
+
+def parse_rate_mbit(text: str) -> float:
+    """A link rate as tc writes it (``200mbit``, ``1gbit``, ``1.5gbit``, ``500kbit``; any case; SI units,
+    as tc's) or a plain number of Mbit/s, in Mbit/s. Raises ValueError with a one-line message."""
+    match = _RATE_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"--rate: cannot read {text!r} as a link rate ({RATE_HELP})")
+    rate = float(match[1]) * _RATE_UNITS_MBIT[(match[2] or "").lower()]
+    if not rate > 0:
+        raise ValueError(f"--rate must be positive, got {text!r} ({RATE_HELP})")
+    return rate
+
+
+def format_rate(rate_mbit: float) -> str:
+    """``1 Gbit/s``, ``200 Mbit/s``, ``500 kbit/s``."""
+    if rate_mbit >= 1000:
+        return f"{rate_mbit / 1000:g} Gbit/s"
+    if rate_mbit >= 1:
+        return f"{rate_mbit:g} Mbit/s"
+    return f"{rate_mbit * 1000:g} kbit/s"
+
+
+def tbf_burst_bytes(rate_mbit: float, mtu: int) -> int:
+    """The tbf bucket of a worker link: ``TBF_BUCKET_MS`` at the rate, at least 32 KiB and two frames.
+
+    tc-tbf(8) asks for a bucket of at least rate/HZ bytes: with a jiffy timer tbf can only be woken
+    once a tick, and each wake-up sends at most one bucket, so a smaller bucket caps the link at
+    ``burst × HZ``. tbf's watchdog has been an hrtimer for years (CONFIG_HIGH_RES_TIMERS, which every
+    mainstream kernel sets): it wakes when the next frame's tokens are due, and the bucket only has to
+    absorb the wake-up latency. One millisecond of line rate (rate/1000: the rule for HZ=1000, a
+    quarter of it for this machine's HZ=250) does so with room to spare; measured here (HZ=250,
+    high-res timers, jumbo frames, Python TCP sender): at 1 Gbit/s 992 Mbit/s of TCP payload with
+    this bucket (125 kB), 986 with 32 KiB; at 2.5 Gbit/s 32 KiB held the stream to 1.5-1.9 Gbit/s
+    where 1 ms (312 kB) reached the sender's own ceiling (~2.2 Gbit/s, unshaped).
+
+    A larger bucket is not free: after an idle gap, a full bucket crosses the link at veth speed,
+    and the link goes idle for a round trip between two allreduces. rate/250 (4 ms: 500 kB at
+    1 Gbit/s) could take up to 4 ms off an 8.6 ms reduce (1 MiB at 1 Gbit/s), and the link limit would
+    no longer bound what is measured; this bucket bounds that error at ``burst / rate`` per direction
+    (1 ms from 262 Mbit/s up).
+
+    The floors: below 262 Mbit/s 1 ms is less than 32 KiB (the floor
+    :class:`~mininet_topos.linkshape.LinkSpec` uses too), and a frame larger than the bucket is never
+    sent (tbf drops it): two full frames leave one frame of slack for a late wake-up. tbf's queue
+    (``limit``, which tc derives from ``latency`` as rate × TBF_QUEUE_MS + burst) is then always at
+    least two jumbo frames too: 1.28 MB (142 frames of 9014 bytes) at 200 Mbit/s, 6.4 MB at 1 Gbit/s."""
+    bucket = math.ceil(rate_mbit * 1e6 / 8 * TBF_BUCKET_MS / 1e3)
+    return max(bucket, TBF_MIN_BURST_BYTES, TBF_MIN_BURST_FRAMES * (mtu + ETH_BYTES))
+
+
+def tbf_limit_bytes(rate_mbit: float, burst: int, queue_ms: float = TBF_QUEUE_MS) -> int:
+    """tbf's queue in bytes, as tc computes it from ``latency``: rate × latency + burst."""
+    return int(rate_mbit * 1e6 / 8 * queue_ms / 1e3) + burst
 
 
 # ---- what a worker must move ---------------------------------------------------------------------
@@ -160,6 +248,12 @@ def _wait_for_go() -> None:
         raise SystemExit(f"expected 'go' on stdin, got {line!r}")
 
 
+def _report_progress(rank: int, done: int, total: int) -> None:
+    """Rank 0 prints ``progress DONE TOTAL`` every tenth of the run (the orchestrator relays it)."""
+    if rank == 0 and (done % max(1, total // PROGRESS_STEPS) == 0 or done == total):
+        print(f"progress {done} {total}", flush=True)
+
+
 def transport_config(args: argparse.Namespace) -> TransportConfig:
     """The transport settings both lossy benchmarks use (K, window and deadline fitted to the link)."""
     from hostlib.transport import TransportConfig
@@ -196,6 +290,7 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
             if i < args.warmup:
                 continue
             times.append(elapsed)
+            _report_progress(args.rank, len(times), args.iters)
             n_checked, err = check_result(result, x, args.elems_per_packet)
             checked, worst = checked + n_checked, max(worst, err)
             chunks["full"] += int(np.sum(result.count == args.workers))
@@ -239,6 +334,7 @@ def gloo_worker_main(args: argparse.Namespace) -> dict[str, Any]:
         elapsed = time.perf_counter() - t0
         if i >= args.warmup:
             times.append(elapsed)
+            _report_progress(args.rank, len(times), args.iters)
     dist.barrier()
     dist.destroy_process_group()
     return {"rank": args.rank, "times_s": times}
@@ -294,61 +390,164 @@ class LossyConfig:
             return self.min_deadline_ms
         return deadline_floor_ms(self.k, self.window, self.rate_mbit)
 
+    @property
+    def tbf_burst(self) -> int:
+        return tbf_burst_bytes(self.rate_mbit, self.mtu)
+
     def worker_timeout_s(self, loss: float) -> float:
         """A generous bound on one system's run: 1 s per allreduce under loss, plus start-up."""
         return 120.0 + (self.iters + self.warmup) * (0.2 + 4 * loss)
 
+    def link(self, loss: float) -> LinkSpec:
+        """A worker link: tbf at the rate (both directions), the bucket sized for it, loss each way."""
+        from mininet_topos.linkshape import LinkSpec
+
+        return LinkSpec.symmetric(loss, rate_mbit=self.rate_mbit, burst_bytes=self.tbf_burst,
+                                  queue_ms=TBF_QUEUE_MS)  # fmt: skip
+
+    def network(self, loss: float, max_runtime_s: float) -> NetnsNetwork:
+        """The namespaces for one loss point (not yet set up: use it as a context manager)."""
+        from mininet_topos.netns import NetnsNetwork
+
+        return NetnsNetwork(self.workers, self.link(loss), mtu=self.mtu, loss_backend="nftables",
+                            max_runtime_s=max_runtime_s)  # fmt: skip
+
+
+class _Outputs:
+    """Every worker's stdout (split into lines) and stderr (its tail), read as they come: a worker
+    blocked on a full pipe would stall every rank's allreduce."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen[bytes]], on_line: Callable[[int, str], None]) -> None:
+        self.on_line = on_line
+        self.lines: list[list[str]] = [[] for _ in procs]
+        self.stderr = [bytearray() for _ in procs]
+        self.open_stdout = set(range(len(procs)))
+        self.open_stderr = set(range(len(procs)))
+        self._partial = [bytearray() for _ in procs]
+        self._selector = selectors.DefaultSelector()
+        for rank, proc in enumerate(procs):
+            assert proc.stdout is not None and proc.stderr is not None
+            self._selector.register(proc.stdout, selectors.EVENT_READ, (rank, True))
+            self._selector.register(proc.stderr, selectors.EVENT_READ, (rank, False))
+
+    def pump(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Read until ``done()`` or every pipe is closed; False if ``deadline`` came first."""
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not self._selector.get_map():
+                return done()
+            for key, _ in self._selector.select(timeout=min(left, 1.0)):
+                rank, is_stdout = key.data
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    self._selector.unregister(key.fileobj)
+                    (self.open_stdout if is_stdout else self.open_stderr).discard(rank)
+                    if is_stdout:
+                        self._line(rank, bytes(self._partial[rank]))
+                elif is_stdout:
+                    self._partial[rank] += chunk
+                    *lines, rest = self._partial[rank].split(b"\n")
+                    self._partial[rank] = bytearray(rest)
+                    for line in lines:
+                        self._line(rank, bytes(line))
+                else:
+                    self.stderr[rank] += chunk
+                    del self.stderr[rank][:-STDERR_KEEP_BYTES]
+        return True
+
+    def _line(self, rank: int, raw: bytes) -> None:
+        line = raw.decode(errors="replace").strip()
+        if line:
+            self.lines[rank].append(line)
+            self.on_line(rank, line)
+
+    def stderr_tail(self, rank: int, chars: int = 3000) -> str:
+        return self.stderr[rank].decode(errors="replace").strip()[-chars:]
+
+    def close(self) -> None:
+        self._selector.close()
+
 
 class WorkerGroup:
-    """Worker processes in their namespaces: start, release together, collect one JSON line each."""
+    """Worker processes in their namespaces: start, release together, collect one JSON line each.
 
-    def __init__(self, net: Any, argvs: Sequence[tuple[Any, list[str]]], timeout_s: float) -> None:
+    ``progress DONE TOTAL`` lines a worker prints go to ``progress`` (default: the log) as
+    ``{label} DONE/TOTAL``; the last line a worker prints is its result."""
+
+    def __init__(
+        self,
+        net: Any,
+        argvs: Sequence[tuple[Any, list[str]]],
+        timeout_s: float,
+        progress: Progress | None = None,
+        label: str = "workers",
+    ) -> None:
         self.timeout_s = timeout_s
+        self.progress = progress or log.info
+        self.label = label
         self.procs = [
             net.run_in(
-                host,
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=REPO,
-            )
+                host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO
+            )  # fmt: skip
             for host, argv in argvs
         ]
+        self.ready = [False] * len(self.procs)
 
     def run(self) -> list[dict[str, Any]]:
-        start_by = time.monotonic() + START_TIMEOUT_S
-        for rank, proc in enumerate(self.procs):
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, start_by - time.monotonic()))
-            line = proc.stdout.readline().strip() if ready else "(nothing)"
-            if line != "ready":
-                raise RuntimeError(f"bench worker {rank} did not start: {self._failure(proc, line)}")
+        outputs = _Outputs(self.procs, self._on_line)
+        try:
+            return self._run(outputs)
+        finally:
+            outputs.close()
+
+    def _on_line(self, rank: int, line: str) -> None:
+        if line == "ready":
+            self.ready[rank] = True
+        elif line.startswith("progress "):
+            done, _, total = line.removeprefix("progress ").partition(" ")
+            self.progress(f"  {self.label} {done}/{total}")
+
+    def _run(self, outputs: _Outputs) -> list[dict[str, Any]]:
+        def started() -> bool:
+            return all(self.ready) or any(
+                not ok and r not in outputs.open_stdout for r, ok in enumerate(self.ready)
+            )
+
+        outputs.pump(started, time.monotonic() + START_TIMEOUT_S)
+        if not all(self.ready):  # name one that ended before "ready", else one that never said it
+            waiting = [r for r, ok in enumerate(self.ready) if not ok]
+            rank = next((r for r in waiting if r not in outputs.open_stdout), waiting[0])
+            self.procs[rank].kill()
+            outputs.pump(lambda: rank not in outputs.open_stderr, time.monotonic() + 5.0)  # what it said
+            printed = outputs.lines[rank][-1] if outputs.lines[rank] else "(nothing)"
+            stderr = outputs.stderr_tail(rank)
+            raise RuntimeError(f"bench worker {rank} did not start: printed {printed!r}; stderr:\n{stderr}")
         for proc in self.procs:
             assert proc.stdin is not None
-            proc.stdin.write("go\n")
+            proc.stdin.write(b"go\n")
             proc.stdin.flush()
         deadline = time.monotonic() + self.timeout_s
+        if not outputs.pump(lambda: not outputs.open_stdout, deadline):
+            stuck = sorted(outputs.open_stdout)
+            raise TimeoutError(
+                f"bench worker(s) {stuck} gave no result within {self.timeout_s:.0f} s (a hung allreduce?); "
+                f"stderr of worker {stuck[0]}:\n{outputs.stderr_tail(stuck[0])}"
+            )
+        outputs.pump(lambda: not outputs.open_stderr, min(deadline, time.monotonic() + 10.0))  # stderr's end
         results = []
         for rank, proc in enumerate(self.procs):
             try:
-                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise TimeoutError(
-                    f"bench worker {rank} gave no result within {self.timeout_s:.0f} s (a hung allreduce? "
-                    "rerun with fewer --iters to see its stderr)"
-                ) from None
+                raise TimeoutError(f"bench worker {rank} closed its stdout but did not exit") from None
             if proc.returncode != 0:
-                raise RuntimeError(f"bench worker {rank} failed ({proc.returncode}):\n{err.strip()[-3000:]}")
-            results.append(json.loads(out.strip().splitlines()[-1]))
+                raise RuntimeError(
+                    f"bench worker {rank} failed ({proc.returncode}):\n{outputs.stderr_tail(rank)}"
+                )
+            results.append(json.loads(outputs.lines[rank][-1]))
         return results
-
-    @staticmethod
-    def _failure(proc: subprocess.Popen[str], line: str) -> str:
-        proc.kill()
-        _, err = proc.communicate(timeout=10)
-        return f"printed {line!r}; stderr:\n{err.strip()[-3000:]}"
 
 
 def _worker_argv(system: str, cfg: LossyConfig, rank: int, *extra: str) -> list[str]:
@@ -359,10 +558,12 @@ def _worker_argv(system: str, cfg: LossyConfig, rank: int, *extra: str) -> list[
     ]  # fmt: skip
 
 
-def run_gloo(net: Any, cfg: LossyConfig, loss: float) -> list[dict[str, Any]]:
+def run_gloo(
+    net: Any, cfg: LossyConfig, loss: float, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     master = f"{net.workers[0].ip}:{GLOO_PORT}"
     argvs = [(h, _worker_argv("gloo-worker", cfg, r, "--master", master)) for r, h in enumerate(net.workers)]
-    return WorkerGroup(net, argvs, cfg.worker_timeout_s(loss)).run()
+    return WorkerGroup(net, argvs, cfg.worker_timeout_s(loss), progress, "gloo").run()
 
 
 def softswitch_toml(cfg: LossyConfig, worker_addrs: Sequence[str]) -> str:
@@ -376,21 +577,28 @@ def softswitch_toml(cfg: LossyConfig, worker_addrs: Sequence[str]) -> str:
 def softswitch_in(
     net: Any, cfg: LossyConfig, worker_addrs: Sequence[str], listen: str, workdir: Path
 ) -> Iterator[subprocess.Popen[str]]:
-    """``lta softswitch`` in the aggregator namespace with one job for ``worker_addrs``; stopped after."""
+    """``lta softswitch`` in the aggregator namespace with one job for ``worker_addrs``; stopped after.
+
+    Its stderr goes to ``workdir/softswitch.log``, not a pipe: nobody reads a pipe during the run, and
+    a daemon that logged 64 KiB into one over a long run would block."""
     config = workdir / "softswitch.toml"
     config.write_text(softswitch_toml(cfg, worker_addrs))
-    switch = net.run_in(
-        net.aggregator,
-        [sys.executable, "-m", "lta.cli", "softswitch", "--listen", listen, "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
-    assert switch.stdout is not None and switch.stderr is not None
+    log_path = workdir / "softswitch.log"
+    with log_path.open("wb") as stderr:
+        switch = net.run_in(
+            net.aggregator,
+            [sys.executable, "-m", "lta.cli", "softswitch", "--listen", listen, "--config", str(config)],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO,
+        )  # fmt: skip
+    assert switch.stdout is not None
     ready, _, _ = select.select([switch.stdout], [], [], START_TIMEOUT_S)
     line = switch.stdout.readline() if ready else "(nothing)"
     if "listening" not in line:
         switch.kill()
+        switch.wait(timeout=10)
         raise RuntimeError(
-            f"softswitch did not start in {net.aggregator.netns}: printed {line!r}; {switch.stderr.read()}"
+            f"softswitch did not start in {net.aggregator.netns}: printed {line!r}; "
+            f"{log_path.read_text(errors='replace')[-3000:]}"
         )
     try:
         yield switch
@@ -399,7 +607,9 @@ def softswitch_in(
         switch.wait(timeout=10)
 
 
-def run_lta(net: Any, cfg: LossyConfig, loss: float, workdir: Path) -> list[dict[str, Any]]:
+def run_lta(
+    net: Any, cfg: LossyConfig, loss: float, workdir: Path, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     addrs = [f"{h.ip}:{WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
     switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
     extra = ["--switch", switch_addr, "--elems-per-packet", str(cfg.k), "--window", str(cfg.window),
@@ -408,7 +618,7 @@ def run_lta(net: Any, cfg: LossyConfig, loss: float, workdir: Path) -> list[dict
         (h, _worker_argv("lta-worker", cfg, r, "--bind", addrs[r], *extra)) for r, h in enumerate(net.workers)
     ]
     with softswitch_in(net, cfg, addrs, switch_addr, workdir):
-        return WorkerGroup(net, argvs, cfg.worker_timeout_s(loss)).run()
+        return WorkerGroup(net, argvs, cfg.worker_timeout_s(loss), progress, "lta").run()
 
 
 def measured_loss(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
@@ -429,21 +639,22 @@ def _counter_totals(net: Any) -> dict[str, int]:
     return {name: sum(getattr(c, name) for c in counters) for name in names}
 
 
-def run_point(cfg: LossyConfig, loss: float, systems: Sequence[str]) -> dict[str, Any]:
+def run_point(
+    cfg: LossyConfig, loss: float, systems: Sequence[str], progress: Progress | None = None
+) -> dict[str, Any]:
     """One loss rate: a fresh network, each system over it in turn, summarized."""
-    from mininet_topos.linkshape import LinkSpec
-    from mininet_topos.netns import NetnsNetwork
-
-    link = LinkSpec.symmetric(loss, rate_mbit=cfg.rate_mbit)
     bound_s = sum(cfg.worker_timeout_s(loss) for _ in systems) + 60.0
     point: dict[str, Any] = {"loss": loss}
     with (
-        NetnsNetwork(cfg.workers, link, mtu=cfg.mtu, loss_backend="nftables", max_runtime_s=bound_s) as net,
+        cfg.network(loss, bound_s) as net,
         tempfile.TemporaryDirectory(prefix="lta-bench-lossy-") as tmp,
     ):
         for system in systems:
             before = _counter_totals(net)
-            ranks = run_gloo(net, cfg, loss) if system == "gloo" else run_lta(net, cfg, loss, Path(tmp))
+            if system == "gloo":
+                ranks = run_gloo(net, cfg, loss, progress)
+            else:
+                ranks = run_lta(net, cfg, loss, Path(tmp), progress)
             point[system] = summarize_system(system, cfg, ranks)
             point[system]["measured_loss"] = measured_loss(before, _counter_totals(net))
     if "gloo" in point and "lta" in point:
@@ -470,16 +681,32 @@ def summarize_system(system: str, cfg: LossyConfig, ranks: list[dict[str, Any]])
     }
 
 
-def bench_lossy(cfg: LossyConfig, losses: Sequence[float], systems: Sequence[str], plot: str | None) -> dict:
+def bench_lossy(
+    cfg: LossyConfig,
+    losses: Sequence[float],
+    systems: Sequence[str],
+    plot: str | None,
+    progress: Progress | None = None,
+) -> dict:
+    """Every loss point in turn; ``progress`` (default: the log) hears of each point and of rank 0's
+    progress through each system's run."""
     from mininet_topos.netns import remove_stale
 
+    report = progress or log.info
     remove_stale()
-    points = [run_point(cfg, p, systems) for p in _progress(losses)]
+    points = []
+    for i, loss in enumerate(losses):
+        report(f"[{i + 1}/{len(losses)}] loss {loss:g}, {format_rate(cfg.rate_mbit)}")
+        points.append(run_point(cfg, loss, systems, report))
     out = {
         "config": {
             "workers": cfg.workers,
             "mib": cfg.mib,
             "rate_mbit": cfg.rate_mbit,
+            "rate": format_rate(cfg.rate_mbit),
+            "tbf_burst_bytes": cfg.tbf_burst,
+            "tbf_latency_ms": TBF_QUEUE_MS,
+            "tbf_limit_bytes": tbf_limit_bytes(cfg.rate_mbit, cfg.tbf_burst),
             "iters": cfg.iters,
             "warmup": cfg.warmup,
             "mtu": cfg.mtu,
@@ -496,12 +723,6 @@ def bench_lossy(cfg: LossyConfig, losses: Sequence[float], systems: Sequence[str
         plot_percentiles(points, systems, plot)
         out["plot"] = plot
     return out
-
-
-def _progress(losses: Sequence[float]) -> Iterator[float]:
-    for i, p in enumerate(losses):
-        print(f"[{i + 1}/{len(losses)}] loss {p:g}", file=sys.stderr, flush=True)
-        yield p
 
 
 def plot_percentiles(points: list[dict[str, Any]], systems: Sequence[str], path: str) -> None:
@@ -539,8 +760,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--mib", type=float, default=1.0, help="tensor size in MiB of float32")
     p.add_argument("--loss", default=DEFAULT_LOSSES, help="comma-separated loss rates per link and direction")
-    p.add_argument("--rate-mbit", type=float, default=200.0)
-    p.add_argument("--iters", type=int, default=500, help="timed allreduces per system and loss rate")
+    p.add_argument(
+        "--rate",
+        "--rate-mbit",
+        dest="rate",
+        default=DEFAULT_RATE,
+        metavar="RATE",
+        help=f"tbf rate of every worker link, both directions ({RATE_HELP}; default {DEFAULT_RATE})",
+    )
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=500,
+        help=f"timed allreduces per system and loss rate (p99.9 needs >= {P99_9_MIN_ITERS})",
+    )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU, help="link MTU (jumbo frames by default)")
     p.add_argument("--elems-per-packet", type=int, help="K (default: the largest power of two the MTU fits)")
@@ -554,23 +787,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> LossyConfig:
+    """The run's settings; ValueError (one line, naming the flag) for a value that cannot be used."""
+    if args.iters < 1 or args.warmup < 0:
+        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     return LossyConfig(
-        workers=args.workers, mib=args.mib, rate_mbit=args.rate_mbit, iters=args.iters, warmup=args.warmup,
+        workers=args.workers, mib=args.mib, rate_mbit=parse_rate_mbit(args.rate), iters=args.iters,
+        warmup=args.warmup,
         mtu=args.mtu, elems_per_packet=args.elems_per_packet, window=args.window,
         min_deadline_ms=args.min_deadline_ms, seed=args.seed,
     )  # fmt: skip
 
 
+def parse_losses(text: str) -> list[float]:
+    """``--loss``: comma-separated probabilities in [0, 1]; ValueError (one line) otherwise."""
+    try:
+        losses = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        losses = []
+    if not losses or not all(0.0 <= p <= 1.0 for p in losses):
+        raise ValueError(
+            f"--loss takes comma-separated probabilities in [0, 1], e.g. --loss 0,0.01; got {text!r}"
+        )
+    return losses
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from mininet_topos.netns import require_root
 
-    require_root()
     systems = [s for s in args.systems.split(",") if s]
     unknown = set(systems) - {"gloo", "lta"}
     if unknown or not systems:
         raise SystemExit(f"--systems takes gloo and/or lta, got {args.systems!r}")
-    losses = [float(v) for v in args.loss.split(",") if v]
-    out = bench_lossy(config_from_args(args), losses, systems, args.plot or None)
+    try:  # every flag is checked before anything is built
+        cfg = config_from_args(args)
+        losses = parse_losses(args.loss)
+    except ValueError as exc:
+        raise SystemExit(f"lta bench lossy: {exc}") from None
+    require_root()
+    out = bench_lossy(cfg, losses, systems, args.plot or None, _stderr)
     if args.json:
         print(json.dumps(out))
     else:
@@ -578,12 +832,18 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def format_table(out: dict[str, Any], systems: Sequence[str]) -> str:
     c = out["config"]
+    few = f" (p99.9 needs >= {P99_9_MIN_ITERS})" if c["iters"] < P99_9_MIN_ITERS else ""
     lines = [
-        f"{c['workers']} workers, {c['mib']:g} MiB, {c['rate_mbit']:g} Mbit/s, MTU {c['mtu']}, "
-        f"K={c['elems_per_packet']}, window {c['window']}, min deadline {c['min_deadline_ms']:.2f} ms, "
-        f"{c['iters']} allreduces per point",
+        f"{c['workers']} workers, {c['mib']:g} MiB, {format_rate(c['rate_mbit'])} per link and direction "
+        f"(tbf burst {c['tbf_burst_bytes']} B), MTU {c['mtu']}, K={c['elems_per_packet']}, "
+        f"window {c['window']}, min deadline {c['min_deadline_ms']:.2f} ms, {c['iters']} allreduces per "
+        f"point{few}",
         f"{'loss':>6s} {'system':6s} {'mean':>7s} {'p50':>7s} {'p99':>7s} {'p99.9':>7s} {'max':>7s} "
         f"{'limit':>6s} {'p50/lim':>7s}  (ms)",
     ]
