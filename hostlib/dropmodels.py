@@ -7,7 +7,6 @@ decisions (one per packet); the switch keeps one per (job, direction, worker).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,47 +57,78 @@ class DropPolicy:
 NO_LOSS = DropPolicy()
 
 
+# Uniforms are drawn from the generator in blocks of this size, always the same size, so the stream of
+# uniforms a DropStream consumes does not depend on how its decisions are asked for.
+_BLOCK = 4096
+
+
 class DropStream:
-    """A seeded sequence of drop decisions under one policy (stateful for Gilbert–Elliott)."""
+    """A seeded sequence of drop decisions under one policy (stateful for Gilbert–Elliott).
+
+    Every decision consumes a fixed number of uniforms from one buffered stream: one for Bernoulli, two for
+    Gilbert–Elliott (the state transition, then the loss). So ``drop()`` called ``n`` times and
+    ``drop_many(n)`` give exactly the same decisions, and any interleaving of the two continues the same
+    sequence: the per-packet switch and the batched one take identical decisions."""
 
     def __init__(self, policy: DropPolicy, seed: int) -> None:
         self.policy = policy
-        self._rng = random.Random(seed)
-        self._np_rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(seed)
+        self._per = 1 if policy.model == "bernoulli" else 2
+        self._buf = np.empty(0, dtype=np.float64)
+        self._pos = 0
         self.bad = False
+
+    def _take(self, k: int) -> np.ndarray:
+        """The next ``k`` uniforms of the stream."""
+        pos, buf = self._pos, self._buf
+        if pos + k <= len(buf):
+            self._pos = pos + k
+            return buf[pos : pos + k]
+        rest = buf[pos:]
+        blocks = -(-(k - len(rest)) // _BLOCK)
+        fresh = np.concatenate([self._rng.random(_BLOCK) for _ in range(blocks)])
+        need = k - len(rest)
+        self._buf, self._pos = fresh, need
+        return np.concatenate([rest, fresh[:need]])
 
     def drop(self) -> bool:
         """Decide for one packet."""
         pol = self.policy
-        if pol.model == "bernoulli":
-            return pol.p > 0 and self._rng.random() < pol.p
+        if self._pos + self._per > len(self._buf):
+            u = self._take(self._per)
+        else:
+            u = self._buf[self._pos : self._pos + self._per]
+            self._pos += self._per
+        if self._per == 1:
+            return bool(u[0] < pol.p)
+        move, lose = float(u[0]), float(u[1])
         if self.bad:
-            if self._rng.random() < pol.r:
+            if move < pol.r:
                 self.bad = False
-        elif self._rng.random() < pol.p:
+        elif move < pol.p:
             self.bad = True
-        loss = pol.loss_bad if self.bad else pol.loss_good
-        return loss > 0 and self._rng.random() < loss
+        return lose < (pol.loss_bad if self.bad else pol.loss_good)
 
     def drop_many(self, n: int) -> np.ndarray:
-        """Decide for ``n`` packets at once (boolean array); same law as ``n`` calls of :meth:`drop`."""
+        """Decide for ``n`` packets at once (boolean array): exactly the next ``n`` calls of :meth:`drop`."""
         pol = self.policy
-        rng = self._np_rng
-        if pol.model == "bernoulli":
-            return rng.random(n) < pol.p
-        bad = np.empty(n, dtype=bool)
-        # The state sequence from run lengths. Each packet first moves the state, so the current state
-        # keeps (geometric - 1) more packets (possibly none); every later state keeps a geometric run
-        # that includes the packet that entered it. Same law as n calls of `drop`.
-        filled, state, first = 0, self.bad, True
-        while filled < n:
-            leave = pol.r if state else pol.p
-            run = n - filled if leave == 0 else int(rng.geometric(leave)) - (1 if first else 0)
-            run = min(run, n - filled)
-            bad[filled : filled + run] = state
-            filled += run
-            state, first = not state, False
-        if n:
-            self.bad = bool(bad[-1])
-        loss = np.where(bad, pol.loss_bad, pol.loss_good)
-        return rng.random(n) < loss
+        if n <= 0:
+            return np.zeros(0, dtype=bool)
+        if self._per == 1:
+            return self._take(n) < pol.p
+        u = self._take(2 * n).reshape(n, 2)
+        to_bad = u[:, 0] < pol.p  # the move a good state makes
+        to_good = u[:, 0] < pol.r  # the move a bad state makes
+        # Per packet the new state is a function of the old one: "set" (bad if to_bad, whatever the old
+        # state) when to_bad != to_good, "flip" when both, "keep" when neither. So the state after packet i
+        # is the value of the last set at or before i, flipped once per flip since then.
+        is_set = to_bad != to_good
+        flips = np.cumsum(to_bad & to_good)
+        last = np.maximum.accumulate(np.where(is_set, np.arange(n), -1))
+        seen = last >= 0
+        at = np.where(seen, last, 0)
+        base = np.where(seen, to_bad[at], self.bad)
+        flips_before = np.where(seen, flips[at], 0)
+        bad = base ^ ((flips - flips_before) & 1).astype(bool)
+        self.bad = bool(bad[-1])
+        return u[:, 1] < np.where(bad, pol.loss_bad, pol.loss_good)

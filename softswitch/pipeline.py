@@ -6,14 +6,15 @@ raw-port runner and the P4Runtime server all drive this one object, so every dep
 state machine, and the P4 program is tested against it.
 
 Per packet the work is one struct unpack, a few comparisons and one numpy add over the K payload
-values: no per-element Python.
+values: no per-element Python. That per-packet path is the reference; ``process_batch`` runs whole
+batches vectorized (:mod:`softswitch.batch`) with exactly its outcome, packet for packet.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from hostlib.protocol import (
     Op,
     check_elems_per_packet,
 )
+from softswitch.batch import SLOT_REGISTERS, BatchEngine, OutBatch, worker_keys
 
 Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_port) address
 Egress = list[tuple[Port, bytes]]
@@ -41,6 +43,7 @@ _GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ = (
     int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ)
 )
 _ROUND_FLAGS = _MAX | _SATURATED
+_SEQ, _CLOSED, _CLOSER = (SLOT_REGISTERS.index(name) for name in ("seq", "closed", "closer"))
 _VALID_OPS = {int(op) for op in Op}
 
 
@@ -74,31 +77,22 @@ class JobConfig:
         return len(self.workers)
 
 
-@dataclass
 class _Slots:
-    """Slot registers of one job (the same arrays the P4 program keeps)."""
+    """Slot registers of one job (the registers the P4 program keeps): ``regs`` (P, R) int64, one column per
+    name of SLOT_REGISTERS, ``bitmap`` (P,) uint64 and ``acc`` (P, K) int32. A register is readable by
+    name as a (P,) view: ``slots.seq[s]``."""
 
-    pool_size: int
-    elems: int
-    seq: list[int] = field(init=False)
-    closed: list[bool] = field(init=False)
-    count: list[int] = field(init=False)
-    bitmap: list[int] = field(init=False)
-    weight: list[int] = field(init=False)
-    exp: list[int] = field(init=False)
-    flags: list[int] = field(init=False)
-    nelem: list[int] = field(init=False)
-    step: list[int] = field(init=False)
-    chunk: list[int] = field(init=False)
-    closer: list[int] = field(init=False)
-    acc: np.ndarray = field(init=False)
+    def __init__(self, pool_size: int, elems: int) -> None:
+        self.pool_size = pool_size
+        self.elems = elems
+        self.regs = np.zeros((pool_size, len(SLOT_REGISTERS)), dtype=np.int64)
+        self.bitmap = np.zeros(pool_size, dtype=np.uint64)
+        self.acc = np.zeros((pool_size, elems), dtype=np.int32)
 
-    def __post_init__(self) -> None:
-        p = self.pool_size
-        self.seq, self.closed, self.count, self.bitmap = [0] * p, [False] * p, [0] * p, [0] * p
-        self.weight, self.exp, self.flags, self.nelem = [0] * p, [0] * p, [0] * p, [0] * p
-        self.step, self.chunk, self.closer = [0] * p, [0] * p, [0] * p
-        self.acc = np.zeros((p, self.elems), dtype=np.int32)
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in SLOT_REGISTERS:
+            return self.__dict__["regs"][:, SLOT_REGISTERS.index(name)]
+        raise AttributeError(name)
 
 
 class _Job:
@@ -109,11 +103,14 @@ class _Job:
         self.seed = seed
         self.policies: dict[tuple[str, int | None], DropPolicy] = {}
         self.streams: dict[tuple[str, int], DropStream] = {}
+        # Port keys of the workers (see softswitch.batch.port_key), for the batched worker check and egress.
+        self.worker_keys = worker_keys(cfg.workers)
 
-    def drops(self, direction: str, worker: int) -> bool:
+    def stream(self, direction: str, worker: int) -> DropStream | None:
+        """The drop stream of (direction, worker), or None when no policy applies (nothing is drawn)."""
         policy = self.policies.get((direction, worker)) or self.policies.get((direction, None))
         if policy is None or policy == NO_LOSS:
-            return False
+            return None
         key = (direction, worker)
         stream = self.streams.get(key)
         if stream is None or stream.policy != policy:
@@ -121,11 +118,18 @@ class _Job:
             entropy = [self.seed, self.cfg.job_id, DIRECTIONS.index(direction), worker]
             stream_seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
             stream = self.streams[key] = DropStream(policy, stream_seed)
-        return stream.drop()
+        return stream
+
+    def has_policy(self, direction: str) -> bool:
+        return any(d == direction and p != NO_LOSS for (d, _), p in self.policies.items())
+
+    def drops(self, direction: str, worker: int) -> bool:
+        stream = self.stream(direction, worker)
+        return stream is not None and stream.drop()
 
 
 class SoftSwitch:
-    """The switch contract of docs/protocol.md. Thread-safe: one lock around each packet."""
+    """The switch contract of docs/protocol.md. Thread-safe: one lock around each packet (or batch)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
@@ -133,6 +137,7 @@ class SoftSwitch:
         # counters[job_id][branch]; row 0 collects packets of no known job.
         self._counters = [[0] * len(COUNTERS) for _ in range(MAX_JOBS)]
         self._lock = threading.Lock()
+        self._batch = BatchEngine()  # the vectorized pipeline behind process_batch, with its buffers
 
     # ---- control plane -------------------------------------------------------------------------
     def add_job(self, cfg: JobConfig) -> None:
@@ -141,11 +146,13 @@ class SoftSwitch:
                 raise ValueError(f"job {cfg.job_id} exists; remove it first (lta ctl job rm {cfg.job_id})")
             self.jobs[cfg.job_id] = _Job(cfg, self.seed)
             self._counters[cfg.job_id] = [0] * len(COUNTERS)
+            self._batch.set_jobs(self.jobs)
 
     def remove_job(self, job_id: int) -> None:
         with self._lock:
             if self.jobs.pop(job_id, None) is None:
                 raise KeyError(f"no job {job_id} on this switch")
+            self._batch.set_jobs(self.jobs)
 
     def reset_job(self, job_id: int) -> None:
         """Clear a job's slots, drop-policy state and counters; keep its configuration and policies."""
@@ -191,6 +198,20 @@ class SoftSwitch:
                 out.extend(self._process(data, ingress))
         return out
 
+    def process_batch(
+        self, data: np.ndarray, lens: np.ndarray, ingress: np.ndarray, n: int | None = None
+    ) -> OutBatch:
+        """Run ``n`` packets (default ``len(lens)``) through the pipeline at once, vectorized.
+
+        ``data`` is (cap, stride) uint8, row i holding packet i's bytes (its first ``lens[i]`` are valid);
+        ``ingress`` holds the port keys (:func:`softswitch.batch.port_key`) the packets came from. The
+        outcome is exactly that of calling :meth:`process` on each packet in order: the same packets in
+        the same order, the same counters, slot registers and drop decisions. The returned
+        :class:`~softswitch.batch.OutBatch` (rows, lengths and egress port keys) lives in buffers reused
+        by the next call."""
+        with self._lock:
+            return self._batch.run(self, data, lens, ingress, n)
+
     def _count(self, job_id: int, name: str) -> None:
         self._counters[job_id][_C[name]] += 1
 
@@ -223,105 +244,100 @@ class SoftSwitch:
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
-        slots = job.slots
         if op == _FLUSH:
-            return self._flush(job, data, w, s, q, exp, flags, nelem, step, chunk)
+            return self._flush(job, w, s, q, exp, flags, nelem, step, chunk)
 
         # GRAD
         if not flags & _CRITICAL and job.drops("up", w):
             self._count(job_id, "drop_policy_up")
             return []
-        seq = slots.seq[s]
+        slots = job.slots
+        regs = slots.regs
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer) = regs[s].tolist()
+        bitmap = int(slots.bitmap[s])
         if q > seq:
-            payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
-            slots.acc[s] = payload
-            slots.seq[s], slots.closed[s], slots.count[s], slots.bitmap[s] = q, False, 1, 1 << w
-            slots.weight[s], slots.exp[s], slots.flags[s] = weight, exp, flags & _ROUND_FLAGS
-            slots.nelem[s], slots.step[s], slots.chunk[s] = nelem, step, chunk
+            slots.acc[s] = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
+            seq, closed, count, bitmap, sweight, sexp = q, False, 1, 1 << w, weight, exp
+            sflags, snelem, sstep, schunk = flags & _ROUND_FLAGS, nelem, step, chunk
             self._count(job_id, "grad_start")
         elif q < seq:
             self._count(job_id, "grad_stale")
             return []
-        elif slots.closed[s]:
+        elif closed:
             self._count(job_id, "grad_late_resend")
             return self._emit(job, s, [w], retx=True)
-        elif slots.bitmap[s] >> w & 1:
+        elif bitmap >> w & 1:
             self._count(job_id, "grad_dup")
             return []
-        elif exp != slots.exp[s] or (flags ^ slots.flags[s]) & _MAX:
+        elif exp != sexp or (flags ^ sflags) & _MAX:
             self._count(job_id, "grad_exp_mismatch")
             return []
         else:
             payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
-            if slots.flags[s] & _MAX:
-                np.maximum(slots.acc[s], payload, out=slots.acc[s])
+            acc = slots.acc[s]
+            if sflags & _MAX:
+                np.maximum(acc, payload, out=acc)
             else:
                 # int32 wrap-around, as the switch's registers do; the codec guarantees no wrap.
-                np.add(slots.acc[s], payload, out=slots.acc[s], casting="unsafe")
-            slots.count[s] += 1
-            slots.bitmap[s] |= 1 << w
-            slots.weight[s] = (slots.weight[s] + weight) & 0xFFFFFFFF
-            slots.flags[s] |= flags & _SATURATED
+                np.add(acc, payload, out=acc, casting="unsafe")
+            count += 1
+            bitmap |= 1 << w
+            sweight = (sweight + weight) & 0xFFFFFFFF
+            sflags |= flags & _SATURATED
             self._count(job_id, "grad_add")
-        if slots.count[s] >= cfg.quorum:
-            slots.closed[s] = True
-            slots.closer[s] = w
+        quorum = count >= cfg.quorum
+        if quorum:
+            closed, closer = True, w
+        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer)
+        slots.bitmap[s] = bitmap
+        if quorum:
             self._count(job_id, "result_quorum")
             return self._emit(job, s, range(cfg.n_workers))
         return []
 
     def _flush(
-        self,
-        job: _Job,
-        data: bytes | memoryview,
-        w: int,
-        s: int,
-        q: int,
-        exp: int,
-        flags: int,
-        nelem: int,
-        step: int,
-        chunk: int,
+        self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
     ) -> Egress:
         slots, job_id = job.slots, job.cfg.job_id
-        seq = slots.seq[s]
+        regs = slots.regs
+        seq = int(regs[s, _SEQ])
         if q > seq:
             slots.acc[s] = 0
-            slots.seq[s], slots.closed[s], slots.count[s], slots.bitmap[s] = q, True, 0, 0
-            slots.weight[s], slots.exp[s], slots.flags[s] = 0, exp, flags & _MAX
-            slots.nelem[s], slots.step[s], slots.chunk[s], slots.closer[s] = nelem, step, chunk, w
+            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w)
+            slots.bitmap[s] = 0
             self._count(job_id, "flush_empty")
             return self._emit(job, s, range(job.cfg.n_workers))
         if q < seq:
             self._count(job_id, "flush_stale")
             return []
-        if slots.closed[s]:
+        if regs[s, _CLOSED]:
             self._count(job_id, "flush_resend")
             return self._emit(job, s, [w], retx=True)
-        slots.closed[s] = True
-        slots.closer[s] = w
+        regs[s, _CLOSED] = True
+        regs[s, _CLOSER] = w
         self._count(job_id, "flush_partial")
         return self._emit(job, s, range(job.cfg.n_workers))
 
-    def _emit(self, job: _Job, s: int, receivers, retx: bool = False) -> Egress:
+    def _emit(self, job: _Job, s: int, receivers: Iterable[int], retx: bool = False) -> Egress:
         """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy."""
         slots, cfg = job.slots, job.cfg
-        flags = slots.flags[s] | (_RETX if retx else 0)
+        (seq, _closed, count, weight, exp, flags, nelem, step, chunk, closer) = slots.regs[s].tolist()
+        bitmap = int(slots.bitmap[s])
         header = HEADER_STRUCT.pack(
             VERSION,
             _RESULT,
-            flags,
-            slots.exp[s],
+            flags | (_RETX if retx else 0),
+            exp,
             cfg.job_id,
-            slots.closer[s],
-            slots.count[s],
+            closer,
+            count,
             s,
-            slots.nelem[s],
-            slots.seq[s],
-            slots.step[s],
-            slots.chunk[s],
-            slots.weight[s],
-            slots.bitmap[s],
+            nelem,
+            seq,
+            step,
+            chunk,
+            weight,
+            bitmap,
         )
         packet = header + slots.acc[s].astype(">i4").tobytes()
         out: Egress = []
