@@ -16,7 +16,8 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_SWITCH`` | switch ``host:port`` | unset: rank 0 hosts a softswitch |
 | ``LTA_JOB_ID`` | job id on the switch (1..63) | 1 |
 | ``LTA_BIND_HOST`` / ``LTA_BIND_PORT_BASE`` | worker UDP address | 127.0.0.1 / 0 |
-| ``LTA_ELEMS_PER_PACKET``, ``LTA_POOL_SIZE`` | K and P (must match the switch's job) | 64 / 512 |
+| ``LTA_ELEMS_PER_PACKET`` | K (must match the switch's job) | self-hosted: path MTU's (16367); else 64 |
+| ``LTA_POOL_SIZE`` | P (must match the switch's job) | 512 |
 | ``LTA_FALLBACK``, ``LTA_RENORMALIZE`` | transport policies | prev / count |
 | ``LTA_DROP_UP``, ``LTA_DROP_DOWN``, ``LTA_DROP_PARAM`` | Bernoulli loss, self-hosted switch only | 0 |
 | ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
@@ -31,8 +32,8 @@ from datetime import timedelta
 from typing import Any
 
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
-from hostlib.protocol import parse_address
-from hostlib.transport import LtaWorker, TransportConfig
+from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
+from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,13 @@ class LtaOptions:
                 raise ValueError(f"{name}={text!r} is not a valid {kind.__name__}") from None
 
         seed = int(number("LTA_SEED", 0))
+        switch = env.get("LTA_SWITCH")
+        # Packet size follows the path for the self-hosted softswitch (one 64 KiB datagram on loopback);
+        # an external switch may be a P4 program compiled for K=64, so that stays its default.
+        listen = cls.__dataclass_fields__["listen"].default
+        default_k = DEFAULT_ELEMS_PER_PACKET if switch else elems_for_path(listen)
         transport = TransportConfig(
-            elems_per_packet=int(number("LTA_ELEMS_PER_PACKET", 64)),
+            elems_per_packet=int(number("LTA_ELEMS_PER_PACKET", default_k)),
             pool_size=int(number("LTA_POOL_SIZE", 512)),
             fallback=env.get("LTA_FALLBACK", "prev"),
             renormalize=env.get("LTA_RENORMALIZE", "count"),
@@ -93,7 +99,6 @@ class LtaOptions:
             p = number(f"LTA_DROP_{direction.upper()}", 0.0, float)
             if p:
                 drop[direction] = DropPolicy(p=p)
-        switch = env.get("LTA_SWITCH")
         return cls(
             switch=parse_address(switch) if switch else None,
             job_id=int(number("LTA_JOB_ID", 1)),

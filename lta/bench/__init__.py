@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from lta.bench import allreduce, lossy, lossy_train, scaling
+from lta.bench import allreduce, ddp, lossy, lossy_train, scaling
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmarks: lta against gloo, measured in the same run")
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (allreduce, scaling, lossy, lossy_train):
+    for module in (allreduce, ddp, scaling, lossy, lossy_train):
         module.register(sub)

@@ -1,0 +1,133 @@
+"""``lta bench ddp``: what a user of stock DDP sees. The same unchanged training step (an MLP of about
+4.1M parameters, torch's DistributedDataParallel with its default buckets) on N ranks on loopback, once
+with ``init_process_group("gloo")`` and once with ``init_process_group("lta")`` with the defaults (no
+``LTA_*`` variables: rank 0 hosts the softswitch, packet size from the path), in the same run. Reports
+step-time percentiles and their ratio."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+WIDTH = 1024  # 4 hidden layers of 1024: 4.2M parameters
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmup: int, queue: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for name in [v for v in os.environ if v.startswith("LTA_")]:
+        del os.environ[name]  # "the defaults": nothing configured
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if backend == "lta":
+            import hostlib.torch_ext  # noqa: F401  (registers the "lta" backend)
+
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = [torch.nn.Linear(256, WIDTH), torch.nn.ReLU()]
+        for _ in range(3):
+            layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(32, 256, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        times, losses = [], []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+            losses.append(float(loss))
+        params = sum(p.numel() for p in model.parameters())
+        dist.destroy_process_group()
+        queue.put(
+            (rank, {"times_s": times, "first_loss": losses[0], "last_loss": losses[-1], "params": params})
+        )
+    except BaseException as exc:  # reported by the parent as one line
+        queue.put((rank, {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: float = 600.0) -> dict:
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [
+        ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = [f"rank {r}: {v['error']}" for r, v in results.items() if "error" in v]
+    if errors:
+        raise RuntimeError(f"{backend}: " + "; ".join(errors))
+    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    return {
+        "p50_ms": float(np.percentile(step, 50) * 1e3),
+        "p99_ms": float(np.percentile(step, 99) * 1e3),
+        "mean_ms": float(step.mean() * 1e3),
+        "first_loss": results[0]["first_loss"],
+        "last_loss": results[0]["last_loss"],
+        "params": results[0]["params"],
+    }
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ddp",
+        help="stock DDP step time: init_process_group('lta') with the defaults vs 'gloo', same run",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--workers", type=int, default=2, help="ranks (processes)")
+    p.add_argument("--steps", type=int, default=50, help="timed training steps per backend")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 1 <= args.workers <= 64 or args.steps < 1 or args.warmup < 0:
+        print("lta bench ddp: error: need 1 <= --workers <= 64, --steps >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    out: dict[str, Any] = {"schema": "lta.bench.ddp/1", "config": vars(args) | {"func": None}}
+    for backend in ("gloo", "lta"):
+        print(f"bench ddp: {backend} ...", file=sys.stderr, flush=True)
+        out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
+    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
+    for backend in ("gloo", "lta"):
+        r = out[backend]
+        print(
+            f"  {backend:5s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+            f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
+        )
+    print(f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}")
+    return 0
