@@ -37,7 +37,8 @@ def exponent_proposals(chunks: np.ndarray) -> np.ndarray:
     """Per chunk (rows of ``chunks``), the int32 ``e`` with ``max|x| < 2^e``.
 
     Raises ValueError on NaN or Inf: they cannot be summed meaningfully and would poison every worker."""
-    maxabs = np.abs(chunks).max(axis=1)
+    # max|x| as max(max x, -min x): two reductions, no |x| temporary the size of the tensor.
+    maxabs = np.maximum(chunks.max(axis=1), -chunks.min(axis=1))
     if not np.all(np.isfinite(maxabs)):
         bad = int(np.flatnonzero(~np.isfinite(maxabs))[0])
         raise ValueError(f"tensor holds NaN or Inf (first in chunk {bad}); refusing to send it")

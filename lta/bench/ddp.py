@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-WIDTH = 1024  # 4 hidden layers of 1024: 4.2M parameters
+WIDTH, IN_FEATURES = 1024, 1024  # 1024 -> 4 x 1024 -> 10: 4.2M parameters
 
 
 def _free_port() -> int:
@@ -36,18 +36,20 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if backend == "lta":
-            import hostlib.torch_ext  # noqa: F401  (registers the "lta" backend)
+            from hostlib.torch_ext import register_backend
+
+            register_backend()
 
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         torch.manual_seed(0)
-        layers: list[torch.nn.Module] = [torch.nn.Linear(256, WIDTH), torch.nn.ReLU()]
+        layers: list[torch.nn.Module] = [torch.nn.Linear(IN_FEATURES, WIDTH), torch.nn.ReLU()]
         for _ in range(3):
             layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
         model = DDP(torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10)))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(32, 256, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        x, y = torch.randn(32, IN_FEATURES, generator=gen), torch.randint(0, 10, (32,), generator=gen)
         times, losses = [], []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
@@ -57,7 +59,7 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
             opt.step()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-            losses.append(float(loss))
+            losses.append(loss.item())
         params = sum(p.numel() for p in model.parameters())
         dist.destroy_process_group()
         queue.put(
