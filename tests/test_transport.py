@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,6 +37,24 @@ def check_exact(results, inputs, n):
             assert np.all(np.abs(r.values[lo:hi] - expected) <= tol), (c, who)
             checked += 1
     return checked
+
+
+@pytest.fixture(params=["auto", "plain"], autouse=True)
+def io_path(request, monkeypatch) -> str:
+    """Every test here runs on the batched I/O path (auto: recvmmsg/sendmmsg) and on the forced plain
+    fallback (one system call per packet): both must give the same, exact results."""
+    if request.param == "plain":
+        monkeypatch.setenv("LTA_IO", "plain")
+    return request.param
+
+
+def test_the_io_path_in_use_is_reported(make_cluster, io_path):
+    cluster = make_cluster(2)
+    modes = {w.stats.io for w in cluster.workers} | {cluster.server.io}
+    if io_path == "plain":
+        assert modes == {"plain"}
+    else:
+        assert len(modes) == 1 and modes <= {"mmsg-c", "mmsg-ctypes", "plain"}
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -229,3 +249,27 @@ def test_bad_arguments_are_rejected_clearly():
             w.allreduce(np.array(["a"]))
         with pytest.raises(ValueError, match="NaN"):
             w.allreduce(np.array([1.0, np.nan], np.float32))
+
+
+def test_lta_demo_is_exact_on_the_forced_plain_fallback(io_path):
+    if io_path != "plain":
+        pytest.skip("this test forces the plain path itself")
+    env = dict(os.environ, LTA_IO="plain")
+    argv = [
+        sys.executable,
+        "-m",
+        "lta.cli",
+        "demo",
+        "--workers",
+        "3",
+        "--mib",
+        "0.25",
+        "--loss",
+        "0.05",
+        "--json",
+    ]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["exact"] is True
+    assert {w["stats"]["io"] for w in out["workers"]} == {"plain"}
