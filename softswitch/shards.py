@@ -1,0 +1,431 @@
+"""The softswitch on several cores: N shard processes behind one UDP address, each with a share of the slots.
+
+Every shard is a process with its own :class:`~softswitch.server.SoftSwitchServer` loop and its own copy of
+the jobs (the same TOML config), but only ever sees the packets of its slots, so the shards share no
+state and need no locks between them. The steering is done by the kernel:
+
+* The parent creates N UDP sockets with ``SO_REUSEPORT`` and binds them, in order, to the same
+  HOST:PORT. A reuseport group numbers its sockets in bind order: socket i has index i.
+* It attaches a classic BPF program to the group (``SO_ATTACH_REUSEPORT_CBPF``). For UDP the kernel
+  runs it with the packet data starting at the UDP payload, i.e. at the LTA header, and delivers the
+  datagram to the socket whose index the program returns::
+
+      ldh [8]          ; A = slot (big-endian u16 at offset 8 of the LTA header)
+      and #N-1         ; (N a power of two), else: mod #N
+      ret a            ; socket index = slot % N
+
+  A datagram too short to hold the slot makes the load fail, the program return 0, and shard 0 drop it
+  as malformed. The mapping is stable: it depends on the slot only, never on the sender or a hash.
+* Each shard process gets its socket (the fd is passed at spawn), serves on it and sends its replies
+  from it, so workers see a single switch at one source address and port.
+
+The parent keeps its own reference to every socket until the shards have stopped: a socket leaving the
+group would renumber the others (the kernel moves the last one into the hole), so membership never
+changes while shards run. A shard that dies stops the whole set (``done`` is set, ``error`` says why)
+rather than leave a share of the slots unserved.
+
+Counters: each shard counts its own packets and sends them to the parent over its pipe every
+``report_every`` seconds, when asked (:meth:`ShardedSoftSwitch.collect`) and when it stops;
+:meth:`ShardedSoftSwitch.totals` sums them, in the shape of ``{job: SoftSwitch.read_counters(job)}``.
+
+Emulated loss: each shard draws its own drop decisions. Shard 0 uses the config's seed (so one shard
+replays a single switch), shard i > 0 a seed derived from (seed, i), so the shards' losses are
+independent rather than the same sequence replayed on neighbouring slots.
+
+Linux only (``SO_ATTACH_REUSEPORT_CBPF``); IPv4, like :mod:`hostlib.batchio`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import signal
+import socket
+import struct
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hostlib.batchio import BatchSocket
+from softswitch.config import load_switch
+from softswitch.pipeline import SoftSwitch
+from softswitch.server import SoftSwitchServer
+
+log = logging.getLogger(__name__)
+
+SO_ATTACH_REUSEPORT_CBPF = getattr(socket, "SO_ATTACH_REUSEPORT_CBPF", 51)  # <asm-generic/socket.h>
+SLOT_OFFSET = 8  # byte offset of the big-endian u16 slot in the LTA header (docs/protocol.md)
+MAX_SHARDS = 64
+
+# Classic BPF opcodes (<linux/filter.h>).
+_BPF_LD_H_ABS = 0x00 | 0x08 | 0x20  # BPF_LD | BPF_H | BPF_ABS
+_BPF_ALU_AND_K = 0x04 | 0x50 | 0x00  # BPF_ALU | BPF_AND | BPF_K
+_BPF_ALU_MOD_K = 0x04 | 0x90 | 0x00  # BPF_ALU | BPF_MOD | BPF_K
+_BPF_RET_A = 0x06 | 0x10  # BPF_RET | BPF_A
+
+_READY_TIMEOUT_S = 60.0  # a shard imports numpy and loads the config before it is ready
+_STOP_TIMEOUT_S = 5.0
+_POLL_S = 0.2
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+def steering_program(n_shards: int) -> list[tuple[int, int, int, int]]:
+    """The classic BPF program ``slot % n_shards`` as (code, jt, jf, k) instructions."""
+    if not 1 <= n_shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be in 1..{MAX_SHARDS}, got {n_shards}")
+    if n_shards & (n_shards - 1) == 0:
+        reduce = (_BPF_ALU_AND_K, 0, 0, n_shards - 1)
+    else:
+        reduce = (_BPF_ALU_MOD_K, 0, 0, n_shards)
+    return [(_BPF_LD_H_ABS, 0, 0, SLOT_OFFSET), reduce, (_BPF_RET_A, 0, 0, 0)]
+
+
+def attach_steering(sock: socket.socket, n_shards: int) -> None:
+    """Attach ``slot % n_shards`` to the reuseport group of ``sock`` (any member; it applies to all)."""
+    insns = steering_program(n_shards)
+    prog = (_SockFilter * len(insns))(*(_SockFilter(*i) for i in insns))
+    fprog = struct.pack("@HP", len(insns), ctypes.addressof(prog))  # struct sock_fprog
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
+    except OSError as exc:
+        raise OSError(f"cannot attach the shard steering program (SO_ATTACH_REUSEPORT_CBPF): {exc}") from exc
+
+
+def shard_sockets(
+    listen: tuple[str, int], n_shards: int, buffer_bytes: int = 32 << 20
+) -> list[socket.socket]:
+    """N UDP sockets in one reuseport group on ``listen`` (port 0: one free port for all), bound in order
+    so that socket i has group index i, with the steering program attached: socket i receives exactly
+    the datagrams whose slot % N == i."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise OSError("sharding needs SO_REUSEPORT (Linux)")
+    steering_program(n_shards)  # validates n_shards
+    socks: list[socket.socket] = []
+    host, port = listen
+    try:
+        for _ in range(n_shards):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                raise OSError(f"softswitch cannot listen on {host}:{port}: {exc.strerror}") from exc
+            port = sock.getsockname()[1]
+        attach_steering(socks[0], n_shards)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+class _ShardServer(SoftSwitchServer):
+    """A SoftSwitchServer on a socket made (and bound) by someone else; remembers how its loop ended."""
+
+    def __init__(self, switch: SoftSwitch, sock: socket.socket, io: str | None = None) -> None:
+        # SoftSwitchServer.__init__ creates and binds its own socket, so its attributes are set here.
+        self.switch = switch
+        self.sock = sock
+        self.batch = BatchSocket(sock, io)
+        self.io = self.batch.io
+        self.address = sock.getsockname()
+        self._stop = threading.Event()
+        self._thread = None
+        self.send_errors = 0
+        self.exited = threading.Event()
+        self.failure: str | None = None
+
+    def serve_forever(self) -> None:
+        try:
+            super().serve_forever()
+        except BaseException as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("shard serve loop failed")
+        finally:
+            self.exited.set()
+
+
+def _shard_seed(seed: int, index: int) -> int:
+    if index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+def _report(kind: str, index: int, switch: SoftSwitch, server: _ShardServer | None) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "shard": index,
+        "counters": {job: switch.read_counters(job) for job in list(switch.jobs)},
+        "send_errors": server.send_errors if server is not None else 0,
+    }
+
+
+def _send(conn: Connection, msg: dict[str, Any]) -> bool:
+    try:
+        conn.send(msg)
+        return True
+    except (OSError, EOFError):  # the parent went away
+        return False
+
+
+def _shard_main(
+    index: int,
+    sock: socket.socket,
+    conn: Connection,
+    config: str | None,
+    io: str | None,
+    report_every: float,
+) -> None:
+    """One shard process: serve ``sock`` until the parent says stop (or goes away, or SIGTERM)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent stops us
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = None
+    try:
+        switch = load_switch(config) if config else SoftSwitch()
+        switch.seed = _shard_seed(switch.seed, index)
+        for job in switch.jobs.values():
+            job.seed = switch.seed
+        server = _ShardServer(switch, sock, io)
+    except Exception as exc:
+        _send(conn, {"kind": "error", "shard": index, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    server.start()
+    _send(conn, _report("ready", index, switch, server))
+    next_report = time.monotonic() + report_every
+    try:
+        while not stop.is_set() and not server.exited.is_set():
+            if conn.poll(min(_POLL_S, max(0.0, next_report - time.monotonic()))):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    break  # the parent is gone: stop, leave no orphan
+                if msg == "stop":
+                    break
+                if msg == "report" and not _send(conn, _report("report", index, switch, server)):
+                    break
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + report_every
+                if not _send(conn, _report("report", index, switch, server)):
+                    break
+    finally:
+        server.stop()
+        if server.failure is not None:
+            _send(conn, {"kind": "error", "shard": index, "error": server.failure})
+        _send(conn, _report("final", index, switch, server))
+        conn.close()
+
+
+class ShardedSoftSwitch:
+    """``n_shards`` softswitch processes behind ``listen``, slot % n_shards steering packets to shard i.
+
+    ``start()`` binds the sockets, spawns the shards and returns once every shard serves (or raises);
+    ``stop()`` stops them (idempotent). ``done`` is set when a shard fails (``error`` says how) or
+    ``stop()`` was called. ``totals()`` is the sum of the shards' last counter reports; ``collect()``
+    asks every shard for a fresh report first."""
+
+    def __init__(
+        self,
+        config: str | Path | None,
+        listen: tuple[str, int] = ("127.0.0.1", 0),
+        n_shards: int = 2,
+        *,
+        io: str | None = None,
+        buffer_bytes: int = 32 << 20,
+        report_every: float = 1.0,
+    ) -> None:
+        steering_program(n_shards)
+        if report_every <= 0:
+            raise ValueError(f"report_every must be > 0, got {report_every}")
+        self.config = str(config) if config is not None else None
+        # Loaded here too so that a bad config fails before any process starts, and for the job list.
+        self.jobs = sorted((load_switch(self.config) if self.config else SoftSwitch()).jobs)
+        self.listen = listen
+        self.n_shards = n_shards
+        self.io = io
+        self.buffer_bytes = buffer_bytes
+        self.report_every = report_every
+        self.address: tuple[str, int] | None = None
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._socks: list[socket.socket] = []
+        self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._reports: list[dict[str, Any] | None] = [None] * n_shards
+        self._seen = [0] * n_shards  # reports received per shard
+        self._finished = [False] * n_shards  # final report received
+        self._cond = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._stopped = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> ShardedSoftSwitch:
+        self._socks = shard_sockets(self.listen, self.n_shards, self.buffer_bytes)
+        self.address = self._socks[0].getsockname()
+        ctx = multiprocessing.get_context("spawn")  # no fork of a possibly threaded parent
+        try:
+            for i, sock in enumerate(self._socks):
+                parent_end, child_end = ctx.Pipe()
+                proc = ctx.Process(
+                    target=_shard_main,
+                    args=(i, sock, child_end, self.config, self.io, self.report_every),
+                    name=f"softswitch-shard-{i}",
+                    daemon=True,  # multiprocessing's exit hook terminates a shard the parent forgot
+                )
+                proc.start()
+                child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+            self._reader = threading.Thread(target=self._read_reports, name="softswitch-shards", daemon=True)
+            self._reader.start()
+            deadline = time.monotonic() + _READY_TIMEOUT_S
+            with self._cond:
+                while not self.done.is_set() and not all(self._seen):
+                    if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                        self.error = f"shards not ready after {_READY_TIMEOUT_S:.0f} s"
+                        break
+            if self.error is not None:
+                raise RuntimeError(f"softswitch shards failed to start: {self.error}")
+        except BaseException:
+            self.stop()
+            raise
+        log.info("softswitch: %d shards on %s:%d", self.n_shards, *self.address)
+        return self
+
+    def stop(self) -> None:
+        """Stop every shard (final counter reports are kept), then close the sockets."""
+        if self._stopped:
+            return
+        self._stopping = True
+        for conn in self._conns:
+            try:
+                conn.send("stop")
+            except (OSError, EOFError):
+                pass
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                log.warning("shard %s did not stop in %.0f s; terminating it", proc.name, _STOP_TIMEOUT_S)
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        if self._reader is not None:
+            self._reader.join(2.0)
+        for conn in self._conns:
+            conn.close()
+        for sock in self._socks:
+            sock.close()
+        self._stopped = True
+        self.done.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self) -> ShardedSoftSwitch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [proc.pid for proc in self._procs]
+
+    # ---- counters ----------------------------------------------------------------------------
+    def collect(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Ask every running shard for its counters now; return the latest report of each shard."""
+        with self._cond:
+            before = list(self._seen)
+        for i, conn in enumerate(self._conns):
+            if not self._finished[i]:
+                try:
+                    conn.send("report")
+                except (OSError, EOFError):
+                    pass
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not all(s > b or f for s, b, f in zip(self._seen, before, self._finished, strict=True)):
+                if self.done.is_set() and not self._stopping:
+                    break
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"shards did not report their counters in {timeout} s")
+            return [dict(r) if r is not None else {} for r in self._reports]
+
+    def shard_counters(self) -> list[dict[int, dict[str, int]]]:
+        """The last reported counters of each shard: ``[{job: {name: value}}]``, index = shard."""
+        with self._cond:
+            return [dict(r["counters"]) if r is not None else {} for r in self._reports]
+
+    def totals(self) -> dict[int, dict[str, int]]:
+        """The sum over shards of the last reported counters, ``{job: {name: value}}``."""
+        total: dict[int, dict[str, int]] = {}
+        for counters in self.shard_counters():
+            for job, values in counters.items():
+                acc = total.setdefault(job, dict.fromkeys(values, 0))
+                for name, value in values.items():
+                    acc[name] = acc.get(name, 0) + value
+        return dict(sorted(total.items()))
+
+    def send_errors(self) -> int:
+        with self._cond:
+            return sum(r["send_errors"] for r in self._reports if r is not None)
+
+    # ---- parent side of the pipes ------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        if self.error is None:
+            self.error = message
+        log.error("softswitch: %s", message)
+        self.done.set()
+
+    def _read_reports(self) -> None:
+        index = {id(conn): i for i, conn in enumerate(self._conns)}
+        open_conns = list(self._conns)
+        while open_conns:
+            try:
+                ready = wait(open_conns, _POLL_S)
+            except OSError:  # stop() closed the pipes
+                return
+            for conn in ready:
+                i = index[id(conn)]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    open_conns.remove(conn)
+                    if not self._finished[i] and not self._stopping:
+                        proc = self._procs[i]
+                        proc.join(1.0)
+                        self._fail(f"shard {i} (pid {proc.pid}) exited unexpectedly, code {proc.exitcode}")
+                    with self._cond:
+                        self._cond.notify_all()
+                    continue
+                with self._cond:
+                    if msg["kind"] == "error":
+                        self._fail(f"shard {i}: {msg['error']}")
+                    else:
+                        self._reports[i] = msg
+                        self._seen[i] += 1
+                        if msg["kind"] == "final":
+                            self._finished[i] = True
+                            if not self._stopping:
+                                self._fail(f"shard {i} stopped on its own")
+                    self._cond.notify_all()
