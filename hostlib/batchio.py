@@ -91,7 +91,7 @@ def addr_key(addr: tuple[str, int]) -> int:
     try:
         packed = socket.inet_pton(socket.AF_INET, host)
     except (OSError, TypeError) as exc:
-        raise ValueError(f"not an IPv4 address: {host!r}") from exc
+        raise ValueError(f"not an IPv4 address written as a dotted quad: {host!r}") from exc
     if not 0 <= port <= 0xFFFF:
         raise ValueError(f"port out of range: {port}")
     return (int.from_bytes(packed, "big") << 16) | port
@@ -376,6 +376,12 @@ class RxBatch:
         self._vec: _MsgVec | None = None
         self._rows: list[memoryview] | None = None
         self._scratch: np.ndarray | None = None
+
+    @classmethod
+    def within(cls, budget_bytes: int, max_bytes: int) -> RxBatch:
+        """As many rows of ``max_bytes`` as ``budget_bytes`` holds, between 16 and the 1024 datagrams the
+        kernel hands over per ``recvmmsg`` (1024 small packets, or a few dozen of 64 KiB)."""
+        return cls(max(16, min(_MAX_VLEN, budget_bytes // max_bytes)), max_bytes)
 
     @property
     def data(self) -> np.ndarray:

@@ -26,12 +26,12 @@ slot registers and drop decisions. How:
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hostlib.batchio import addr_key, key_addr
 from hostlib.protocol import COUNTERS, HEADER_BYTES, HEADER_DTYPE, MAX_JOBS, VERSION, Flag, Op
 
 if TYPE_CHECKING:
@@ -66,30 +66,21 @@ _SMALL_WAVE = 8
 
 
 def port_key(port: Any) -> int:
-    """The int64 key of a port: an int port is itself; a ``(host, udp_port)`` address with an IPv4 host
-    in dotted-quad form is ``(ipv4_as_u32 << 16) | udp_port``. Raises ValueError for anything else: a host
-    name, or another spelling of an address ("127.1"), which never equals the address a datagram comes
-    from, so the per-packet path never matches it either."""
+    """The int64 key of a port: an int port is itself; a ``(host, udp_port)`` address is
+    :func:`hostlib.batchio.addr_key`'s key, the form the UDP server reports sources in. Raises ValueError
+    for anything else: a host name, or another spelling of an address ("127.1"), which never equals the
+    address a datagram comes from, so the per-packet path never matches it either."""
     if isinstance(port, (int, np.integer)) and not isinstance(port, bool):
         return int(port)
     if isinstance(port, tuple) and len(port) >= 2:
-        host, udp_port = port[0], int(port[1])
         try:
-            packed = socket.inet_aton(host)
-        except (OSError, TypeError) as exc:
-            raise ValueError(f"no port key for {port!r}: the host is not an IPv4 address") from exc
-        if socket.inet_ntoa(packed) != host:
-            raise ValueError(f"no port key for {port!r}: write the IPv4 address as a dotted quad")
-        if not 0 <= udp_port <= 0xFFFF:
-            raise ValueError(f"no port key for {port!r}: UDP port out of range")
-        return (int.from_bytes(packed, "big") << 16) | udp_port
+            return addr_key((port[0], port[1]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"no port key for {port!r}: {exc}") from None
     raise ValueError(f"no port key for {port!r}: use an int port or a (host, udp_port) address")
 
 
-def key_address(key: int) -> tuple[str, int]:
-    """The ``(host, udp_port)`` address of a key made by :func:`port_key` from an address."""
-    key = int(key)
-    return socket.inet_ntoa((key >> 16).to_bytes(4, "big")), key & 0xFFFF
+key_address = key_addr  # the (host, udp_port) of an address key
 
 
 def worker_keys(workers: Iterable[Any]) -> np.ndarray:

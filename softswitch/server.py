@@ -21,7 +21,6 @@ from softswitch.pipeline import SoftSwitch
 log = logging.getLogger(__name__)
 
 _RX_BUFFER_BYTES = 8 << 20  # receive rows per call: 1024 small packets, or 128 of 64 KiB
-_MAX_BATCH = 1024  # the kernel takes at most this many datagrams per recvmmsg
 
 
 class SoftSwitchServer:
@@ -77,7 +76,7 @@ class SoftSwitchServer:
             want = self._row_bytes()
             if rx is None or want != row_bytes:
                 row_bytes = want
-                rx = RxBatch(max(16, min(_MAX_BATCH, _RX_BUFFER_BYTES // row_bytes)), row_bytes)
+                rx = RxBatch.within(_RX_BUFFER_BYTES, row_bytes)
             try:
                 n = self.batch.recv(rx, 0.1)
             except OSError:

@@ -35,6 +35,8 @@ from hostlib.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
+SELF_HOSTED_LISTEN = ("127.0.0.1", 0)  # loopback, any port
+
 
 @dataclass(frozen=True)
 class JobRequest:
@@ -52,7 +54,7 @@ class LtaOptions:
     job_id: int = 1
     bind_host: str = "127.0.0.1"
     bind_port_base: int = 0
-    listen: tuple[str, int] = ("127.0.0.1", 0)  # where a self-hosted softswitch listens
+    listen: tuple[str, int] = SELF_HOSTED_LISTEN  # where a self-hosted softswitch listens
     transport: TransportConfig = field(default_factory=TransportConfig)
     drop: dict[str, DropPolicy] = field(default_factory=dict)  # direction -> policy (self-hosted only)
     register_job: Callable[[JobRequest], None] | None = None
@@ -85,8 +87,7 @@ class LtaOptions:
         switch = env.get("LTA_SWITCH")
         # Packet size follows the path for the self-hosted softswitch (one 64 KiB datagram on loopback);
         # an external switch may be a P4 program compiled for K=64, so that stays its default.
-        listen = cls.__dataclass_fields__["listen"].default
-        default_k = DEFAULT_ELEMS_PER_PACKET if switch else elems_for_path(listen)
+        default_k = DEFAULT_ELEMS_PER_PACKET if switch else elems_for_path(SELF_HOSTED_LISTEN)
         transport = TransportConfig(
             elems_per_packet=int(number("LTA_ELEMS_PER_PACKET", default_k)),
             pool_size=int(number("LTA_POOL_SIZE", 512)),

@@ -37,9 +37,8 @@ class WorkerIO:
             raise
         self.mode = self.batch.io
         self.switch_key = addr_key(switch_addr)
-        capacity = max(16, min(1024, _RX_BUFFER_BYTES // packet_bytes))
         # A few bytes more than a packet, so a longer datagram shows up as a wrong length (ignored).
-        self.rx = RxBatch(capacity, packet_bytes + 4)
+        self.rx = RxBatch.within(_RX_BUFFER_BYTES, packet_bytes + 4)
 
     def send_rows(self, rows: np.ndarray) -> int:
         """Send each row (a whole packet) to the switch; returns how many went out."""

@@ -159,13 +159,18 @@ def gloo_bench_worker(rank: int, n: int, port: int, n_values: int, iters: int, w
     queue.put((rank, times))
 
 
+def free_tcp_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for torch.distributed's TCP store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    with socket.socket() as s:  # a free port for the TCP store
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_tcp_port()  # for the TCP store
     queue = ctx.Queue()
     procs = [
         ctx.Process(target=gloo_bench_worker, args=(r, n, port, n_values, iters, warmup, queue))
@@ -227,8 +232,7 @@ class EchoServer:
             sock.close()
             raise
         self.address: tuple[str, int] = sock.getsockname()
-        capacity = max(16, min(1024, _ECHO_RX_BYTES // spec.packet_bytes))
-        self.rx = RxBatch(capacity, spec.packet_bytes + 4)
+        self.rx = RxBatch.within(_ECHO_RX_BYTES, spec.packet_bytes + 4)
         self.received_timed = 0
         self.wrong_length = 0
         self.error: str | None = None
@@ -276,7 +280,7 @@ def _raw_iterations(
 ) -> dict:
     """Run every iteration of one sender; returns its times (timed iterations) and counts."""
     m, pb = rows.shape
-    rx = RxBatch(max(16, min(1024, _RX_BUFFER_BYTES // pb)), pb + 4)
+    rx = RxBatch.within(_RX_BUFFER_BYTES, pb + 4)
     times: list[float] = []
     timeouts = sent_timed = echoed_timed = send_failed = 0
     echoes: list[np.ndarray] = []

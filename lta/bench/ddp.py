@@ -10,20 +10,15 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from lta.bench.allreduce import free_tcp_port
+
 WIDTH, IN_FEATURES = 1024, 1024  # 1024 -> 4 x 1024 -> 10: 4.2M parameters
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmup: int, queue: Any) -> None:
@@ -71,7 +66,7 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
 
 def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: float = 600.0) -> dict:
     ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
+    queue, port = ctx.Queue(), free_tcp_port()
     procs = [
         ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)
         for r in range(world)
