@@ -1,6 +1,6 @@
 """Throughput of SoftSwitch.process_batch against the per-packet SoftSwitch.process.
 
-``python -m softswitch.bench_batch``: a steady-state stream of GRADs (N workers, K=64, pool 512: unit g in
+``python -m lta.bench.switch_micro``: a steady-state stream of GRADs (N workers, K=64, pool 512: unit g in
 slot g mod 512, round g div 512 + 1, each worker's packets shuffled within small windows), preallocated as
 one (n, 292) uint8 array with ingress port keys, run through fresh switches; one JSON line per
 configuration: GRAD/s, µs per packet and the speedup over the per-packet path. Checks on the way that both
