@@ -1,0 +1,94 @@
+"""Train through a parameter server (``lta ps``) by swapping the optimizer, not the loop.
+
+``PSOptimizer(model.parameters(), client, lr=0.05)`` and the loop stays ``loss.backward();
+opt.step(); opt.zero_grad()``. Each ``step``:
+
+1. the parameters' gradients are gathered into one flat float32 vector and pushed (encoded by the job's
+   compression; a top-k residual stays on this worker), with the learning rate of the optimizer's group,
+   so an LR scheduler attached to this optimizer drives the server's step;
+2. the server's parameters are pulled and written into the model (sync: once the step is applied;
+   async: at once, and a push refused as too stale only means the model is refreshed).
+
+The optimizer itself (SGD with momentum, its ``lr`` and ``momentum``) runs on the server: ``momentum``
+here is the job's, set on the server (``lta ps --momentum``). Construction calls
+``client.initialize``: the first worker's parameters become the job's and every worker starts from them.
+
+``PSOptimizer.from_env(params, lr=...)`` builds the client from ``LTA_PS=host:port`` (the server),
+``LTA_JOB_ID`` (1), ``RANK`` (0), ``LTA_ELEMS_PER_PACKET`` (64), ``LTA_PS_COMPRESSION`` (none) and
+``LTA_PS_TOPK_RATIO`` (0.01): choosing the parameter server is configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hostlib.errors import UsageError
+from hostlib.protocol import parse_address
+from hostlib.ps_client import PsClient, PsClientConfig
+from hostlib.torch_ext.flat import FlatParams
+
+
+class PSOptimizer(torch.optim.Optimizer):
+    """An optimizer whose step is a push of the gradients and a pull of the parameters."""
+
+    def __init__(self, params: Iterable[torch.Tensor], client: PsClient, *, lr: float | None = None) -> None:
+        param_list = [p for p in params]
+        if not param_list:
+            raise ValueError("PSOptimizer got no parameters")
+        super().__init__(param_list, {"lr": lr})
+        self.client = client
+        self.flat = FlatParams(param_list, client.k)
+        self._host = np.zeros(self.flat.numel, dtype=np.float32)
+        with torch.no_grad():
+            start = self.flat.data[: self.flat.numel].detach().cpu().numpy()
+            self._write(client.initialize(start))
+
+    @classmethod
+    def from_env(cls, params: Iterable[torch.Tensor], *, lr: float | None = None) -> PSOptimizer:
+        """A PSOptimizer whose client the ``LTA_PS*`` variables describe (module docstring)."""
+        server = os.environ.get("LTA_PS")
+        if not server:
+            raise UsageError(
+                "LTA_PS is not set: give the parameter server as LTA_PS=host:port (lta ps --listen)"
+            )
+        try:
+            address = parse_address(server)
+            config = PsClientConfig(
+                elems_per_packet=int(os.environ.get("LTA_ELEMS_PER_PACKET", "64")),
+                compression=os.environ.get("LTA_PS_COMPRESSION", "none"),
+                topk_ratio=float(os.environ.get("LTA_PS_TOPK_RATIO", "0.01")),
+            )
+            client = PsClient(
+                address,
+                int(os.environ.get("LTA_JOB_ID", "1")),
+                int(os.environ.get("RANK", "0")),
+                config=config,
+            )
+        except ValueError as exc:
+            raise UsageError(f"LTA_PS* variables: {exc}") from None
+        return cls(params, client, lr=lr)
+
+    def _write(self, values: np.ndarray) -> None:
+        self.flat.data[: self.flat.numel].copy_(torch.from_numpy(np.asarray(values, dtype=np.float32)))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Push this worker's gradients, then load the server's parameters into the model."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.flat.gather_grads()
+        np.copyto(self._host, self.flat.grad[: self.flat.numel].detach().cpu().numpy())
+        lr = self.param_groups[0].get("lr")
+        self._write(self.client.step(self._host, lr=None if lr is None else float(lr)))
+        return loss
+
+    def ps_stats(self) -> dict[str, Any]:
+        """The client's counters: pushes, rejected pushes, staleness, bytes, resends."""
+        return {"version": self.client.version, **self.client.stats.as_dict()}
