@@ -1,7 +1,8 @@
 # `make run`: set up .venv and run the main job. `make test`: set up .venv and run the tests.
-# Both work on a fresh clone: Python 3.11 and pip are all they need (torch is pinned in
+# Both work on a fresh clone: Python 3.11 and pip are all they need (every package is pinned in
 # constraints.txt). As root, `make test` also installs Debian's mininet, bridge-utils and nftables so
-# the Mininet/netns tests run; without root those tests skip and say why.
+# the Mininet/netns tests run; without root those tests skip and say why. `mypy` type-checks the
+# library (settings in pyproject.toml).
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,10 +11,10 @@ MAIN_JOB ?= train
 
 .PHONY: run test setup lint clean-venv
 
-$(STAMP): pyproject.toml constraints.txt setup.py hostlib/_batchio.c
+$(STAMP): pyproject.toml constraints.txt setup.py hostlib/_batchio.c hostlib/_codec.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,p4rt]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,p4rt,tools]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,11 +26,13 @@ test: $(STAMP)
 	@if [ "$$(id -u)" = 0 ] && [ -x mininet_topos/setup_deps.sh ]; then mininet_topos/setup_deps.sh; fi
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -ra
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff format --check .
 
 clean-venv:

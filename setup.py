@@ -1,9 +1,24 @@
-"""Builds the optional C extension hostlib._batchio; everything else is configured in pyproject.toml.
+"""Builds the optional C extension hostlib._batchio and names the packages; the rest is in pyproject.toml.
 
 The extension is optional: where it does not compile (no compiler, not Linux), the install goes on and
 hostlib.batchio falls back to its ctypes or plain socket paths.
+
+The compiled P4 program (``p4/build/lta.json``, ``p4/build/lta.p4info.txtpb``: what ``lta ctl load`` pushes
+and the softswitch's P4Runtime server reads) ships in the wheel as ``hostlib/p4build/``: a data-only package
+whose source folder is ``p4/build``, so the files stay where p4/README.md and the tests expect them.
+``hostlib.p4schema`` looks there first and falls back to ``p4/build`` of a checkout.
 """
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
-setup(ext_modules=[Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True)])
+TOP_LEVEL = ["lta", "hostlib", "softswitch", "controlplane", "mininet_topos"]
+PACKAGES = find_packages(include=[name for top in TOP_LEVEL for name in (top, f"{top}.*")])
+
+setup(
+    packages=[*PACKAGES, "hostlib.p4build"],
+    package_dir={"hostlib.p4build": "p4/build"},
+    ext_modules=[
+        Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
+        Extension("hostlib._codec", ["hostlib/_codec.c"], optional=True),
+    ],
+)

@@ -1,41 +1,49 @@
-"""A deployment file (TOML) says which switches exist, which jobs each holds and which drop policies
-apply; ``apply`` makes the switches match it. Example (docs in ``lta ctl apply --help``)::
+"""``lta ctl apply FILE``: make the switches hold the jobs and drop policies of a jobs file.
 
-    [[switch]]
+The file is the one ``lta softswitch --config`` reads (schema: ``hostlib/jobconfig.py``,
+docs/jobs_file.md). Example::
+
+    [[switches]]                  # optional: without it the jobs go to `lta ctl --target`
     name = "s1"
-    target = "127.0.0.1:9559"     # P4Runtime address: simple_switch_grpc or the softswitch server
+    target = "127.0.0.1:9559"     # P4Runtime address: simple_switch_grpc or the softswitch's server
     device_id = 0
 
-    [[job]]
-    switch = "s1"                 # may be left out when there is one switch
-    id = 1
+    [[jobs]]
+    job_id = 1
+    switch = "s1"                 # may be left out when the file names one switch
     quorum = 3                    # default: all workers
     pool_size = 512
-    workers = [
-        { port = 1, mac = "02:00:00:00:00:01", ip = "10.0.0.1", udp_port = 48879 },
-        { port = 2, mac = "02:00:00:00:00:02", ip = "10.0.0.2" },
-        { port = 3, mac = "02:00:00:00:00:03", ip = "10.0.0.3" },
+    workers = [                   # lta ctl needs each worker's switch port
+        { port = 1, mac = "02:00:00:00:00:01", ip = "10.0.0.1", udp_port = 40000 },
+        { port = 2, mac = "02:00:00:00:00:02", ip = "10.0.0.2", udp_port = 40001 },
+        { port = 3 },             # ip, mac, udp_port left out: 10.0.0.3, 02:00:00:00:00:03, 40002
     ]
 
-    [[drop]]
-    job = 1
+    [[jobs.drop]]
     direction = "up"              # up = GRAD by sender, down = RESULT / param = PARAM by receiver
     worker = 2                    # optional: one worker (wins over the job-wide policy)
     model = "bernoulli"           # or "gilbert_elliott" with p, r, loss_good, loss_bad; "none" removes
     p = 0.05
+
+Unknown keys, wrong types and out-of-range values are refused, naming the file, the table and the key.
 """
 
 from __future__ import annotations
 
-import tomllib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from controlplane.errors import ControlPlaneError
-from controlplane.jobs import DEFAULT_POOL_SIZE, JobSpec, WorkerSpec
-from controlplane.session import DEFAULT_TARGET
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
+from controlplane.jobs import JobSpec, WorkerSpec, check_distinct_addresses
+from hostlib.dropmodels import DropPolicy
+from hostlib.errors import ConfigError
+from hostlib.jobconfig import JobEntry, JobFile, load_jobs, parse_jobs
 from hostlib.p4schema import describe
+from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,84 +68,55 @@ class Deployment:
     drops: dict[str, list[DropSpec]] = field(default_factory=dict)
 
 
-def _only_keys(where: str, table: dict, allowed: set[str]) -> None:
-    unknown = set(table) - allowed
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-
-
-def _switch_of(where: str, table: dict, switches: dict[str, SwitchSpec]) -> str:
-    name = table.get("switch")
-    if name is None:
-        if len(switches) != 1:
-            raise ValueError(f'{where}: say which switch (switch = "..."); the file has {sorted(switches)}')
-        return next(iter(switches))
-    if name not in switches:
-        raise ValueError(f"{where}: no [[switch]] named {name!r}; the file has {sorted(switches)}")
-    return name
-
-
-def parse(text: str, source: str = "<deployment>") -> Deployment:
-    """Parse a deployment file's text; errors name the file and the offending table."""
+def job_spec(job: JobEntry, job_file: JobFile) -> JobSpec:
+    """A file's job as the control plane installs it; refuses what a P4Runtime switch cannot hold."""
+    if job.elems_per_packet != DEFAULT_ELEMS_PER_PACKET:
+        raise job_file.error(
+            job.where,
+            f"elems_per_packet = {job.elems_per_packet}: a P4 switch runs its compiled "
+            f"K = {DEFAULT_ELEMS_PER_PACKET} and P4Runtime cannot change it; leave the key out for lta ctl",
+        )
+    workers = []
+    for w, worker in enumerate(job.workers):
+        try:
+            workers.append(WorkerSpec.from_entry(worker, w))
+        except ValueError as exc:
+            raise job_file.error(f"{job.where}.workers[{w}]", str(exc)) from None
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: not valid TOML: {exc}") from None
-    _only_keys(source, doc, {"switch", "job", "drop"})
-    switches: dict[str, SwitchSpec] = {}
-    for i, s in enumerate(doc.get("switch", [])):
-        where = f"{source}: [[switch]] #{i + 1}"
-        _only_keys(where, s, {"name", "target", "device_id"})
-        spec = SwitchSpec(s.get("name", f"s{i + 1}"), s.get("target", DEFAULT_TARGET), s.get("device_id", 0))
-        if spec.name in switches:
-            raise ValueError(f"{where}: two switches are named {spec.name!r}")
-        switches[spec.name] = spec
-    if not switches:
-        raise ValueError(f'{source}: no [[switch]] table; add one with target = "host:port"')
+        check_distinct_addresses(tuple(workers))
+    except ValueError as exc:
+        raise job_file.error(job.where, f"{exc} (after filling in the addresses left out)") from None
+    return JobSpec(
+        job.job_id, tuple(workers), quorum=job.quorum, pool_size=job.pool_size, slot_base=job.slot_base
+    )
+
+
+def from_jobs(job_file: JobFile, target: str = DEFAULT_TARGET, device_id: int = 0) -> Deployment:
+    """The deployment a jobs file describes; with no ``[[switches]]`` its jobs go to ``target``."""
+    if job_file.switches:
+        switches = {s.name: SwitchSpec(s.name, s.target, s.device_id) for s in job_file.switches}
+    else:
+        switches = {target: SwitchSpec(target, target, device_id)}
     deployment = Deployment(switches, {n: [] for n in switches}, {n: [] for n in switches})
-    for i, j in enumerate(doc.get("job", [])):
-        where = f"{source}: [[job]] #{i + 1}"
-        _only_keys(where, j, {"switch", "id", "quorum", "pool_size", "slot_base", "workers"})
-        if "id" not in j or not j.get("workers"):
-            raise ValueError(f"{where}: a job needs id = N and workers = [{{ port = ... }}, ...]")
-        try:
-            workers = tuple(WorkerSpec.from_dict(w) for w in j["workers"])
-            job = JobSpec(
-                j["id"],
-                workers,
-                quorum=j.get("quorum"),
-                pool_size=j.get("pool_size", DEFAULT_POOL_SIZE),
-                slot_base=j.get("slot_base"),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        deployment.jobs[_switch_of(where, j, switches)].append(job)
-    for i, d in enumerate(doc.get("drop", [])):
-        where = f"{source}: [[drop]] #{i + 1}"
-        _only_keys(
-            where, d, {"switch", "job", "direction", "worker", "model", "p", "r", "loss_good", "loss_bad"}
-        )
-        if "job" not in d or d.get("direction") not in DIRECTIONS:
-            raise ValueError(f"{where}: needs job = N and direction = one of {', '.join(DIRECTIONS)}")
-        model = d.get("model", "bernoulli")
-        try:
-            policy = (
-                None
-                if model == "none"
-                else DropPolicy.from_dict({k: v for k, v in d.items() if k not in ("switch", "job")})
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        deployment.drops[_switch_of(where, d, switches)].append(
-            DropSpec(d["job"], d["direction"], policy, d.get("worker"))
-        )
+    only = next(iter(switches))
+    for job in job_file.jobs:
+        name = job.switch or only  # the schema checked that a job names a switch when there are several
+        deployment.jobs[name].append(job_spec(job, job_file))
+        deployment.drops[name] += [DropSpec(job.job_id, d.direction, d.policy, d.worker) for d in job.drops]
     return deployment
 
 
-def load(path: Path) -> Deployment:
+def parse(
+    text: str, source: str = "<deployment>", target: str = DEFAULT_TARGET, device_id: int = 0
+) -> Deployment:
+    """Parse a jobs file's text; every problem is a :class:`ConfigError` naming the file and table."""
+    return from_jobs(parse_jobs(text, source), target, device_id)
+
+
+def load(path: Path, target: str = DEFAULT_TARGET, device_id: int = 0) -> Deployment:
     if not path.exists():
-        raise FileNotFoundError(f"no deployment file {path}; see `lta ctl apply --help` for an example")
-    return parse(path.read_text(), str(path))
+        raise ConfigError(f"no deployment file {path}; see `lta ctl apply --help` for an example")
+    return from_jobs(load_jobs(path), target, device_id)
 
 
 def _same_job(wanted: JobSpec, present: JobSpec) -> bool:
@@ -152,11 +131,16 @@ def _same_job(wanted: JobSpec, present: JobSpec) -> bool:
     return a == b
 
 
-def apply(deployment: Deployment, prune: bool = False, timeout_s: float = 2.0, log=print) -> None:
+def apply(
+    deployment: Deployment,
+    prune: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    log: Callable[[str], None] = logger.info,
+) -> None:
     """Make every switch of the deployment hold exactly its jobs and policies: load the pipeline where
     another (or none) runs, add missing jobs, re-add changed ones, set policies. Jobs not in the file
-    stay unless ``prune``."""
-    from controlplane.switch import LtaSwitch  # late: keeps `lta --help` free of gRPC start-up
+    stay unless ``prune``. Needs the p4rt extra."""
+    from controlplane.switch import LtaSwitch  # late: keeps `lta --help` free of gRPC
 
     for name, spec in deployment.switches.items():
         with LtaSwitch.connect(spec.target, spec.device_id, timeout_s=timeout_s) as switch:
@@ -181,10 +165,6 @@ def apply(deployment: Deployment, prune: bool = False, timeout_s: float = 2.0, l
                     switch.remove_job(job_id)
                     log(f"{name}: job {job_id} removed (not in the file)")
             for drop in deployment.drops[name]:
-                if drop.job_id not in wanted and drop.job_id not in present:
-                    raise ControlPlaneError(
-                        f"{name}: a drop policy names job {drop.job_id}, which is not there"
-                    )
                 switch.set_drop_policy(drop.job_id, drop.direction, drop.policy, drop.worker)
                 who = "all workers" if drop.worker is None else f"worker {drop.worker}"
                 what = describe(drop.policy) if drop.policy else "removed"

@@ -1,9 +1,12 @@
-"""Errors the control plane raises; each message says what to do next."""
+"""Errors the control plane raises; each message says what to do next. They are
+:class:`hostlib.errors.LtaError` s: ``lta`` prints one line and exits non-zero."""
 
 from __future__ import annotations
 
+from hostlib.errors import LtaError
 
-class ControlPlaneError(Exception):
+
+class ControlPlaneError(LtaError):
     """Base class: a switch could not be configured as asked."""
 
 

@@ -8,21 +8,30 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from p4.v1 import p4runtime_pb2
-
-from hostlib.p4schema import (
-    EXPECT_PORT,
-    JOBS_TABLE,
-    SET_ADDRESS,
-    SET_JOB,
-    WORKER_ADDRESSES_TABLE,
-    WORKER_PORTS_TABLE,
-    Entry,
-)
+from hostlib import jobentries
+from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_SWITCH_PORT, WorkerEntry, format_mac, parse_mac
+from hostlib.jobentries import place_pool
+from hostlib.p4schema import Entry
 from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_WORKERS
 
-DEFAULT_POOL_SIZE = 512
+if TYPE_CHECKING:
+    from p4.v1 import p4runtime_pb2
+
+__all__ = [
+    "DEFAULT_POOL_SIZE",
+    "JobSpec",
+    "WorkerSpec",
+    "check_distinct_addresses",
+    "job_entry",
+    "mac_bytes",
+    "mac_str",
+    "multicast_group",
+    "new_generation",
+    "place_pool",
+    "worker_entries",
+]
 
 
 @dataclass(frozen=True)
@@ -36,19 +45,33 @@ class WorkerSpec:
     udp_port: int = LTA_PORT
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 511:
-            raise ValueError(f"worker port must be in 0..510 (511 is BMv2's drop port), got {self.port}")
-        mac_bytes(self.mac)
-        ipaddress.IPv4Address(self.ip)
+        if not 0 <= self.port <= MAX_SWITCH_PORT:
+            raise ValueError(
+                f"worker port must be in 0..{MAX_SWITCH_PORT} ({MAX_SWITCH_PORT + 1} is BMv2's drop port), "
+                f"got {self.port}"
+            )
+        parse_mac(self.mac)
+        try:
+            ipaddress.IPv4Address(self.ip)
+        except ValueError:
+            raise ValueError(f"ip {self.ip!r} is not an IPv4 address") from None
         if not 0 < self.udp_port < 65536:
             raise ValueError(f"udp_port must be in 1..65535, got {self.udp_port}")
 
     @classmethod
-    def from_dict(cls, spec: dict) -> WorkerSpec:
-        unknown = set(spec) - {"port", "mac", "ip", "udp_port"}
-        if unknown:
-            raise ValueError(f"unknown worker keys {sorted(unknown)}; allowed: port, mac, ip, udp_port")
-        return cls(**spec)
+    def from_entry(cls, entry: WorkerEntry, w: int) -> WorkerSpec:
+        """Worker ``w`` of a jobs file: the switch port must be given (a P4 switch checks it on every
+        packet); ip, mac and udp_port left out take ``hostlib.jobconfig.default_worker(w)``."""
+        if entry.port is None:
+            raise ValueError(
+                f"worker {w} needs its switch port (port = N): the switch checks it on every packet"
+            )
+        full = entry.filled(w)
+        assert full.ip is not None and full.mac is not None and full.udp_port is not None
+        return cls(entry.port, mac=full.mac, ip=full.ip, udp_port=full.udp_port)
+
+    def entry(self) -> WorkerEntry:
+        return WorkerEntry(ip=self.ip, udp_port=self.udp_port, port=self.port, mac=self.mac)
 
 
 @dataclass(frozen=True)
@@ -81,7 +104,19 @@ class JobSpec:
 
     @property
     def mcast_grp(self) -> int:
-        return self.job_id  # one multicast group per job, numbered like the job
+        return jobentries.multicast_group_id(self.job_id)
+
+
+def check_distinct_addresses(workers: tuple[WorkerSpec, ...]) -> None:
+    """Refuse two workers with one (ip, udp_port): RESULTs for both would go to one socket."""
+    seen: dict[tuple[str, int], int] = {}
+    for w, worker in enumerate(workers):
+        address = (worker.ip, worker.udp_port)
+        if address in seen:
+            raise ValueError(
+                f"workers {seen[address]} and {w} both have address {worker.ip}:{worker.udp_port}"
+            )
+        seen[address] = w
 
 
 def new_generation() -> int:
@@ -89,63 +124,30 @@ def new_generation() -> int:
 
 
 def mac_bytes(mac: str) -> bytes:
-    parts = mac.split(":")
-    if len(parts) != 6:
-        raise ValueError(f"{mac!r} is not a MAC address like 02:00:00:00:00:01")
-    return bytes(int(p, 16) for p in parts)
+    return parse_mac(mac)
 
 
 def mac_str(value: int) -> str:
-    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+    return format_mac(value.to_bytes(6, "big"))
 
 
 def job_entry(job: JobSpec) -> Entry:
     assert job.slot_base is not None, "place the job's slot pool first"
-    params = {
-        "n_workers": job.n_workers,
-        "quorum": job.quorum or job.n_workers,
-        "pool_size": job.pool_size,
-        "slot_base": job.slot_base,
-        "mcast_grp": job.mcast_grp,
-        "generation": job.generation,
-    }
-    return Entry(JOBS_TABLE, {"job_id": job.job_id}, SET_JOB, params)
+    return jobentries.job_lookup_entry(
+        job.job_id, job.n_workers, job.quorum or job.n_workers, job.pool_size, job.slot_base, job.generation
+    )
 
 
 def worker_entries(job: JobSpec) -> list[Entry]:
-    entries = []
-    for w, worker in enumerate(job.workers):
-        key = {"job_id": job.job_id, "worker_id": w}
-        entries.append(Entry(WORKER_PORTS_TABLE, key, EXPECT_PORT, {"port": worker.port}))
-        address = {
-            "mac": int.from_bytes(mac_bytes(worker.mac), "big"),
-            "ipv4": int(ipaddress.IPv4Address(worker.ip)),
-            "udp_port": worker.udp_port,
-        }
-        entries.append(Entry(WORKER_ADDRESSES_TABLE, key, SET_ADDRESS, address))
-    return entries
+    return jobentries.worker_entries(job.job_id, [w.entry() for w in job.workers])
 
 
 def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
+    from p4.v1 import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
+
     pre = p4runtime_pb2.PacketReplicationEngineEntry()
     group = pre.multicast_group_entry
     group.multicast_group_id = job.mcast_grp
     for w, worker in enumerate(job.workers):
         group.replicas.add(egress_port=worker.port, instance=w)
     return pre
-
-
-def place_pool(pool_size: int, used: list[tuple[int, int]], capacity: int) -> int:
-    """The first slot base where ``pool_size`` slots fit between the (base, size) ranges in ``used``."""
-    base = 0
-    for start, size in sorted(used):
-        if base + pool_size <= start:
-            return base
-        base = max(base, start + size)
-    if base + pool_size <= capacity:
-        return base
-    free = capacity - sum(size for _, size in used)
-    raise ValueError(
-        f"no room for a pool of {pool_size} slots: the switch holds {capacity} slots and {free} are free "
-        f"(in pieces); use a smaller pool_size or remove a job (lta ctl job rm ID)"
-    )

@@ -18,6 +18,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from controlplane.errors import (
     ControlPlaneError,
     NotPrimary,
@@ -26,8 +27,7 @@ from controlplane.errors import (
     WriteRejected,
 )
 
-DEFAULT_TARGET = "127.0.0.1:9559"
-DEFAULT_TIMEOUT_S = 2.0
+__all__ = ["DEFAULT_TARGET", "DEFAULT_TIMEOUT_S", "P4RuntimeSession", "write_errors"]
 
 
 class P4RuntimeSession:

@@ -23,12 +23,12 @@ from controlplane.jobs import (
     mac_str,
     multicast_group,
     new_generation,
-    place_pool,
     worker_entries,
 )
 from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
 from hostlib import p4info
 from hostlib.dropmodels import DropPolicy
+from hostlib.jobentries import place_pools
 from hostlib.p4info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
 from hostlib.p4schema import (
     BMV2_JSON_PATH,
@@ -106,8 +106,15 @@ class LtaSwitch:
             detail = f"it lacks {', '.join(missing[:4])}" if missing else "it differs from ours"
             raise PipelineMismatch(
                 f"switch at {self.target} runs another P4 program ({detail}; ours is {self.p4info_path}); "
-                f"reload it with `lta ctl load` (this clears every job)"
+                f"replace it with `lta ctl load --force` (this clears every job)"
             )
+
+    def pipeline_state(self) -> str:
+        """Which pipeline runs: "none" (not loaded), "ours" (our P4Info) or "other" (another program)."""
+        running = self.session.get_p4info()
+        if running is None:
+            return "none"
+        return "ours" if p4info_fingerprint(running) == p4info_fingerprint(self.names.info) else "other"
 
     def ensure_pipeline(self, device_config_path: Path = BMV2_JSON_PATH) -> bool:
         """Load our pipeline unless it is already running (loading clears all state); True if loaded."""
@@ -175,14 +182,10 @@ class LtaSwitch:
                 f"job {job.job_id} already exists on {self.target}; "
                 f"remove it first (lta ctl job rm {job.job_id})"
             )
-        if job.slot_base is None:
-            used = [(j.slot_base, j.pool_size) for j in existing.values()]
-            job = replace(job, slot_base=place_pool(job.pool_size, used, self.names.slot_capacity()))
-        elif job.slot_base + job.pool_size > self.names.slot_capacity():
-            raise ControlPlaneError(
-                f"job {job.job_id}: slots {job.slot_base}..{job.slot_base + job.pool_size - 1} exceed the "
-                f"switch's {self.names.slot_capacity()} slots; lower slot_base or pool_size"
-            )
+        used = [(j.job_id, j.slot_base, j.pool_size) for j in existing.values()]
+        # ValueError when the pool does not fit or overlaps another job's (a user error: lta ctl says so).
+        base = place_pools([(job.job_id, job.slot_base, job.pool_size)], used, self.names.slot_capacity())
+        job = replace(job, slot_base=base[job.job_id])
         self._write("INSERT", [multicast_group(job)])
         self._write("INSERT", worker_entries(job))
         self._write("INSERT", [job_entry(job)])  # last: packets are only accepted once all is in place

@@ -171,10 +171,11 @@ class BatchStats:
 # ---------------------------------------------------------------------------------------------------
 # Which paths exist here
 
-_cext: Any
+_cext: Any  # the module below, or None: the "mmsg-c" path is chosen only when it loaded
 try:
-    from hostlib import _batchio as _cext
+    from hostlib import _batchio
 
+    _cext = _batchio
     if _cext.STAT_COUNT != len(_STAT_FIELDS):
         raise ImportError(f"it has {_cext.STAT_COUNT} counters, batchio {len(_STAT_FIELDS)}: rebuild it")
     _CEXT_MISSING = ""
@@ -422,7 +423,7 @@ class RxBatch:
 
     def _row_views(self) -> list[memoryview]:
         if self._rows is None:
-            self._rows = [memoryview(row) for row in self._data]
+            self._rows = [row.data for row in self._data]
         return self._rows
 
 
@@ -554,12 +555,14 @@ class BatchSocket:
     def _recv_ctypes(self, rx: RxBatch, wait_ms: int) -> int:
         vec = rx._msgvec()
         cap = rx._data.shape[0]
+        recvmmsg = _recvmmsg
+        assert recvmmsg is not None  # "mmsg-ctypes" is chosen only where libc has it
         total = calls = refused = 0
         polled = False
         try:
             while total < cap:
                 chunk = min(cap - total, _MAX_VLEN)
-                r = _recvmmsg(self._fd, vec.addr + total * _MM_SIZE, chunk, _MSG_DONTWAIT, None)
+                r = recvmmsg(self._fd, vec.addr + total * _MM_SIZE, chunk, _MSG_DONTWAIT, None)
                 calls += 1
                 if r > 0:
                     total += r
@@ -683,9 +686,11 @@ class BatchSocket:
         stride: int = data.strides[0]
         fd = self._fd
         addr = vec.addr
+        sendmmsg = _sendmmsg
+        assert sendmmsg is not None  # "mmsg-ctypes" is chosen only where libc has it
 
         def attempt(off: int, end: int) -> tuple[int, int, int]:
-            r = _sendmmsg(fd, addr + off * _MM_SIZE, end - off, _MSG_DONTWAIT)
+            r = sendmmsg(fd, addr + off * _MM_SIZE, end - off, _MSG_DONTWAIT)
             return (r, 0, 1) if r > 0 else (0, ctypes.get_errno() if r < 0 else errno.EAGAIN, 1)
 
         sent = 0
@@ -724,7 +729,7 @@ class BatchSocket:
             addr_of = self._addr_of
             addrs = [addr_of(k) for k in keys.tolist()]
         if data.flags.c_contiguous:
-            flat = memoryview(data.reshape(-1))
+            flat = data.reshape(-1).data
 
             def payload(i: int) -> Any:
                 return flat[i * stride : i * stride + len_list[i]]

@@ -123,7 +123,7 @@ class DropStream:
         # state) when to_bad != to_good, "flip" when both, "keep" when neither. So the state after packet i
         # is the value of the last set at or before i, flipped once per flip since then.
         is_set = to_bad != to_good
-        flips = np.cumsum(to_bad & to_good)
+        flips = np.cumsum(to_bad & to_good, dtype=np.int64)
         last = np.maximum.accumulate(np.where(is_set, np.arange(n), -1))
         seen = last >= 0
         at = np.where(seen, last, 0)

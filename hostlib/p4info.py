@@ -99,8 +99,12 @@ def to_proto(names: P4Names, entry: Entry, with_action: bool = True) -> p4runtim
         value = entry.match[mf.name]
         m = proto.match.add(field_id=mf.id)
         if mf.match_type == p4info_pb2.MatchField.EXACT:
+            if isinstance(value, tuple):
+                raise ValueError(f"{entry.table}: exact key {mf.name!r} takes one value, got {value!r}")
             m.exact.value = encode(int(value), mf.bitwidth)
         elif mf.match_type == p4info_pb2.MatchField.TERNARY:
+            if isinstance(value, int):
+                raise ValueError(f"{entry.table}: ternary key {mf.name!r} takes (value, mask), got {value}")
             v, mask = value
             m.ternary.value = encode(v & mask, mf.bitwidth)
             m.ternary.mask = encode(mask, mf.bitwidth)

@@ -14,13 +14,23 @@ for one worker (exact ``worker_id``, higher priority) wins over the job-wide one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy
 from hostlib.protocol import COUNTERS
 
-BUILD_DIR = Path(__file__).resolve().parent.parent / "p4" / "build"
+
+def _build_dir() -> Path:
+    """The compiled program: ``hostlib/p4build/`` in an installed wheel (setup.py ships ``p4/build`` there),
+    else ``p4/build/`` of the checkout this module runs from."""
+    here = Path(__file__).resolve().parent
+    installed = here / "p4build"
+    return installed if (installed / "lta.p4info.txtpb").is_file() else here.parent / "p4" / "build"
+
+
+BUILD_DIR = _build_dir()
 P4INFO_PATH = BUILD_DIR / "lta.p4info.txtpb"
 BMV2_JSON_PATH = BUILD_DIR / "lta.json"
 
@@ -83,7 +93,7 @@ class Entry:
     ternary field left out matches anything. ``action`` is the full action name."""
 
     table: str
-    match: dict[str, int | Ternary]
+    match: Mapping[str, int | Ternary]
     action: str = ""
     params: dict[str, int] = field(default_factory=dict)
     priority: int = 0
@@ -132,7 +142,10 @@ def policy_entry(job_id: int, direction: str, policy: DropPolicy | None, worker:
 def policy_of(entry: Entry) -> tuple[str, int, int | None, DropPolicy]:
     """(direction, job_id, worker or None, policy) of a policy table entry."""
     direction = next(d for d in DIRECTIONS if entry.table == policy_table(d))
-    worker = entry.match["worker_id"][0] if "worker_id" in entry.match else None
+    job_id, worker_key = entry.match["job_id"], entry.match.get("worker_id")
+    if isinstance(job_id, tuple) or isinstance(worker_key, int):
+        raise ValueError(f"{entry.table}: job_id must be exact and worker_id ternary, got {entry.match}")
+    worker = None if worker_key is None else worker_key[0]
     model = entry.action.rsplit(".", 1)[-1]
     if model == "no_loss":
         policy = NO_LOSS
@@ -140,7 +153,7 @@ def policy_of(entry: Entry) -> tuple[str, int, int | None, DropPolicy]:
         policy = DropPolicy("bernoulli", p=probability(entry.params["loss"]))
     else:
         policy = DropPolicy("gilbert_elliott", **{n: probability(entry.params[n]) for n in _GE_PARAMS})
-    return direction, entry.match["job_id"], worker, policy
+    return direction, job_id, worker, policy
 
 
 def describe(policy: DropPolicy) -> str:

@@ -25,6 +25,11 @@ DEFAULT_ELEMS_PER_PACKET = 64  # K; the P4 program is compiled for this value
 MAX_WORKERS = 64  # bitmap width; also the worker count the codec's headroom is sized for
 MAX_JOBS = 64  # job ids 1..MAX_JOBS-1 are usable; index 0 collects packets of no known job
 INT32_MIN = -(2**31)
+# The health probe (a host convention on the existing contract, no new op): a worker FLUSHes round
+# PROBE_SEQ of its job's last slot (P-1, which no unit uses). The first probe closes that round empty
+# and every worker gets the RESULT; every later one is answered by a unicast resend. An answer proves
+# that the switch runs, knows the job, and maps this worker id to this sender's address.
+PROBE_SEQ = 2**32 - 1
 # The switch's Ethernet address where it answers ARP itself (softswitch raw ports, Mininet demos);
 # locally administered, "LTA" in ASCII.
 SWITCH_MAC = "02:4c:54:41:00:01"
@@ -43,6 +48,31 @@ class Flag(enum.IntFlag):
     SATURATED = 0x02  # some contribution was clamped by the codec
     CRITICAL = 0x04  # exempt from emulated drop policies (reliable resends)
     MAX = 0x08  # aggregate by element-wise max instead of sum (exponent rounds)
+
+
+# The parameter-server exchange (docs/protocol.md, "Parameter-server mode"): the same header and the
+# same K-lane payload, served by `lta ps` (softswitch/ps/), never by a switch. These ops are kept out of
+# `Op` on purpose: `Op` is the switch contract (and the P4 constants generated from it), and a switch,
+# P4 or softswitch, drops every op it does not know as malformed, so a PS packet that reaches one is
+# counted and dropped, never summed.
+class PsOp(enum.IntEnum):
+    INIT = 6  # worker -> PS: initial parameters (float32 bits), kept only while the job has none
+    PUSH = 7  # worker -> PS: one packet of a gradient, encoded by the job's compression
+    PULL = 8  # worker -> PS: "my push is over, send me parameters" (payload: bitmap of wanted chunks)
+    PARAM = 9  # PS -> worker: absolute parameter values (float32 bits) of one chunk
+
+
+class PsFlag(enum.IntFlag):
+    REJECTED = 0x10  # PARAM answering a push the PS refused (too stale, or late for its window)
+
+
+class PsCodec(enum.IntEnum):
+    """How a PUSH payload encodes gradient values (carried in the ``exp`` field of PUSH)."""
+
+    NONE = 0  # K float32 per packet
+    FP16 = 1  # 2K float16 per packet, two per lane
+    INT8 = 2  # lane 0: float32 scale; lanes 1..K-1: 4(K-1) int8 codes, four per lane
+    TOPK = 3  # K//2 (int32 index, float32 value) pairs per packet
 
 
 # Header layout: (name, numpy big-endian type). Order and sizes are the wire format.

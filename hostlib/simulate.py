@@ -59,7 +59,7 @@ def simulate_reduce(
     e_in = np.repeat(~e_up, k, axis=1)[:, :c]
     agreed = np.where(e_in, proposals, np.iinfo(np.int32).min).max(axis=0)
     e_known = np.repeat(~lost(streams[1], (n_workers, e_units)), k, axis=1)[:, :c]
-    e_known &= e_in.any(axis=0)[None, :]
+    e_known &= e_in.any(axis=0, keepdims=True)
 
     shifts = codec.data_shifts(agreed, n_workers)
     ints, saturated = codec.quantize(chunks.reshape(-1, k), np.tile(shifts, n_workers), n_workers, rng)

@@ -7,15 +7,20 @@ every chunk must equal the exact mean over the workers in its bitmap, within the
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 
+from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import MAX_ELEMS_PER_PACKET
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.verify import check_result, seeded_input
-from lta.launch import JobSpec, run_job
+from lta.jsonout import emit
+from lta.launch import JobSpec, report_progress, run_job
+from lta.progress import Status
+
+SCHEMA = "lta.demo/1"
 
 
 def demo_worker(worker: LtaWorker, rank: int, n_values: int, rounds: int, seed: int) -> dict:
@@ -26,20 +31,49 @@ def demo_worker(worker: LtaWorker, rank: int, n_values: int, rounds: int, seed: 
         n_checked, err = check_result(result, inputs, worker.config.elems_per_packet)
         checked += n_checked
         worst = max(worst, err)
+        report_progress(step + 1, rounds)
     return {"stats": worker.stats.as_dict(), "checked_chunks": checked, "worst_error_over_bound": worst}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="N workers reduce through a lossy softswitch; results verified")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--mib", type=float, default=1.0, help="tensor size per reduce, MiB of float32")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--loss", type=float, default=0.1, help="drop probability of GRAD packets (up)")
-    p.add_argument("--down-loss", type=float, default=0.0, help="drop probability of RESULT replicas")
-    p.add_argument("--fallback", choices=["prev", "zero", "local"], default="prev")
-    p.add_argument("--elems-per-packet", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p = subparsers.add_parser(
+        "demo",
+        help="N workers reduce through a lossy softswitch; results verified",
+        description="N worker processes reduce seeded tensors through a softswitch on loopback that "
+        "drops packets; every worker checks each chunk against the exact mean over the workers the "
+        "switch counted.",
+    )
+    p.add_argument("--workers", type=argtypes.workers, default=4, help="worker processes, 1..64")
+    p.add_argument(
+        "--mib",
+        type=argtypes.float_range(0.0, low_open=True, what="MiB"),
+        default=1.0,
+        help="tensor size per reduce, MiB of float32 (> 0)",
+    )
+    p.add_argument("--rounds", type=argtypes.positive_int, default=10, help="reduces per worker")
+    p.add_argument(
+        "--loss", type=argtypes.probability, default=0.1, help="drop probability of GRAD packets (up), 0..1"
+    )
+    p.add_argument(
+        "--down-loss",
+        type=argtypes.probability,
+        default=0.0,
+        help="drop probability of RESULT replicas, 0..1",
+    )
+    p.add_argument(
+        "--fallback",
+        choices=["prev", "zero", "local"],
+        default="prev",
+        help="what a chunk that no worker's GRAD reached becomes",
+    )
+    p.add_argument(
+        "--elems-per-packet",
+        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
+        default=64,
+        help=f"K: float32 values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
+    p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of inputs and drops")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=run)
 
 
@@ -53,13 +87,24 @@ def run(args: argparse.Namespace) -> int:
         drop={"up": DropPolicy(p=args.loss), "down": DropPolicy(p=args.down_loss)},
         switch_seed=args.seed,
     )
+    title = (
+        f"lta demo: {args.workers} workers, {args.mib:g} MiB x {args.rounds} rounds, "
+        f"up loss {args.loss:.0%}, down loss {args.down_loss:.0%}, fallback {args.fallback}"
+    )
     t0 = time.perf_counter()
-    results, switch = run_job(spec, demo_worker, n_values, args.rounds, args.seed)
+    with Status(title) as status:
+        status.update(f"starting {args.workers} worker processes")
+
+        def progress(rank: int, done: int, total: int) -> None:
+            if rank == 0:
+                status.update(f"round {done}/{total} done (worker 0)")
+
+        results, switch = run_job(spec, demo_worker, n_values, args.rounds, args.seed, on_progress=progress)
     wall = time.perf_counter() - t0
     counters = switch.read_counters(spec.job_id)
     ok = all(r["worst_error_over_bound"] < 1.0 for r in results)
     if args.json:
-        print(json.dumps({"workers": results, "switch": counters, "wall_s": wall, "exact": ok}))
+        emit(SCHEMA, {"workers": results, "switch": counters, "wall_s": wall, "exact": ok})
         return 0 if ok else 1
     _print_tables(args, results, counters, wall, ok)
     return 0 if ok else 1

@@ -3,19 +3,29 @@ benchmarks.
 
 The parent runs the softswitch in a thread. Each worker process binds its UDP socket, reports the
 address, waits until the parent has added the job (the switch must know every worker's address before
-the first packet), runs ``body(worker, rank, *args)`` and sends back what it returns.
+the first packet), runs ``body(worker, rank, *args)`` and sends back what it returns. A body may call
+:func:`report_progress` to tell the parent how far it got.
+
+A worker that fails with a user error (:class:`hostlib.errors.LtaError`, e.g. a health check) has it
+raised again in the parent, one line naming the rank; any other failure is a bug and comes back with
+the worker's traceback. Workers ignore Ctrl-C: the parent gets it, stops them and exits quietly.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing as mp
 import os
+import signal
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hostlib.dropmodels import DropPolicy
+from hostlib.errors import LtaError
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
@@ -32,34 +42,85 @@ class JobSpec:
     timeout_s: float = 600.0
 
 
-def _worker_main(spec: JobSpec, rank: int, switch_addr, body, args, to_parent, go) -> None:
+# In a worker process: where report_progress sends (the queue to the parent, this worker's rank).
+_progress_channel: tuple[Any, int] | None = None
+
+
+def report_progress(done: int, total: int) -> None:
+    """From a job body: ``done`` of ``total`` units of work are finished. Goes to the parent's
+    ``on_progress``; does nothing outside a worker of :func:`run_job`."""
+    if _progress_channel is not None:
+        queue, rank = _progress_channel
+        queue.put(("progress", rank, (done, total)))
+
+
+def _worker_main(spec: JobSpec, rank: int, switch_addr, body, args, to_parent, go, log_level: int) -> None:
+    global _progress_channel
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops every worker
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    logging.basicConfig(level=log_level, format=f"%(levelname)s worker {rank} %(name)s: %(message)s")
+    _progress_channel = (to_parent, rank)
     try:
         worker = LtaWorker(spec.job_id, rank, spec.n_workers, switch_addr, config=spec.transport)
         to_parent.put(("addr", rank, worker.address))
         go.wait()
         to_parent.put(("done", rank, body(worker, rank, *args)))
         worker.close()
+    except LtaError as exc:
+        to_parent.put(("user_error", rank, _with_rank(exc, rank)))
     except BaseException:
         to_parent.put(("error", rank, traceback.format_exc()))
 
 
-def run_job(spec: JobSpec, body: Callable[..., Any], *args: Any) -> tuple[list[Any], SoftSwitch]:
+@contextlib.contextmanager
+def sigint_ignored_by_children() -> Iterator[None]:
+    """Processes started inside ignore Ctrl-C from their first instruction: a spawned interpreter
+    inherits an ignored SIGINT, so a Ctrl-C while it is still importing prints no traceback. This
+    process ignores it only for as long as the block (starting the processes) takes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may change signal handlers; the workers still ignore it later
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _with_rank(exc: LtaError, rank: int) -> LtaError:
+    """The same error, its message led by the worker's rank (the error itself if it cannot be rebuilt)."""
+    try:
+        return type(exc)(f"worker {rank}: {exc}")
+    except Exception:
+        return exc
+
+
+def run_job(
+    spec: JobSpec,
+    body: Callable[..., Any],
+    *args: Any,
+    on_progress: Callable[[int, int, int], None] | None = None,
+) -> tuple[list[Any], SoftSwitch]:
     """Run ``body`` in ``spec.n_workers`` processes through a fresh softswitch. Returns each rank's
     result (in rank order) and the switch (for its counters). ``body`` must be picklable (a
-    module-level function)."""
+    module-level function). ``on_progress(rank, done, total)`` hears the bodies' :func:`report_progress`.
+    """
     ctx = mp.get_context("spawn")
     switch = SoftSwitch(seed=spec.switch_seed)
+    log_level = logging.getLogger().getEffectiveLevel()
     with SoftSwitchServer(switch) as server:
         queue, go = ctx.Queue(), ctx.Event()
         procs = [
             ctx.Process(
-                target=_worker_main, args=(spec, r, server.address, body, args, queue, go), daemon=True
+                target=_worker_main,
+                args=(spec, r, server.address, body, args, queue, go, log_level),
+                daemon=True,
             )
             for r in range(spec.n_workers)
         ]
-        for p in procs:
-            p.start()
+        with sigint_ignored_by_children():
+            for p in procs:
+                p.start()
         try:
             addrs: dict[int, Any] = {}
             results: dict[int, Any] = {}
@@ -73,6 +134,12 @@ def run_job(spec: JobSpec, body: Callable[..., Any], *args: Any) -> tuple[list[A
                     ) from exc
                 if kind == "error":
                     raise RuntimeError(f"worker {rank} failed:\n{payload}")
+                if kind == "user_error":
+                    raise payload
+                if kind == "progress":
+                    if on_progress is not None:
+                        on_progress(rank, *payload)
+                    continue
                 if kind == "addr":
                     addrs[rank] = payload
                     if len(addrs) == spec.n_workers:
@@ -91,6 +158,10 @@ def run_job(spec: JobSpec, body: Callable[..., Any], *args: Any) -> tuple[list[A
                         go.set()
                 else:
                     results[rank] = payload
+        except BaseException:
+            for p in procs:  # a failed or interrupted job: the others would only wait for it
+                p.kill()
+            raise
         finally:
             for p in procs:
                 p.join(timeout=5)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -37,6 +39,7 @@ from mininet_topos.linkshape import (
 )
 from mininet_topos.mnenv import MininetUnavailable, init_mininet_quietly, mininet_problem
 
+_log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGIES = ("star", "leafspine")
 LOSS_TABLE = "lta_loss"
@@ -123,8 +126,9 @@ def _transport_profile(config: DemoConfig) -> list[str]:
     return ["--window", "8", "--min-deadline-ms", "60"] if config.switch == "bmv2" else []
 
 
-def run_demo(config: DemoConfig, log=print) -> DemoReport:
-    """Build, run and tear down the demo. Raises :class:`MininetUnavailable` if it cannot run here."""
+def run_demo(config: DemoConfig, log: Callable[[str], None] = _log.info) -> DemoReport:
+    """Build, run and tear down the demo. Raises :class:`MininetUnavailable` if it cannot run here.
+    ``log`` hears of each phase as it starts (one line each)."""
     reason = problem(config)
     if reason:
         raise MininetUnavailable(reason)
@@ -169,6 +173,7 @@ def run_demo(config: DemoConfig, log=print) -> DemoReport:
     links: dict[str, LossCounters] = {}
     reports: list[dict[str, Any]] = []
     try:
+        log(f"building the {config.topo} topology: {config.hosts} hosts, {config.switch} switch")
         net.build()
         net.start()
         lta_switch = next(s for s in net.switches if isinstance(s, switch_cls))
@@ -189,6 +194,7 @@ def run_demo(config: DemoConfig, log=print) -> DemoReport:
                     "--elems", str(config.elems), "--seed", str(config.seed),
                     *_transport_profile(config)]  # fmt: skip
             procs.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO))
+        log(f"{config.hosts} workers reducing {config.elems} values x {config.rounds} rounds")
         deadline = started + config.timeout_s
         for w, proc in enumerate(procs):
             reports.append(_collect(w, proc, deadline))
@@ -310,4 +316,5 @@ def format_report(report: DemoReport) -> str:
 if __name__ == "__main__":  # python -m lta.mininet_demo: the defaults, for a quick look
     if os.geteuid() != 0:
         sys.exit("run as root")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(format_report(run_demo(DemoConfig())))

@@ -5,25 +5,48 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import threading
 
-from hostlib.protocol import LTA_PORT, parse_address
-from softswitch.config import load_switch
+from hostlib import argtypes
+from hostlib.errors import LtaError, UsageError
+from hostlib.jobconfig import JobFile, load_jobs
+from hostlib.protocol import LTA_PORT
+from softswitch.config import build_switch, softswitch_jobs
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
 
+# Nothing here imports gRPC at import time: `lta --help` works without the p4rt extra.
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("softswitch", help="run the reference switch as a UDP daemon")
-    p.add_argument("--listen", default=f"127.0.0.1:{LTA_PORT}", help="HOST:PORT to listen on")
-    p.add_argument("--config", help="TOML file with jobs and drop policies (see softswitch/config.py)")
+    p = subparsers.add_parser(
+        "softswitch",
+        help="run the reference switch as a UDP daemon",
+        description="Run the reference switch as a UDP daemon. Its jobs come from a jobs file (--config; "
+        "the format lta ctl apply reads, docs/jobs_file.md) and/or from lta ctl (--p4runtime).",
+    )
+    p.add_argument(
+        "--listen",
+        type=argtypes.address,
+        default=("127.0.0.1", LTA_PORT),
+        metavar="HOST:PORT",
+        help=f"UDP address workers send to (default: 127.0.0.1:{LTA_PORT})",
+    )
+    p.add_argument("--config", metavar="FILE", help="jobs file (TOML): jobs, workers and drop policies")
     p.add_argument(
         "--p4runtime",
+        type=argtypes.address_text,
         metavar="HOST:PORT",
-        help="also serve P4Runtime here (`lta ctl --target HOST:PORT`); workers by address",
+        help="also serve P4Runtime here, with LTA's pipeline loaded and the --config jobs installed, so "
+        "`lta ctl --target HOST:PORT` lists and changes them (needs the p4rt extra)",
     )
-    p.add_argument("--stats-every", type=float, default=0.0, help="print counters every N seconds")
+    p.add_argument(
+        "--stats-every",
+        type=argtypes.float_range(0.0, low_open=True, what="interval"),
+        default=None,
+        metavar="SECONDS",
+        help="print the counters as JSON every SECONDS (> 0; default: never)",
+    )
     p.add_argument(
         "--shards",
         type=_shard_count,
@@ -48,28 +71,48 @@ def _shard_count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``lta softswitch``: serve until SIGTERM (exit 0) or Ctrl-C (KeyboardInterrupt, exit 130 in ``lta``).
+    A bad jobs file, an occupied port or a missing extra raise :class:`LtaError` before anything serves."""
+    if args.p4runtime:
+        from hostlib.extras import require_p4rt
+
+        require_p4rt("lta softswitch --p4runtime")
+    if args.shards > 1 and args.p4runtime:
+        raise UsageError(
+            "--shards N > 1 cannot be combined with --p4runtime (P4Runtime would configure one shard)"
+        )
+    job_file = load_jobs(args.config) if args.config else JobFile("<none>")
+    jobs = softswitch_jobs(job_file)
     if args.shards > 1:
         return run_sharded(args)
-    switch = load_switch(args.config) if args.config else SoftSwitch()
-    server = SoftSwitchServer(switch, parse_address(args.listen))
-    host, port = server.address
-    print(f"softswitch listening on {host}:{port} with jobs {sorted(switch.jobs)}", flush=True)
-    p4rt = None
-    if args.p4runtime:
-        from softswitch.p4runtime_server import serve
-
-        p4rt, p4rt_port, _ = serve(switch, args.p4runtime, port_key="address")
-        print(f"P4Runtime on {args.p4runtime.rpartition(':')[0]}:{p4rt_port}", flush=True)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    server.start()
+    # With P4Runtime the jobs go in as table entries (install_jobs), so that lta ctl sees them.
+    switch = SoftSwitch(seed=job_file.seed) if args.p4runtime else build_switch(job_file)
     try:
+        server = SoftSwitchServer(switch, args.listen)
+    except OSError as exc:
+        raise LtaError(f"{exc} (is another softswitch there? pick another --listen HOST:PORT)") from None
+    p4rt = None
+    try:
+        if args.p4runtime:
+            from softswitch.p4runtime_server import serve
+
+            try:
+                p4rt, _, _ = serve(switch, args.p4runtime, port_key="address", load_pipeline=True, jobs=jobs)
+            except OSError as exc:
+                raise LtaError(str(exc)) from None
+            except ValueError as exc:
+                raise job_file.error("[[jobs]]", str(exc)) from None
+        host, port = server.address
+        print(f"softswitch listening on {host}:{port} with jobs {sorted(switch.jobs)}", flush=True)
+        if p4rt is not None:
+            print(f"P4Runtime on {args.p4runtime} with LTA's pipeline loaded", flush=True)
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        server.start()
         while not done.wait(args.stats_every or 3600):
             if args.stats_every:
                 stats = {j: switch.read_counters(j) for j in switch.jobs}
                 print(json.dumps(stats), flush=True)
-    except KeyboardInterrupt:
-        pass
     finally:
         server.stop()
         if p4rt is not None:
@@ -78,38 +121,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_sharded(args: argparse.Namespace) -> int:
-    if args.p4runtime:
-        msg = "--shards N > 1 cannot be combined with --p4runtime (P4Runtime would configure one shard)"
-        print(f"lta softswitch: {msg}", file=sys.stderr)
-        return 2
     from softswitch.shards import ShardedSoftSwitch
 
-    report_every = min(1.0, args.stats_every) if args.stats_every > 0 else 1.0
-    sharded = ShardedSoftSwitch(
-        args.config, parse_address(args.listen), args.shards, report_every=report_every
-    )
+    report_every = min(1.0, args.stats_every) if args.stats_every else 1.0
+    sharded = ShardedSoftSwitch(args.config, args.listen, args.shards, report_every=report_every)
     try:
-        sharded.start()
-    except (OSError, RuntimeError) as exc:
-        print(f"lta softswitch: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    host, port = sharded.address
-    shards = f"{args.shards} shards, pids {sharded.pids}"
-    print(f"softswitch listening on {host}:{port} with jobs {sharded.jobs} ({shards})", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sharded.done.set())
-    try:
+        try:
+            sharded.start()
+        except (OSError, RuntimeError) as exc:
+            raise LtaError(str(exc)) from None
+        host, port = sharded.address or args.listen
+        shards = f"{args.shards} shards, pids {sharded.pids}"
+        print(f"softswitch listening on {host}:{port} with jobs {sharded.jobs} ({shards})", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sharded.done.set())
         while not sharded.done.wait(args.stats_every or 3600):
             if args.stats_every:
                 print(json.dumps(sharded.totals()), flush=True)
-    except KeyboardInterrupt:
-        pass
     finally:
         sharded.stop()
     if args.stats_every:
         print(json.dumps(sharded.totals()), flush=True)  # the final counters, summed over the shards
     if sharded.error is not None:
-        print(f"lta softswitch: {sharded.error}", file=sys.stderr)
-        return 1
+        raise LtaError(f"a shard failed: {sharded.error}")
     return 0

@@ -1,56 +1,73 @@
-"""Softswitch configuration from TOML: jobs, worker addresses and drop policies.
+"""The softswitch's ``--config FILE``: the jobs file of ``hostlib/jobconfig.py`` (the one ``lta ctl apply``
+reads too; docs/jobs_file.md). For example::
 
-seed = 7
-[[jobs]]
-job_id = 1
-workers = ["127.0.0.1:41001", "127.0.0.1:41002"]   # worker w sends from workers[w]
-quorum = 2            # optional, default: all workers
-pool_size = 512       # optional
-elems_per_packet = 64 # optional
-[[jobs.drop]]
-direction = "up"      # up | down | param
-model = "bernoulli"   # or gilbert_elliott with p, r, loss_good, loss_bad
-p = 0.1
-worker = 0            # optional: this worker only
+    seed = 7                          # seeds the drop decisions: a run replays
+    [[jobs]]
+    job_id = 1
+    workers = ["127.0.0.1:41001", "127.0.0.1:41002"]   # worker w sends from workers[w]
+    quorum = 2                        # optional, default: all workers
+    pool_size = 512                   # optional
+    elems_per_packet = 64             # optional
+    [[jobs.drop]]
+    direction = "up"                  # up | down | param
+    model = "bernoulli"               # or gilbert_elliott with p, r, loss_good, loss_bad
+    p = 0.1
+    worker = 0                        # optional: this worker only
+
+The UDP softswitch tells workers apart by the address their packets come from, so every worker needs
+``ip`` and ``udp_port`` (``"IP:UDP_PORT"``); ``port`` and ``mac`` only matter to ``lta ctl`` (with
+``--p4runtime``). Unknown keys, wrong types and out-of-range values are refused, naming the file, the
+table and the key (:class:`hostlib.errors.ConfigError`).
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from hostlib.dropmodels import DropPolicy
-from hostlib.protocol import parse_address
+from hostlib.jobconfig import JobEntry, JobFile, load_jobs
 from softswitch.pipeline import JobConfig, SoftSwitch
 
 
-def load_switch(path: str | Path) -> SoftSwitch:
-    """A SoftSwitch with the jobs and policies of a TOML file. Errors name the file and the entry."""
-    path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"softswitch config {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not valid TOML: {exc}") from exc
-    switch = SoftSwitch(seed=int(doc.get("seed", 0)))
-    for i, job in enumerate(doc.get("jobs", [])):
-        where = f"{path}: jobs[{i}]"
-        try:
-            cfg = JobConfig(
-                job_id=int(job["job_id"]),
-                workers=[parse_address(a) for a in job["workers"]],
-                quorum=job.get("quorum"),
-                pool_size=int(job.get("pool_size", 512)),
-                elems_per_packet=int(job.get("elems_per_packet", 64)),
-            )
-            switch.add_job(cfg)
-            for drop in job.get("drop", []):
-                switch.set_drop_policy(
-                    cfg.job_id, drop.get("direction", "up"), DropPolicy.from_dict(drop), drop.get("worker")
+def softswitch_jobs(job_file: JobFile) -> list[JobEntry]:
+    """The file's jobs, checked for what the UDP softswitch needs: each worker's ip and udp_port. A
+    file that spreads its jobs over several ``[[switches]]`` is refused (which would this one be?)."""
+    if len(job_file.switches) > 1:
+        names = [s.name for s in job_file.switches]
+        raise job_file.error(
+            "[[switches]]",
+            f"the file spreads its jobs over {len(names)} switches {names}; give the softswitch a file "
+            f"with its own jobs",
+        )
+    for job in job_file.jobs:
+        for w, worker in enumerate(job.workers):
+            if worker.address is None:
+                raise job_file.error(
+                    f"{job.where}.workers[{w}]",
+                    "the softswitch tells workers apart by the address their packets come from: give ip "
+                    'and udp_port (e.g. "127.0.0.1:41001")',
                 )
-        except KeyError as exc:
-            raise ValueError(f"{where}: missing key {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
+    return list(job_file.jobs)
+
+
+def job_config(job: JobEntry) -> JobConfig:
+    """A checked jobs-file job as the pipeline holds it (workers by (ip, udp_port))."""
+    workers = [worker.address for worker in job.workers]
+    return JobConfig(
+        job.job_id, workers, quorum=job.quorum, pool_size=job.pool_size, elems_per_packet=job.elems_per_packet
+    )
+
+
+def build_switch(job_file: JobFile) -> SoftSwitch:
+    """A SoftSwitch holding the jobs and drop policies of a jobs file."""
+    switch = SoftSwitch(seed=job_file.seed)
+    for job in softswitch_jobs(job_file):
+        switch.add_job(job_config(job))
+        for drop in job.drops:
+            if drop.policy is not None:
+                switch.set_drop_policy(job.job_id, drop.direction, drop.policy, drop.worker)
     return switch
+
+
+def load_switch(path: str | Path) -> SoftSwitch:
+    """A SoftSwitch with the jobs and policies of a jobs file; errors name the file, table and key."""
+    return build_switch(load_jobs(path))

@@ -13,16 +13,23 @@ P4 switch would keep them and reconciled onto :class:`softswitch.pipeline.SoftSw
 Workers are identified by their switch port number (``port_key="port"``, raw-port and in-process use)
 or by their (IPv4, UDP port) address from the worker-address table (``port_key="address"``, the UDP
 daemon on loopback).
+
+A softswitch started with a jobs file (``lta softswitch --config FILE --p4runtime ...``) runs LTA's
+compiled pipeline from the start (:meth:`SoftSwitchP4Runtime.load_pipeline`, as if ``lta ctl load`` had
+run) and holds its jobs as table entries (:meth:`SoftSwitchP4Runtime.install_jobs`, the entries
+``lta ctl`` would write), so ``lta ctl`` lists, resets and removes them like any other.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from google.protobuf import any_pb2
@@ -31,13 +38,18 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from p4runtime_sh.context import P4Type
 
-from hostlib.p4info import P4Names, from_proto, missing_names, to_proto
+from hostlib.jobconfig import JobEntry
+from hostlib.jobentries import job_lookup_entry, multicast_group_id, place_pools, worker_entries
+from hostlib.p4info import P4Names, from_proto, load_p4info, missing_names, to_proto, update
 from hostlib.p4schema import (
+    BMV2_JSON_PATH,
     JOBS_TABLE,
+    P4INFO_PATH,
     POLICY_CONTROLS,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
     Entry,
+    policy_entry,
     policy_of,
     policy_table,
 )
@@ -102,6 +114,8 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         self._active: dict[int, tuple[JobConfig, int]] = {}  # job -> (config, generation) installed
         self._policies: dict[int, set[tuple[str, int | None]]] = {}
         self._counter_offset: dict[tuple[int, str], int] = {}
+        # K of the jobs installed from a jobs file; P4Runtime cannot say it, so others get elems_per_packet.
+        self._job_elems: dict[int, int] = {}
 
     # ---- arbitration -----------------------------------------------------------------------------
     def _primary(self) -> tuple[int, int] | None:
@@ -147,18 +161,80 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "this softswitch runs LTA's program only; the P4Info lacks " + ", ".join(missing[:4]),
                 )
-            self._clear()
-            config = p4runtime_pb2.ForwardingPipelineConfig()
-            config.CopyFrom(request.config)
-            self.pipeline = _Pipeline(P4Names(config.p4info), config)
-            self.pipeline.tables = {name: {} for name in WRITABLE_TABLES}
+            self._set_pipeline(request.config)
         return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def _set_pipeline(self, request_config: p4runtime_pb2.ForwardingPipelineConfig) -> None:
+        self._clear()
+        config = p4runtime_pb2.ForwardingPipelineConfig()
+        config.CopyFrom(request_config)
+        self.pipeline = _Pipeline(P4Names(config.p4info), config)
+        self.pipeline.tables = {name: {} for name in WRITABLE_TABLES}
+
+    def load_pipeline(
+        self, p4info_path: Path = P4INFO_PATH, device_config_path: Path = BMV2_JSON_PATH
+    ) -> None:
+        """Run LTA's compiled pipeline (the P4Info and BMv2 JSON that ``lta ctl load`` pushes) without a
+        controller; clears every job, as a SetForwardingPipelineConfig does."""
+        config = p4runtime_pb2.ForwardingPipelineConfig()
+        config.p4info.CopyFrom(load_p4info(p4info_path))
+        if device_config_path.exists():
+            config.p4_device_config = device_config_path.read_bytes()
+        with self._lock:
+            self._set_pipeline(config)
+
+    def install_jobs(self, jobs: Sequence[JobEntry]) -> None:
+        """Install jobs the way a controller would: their job-lookup, worker and policy entries and
+        multicast groups, through the same code as a Write, so ``lta ctl`` reads them back. Pools go
+        where the job says (``slot_base``) or in the first free slots (``hostlib.jobentries.place_pools``);
+        workers' fields left out take ``hostlib.jobconfig.default_worker``. Raises ValueError when a
+        job does not fit."""
+        with self._lock:
+            if self.pipeline is None:
+                raise ValueError("load a pipeline before installing jobs (load_pipeline)")
+            names = self.pipeline.names
+            used = [
+                (e.match["job_id"], e.params["slot_base"], e.params["pool_size"])
+                for e in self.pipeline.tables[JOBS_TABLE].values()
+            ]
+            pools = [(job.job_id, job.slot_base, job.pool_size) for job in jobs]
+            bases = place_pools(pools, used, names.slot_capacity())
+            for job in jobs:
+                base = bases[job.job_id]
+                workers = [worker.filled(w) for w, worker in enumerate(job.workers)]
+                entries = [
+                    job_lookup_entry(
+                        job.job_id, job.n_workers, job.quorum or job.n_workers, job.pool_size, base, 1
+                    ),
+                    *worker_entries(job.job_id, workers),
+                    *(
+                        policy_entry(job.job_id, d.direction, d.policy, d.worker)
+                        for d in job.drops
+                        if d.policy
+                    ),
+                ]
+                group = p4runtime_pb2.PacketReplicationEngineEntry()
+                group.multicast_group_entry.multicast_group_id = multicast_group_id(job.job_id)
+                for w, worker in enumerate(workers):
+                    group.multicast_group_entry.replicas.add(egress_port=worker.port, instance=w)
+                updates = [update("INSERT", group), *(update("INSERT", to_proto(names, e)) for e in entries)]
+                if job.elems_per_packet != self.elems_per_packet:
+                    self._job_elems[job.job_id] = job.elems_per_packet
+                try:
+                    for u in updates:
+                        self._apply(u)
+                except _UpdateError as exc:
+                    raise ValueError(f"job {job.job_id}: {exc}") from None
+                self._reconcile(job.job_id)
+                if job.job_id not in self._active:
+                    raise ValueError(f"job {job.job_id} could not be installed (see the log)")
 
     def _clear(self) -> None:
         for job_id in list(self.switch.jobs):
             self.switch.remove_job(job_id)
         self._active.clear()
         self._policies.clear()
+        self._job_elems.clear()
         for job_id in range(MAX_JOBS):
             for name, value in self.switch.read_counters(job_id).items():
                 self._counter_offset[(job_id, name)] = value
@@ -330,7 +406,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 workers,
                 quorum=p["quorum"],
                 pool_size=p["pool_size"],
-                elems_per_packet=self.elems_per_packet,
+                elems_per_packet=self._job_elems.get(job_id, self.elems_per_packet),
             )
         except ValueError as exc:
             log.warning("job %d not installed: %s", job_id, exc)
@@ -345,6 +421,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 self.switch.remove_job(job_id)
                 del self._active[job_id]
                 self._policies.pop(job_id, None)
+                self._job_elems.pop(job_id, None)  # a job added again over P4Runtime gets the default K
             return
         config, generation = desired
         if current is None or current[0] != config:
@@ -434,15 +511,62 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 
 def serve(
-    switch: SoftSwitch, address: str = "127.0.0.1:0", **options
+    switch: SoftSwitch,
+    address: str = "127.0.0.1:0",
+    *,
+    load_pipeline: bool = False,
+    jobs: Sequence[JobEntry] = (),
+    **options,
 ) -> tuple[grpc.Server, int, SoftSwitchP4Runtime]:
     """Start a P4Runtime server for ``switch`` on ``address`` ("host:port", port 0 picks a free one).
+    With ``load_pipeline`` it runs LTA's compiled pipeline from the start and holds ``jobs`` (jobs-file
+    jobs, installed as table entries: see :meth:`SoftSwitchP4Runtime.install_jobs`).
+
+    The port is this server's alone: gRPC would otherwise share it (SO_REUSEPORT) with a server already
+    there and split the controller's calls between the two, so an occupied port raises OSError.
     Returns the running server, the bound port and the servicer; stop with ``server.stop(None)``."""
+    if jobs and not load_pipeline:
+        raise ValueError("jobs need the pipeline: serve(..., load_pipeline=True, jobs=...)")
     servicer = SoftSwitchP4Runtime(switch, **options)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="p4rt"))
+    if load_pipeline:
+        servicer.load_pipeline()
+        servicer.install_jobs(jobs)
+    _refuse_occupied(address)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="p4rt"),
+        options=[("grpc.so_reuseport", 0)],
+    )
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio >= 1.60 raises where older versions returned 0
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {address}: is another P4Runtime server there? pick another port")
+        raise OSError(f"cannot serve P4Runtime on {address}: the port is in use; pick another")
     server.start()
     return server, port, servicer
+
+
+def _refuse_occupied(address: str) -> None:
+    """Raise OSError if a TCP socket already listens on ``address``: said in our words, before gRPC
+    tries and logs its own complaint."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    if not port_text.isdigit() or int(port_text) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            host or None, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror:
+        return  # gRPC will say what is wrong with the name
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed server's TIME_WAIT is no owner
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise OSError(
+                f"cannot serve P4Runtime on {address}: {exc.strerror} (another softswitch or "
+                f"simple_switch_grpc?); pick another port"
+            ) from None

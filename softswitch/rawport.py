@@ -1,10 +1,12 @@
 """The softswitch on raw ports: AF_PACKET sockets on network interfaces, like ``simple_switch -i N@intf``.
 
-Each interface is a numbered port. A frame that parses as Ethernet / IPv4 (no options, no fragments) /
-UDP to ``LTA_PORT`` is handed to :class:`~softswitch.pipeline.SoftSwitch` with its ingress port; the
-pipeline's replies leave as Ethernet / IPv4 / UDP frames from the switch's own address
-(``ip``:``LTA_PORT``, ``mac``) to the worker behind the egress port. ARP requests for ``ip`` are
-answered, so hosts need no static neighbour entries. Everything else is ignored (and counted).
+Each interface is a numbered port. A frame that parses as Ethernet / IPv4 (no options, no fragments,
+valid checksum and lengths) / UDP to ``LTA_PORT`` is handed to :class:`~softswitch.pipeline.SoftSwitch`
+with its ingress port; the pipeline's replies leave as Ethernet / IPv4 / UDP frames from the switch's
+own address (``ip``:``LTA_PORT``, ``mac``) to the worker behind the egress port. ARP requests for ``ip`` are
+answered, so hosts need no static neighbour entries. A frame to ``LTA_PORT`` with a damaged IPv4 or
+UDP header is dropped and counted (``rx_bad_ipv4``, and ``rx_bad_<reason>``); replies are built from
+scratch, never from a received header. Everything else is ignored (and counted).
 
 Workers are learned from their packets: the first LTA packet on a port records the sender's MAC, IP
 and UDP port, which is where RESULT and PARAM replicas for that port go. For a port not heard from
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import select
 import signal
 import socket
@@ -53,6 +56,8 @@ _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
 _ARP = struct.Struct("!HHBBH6s4s6s4s")
 _HEADERS = _ETH.size + _IPV4.size + _UDP.size  # 42
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,22 +115,44 @@ class LtaFrame:
     payload: memoryview
 
 
-def parse_lta_frame(frame: bytes) -> LtaFrame | None:
-    """The LTA payload of an Ethernet/IPv4/UDP frame to ``LTA_PORT``; None for anything else."""
+def classify_frame(frame: bytes) -> LtaFrame | str | None:
+    """The LTA payload of an Ethernet/IPv4/UDP frame to ``LTA_PORT``; None for a frame that is not for
+    LTA; for one addressed to ``LTA_PORT`` whose IPv4/UDP headers are damaged, the reason (a short
+    name), so the caller drops and counts it. Whatever the switch sends is built from scratch
+    (:func:`build_udp_frame`), so nothing of a damaged header can reach a RESULT.
+
+    Checked, as a host's stack would: version 4 and IHL 5 (no options), a valid header checksum, no
+    fragment bits (MF or an offset; DF is fine), total length equal to what follows the Ethernet header
+    (no trailing bytes, nothing cut), UDP length equal to the IPv4 payload."""
     if len(frame) < _HEADERS:
         return None
     _dst, src_mac, ethertype = _ETH.unpack_from(frame)
     if ethertype != ETH_P_IP:
         return None
     vihl, _tos, total, _id, frag, _ttl, proto, _csum, src_ip, _dst_ip = _IPV4.unpack_from(frame, _ETH.size)
-    # Like the P4 parser: IPv4 without options only; fragments are not reassembled.
-    if vihl != 0x45 or proto != 17 or frag & 0x3FFF:
+    ihl = (vihl & 0x0F) * 4
+    if proto != 17 or ihl < _IPV4.size or len(frame) < _ETH.size + ihl + _UDP.size:
         return None
-    sport, dport, length, _ = _UDP.unpack_from(frame, _ETH.size + _IPV4.size)
-    if dport != LTA_PORT or length < _UDP.size:
+    sport, dport, length, _ = _UDP.unpack_from(frame, _ETH.size + ihl)
+    if dport != LTA_PORT:
         return None
-    end = min(len(frame), _ETH.size + total, _HEADERS + length - _UDP.size)
-    return LtaFrame(src_mac, src_ip, sport, memoryview(frame)[_HEADERS:end])
+    if vihl != 0x45:
+        return "ipv4_options" if vihl >> 4 == 4 else "ipv4_version"
+    if ipv4_checksum(frame[_ETH.size : _ETH.size + _IPV4.size]) != 0:
+        return "ipv4_checksum"
+    if frag & 0x3FFF:
+        return "ipv4_fragment"
+    if total != len(frame) - _ETH.size:
+        return "ipv4_length"
+    if length != total - _IPV4.size:
+        return "udp_length"
+    return LtaFrame(src_mac, src_ip, sport, memoryview(frame)[_HEADERS:])
+
+
+def parse_lta_frame(frame: bytes) -> LtaFrame | None:
+    """The LTA payload of a well-formed Ethernet/IPv4/UDP frame to ``LTA_PORT``; None otherwise."""
+    parsed = classify_frame(frame)
+    return parsed if isinstance(parsed, LtaFrame) else None
 
 
 def arp_reply(frame: bytes, ip: bytes, mac: bytes) -> bytes | None:
@@ -228,7 +255,7 @@ class RawPortSwitch:
                     # The interface went away (its link was deleted): stop serving that port only.
                     poller.unregister(fd)
                     self.stats["ports_lost"] += 1
-                    print(f"rawport: port {port} ({self.ports[port]}) lost: {exc.strerror}", file=sys.stderr)
+                    log.warning("raw port %d (%s) lost: %s", port, self.ports[port], exc.strerror)
 
     def _drain(self, port: int, sock: socket.socket, budget: int = 256) -> None:
         for _ in range(budget):
@@ -243,7 +270,11 @@ class RawPortSwitch:
     def handle_frame(self, port: int, frame: bytes) -> None:
         """Process one frame received on ``port`` and transmit what the pipeline answers."""
         self.stats["rx_frames"] += 1
-        lta = parse_lta_frame(frame)
+        lta = classify_frame(frame)
+        if isinstance(lta, str):  # for LTA, but its IPv4/UDP header is damaged: dropped, counted
+            self.stats["rx_bad_ipv4"] += 1
+            self.stats[f"rx_bad_{lta}"] += 1
+            return
         if lta is None:
             reply = arp_reply(frame, self.ip, self.mac)
             if reply is not None:

@@ -115,6 +115,15 @@ def shard_sockets(
     steering_program(n_shards)  # validates n_shards
     socks: list[socket.socket] = []
     host, port = listen
+    if port:
+        # SO_REUSEPORT would let our sockets join a group someone else (another sharded softswitch of
+        # this user) already has on the port, and the kernel would split the packets between the two.
+        # A plain bind fails on any port in use, reuseport group or not.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise OSError(f"softswitch cannot listen on {host}:{port}: {exc.strerror}") from exc
     try:
         for _ in range(n_shards):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -28,7 +28,7 @@ from lta.bench.lossy import (
     tbf_burst_bytes,
     tbf_limit_bytes,
 )
-from lta.cli import build_parser
+from lta.cli import build_parser, main
 from mininet_topos.netns import leftovers
 from tests.conftest import netns_skip_reason
 
@@ -88,17 +88,17 @@ def test_bad_rates_are_rejected_with_the_flag_and_an_example(text):
     assert "--rate" in message and "1gbit" in message and "\n" not in message
 
 
-def test_bad_rate_stops_the_cli_in_one_line_before_any_namespace(monkeypatch):
+def test_bad_rate_stops_the_cli_in_one_line_before_any_namespace(monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("built a network for a bad --rate")
 
     monkeypatch.setattr(lossy, "bench_lossy", must_not_run)
     monkeypatch.setattr("mininet_topos.netns.require_root", must_not_run)
-    args = build_parser().parse_args(["bench", "lossy", "--rate", "1gbps", "--iters", "20"])
-    with pytest.raises(SystemExit) as exc:
-        args.func(args)
-    message = str(exc.value.code)
-    assert message.startswith("lta bench lossy: --rate") and "1gbit" in message and "\n" not in message
+    assert main(["bench", "lossy", "--rate", "1gbps", "--iters", "20"]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("lta bench lossy: error: argument --rate") and "1gbit" in line
+    assert captured.out == ""
     # the old spelling still works, and means Mbit/s
     args = build_parser().parse_args(["bench", "lossy", "--rate-mbit", "300"])
     assert lossy.config_from_args(args).rate_mbit == 300.0
@@ -235,6 +235,7 @@ def test_short_lossy_point_reports_both_systems_and_lta_is_exact(tmp_path):
     assert bench.returncode == 0, stderr[-3000:]
     assert not [name for name in leftovers() if f"lta-{bench.pid}-" in name], "namespaces left behind"
     out = json.loads(stdout)
+    assert out["schema"] == "lta.bench.lossy/1"
     assert out["config"]["mtu"] == 9000 and out["config"]["elems_per_packet"] == 2048
     (point,) = out["points"]
     assert point["loss"] == 0.01
@@ -264,8 +265,8 @@ def test_short_lossy_point_reports_both_systems_and_lta_is_exact(tmp_path):
 @pytest.mark.mininet
 @pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 def test_one_gbit_point_is_limited_by_the_link():
-    argv = [sys.executable, "-m", "lta.cli", "bench", "lossy", "--workers", "2", "--mib", "1", "--loss", "0",
-            "--rate", "1gbit", "--iters", "20", "--warmup", "2", "--json"]  # fmt: skip
+    argv = [sys.executable, "-m", "lta.cli", "-v", "bench", "lossy", "--workers", "2", "--mib", "1", "--loss",
+            "0", "--rate", "1gbit", "--iters", "20", "--warmup", "2", "--json"]  # fmt: skip
     bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     stdout, stderr = bench.communicate(timeout=300)
     assert bench.returncode == 0, stderr[-3000:]
@@ -274,7 +275,7 @@ def test_one_gbit_point_is_limited_by_the_link():
     assert config["rate_mbit"] == 1000.0 and config["rate"] == "1 Gbit/s"
     assert config["tbf_burst_bytes"] == 125_000 and config["mtu"] == 9000
     assert config["min_deadline_ms"] == pytest.approx(2.05856)
-    # progress went to stderr, not into the JSON
+    # progress went to stderr (each phase logged with -v), not into the JSON
     assert "gloo 20/20" in stderr and "lta 20/20" in stderr
     (point,) = json.loads(stdout)["points"]
     bucket_ms = link_limit_ms(config["tbf_burst_bytes"], 1000.0)  # 1 ms

@@ -20,6 +20,7 @@ from softswitch.rawport import (
     RawPortSwitch,
     arp_reply,
     build_udp_frame,
+    classify_frame,
     load_neighbors,
     load_rawport_switch,
     parse_lta_frame,
@@ -92,6 +93,68 @@ def test_parse_lta_frame_returns_payload_and_sender() -> None:
 )
 def test_parse_lta_frame_ignores_what_the_p4_parser_ignores(frame) -> None:
     assert parse_lta_frame(bytes(frame)) is None
+
+
+def _damaged(worker: int, values: list[int], how: str) -> bytes:
+    """A GRAD frame whose IPv4/UDP header is damaged one way (the BMv2 fuzzing findings of issue F)."""
+    frame = Ether(_grad_frame(worker, values))
+    ip = frame[IP]
+    if how == "ipv4_checksum":
+        ip.chksum ^= 0x0101
+    elif how == "ipv4_options":
+        frame = (
+            Ether(src=frame.src, dst=frame.dst)
+            / IP(src=ip.src, dst=ip.dst, options=b"\x01\x01\x01\x01")
+            / ip[UDP]
+        )
+    elif how == "ipv4_fragment":
+        ip.flags, ip.frag = 1, 1  # MF, offset 8 bytes: flags/fragment word 0x2001
+        del ip.chksum
+    elif how == "ipv4_length":
+        ip.len = 512  # shorter than what follows
+        del ip.chksum
+    elif how == "trailing":
+        return bytes(frame) + b"\xaa" * 10  # total length right, 10 bytes after the datagram
+    elif how == "udp_length":
+        frame[UDP].len -= 4
+    return bytes(frame)
+
+
+DAMAGE = {
+    "ipv4_checksum": "ipv4_checksum",
+    "ipv4_options": "ipv4_options",
+    "ipv4_fragment": "ipv4_fragment",
+    "ipv4_length": "ipv4_length",
+    "trailing": "ipv4_length",
+    "udp_length": "udp_length",
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_damaged_headers_to_the_lta_port_are_named(how: str) -> None:
+    assert classify_frame(_damaged(0, [1], how)) == DAMAGE[how]
+    assert parse_lta_frame(_damaged(0, [1], how)) is None
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_a_damaged_grad_never_closes_a_round(raw_switch: _PairedPorts, how: str) -> None:
+    # worker 0's GRAD opens the round; worker 1's damaged GRAD would close it (quorum 2)
+    raw_switch.handle_frame(1, _grad_frame(0, [1, 2]))
+    raw_switch.handle_frame(2, _damaged(1, [10, 20], how))
+    assert raw_switch.sent_on("s1-eth1") == [] and raw_switch.sent_on("s1-eth2") == []
+    assert raw_switch.stats["rx_bad_ipv4"] == 1 and raw_switch.stats[f"rx_bad_{DAMAGE[how]}"] == 1
+    assert raw_switch.switch.read_counters(1)["rx_packets"] == 1  # the pipeline never saw it
+    # the same GRAD, undamaged but with TTL 1: the RESULT replicas carry headers of the switch's own
+    good = Ether(_grad_frame(1, [10, 20]))
+    good[IP].ttl = 1
+    del good[IP].chksum
+    raw_switch.handle_frame(2, bytes(good))
+    for intf in ("s1-eth1", "s1-eth2"):
+        (frame,) = raw_switch.sent_on(intf)
+        ip = frame[IP]
+        assert (ip.version, ip.ihl, ip.ttl, ip.frag, int(ip.flags)) == (4, 5, 64, 0, 2)  # DF only
+        assert ip.len == len(bytes(frame)) - 14 and frame[UDP].len == ip.len - 20
+        assert list(frame[LTA].payload_values()[:2]) == [11, 22]
 
 
 def test_build_udp_frame_is_valid_for_an_independent_parser() -> None:

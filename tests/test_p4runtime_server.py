@@ -4,6 +4,7 @@ per-update error details), and how table entries become SoftSwitch jobs and poli
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent import futures
 
 import grpc
 import numpy as np
@@ -13,6 +14,8 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from controlplane.errors import WriteRejected
 from controlplane.jobs import JobSpec, WorkerSpec, job_entry, worker_entries
 from controlplane.switch import LtaSwitch
+from hostlib.dropmodels import DropPolicy
+from hostlib.jobconfig import parse_jobs
 from hostlib.p4info import to_proto, update
 from hostlib.p4schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
 from hostlib.protocol import Op, make_packet
@@ -157,3 +160,120 @@ def test_pipeline_reload_clears_jobs_and_counters(served):
     ctl.load_pipeline()
     assert switch.jobs == {} and ctl.jobs() == {}
     assert all(v == 0 for c in ctl.read_counters().values() for v in c.values())
+
+
+JOBS = """
+seed = 2
+[[jobs]]
+job_id = 3
+quorum = 1
+pool_size = 200
+elems_per_packet = 16
+workers = [
+    { ip = "127.0.0.1", udp_port = 6001, port = 9, mac = "02:00:00:00:00:aa" },
+    "127.0.0.1:6002",
+]
+[[jobs.drop]]
+direction = "up"
+p = 0.5
+[[jobs.drop]]
+direction = "param"
+worker = 0
+model = "gilbert_elliott"
+p = 0.1
+r = 0.2
+loss_good = 0.0
+loss_bad = 0.75
+
+[[jobs]]
+job_id = 8
+slot_base = 100
+pool_size = 50
+workers = ["127.0.0.1:6003"]
+"""
+
+
+def test_jobs_file_jobs_are_table_entries_ctl_reads_back():
+    """serve(load_pipeline=True, jobs=...): what `lta softswitch --config F --p4runtime` runs."""
+    switch = SoftSwitch(seed=2)
+    jobs = parse_jobs(JOBS).jobs
+    server, port, _ = serve(switch, port_key="address", load_pipeline=True, jobs=jobs)
+    try:
+        with LtaSwitch.connect(f"127.0.0.1:{port}", read_only=True) as ctl:
+            ctl.check_pipeline()  # loaded from the start
+            found = ctl.jobs()
+            policies = sorted(ctl.drop_policies(), key=lambda p: p[0])
+            groups = {
+                e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id: [
+                    (r.egress_port, r.instance)
+                    for r in e.packet_replication_engine_entry.multicast_group_entry.replicas
+                ]
+                for e in ctl.session.read([_all_groups()])
+            }
+        # By hand from JOBS: job 8 is pinned at 100..149, so job 3's 200 slots go after it, at 150; worker
+        # 1 of job 3 and worker 0 of job 8 leave port and mac out (defaults w + 1, 02:00:00:00:00:0(w+1)).
+        assert sorted(found) == [3, 8]
+        assert (found[3].quorum, found[3].pool_size, found[3].slot_base) == (1, 200, 150)
+        assert (found[8].quorum, found[8].pool_size, found[8].slot_base) == (1, 50, 100)
+        assert found[3].workers == (
+            WorkerSpec(9, mac="02:00:00:00:00:aa", ip="127.0.0.1", udp_port=6001),
+            WorkerSpec(2, mac="02:00:00:00:00:02", ip="127.0.0.1", udp_port=6002),
+        )
+        assert found[8].workers == (WorkerSpec(1, mac="02:00:00:00:00:01", ip="127.0.0.1", udp_port=6003),)
+        assert policies == [
+            ("param", 3, 0, DropPolicy("gilbert_elliott", p=0.1, r=0.2, loss_good=0.0, loss_bad=0.75)),
+            ("up", 3, None, DropPolicy("bernoulli", p=0.5)),
+        ]
+        assert groups == {3: [(9, 0), (2, 1)], 8: [(1, 0)]}
+        # ... and the softswitch runs them, each with its own K.
+        assert switch.jobs[3].cfg.workers == [("127.0.0.1", 6001), ("127.0.0.1", 6002)]
+        assert (switch.jobs[3].cfg.elems_per_packet, switch.jobs[8].cfg.elems_per_packet) == (16, 64)
+        assert switch.jobs[3].policies[("up", None)] == DropPolicy("bernoulli", p=0.5)
+    finally:
+        server.stop(None)
+
+
+def _all_groups() -> p4runtime_pb2.Entity:
+    entity = p4runtime_pb2.Entity()
+    entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
+    return entity
+
+
+def test_jobs_that_do_not_fit_are_refused():
+    too_far = parse_jobs('[[jobs]]\njob_id = 1\nslot_base = 65000\nworkers = ["127.0.0.1:1"]\n').jobs
+    with pytest.raises(ValueError, match=r"job 1: slots 65000..65511 exceed the switch's \d+ slots"):
+        serve(SoftSwitch(), port_key="address", load_pipeline=True, jobs=too_far)
+    with pytest.raises(ValueError, match="jobs need the pipeline"):
+        serve(SoftSwitch(), jobs=too_far)
+    overlapping = parse_jobs(
+        '[[jobs]]\njob_id = 1\nslot_base = 0\npool_size = 100\nworkers = ["127.0.0.1:1"]\n'
+        '[[jobs]]\njob_id = 2\nslot_base = 99\nworkers = ["127.0.0.1:2"]\n'
+    ).jobs
+    with pytest.raises(ValueError, match=r"job 2: slots 99..610 overlap job 1's slots 0..99"):
+        serve(SoftSwitch(), port_key="address", load_pipeline=True, jobs=overlapping)
+
+
+def test_ctl_refuses_a_pinned_pool_over_another_job(served):
+    _, ctl = served
+    ctl.add_job(JobSpec(1, (WorkerSpec(1),), pool_size=100, slot_base=0))
+    with pytest.raises(ValueError, match=r"job 2: slots 50..561 overlap job 1's slots 0..99"):
+        ctl.add_job(JobSpec(2, (WorkerSpec(2),), slot_base=50))
+    assert ctl.add_job(JobSpec(3, (WorkerSpec(3),), pool_size=10)).slot_base == 100  # first free slots
+
+
+def test_an_occupied_port_is_refused_not_shared():
+    """gRPC's default SO_REUSEPORT would let two servers share a port and split the controller's calls."""
+    foreign = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # default options: SO_REUSEPORT on
+    port = foreign.add_insecure_port("127.0.0.1:0")
+    foreign.start()
+    try:
+        with pytest.raises(OSError, match=f"cannot serve P4Runtime on 127.0.0.1:{port}"):
+            serve(SoftSwitch(), f"127.0.0.1:{port}")
+    finally:
+        foreign.stop(None)
+    first, port, _ = serve(SoftSwitch(), "127.0.0.1:0")
+    try:
+        with pytest.raises(OSError, match=f"cannot serve P4Runtime on 127.0.0.1:{port}"):
+            serve(SoftSwitch(), f"127.0.0.1:{port}")
+    finally:
+        first.stop(None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_quick_train_writes_every_field(quick_run):
     assert lossy["p_effective"] == pytest.approx(0.4, abs=0.08)
     assert "| Metric | 0% | 10% | 20% | 30% | 40% |" in (out / "table.md").read_text()
     assert "| Metric |" in proc.stdout
+    assert "run 1/" not in proc.stdout and "run 1/" in proc.stderr  # progress goes to stderr only
 
 
 def test_quick_train_plots(quick_run):
@@ -63,3 +65,20 @@ def test_quick_train_plots(quick_run):
     for name in ("loss_curves.png", "drift.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+
+
+def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(tmp_path):
+    argv = [sys.executable, "-m", "lta.cli", "train", "--quick", "--workers", "3", "--drops", "0.3",
+            "--methods", "renorm", "--steps", "10", "--json", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)  # the whole of stdout is one JSON document
+    assert doc["schema"] == "lta.train/1"
+    assert doc["lta_version"] == metadata.version("lta")
+    assert doc["torch_version"] == metadata.version("torch")
+    assert [r["drop"] for r in doc["rows"]] == [0.0, 0.3]  # 0 is always run: the lossless reference
+    assert [d["p"] for d in doc["drift"]] == [0.0, 0.3]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert doc["rows"] == saved["rows"]
+    # the progress (one line per run when stderr is not a terminal) and the files written: stderr
+    assert "run 1/2" in proc.stderr and "run 2/2" in proc.stderr and "results.json" in proc.stderr

@@ -1,7 +1,9 @@
 """What a training loop touches: a DDP comm hook, a sharded optimizer (the paper's Algorithm 1), a
 torch.distributed backend ("lta") and the ``lta train`` job.
 
-Names are imported lazily so that ``lta`` subcommands that do not train never import torch:
+Importing this package registers the ``"lta"`` backend name with torch.distributed (as torch's
+``torch.backends`` entry point does on ``import torch``, see ``entry.py``), so it imports torch; the
+modules behind the names below are imported lazily, when a name is first used:
 
     from hostlib.torch_ext import ShardedOptimizer, LtaHookState, lta_hook, register_backend
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from hostlib.torch_ext import entry as _entry
 
 _EXPORTS = {
     "ShardedOptimizer": "hostlib.torch_ext.sharded",
@@ -25,14 +29,19 @@ _EXPORTS = {
     "LtaOptions": "hostlib.torch_ext.rendezvous",
     "join_job": "hostlib.torch_ext.rendezvous",
     "ProcessGroupLta": "hostlib.torch_ext.backend",
+    "lta_stats": "hostlib.torch_ext.health",
+    "should_commit": "hostlib.torch_ext.health",
+    "step_healthy": "hostlib.torch_ext.health",
+    "join_default_group": "hostlib.torch_ext.health",
 }
 
 __all__ = [*_EXPORTS, "register_backend"]
 
 
 def register_backend() -> None:
-    """Make ``"lta"`` a torch.distributed backend (``init_process_group("lta")``)."""
-    importlib.import_module("hostlib.torch_ext.backend").register()
+    """Make ``"lta"`` a torch.distributed backend (``init_process_group("lta")``); idempotent. Importing
+    this package has done it already; this call raises where it could not (no torch.distributed)."""
+    _entry.register()
 
 
 def __getattr__(name: str) -> Any:
@@ -40,3 +49,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'hostlib.torch_ext' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+# Registers "lta" (never raises: a failure is logged, and register_backend() raises it).
+_entry.autoload()

@@ -1,8 +1,10 @@
 """``init_process_group("lta")``: a torch.distributed backend whose allreduce goes through the switch.
 
-    import hostlib.torch_ext.backend   # registers "lta"
     dist.init_process_group("lta")     # switch and job from LTA_* variables (see rendezvous.py)
     model = DistributedDataParallel(model)
+
+No LTA import is needed: the installed package declares torch's ``torch.backends`` entry point
+(``entry.py``), so ``import torch`` registers "lta"; ``import hostlib.torch_ext`` registers it too.
 
 What goes where:
 
@@ -25,12 +27,15 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
+# In torch's bindings, missing from its stubs (as are ProcessGroup(rank, size) and Backend.allreduce below).
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+from hostlib.torch_ext import entry
 from hostlib.torch_ext.rendezvous import LtaOptions, LtaSession, join_job
 from hostlib.torch_ext.staging import HostMirror
 
-BACKEND_NAME = "lta"
+BACKEND_NAME = entry.BACKEND_NAME
 _LOSSY_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 _MAX_STAGING_BUFFERS = 64  # pinned host buffers kept for device tensors (DDP reuses a few buckets)
 
@@ -54,7 +59,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         *,
         reliable_below: int | None = None,
     ) -> None:
-        super().__init__(rank, world)
+        super().__init__(rank, world)  # type: ignore[call-arg]
         self.options = options or LtaOptions.from_env()
         self._rank, self._world = rank, world
         self.reliable = dist.ProcessGroupGloo(dist.PrefixStore("lta-reliable", store), rank, world, timeout)
@@ -78,9 +83,10 @@ class ProcessGroupLta(dist.ProcessGroup):
             and all(t.numel() >= self.reliable_below for t in tensors)
         )
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+    # torch calls a backend's allreduce as (tensors, opts) only; the stub's other overloads are the API's.
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
         if not self._is_lossy(tensors, opts.reduceOp):
-            return self.reliable.allreduce(tensors, opts)
+            return self.reliable.allreduce(tensors, opts)  # type: ignore[attr-defined]
         scale = float(self._world) if opts.reduceOp == dist.ReduceOp.SUM else 1.0
         for tensor in tensors:
             self._reduce_in_place(tensor, scale)
@@ -171,10 +177,8 @@ def _create(
 
 
 def register() -> None:
-    """Make ``"lta"`` a torch.distributed backend (idempotent)."""
-    if BACKEND_NAME in dist.Backend.backend_list:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+    """Make ``"lta"`` a torch.distributed backend (idempotent; ``entry.py`` registers the name)."""
+    entry.register()
 
 
 register()

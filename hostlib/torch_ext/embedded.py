@@ -33,7 +33,7 @@ class EmbeddedSwitch:
         drop: dict[str, DropPolicy] | None = None,
     ) -> None:
         """Add a job whose worker ``w`` sends from ``workers[w]``, with emulated loss per direction."""
-        job = JobConfig(job_id, workers, pool_size=pool_size, elems_per_packet=elems_per_packet)
+        job = JobConfig(job_id, list(workers), pool_size=pool_size, elems_per_packet=elems_per_packet)
         self.switch.add_job(job)
         for direction, policy in (drop or {}).items():
             self.switch.set_drop_policy(job_id, direction, policy)

@@ -21,6 +21,12 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_FALLBACK``, ``LTA_RENORMALIZE`` | transport policies | prev / count |
 | ``LTA_DROP_UP``, ``LTA_DROP_DOWN``, ``LTA_DROP_PARAM`` | Bernoulli loss, self-hosted switch only | 0 |
 | ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
+| ``LTA_HEALTH_TIMEOUT`` | seconds to wait for the switch to answer the join probe (0: skip) | 5 |
+| ``LTA_ON_UNHEALTHY`` | reduces that keep getting nothing: ``raise``, ``warn`` or ``ignore`` | raise |
+
+Joining ends with a health probe (:meth:`LtaWorker.check_switch`): a switch that does not answer, or
+does not know this job with this rank's address, raises ``HealthCheckError`` instead of training on
+fallbacks.
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ class LtaOptions:
             fallback=env.get("LTA_FALLBACK", "prev"),
             renormalize=env.get("LTA_RENORMALIZE", "count"),
             seed=seed,
+            health_timeout_s=float(number("LTA_HEALTH_TIMEOUT", 5.0, float)),
+            on_unhealthy=env.get("LTA_ON_UNHEALTHY", "raise"),
         )
         drop = {}
         for direction in DIRECTIONS:
@@ -176,4 +184,11 @@ def join_job(
             options.register_job(job)
         store.set(_key(options, "ready"), "1")
     store.get(_key(options, "ready"))
-    return LtaSession(worker, embedded)
+    session = LtaSession(worker, embedded)
+    if transport.health_timeout_s > 0:
+        try:
+            worker.check_switch()
+        except BaseException:
+            session.close()
+            raise
+    return session

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.flat import FlatParams
@@ -46,6 +47,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         collect_deadline_ms: float = 200.0,
         resend_timeout_s: float = 30.0,
         force_host_staging: bool = False,
+        privacy: GaussianPrivacy | None = None,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
@@ -58,6 +60,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         k = worker.config.elems_per_packet
         self.worker = worker
         self.inner = optimizer
+        self.privacy = privacy  # differential privacy: clip + noise share before, top-up after the reduce
         self.flat = FlatParams(params, k)
         self.layout = ShardLayout.contiguous(self.flat.numel, k, worker.n_workers)
         self.shard = self.layout.shard_range(worker.worker_id)
@@ -108,7 +111,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         lo, hi = self.shard
         self.flat.gather_grads()
         grads = self._grads_host.pull()
+        if self.privacy is not None:
+            self.privacy.privatize_(grads[: self.flat.numel])
         result = self.worker.allreduce(grads[: self.flat.numel], step=t, key=_GRAD_KEY)
+        if self.privacy is not None:  # only the owned chunks are used here: top up those
+            first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
+            self.privacy.top_up_(result, step=t, chunks=(int(first), int(last)))
         self._count_chunks(result.count, result.fallback)
         reduced = self._reduced_host.writable()
         reduced[lo:hi] = result.values[lo:hi]

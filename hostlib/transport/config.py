@@ -31,7 +31,7 @@ FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fall
 @dataclass
 class TransportConfig:
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET  # K
-    pool_size: int = 512  # P, must equal the job's pool size on the switch
+    pool_size: int = 512  # P, must equal the job's pool size on the switch; slot P-1 is the probe's
     window: int | None = None  # units in flight; None: as many as the socket buffers hold
     # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
     # workers reach a reduce at different times (skew), and flushing then would throw their data away.
@@ -60,6 +60,16 @@ class TransportConfig:
     # "plain" forces one system call per packet. The environment variable LTA_IO does the same.
     io: str | None = None
     seed: int = 0
+    # Health. Before the first reduce, check_switch() waits this long for the switch to answer a probe
+    # (0 skips the check). During training, a reduce where at least `unhealthy_fraction` of the chunks
+    # got nothing from the network (no RESULT, or a RESULT with count 0) is unhealthy; after
+    # `unhealthy_reduces` of them in a row covering at least `unhealthy_min_chunks` chunks, the worker
+    # raises UnhealthyTraining ("raise"), logs a warning ("warn"), or does nothing ("ignore").
+    health_timeout_s: float = 5.0
+    unhealthy_fraction: float = 0.9
+    unhealthy_reduces: int = 3
+    unhealthy_min_chunks: int = 32
+    on_unhealthy: str = "raise"
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)
@@ -67,16 +77,27 @@ class TransportConfig:
             raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {self.fallback!r}")
         if self.renormalize not in ("count", "weight", "none"):
             raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
-        if not 1 <= self.pool_size <= 65535:
-            raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
+        if not 2 <= self.pool_size <= 65535:
+            raise ValueError(f"pool_size must be in 2..65535 (slot P-1 is the probe's), got {self.pool_size}")
         if self.exp_copies < 1 or self.flush_copies < 1:
             raise ValueError(
                 f"exp_copies and flush_copies must be >= 1, got {self.exp_copies}, {self.flush_copies}"
             )
-        if self.window is not None and not 1 <= self.window <= self.pool_size:
-            raise ValueError(f"window must be in 1..pool_size={self.pool_size}, got {self.window}")
+        if self.window is not None and not 1 <= self.window <= self.data_slots:
+            raise ValueError(f"window must be in 1..pool_size-1={self.data_slots}, got {self.window}")
         if not 0 < self.min_deadline_ms <= self.max_deadline_ms:
             raise ValueError("need 0 < min_deadline_ms <= max_deadline_ms")
+        if self.health_timeout_s < 0 or not 0 < self.unhealthy_fraction <= 1:
+            raise ValueError("need health_timeout_s >= 0 and 0 < unhealthy_fraction <= 1")
+        if self.unhealthy_reduces < 1 or self.unhealthy_min_chunks < 1:
+            raise ValueError("unhealthy_reduces and unhealthy_min_chunks must be >= 1")
+        if self.on_unhealthy not in ("raise", "warn", "ignore"):
+            raise ValueError(f"on_unhealthy must be 'raise', 'warn' or 'ignore', got {self.on_unhealthy!r}")
+
+    @property
+    def data_slots(self) -> int:
+        """Slots that carry units: all but the last, which the health probe uses."""
+        return self.pool_size - 1
 
 
 def elems_for_mtu(mtu: int) -> int:

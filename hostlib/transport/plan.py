@@ -2,8 +2,9 @@
 
 A reduce of n values is ``exp_units`` exponent units (one per K chunks: each carries K per-chunk
 exponent proposals, aggregated by max) followed by one data unit per chunk. Unit g of the job (counted
-over every reduce since the worker started) uses slot ``g mod P`` in round ``g div P + 1``; every worker
-of a job derives the same numbering from the same sequence of tensor lengths.
+over every reduce since the worker started) uses slot ``g mod D`` in round ``g div D + 1``, where
+``D = P - 1`` (slot P-1 is the health probe's); every worker of a job derives the same numbering from
+the same sequence of tensor lengths.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ runs per packet in the steady state.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from hostlib import codec
+from hostlib.errors import HealthCheckError, UnhealthyTraining
 from hostlib.protocol import (
     HEADER_BYTES,
     HEADER_DTYPE,
     MAX_WORKERS,
+    PROBE_SEQ,
     VERSION,
     Flag,
     Op,
@@ -35,6 +38,8 @@ from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
 _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
 _RETX, _MAX = int(Flag.RETX), int(Flag.MAX)
+
+log = logging.getLogger(__name__)
 
 
 class LtaWorker:
@@ -70,7 +75,10 @@ class LtaWorker:
         rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         # Linux reports twice the usable size; keep a window that fits our own receive buffer.
         fit = max(2, rcvbuf // 2 // (self._packet_bytes + 64))
-        self.window = min(self.config.window or min(fit, 256), self.config.pool_size)
+        # The pool's last slot is reserved for the health probe (check_switch); units use the others.
+        self.probe_slot = self.config.pool_size - 1
+        self._slots = self.config.data_slots
+        self.window = min(self.config.window or min(fit, 256), self._slots)
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
         self._rng = np.random.default_rng([self.config.seed, job_id, worker_id])
@@ -84,6 +92,11 @@ class LtaWorker:
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
         self.param_requests: set[int] = set()
+        # Health during training (see TransportConfig.on_unhealthy).
+        self.last_nothing_fraction = 0.0  # share of the last reduce's chunks that got no aggregate
+        self._unhealthy_run = 0  # unhealthy reduces in a row
+        self._unhealthy_run_chunks = 0
+        self._unhealthy_since_mark = False
 
     @property
     def srtt_ms(self) -> float | None:
@@ -103,6 +116,101 @@ class LtaWorker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def check_switch(self, timeout_s: float | None = None) -> float:
+        """Ask the switch whether it knows this job and this worker's address, before training: FLUSH
+        round ``PROBE_SEQ`` of the reserved slot P-1, resent with backoff (from 50 ms) until a RESULT for
+        it comes back or ``timeout_s`` (default ``config.health_timeout_s``) passes. Returns the seconds
+        the answer took; raises :class:`HealthCheckError` saying what to check when none came. The probe
+        changes no slot that units use, so a worker may run it while the job trains (a rejoin)."""
+        timeout = self.config.health_timeout_s if timeout_s is None else timeout_s
+        probe = self._control_batch(1, Op.FLUSH, 0)
+        probe["slot"], probe["seq"] = self.probe_slot, PROBE_SEQ
+        rows = batch_rows(probe)
+        t0 = time.perf_counter()
+        give_up, resend_at, gap = t0 + timeout, t0, 0.05
+        while True:
+            now = time.perf_counter()
+            if now >= resend_at:
+                self._send(rows)
+                resend_at, gap = now + gap, min(2 * gap, 0.5)
+            if now >= give_up:
+                break
+            n = self.io.recv(max(0.0, min(resend_at, give_up) - now))
+            if n:
+                self.stats.packets_received += n
+                answered = bool(self._probe_answers(n).any())
+                self._handle(n, None)  # parameter broadcasts of peers that started first are kept
+                if answered:
+                    elapsed = time.perf_counter() - t0
+                    log.debug(
+                        "switch %s answered job %d's probe in %.1f ms",
+                        self.switch_addr,
+                        self.job_id,
+                        elapsed * 1e3,
+                    )
+                    return elapsed
+        host, port = self.switch_addr
+        me = f"{self.address[0]}:{self.address[1]}"
+        raise HealthCheckError(
+            f"the LTA switch at {host}:{port} did not answer worker {self.worker_id} of job {self.job_id} "
+            f"(from {me}) within {timeout:g} s: check that the switch runs there (LTA_SWITCH), that job "
+            f"{self.job_id} is configured with worker {self.worker_id} at {me} (a mismatch counts as "
+            f"drop_bad_worker), and that its elems_per_packet is {self.config.elems_per_packet} and its "
+            f"pool_size {self.config.pool_size}, as here"
+        )
+
+    def _probe_answers(self, n: int) -> np.ndarray:
+        """Rows among the first ``n`` received that answer the health probe."""
+        data = self.io.rx.data
+        hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+        return (
+            (self.io.rx.lens[:n] == self._packet_bytes)
+            & (hdr["version"] == VERSION)
+            & (hdr["job_id"] == self.job_id)
+            & (hdr["op"] == _RESULT)
+            & (hdr["slot"] == self.probe_slot)
+            & (hdr["seq"] == PROBE_SEQ)
+        )
+
+    @property
+    def healthy(self) -> bool:
+        """False while the latest reduces got (almost) nothing from the network (config.on_unhealthy)."""
+        return self._unhealthy_run == 0
+
+    def unhealthy_since_mark(self, reset: bool = True) -> bool:
+        """Whether any reduce since the last call (with ``reset``) was unhealthy; the torch layer's
+        per-step ``should_commit`` signal."""
+        seen = self._unhealthy_since_mark
+        if reset:
+            self._unhealthy_since_mark = False
+        return seen
+
+    def _check_health(self, got_nothing: int, chunks: int) -> None:
+        cfg = self.config
+        self.last_nothing_fraction = got_nothing / chunks
+        if self.last_nothing_fraction < cfg.unhealthy_fraction:
+            self._unhealthy_run = self._unhealthy_run_chunks = 0
+            return
+        self._unhealthy_since_mark = True
+        self._unhealthy_run += 1
+        self._unhealthy_run_chunks += chunks
+        if (
+            self._unhealthy_run < cfg.unhealthy_reduces
+            or self._unhealthy_run_chunks < cfg.unhealthy_min_chunks
+        ):
+            return
+        message = (
+            f"worker {self.worker_id} of job {self.job_id}: {self._unhealthy_run} reduces in a row "
+            f"({self._unhealthy_run_chunks} chunks) got no aggregate for at least "
+            f"{cfg.unhealthy_fraction:.0%} of their chunks (last {self.last_nothing_fraction:.0%}); training "
+            f"is running on fallbacks, not on the other workers' gradients. Check the switch at "
+            f"{self.switch_addr[0]}:{self.switch_addr[1]} and the loss on the path"
+        )
+        if cfg.on_unhealthy == "raise":
+            raise UnhealthyTraining(message)
+        if cfg.on_unhealthy == "warn" and self._unhealthy_run == cfg.unhealthy_reduces:
+            log.warning(message)
+
     def allreduce(self, x: Any, *, step: int = 0, key: Any = None, weight: int = 1) -> ReduceResult:
         """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
 
@@ -121,7 +229,7 @@ class LtaWorker:
             chunks *= np.float32(weight)
         proposals = codec.exponent_proposals(chunks)
         self._header["step"] = step
-        plan.reset(self._next_unit, self.config.pool_size, self._header, weight, proposals, self.n_workers)
+        plan.reset(self._next_unit, self._slots, self._header, weight, proposals, self.n_workers)
         self._next_unit += plan.units
         self._run_units(plan, step, t0)
 
@@ -145,6 +253,7 @@ class LtaWorker:
         elapsed = time.perf_counter() - t0
         self.stats.account(plan, fallback, self.n_workers, elapsed)
         done = plan.state[plan.exp_units :] == DONE
+        self._check_health(int(np.count_nonzero(~done | (plan.count == 0))), plan.chunks_count)
         return ReduceResult(
             values=values,
             count=np.where(done, plan.count, 0),
@@ -237,7 +346,7 @@ class LtaWorker:
     def _send_ready(self, plan: ReducePlan) -> None:
         """Send, in one batch, every unit that may go: window room, its slot's previous round settled,
         its exponent known. Quantizes the chunks it needs (a block ahead) just before."""
-        state, k, p = plan.state, self.config.elems_per_packet, self.config.pool_size
+        state, k, p = plan.state, self.config.elems_per_packet, self._slots
         u0 = plan.next_unit
         room = self.window - int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
         if room <= 0 or u0 >= plan.units:
@@ -288,9 +397,9 @@ class LtaWorker:
         lo, top = int(todo[0]), int(todo[-1]) + 1
         sel: slice | np.ndarray = slice(lo, top) if todo.size == top - lo else todo
         shifts = plan.shift[sel]
-        ints, saturated = codec.quantize(plan.chunks[sel], shifts, self.n_workers, self._rng)
         d = plan.data_batch
-        d["payload"][sel] = ints
+        # Straight into the packet rows (big-endian), no int32 temporary.
+        saturated = codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], sel)
         d["exp"][sel] = shifts
         d["flags"][sel] = 0
         # A chunk that would saturate (this worker's exponent proposal was lost and its values exceed
@@ -365,9 +474,11 @@ class LtaWorker:
         requests = ok & (ops == _PARAM_REQ)
         if requests.any():
             self.param_requests.update(hdr["chunk"][requests].tolist())
-        results = np.flatnonzero(ok & (ops == _RESULT)) if plan is not None else np.zeros(0, np.int64)
+        # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
+        result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
+        results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
         self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
-        if results.size:
+        if plan is not None and results.size:
             self._on_results(plan, hdr, results)
 
     def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
@@ -387,8 +498,7 @@ class LtaWorker:
 
     def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:
         """Settle the units these RESULTs answer, all at once."""
-        cfg = self.config
-        u_all = (hdr["seq"][rows].astype(np.int64) - 1) * cfg.pool_size + hdr["slot"][rows] - plan.base
+        u_all = (hdr["seq"][rows].astype(np.int64) - 1) * self._slots + hdr["slot"][rows] - plan.base
         state = plan.state
         take = (u_all >= 0) & (u_all < plan.units)
         take[take] = state[u_all[take]] != DONE
@@ -422,12 +532,13 @@ class LtaWorker:
         has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
         reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
-        payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
+        # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
+        payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
         exp = u < plan.exp_units
         for i in np.flatnonzero(exp & (count > 0)):
             c0 = int(u[i]) * k
             c1 = min(c0 + k, plan.chunks_count)
-            self._on_exponents(plan, c0, c1, payload[i, : c1 - c0])
+            self._on_exponents(plan, c0, c1, payload[rows[i], : c1 - c0])
         data = ~exp
         if not data.any():
             return
@@ -446,16 +557,18 @@ class LtaWorker:
             divisor = np.full(len(c), n_workers)
         got = cnt > 0
         if got.all():
-            plan.out[c] = codec.dequantize(payload[data], shift, divisor)
+            codec.dequantize_into(payload, shift, divisor, plan.out, rows=rows[data], out_rows=c)
         elif got.any():
-            plan.out[c[got]] = codec.dequantize(payload[data][got], shift[got], divisor[got])
+            codec.dequantize_into(
+                payload, shift[got], divisor[got], plan.out, rows=rows[data][got], out_rows=c[got]
+            )
 
     def _drop_overtaken(self, plan: ReducePlan, u: np.ndarray) -> None:
-        """A RESULT for unit ``u`` means slot ``u mod P`` has moved past every older round: units
-        u-P, u-2P, ... of this reduce that are still open can never be answered (the switch drops
+        """A RESULT for unit ``u`` means slot ``u mod D`` (D data slots) has moved past every older
+        round: units u-D, u-2D, ... of this reduce that are still open can never be answered (the switch drops
         their FLUSHes as stale). Give them up now instead of waiting through every deadline: the
         worker that fell behind falls back for those chunks and catches up."""
-        p = self.config.pool_size
+        p = self._slots
         u = u[u - p >= plan.low]
         if not u.size:
             return

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from lta.bench import allreduce, ddp, lossy, lossy_train, scaling
+from lta.bench import allreduce, async_ps, byzantine, compression, ddp, lossy, lossy_train, scaling
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="benchmarks: lta against gloo, measured in the same run")
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmarks: lta against gloo, measured in the same run",
+        description="Benchmarks of lta against its baselines (gloo, a raw UDP echo), measured in the same "
+        "run on the same machine. Progress goes to stderr, results to stdout (--json: one document).",
+    )
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (allreduce, ddp, scaling, lossy, lossy_train):
+    for module in (allreduce, ddp, scaling, lossy, lossy_train, byzantine, async_ps, compression):
         module.register(sub)

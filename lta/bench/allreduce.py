@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import os
 import queue as queue_mod
 import socket
 import struct
-import sys
 import threading
 import time
 import traceback
@@ -47,11 +45,15 @@ from typing import Any
 
 import numpy as np
 
+from hostlib import argtypes
 from hostlib.batchio import IO_MODES, BatchSocket, RxBatch, addr_key, available_modes
 from hostlib.dropmodels import DropPolicy
+from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
-from lta.launch import JobSpec, run_job
+from lta.jsonout import emit
+from lta.launch import JobSpec, run_job, sigint_ignored_by_children
+from lta.progress import Status
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ def lta_datagrams_per_reduce(n_values: int, elems_per_packet: int, exp_copies: i
 def lta_window(rcvbuf: int, pkt_bytes: int, config: TransportConfig) -> int:
     """The window LtaWorker keeps for a socket whose SO_RCVBUF reads ``rcvbuf`` (Linux doubles it)."""
     fit = max(2, rcvbuf // 2 // (pkt_bytes + 64))
-    return min(config.window or min(fit, 256), config.pool_size)
+    return min(config.window or min(fit, 256), config.data_slots)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -176,10 +178,15 @@ def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
         ctx.Process(target=gloo_bench_worker, args=(r, n, port, n_values, iters, warmup, queue))
         for r in range(n)
     ]
-    for p in procs:
-        p.start()
+    with sigint_ignored_by_children():
+        for p in procs:
+            p.start()
     try:
         results = dict(queue.get(timeout=600) for _ in range(n))
+    except BaseException:
+        for p in procs:  # failed or interrupted: the ranks would wait for each other
+            p.kill()
+        raise
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -410,8 +417,9 @@ def run_raw(
             )
             for r in range(n_senders)
         ]
-        for p in runners:
-            p.start()
+        with sigint_ignored_by_children():
+            for p in runners:
+                p.start()
         give_up_at = time.monotonic() + timeout_s
         try:
             while len(results) < n_senders:
@@ -432,6 +440,11 @@ def run_raw(
                 if kind == "error":
                     raise RuntimeError(f"raw sender {rank} failed:\n{payload}")
                 results[rank] = payload
+        except BaseException:
+            if not in_process:  # failed or interrupted: the senders would wait at the next barrier
+                for p in runners:
+                    p.kill()
+            raise
         finally:
             with contextlib.suppress(Exception):
                 barrier.abort()
@@ -475,45 +488,32 @@ class BenchOptions:
     io: str | None  # None: auto
 
 
-def _parse_list(text: str, name: str, kind: type) -> tuple:
-    values = []
-    for item in str(text).split(","):
-        item = item.strip()
-        try:
-            values.append(kind(item))
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise ValueError(f"{name}: {item!r} is not {what} (give one or a comma list, e.g. 2,4)") from None
-    return tuple(values)
+def mib_size(text: str) -> float:
+    """``--mib`` items: a size in MiB of float32 that holds at least one value."""
+    mib = argtypes.float_range(0.0, low_open=True, what="MiB")(text)
+    if int(mib * (1 << 20) / 4) < 1:
+        raise argparse.ArgumentTypeError(f"{text} MiB is less than one float32 (4 bytes)")
+    return mib
+
+
+def grad_loss(text: str) -> float:
+    """``--loss``: a drop probability below 1 (at 1 nothing would be aggregated to measure)."""
+    p = argtypes.probability(text)
+    if p >= 1.0:
+        raise argparse.ArgumentTypeError(f"loss must be in [0, 1): at {text} nothing is aggregated")
+    return p
 
 
 def parse_options(args: argparse.Namespace) -> BenchOptions:
-    """Every argument check, before anything is spawned; raises ValueError with a one-line message."""
-    workers = _parse_list(args.workers, "--workers", int)
-    mibs = _parse_list(args.mib, "--mib", float)
-    for n in workers:
-        if not 1 <= n <= MAX_WORKERS:
-            raise ValueError(f"--workers: {n} is not in 1..{MAX_WORKERS}")
-    for mib in mibs:
-        if not math.isfinite(mib) or mib <= 0:
-            raise ValueError(f"--mib: {mib} must be > 0")
-        if int(mib * (1 << 20) / 4) < 1:
-            raise ValueError(f"--mib: {mib} is less than one float32")
-    if args.iters < 1:
-        raise ValueError(f"--iters: {args.iters} must be >= 1")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup: {args.warmup} must be >= 0")
-    if not 1 <= args.elems_per_packet <= MAX_ELEMS_PER_PACKET:
-        raise ValueError(f"--elems-per-packet: {args.elems_per_packet} is not in 1..{MAX_ELEMS_PER_PACKET}")
-    if not 0.0 <= args.loss < 1.0:
-        raise ValueError(f"--loss: {args.loss} is not in [0, 1)")
-    if args.io not in IO_CHOICES:
-        raise ValueError(f"--io: {args.io!r} is not one of {', '.join(IO_CHOICES)}")
+    """The run's settings from parsed arguments (their ranges are checked by the parser's types).
+
+    Raises :class:`UsageError` for what only this machine can say: an I/O path that is not available."""
     if args.io != "auto" and args.io not in available_modes():
-        raise ValueError(f"--io: {args.io} is not available here (available: {', '.join(available_modes())})")
+        available = ", ".join(available_modes())
+        raise UsageError(f"allreduce --io: {args.io} is not available here (available: {available})")
     return BenchOptions(
-        workers=workers,
-        mibs=mibs,
+        workers=tuple(args.workers),
+        mibs=tuple(args.mib),
         loss=args.loss,
         iters=args.iters,
         warmup=args.warmup,
@@ -616,58 +616,62 @@ def bench_allreduce(opts: BenchOptions, phase_for: Callable[[int, int, float], P
         phase = phase_for(len(results), n, mib) if phase_for else _no_progress
         results.append(bench_pair(opts, n, mib, phase))
     if len(results) == 1:
-        return {"schema": SCHEMA, **results[0]}
-    return {"schema": SCHEMA, "results": results}
+        return results[0]
+    return {"results": results}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser(
         "allreduce",
         help="allreduce time, busbw and pps on loopback: lta (softswitch) vs gloo vs a raw UDP echo",
+        description="Time allreduces on loopback three ways in the same run: lta through a softswitch, "
+        "torch.distributed gloo, and the same datagrams echoed by a server that does no LTA work.",
     )
-    a.add_argument("--workers", default="2", help="worker count, or a comma list (e.g. 2,4); 1..64")
-    a.add_argument("--mib", default="4", help="tensor size in MiB, or a comma list (e.g. 4,64)")
-    a.add_argument("--loss", type=float, default=0.0, help="softswitch drop probability of GRAD packets")
-    a.add_argument("--iters", type=int, default=20)
-    a.add_argument("--warmup", type=int, default=3)
+    a.add_argument(
+        "--workers",
+        type=argtypes.csv_of(argtypes.workers, "worker counts"),
+        default=[2],
+        help=f"worker count, or a comma list (e.g. 2,4); each 1..{MAX_WORKERS}",
+    )
+    a.add_argument(
+        "--mib",
+        type=argtypes.csv_of(mib_size, "sizes"),
+        default=[4.0],
+        help="tensor size in MiB of float32, or a comma list (e.g. 4,64); each > 0",
+    )
+    a.add_argument(
+        "--loss", type=grad_loss, default=0.0, help="softswitch drop probability of GRAD packets, [0, 1)"
+    )
+    a.add_argument("--iters", type=argtypes.positive_int, default=20, help="timed allreduces per system")
+    a.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed allreduces first")
     a.add_argument(
         "--elems-per-packet",
-        type=int,
+        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
         default=64,
-        help=f"K; 64 is the P4 wire default, up to {MAX_ELEMS_PER_PACKET} fits one loopback datagram",
+        help=f"K, values per packet: 64 as the P4 program, up to {MAX_ELEMS_PER_PACKET} (one datagram)",
     )
     a.add_argument(
         "--io",
         default="auto",
-        metavar="{" + ",".join(IO_CHOICES) + "}",
+        choices=IO_CHOICES,
         help="packet I/O path for lta's workers and the raw echo (auto: the fastest available)",
     )
     a.add_argument("--json", action="store_true", help="one JSON document on stdout")
     a.set_defaults(func=_run_allreduce)
 
 
-def _progress(total: int) -> Callable[[int, int, float], Phase]:
-    """Phase reporters on stderr: a spinner on a terminal, one line per phase start otherwise; a line
-    with the time taken after each phase either way."""
-    from rich.console import Console
-
-    console = Console(stderr=True, highlight=False)
-
-    def say(text: str) -> None:
-        console.print(text, markup=False, soft_wrap=True)
+def _progress(status: Status, total: int) -> Callable[[int, int, float], Phase]:
+    """Phase reporters for ``status``: each phase is shown as it starts, and logged with its time when
+    it ends (``lta -v`` shows those lines)."""
 
     def phase_for(index: int, n: int, mib: float) -> Phase:
         @contextlib.contextmanager
         def phase(name: str) -> Iterator[None]:
             label = f"[{index + 1}/{total}] {n} workers, {mib:g} MiB: {name}"
             t0 = time.perf_counter()
-            if console.is_terminal:
-                with console.status(label + " ..."):
-                    yield
-            else:
-                say(label + " ...")
-                yield
-            say(f"{label} done in {time.perf_counter() - t0:.1f} s")
+            status.update(label)
+            yield
+            log.info("%s done in %.1f s", label, time.perf_counter() - t0)
 
         return phase
 
@@ -697,14 +701,18 @@ def format_pair(result: dict) -> list[str]:
 
 
 def _run_allreduce(args: argparse.Namespace) -> int:
-    try:
-        opts = parse_options(args)
-    except ValueError as exc:
-        print(f"lta bench allreduce: error: {exc}", file=sys.stderr)
-        return 2
-    out = bench_allreduce(opts, _progress(len(opts.workers) * len(opts.mibs)))
+    opts = parse_options(args)
+    pairs = len(opts.workers) * len(opts.mibs)
+    sizes = ",".join(f"{m:g}" for m in opts.mibs)
+    workers = ",".join(str(n) for n in opts.workers)
+    title = (
+        f"lta bench allreduce: {workers} workers x {sizes} MiB ({pairs} pair{'s' * (pairs > 1)}), "
+        f"{opts.iters} timed allreduces each through lta, gloo and a raw echo"
+    )
+    with Status(title) as status:
+        out = bench_allreduce(opts, _progress(status, pairs))
     if args.json:
-        print(json.dumps(out))
+        emit(SCHEMA, out)
     else:
         for result in out.get("results", [out]):
             print("\n".join(format_pair(result)))

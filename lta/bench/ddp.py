@@ -7,16 +7,21 @@ step-time percentiles and their ratio."""
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from hostlib import argtypes
+from hostlib.errors import LtaError
 from lta.bench.allreduce import free_tcp_port
+from lta.jsonout import emit
+from lta.launch import sigint_ignored_by_children
+from lta.progress import Status
+
+SCHEMA = "lta.bench.ddp/1"
 
 WIDTH, IN_FEATURES = 1024, 1024  # 1024 -> 4 x 1024 -> 10: 4.2M parameters
 
@@ -60,6 +65,8 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
         queue.put(
             (rank, {"times_s": times, "first_loss": losses[0], "last_loss": losses[-1], "params": params})
         )
+    except LtaError as exc:  # a user error (e.g. a health check): the parent says it in one line
+        queue.put((rank, {"error": str(exc), "user_error": True}))
     except BaseException as exc:  # reported by the parent as one line
         queue.put((rank, {"error": f"{type(exc).__name__}: {exc}"}))
 
@@ -71,18 +78,24 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
         ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
+    with sigint_ignored_by_children():
+        for p in procs:
+            p.start()
     try:
         results = dict(queue.get(timeout=timeout_s) for _ in range(world))
+    except BaseException:
+        for p in procs:  # failed or interrupted: the ranks would wait for each other
+            p.kill()
+        raise
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    errors = [f"rank {r}: {v['error']}" for r, v in results.items() if "error" in v]
+    errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
     if errors:
-        raise RuntimeError(f"{backend}: " + "; ".join(errors))
+        user = all(v.get("user_error") for v in results.values() if "error" in v)
+        raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
     step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
     return {
         "p50_ms": float(np.percentile(step, 50) * 1e3),
@@ -100,24 +113,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="stock DDP step time: init_process_group('lta') with the defaults vs 'gloo', same run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--workers", type=int, default=2, help="ranks (processes)")
-    p.add_argument("--steps", type=int, default=50, help="timed training steps per backend")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
+    p.add_argument("--steps", type=argtypes.positive_int, default=50, help="timed training steps per backend")
+    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=5, help="untimed steps first")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not 1 <= args.workers <= 64 or args.steps < 1 or args.warmup < 0:
-        print("lta bench ddp: error: need 1 <= --workers <= 64, --steps >= 1, --warmup >= 0", file=sys.stderr)
-        return 2
-    out: dict[str, Any] = {"schema": "lta.bench.ddp/1", "config": vars(args) | {"func": None}}
-    for backend in ("gloo", "lta"):
-        print(f"bench ddp: {backend} ...", file=sys.stderr, flush=True)
-        out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
+    config = {"workers": args.workers, "steps": args.steps, "warmup": args.warmup}
+    out: dict[str, Any] = {"config": config}
+    title = f"lta bench ddp: {args.workers} ranks, {args.steps} timed steps with gloo, then with lta"
+    with Status(title) as status:
+        for backend in ("gloo", "lta"):
+            status.update(f"{backend}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
+            out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
     out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
     if args.json:
-        print(json.dumps(out))
+        emit(SCHEMA, out)
         return 0
     print(f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
     for backend in ("gloo", "lta"):

@@ -72,7 +72,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hostlib.protocol import HEADER_BYTES, LTA_PORT, MAX_ELEMS_PER_PACKET
+from hostlib import argtypes
+from hostlib.errors import LtaError, UsageError
+from hostlib.protocol import HEADER_BYTES, LTA_PORT, MAX_ELEMS_PER_PACKET, MAX_WORKERS
+from lta.jsonout import emit
+from lta.progress import Status
 
 if TYPE_CHECKING:
     from hostlib.transport import TransportConfig
@@ -80,6 +84,7 @@ if TYPE_CHECKING:
     from mininet_topos.netns import NetnsNetwork
 
 log = logging.getLogger(__name__)
+SCHEMA = "lta.bench.lossy/1"
 Progress = Callable[[str], None]  # where progress lines go (the CLI: stderr)
 
 ETH_BYTES = 14  # what tbf counts besides the IP packet
@@ -755,85 +760,123 @@ def plot_percentiles(points: list[dict[str, Any]], systems: Sequence[str], path:
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
+def rate_arg(text: str) -> float:
+    """``--rate`` for argparse: :func:`parse_rate_mbit`, its error as argparse's."""
+    try:
+        return parse_rate_mbit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--rate: ")) from None
+
+
+def systems_arg(text: str) -> list[str]:
+    """``--systems``: gloo and/or lta, comma-separated, in the order given."""
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(systems) - {"gloo", "lta"})
+    if unknown or not systems:
+        raise argparse.ArgumentTypeError(f"takes gloo and/or lta (e.g. gloo,lta), got {text!r}")
+    return systems
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lossy", help="lta vs gloo on rate-limited, lossy links in network namespaces (root)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--mib", type=float, default=1.0, help="tensor size in MiB of float32")
-    p.add_argument("--loss", default=DEFAULT_LOSSES, help="comma-separated loss rates per link and direction")
+    p = sub.add_parser(
+        "lossy",
+        help="lta vs gloo on rate-limited, lossy links in network namespaces (root)",
+        description="lta against gloo allreduce on rate-limited links in network namespaces, where "
+        "the kernel drops packets (nftables) at each loss rate. Needs root.",
+    )
+    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"worker namespaces, 1..{MAX_WORKERS}")
+    p.add_argument(
+        "--mib",
+        type=argtypes.float_range(0.0, low_open=True, what="MiB"),
+        default=1.0,
+        help="tensor size in MiB of float32 (> 0)",
+    )
+    p.add_argument(
+        "--loss",
+        type=argtypes.csv_of(argtypes.probability, "loss rates"),
+        default=[float(v) for v in DEFAULT_LOSSES.split(",")],
+        help="comma-separated loss rates per link and direction, each in [0, 1]",
+    )
     p.add_argument(
         "--rate",
         "--rate-mbit",
         dest="rate",
+        type=rate_arg,
         default=DEFAULT_RATE,
         metavar="RATE",
         help=f"tbf rate of every worker link, both directions ({RATE_HELP}; default {DEFAULT_RATE})",
     )
     p.add_argument(
         "--iters",
-        type=int,
+        type=argtypes.positive_int,
         default=500,
         help=f"timed allreduces per system and loss rate (p99.9 needs >= {P99_9_MIN_ITERS})",
     )
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--mtu", type=int, default=DEFAULT_MTU, help="link MTU (jumbo frames by default)")
-    p.add_argument("--elems-per-packet", type=int, help="K (default: the largest power of two the MTU fits)")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="lta units in flight per worker")
-    p.add_argument("--min-deadline-ms", type=float, help="lta FLUSH deadline floor (default: from the link)")
-    p.add_argument("--systems", default="gloo,lta", help="which systems to run (gloo,lta)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="", help="PNG of the time percentiles against loss")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=10, help="untimed allreduces first")
+    p.add_argument(
+        "--mtu",
+        type=argtypes.int_range(68, 65535, "MTU"),
+        default=DEFAULT_MTU,
+        help="link MTU in bytes, 68..65535 (9000: jumbo frames)",
+    )
+    p.add_argument(
+        "--elems-per-packet",
+        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
+        help="K (default: the largest power of two the MTU fits)",
+    )
+    p.add_argument(
+        "--window", type=argtypes.positive_int, default=DEFAULT_WINDOW, help="lta units in flight per worker"
+    )
+    p.add_argument(
+        "--min-deadline-ms",
+        type=argtypes.float_range(0.0, low_open=True, what="deadline"),
+        help="lta FLUSH deadline floor, ms (default: one window at the link rate + 1 ms)",
+    )
+    p.add_argument("--systems", type=systems_arg, default=["gloo", "lta"], help="which systems to run")
+    p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
+    p.add_argument("--plot", default="", help="PNG of the time percentiles against loss ('' for none)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=run_cli)
 
 
 def config_from_args(args: argparse.Namespace) -> LossyConfig:
-    """The run's settings; ValueError (one line, naming the flag) for a value that cannot be used."""
-    if args.iters < 1 or args.warmup < 0:
-        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
-    return LossyConfig(
-        workers=args.workers, mib=args.mib, rate_mbit=parse_rate_mbit(args.rate), iters=args.iters,
-        warmup=args.warmup,
+    """The run's settings from parsed arguments (ranges checked by the parser's types); UsageError
+    (one line) for a combination that cannot be used."""
+    cfg = LossyConfig(
+        workers=args.workers, mib=args.mib, rate_mbit=args.rate, iters=args.iters, warmup=args.warmup,
         mtu=args.mtu, elems_per_packet=args.elems_per_packet, window=args.window,
         min_deadline_ms=args.min_deadline_ms, seed=args.seed,
     )  # fmt: skip
+    if IPV4_BYTES + UDP_BYTES + HEADER_BYTES + 4 * cfg.k > cfg.mtu:
+        raise UsageError(f"lossy --elems-per-packet {cfg.k} does not fit an MTU of {cfg.mtu} bytes")
+    return cfg
 
 
-def parse_losses(text: str) -> list[float]:
-    """``--loss``: comma-separated probabilities in [0, 1]; ValueError (one line) otherwise."""
+def require_root_or_say() -> None:
+    """Namespaces need root: a one-line user error otherwise."""
+    from mininet_topos.netns import require_root
+
     try:
-        losses = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        losses = []
-    if not losses or not all(0.0 <= p <= 1.0 for p in losses):
-        raise ValueError(
-            f"--loss takes comma-separated probabilities in [0, 1], e.g. --loss 0,0.01; got {text!r}"
-        )
-    return losses
+        require_root()
+    except PermissionError as exc:
+        raise LtaError(str(exc)) from None
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from mininet_topos.netns import require_root
-
-    systems = [s for s in args.systems.split(",") if s]
-    unknown = set(systems) - {"gloo", "lta"}
-    if unknown or not systems:
-        raise SystemExit(f"--systems takes gloo and/or lta, got {args.systems!r}")
-    try:  # every flag is checked before anything is built
-        cfg = config_from_args(args)
-        losses = parse_losses(args.loss)
-    except ValueError as exc:
-        raise SystemExit(f"lta bench lossy: {exc}") from None
-    require_root()
-    out = bench_lossy(cfg, losses, systems, args.plot or None, _stderr)
+    cfg = config_from_args(args)  # every flag is checked before anything is built
+    require_root_or_say()
+    title = (
+        f"lta bench lossy: {cfg.workers} workers, {cfg.mib:g} MiB, {format_rate(cfg.rate_mbit)}, "
+        f"loss {','.join(f'{p:g}' for p in args.loss)}: {' and '.join(args.systems)}, "
+        f"{cfg.iters} allreduces per point"
+    )
+    with Status(title) as status:
+        out = bench_lossy(cfg, args.loss, args.systems, args.plot or None, status.update)
     if args.json:
-        print(json.dumps(out))
+        emit(SCHEMA, out)
     else:
-        print(format_table(out, systems))
+        print(format_table(out, args.systems))
     return 0
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def format_table(out: dict[str, Any], systems: Sequence[str]) -> str:

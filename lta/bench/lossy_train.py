@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -33,8 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.protocol import LTA_PORT
+from hostlib import argtypes
+from hostlib.protocol import LTA_PORT, MAX_WORKERS
 from lta.bench import lossy as bench_lossy
+from lta.jsonout import emit
+from lta.progress import Status
+
+log = logging.getLogger(__name__)
+SCHEMA = "lta.bench.lossy-train/1"
 
 EMA_WEIGHT = 0.1
 BATCH = 64
@@ -215,15 +222,22 @@ def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Pa
         return bench_lossy.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
 
 
-def bench_lossy_train(cfg: TrainConfig, losses: Sequence[float], target_loss: float) -> dict[str, Any]:
+def bench_lossy_train(
+    cfg: TrainConfig,
+    losses: Sequence[float],
+    target_loss: float,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every loss point in turn; ``progress`` (default: the log) hears of each point and system."""
     from mininet_topos.linkshape import LinkSpec
     from mininet_topos.netns import NetnsNetwork, remove_stale
 
+    report = progress or log.info
     remove_stale()
     points = []
     lossy = cfg.lossy
     for i, loss in enumerate(losses):
-        print(f"[{i + 1}/{len(losses)}] loss {loss:g}", file=sys.stderr, flush=True)
+        report(f"[{i + 1}/{len(losses)}] loss {loss:g}")
         link = LinkSpec.symmetric(loss, rate_mbit=lossy.rate_mbit)
         point: dict[str, Any] = {"loss": loss}
         with (
@@ -237,6 +251,7 @@ def bench_lossy_train(cfg: TrainConfig, losses: Sequence[float], target_loss: fl
             tempfile.TemporaryDirectory(prefix="lta-bench-train-") as tmp,
         ):
             for system in ("gloo", "lta"):
+                report(f"[{i + 1}/{len(losses)}] loss {loss:g}: {system}, {cfg.steps} steps")
                 point[system] = summarize_training(run_system(net, cfg, system, loss, Path(tmp)), target_loss)
         points.append(point)
     return {
@@ -260,31 +275,74 @@ def bench_lossy_train(cfg: TrainConfig, losses: Sequence[float], target_loss: fl
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("lossy-train", help="DDP over gloo vs DDP with the lta hook on lossy links (root)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--loss", default="0,0.01,0.05", help="comma-separated loss rates per link and direction")
-    p.add_argument("--rate-mbit", type=float, default=200.0)
-    p.add_argument("--mtu", type=int, default=bench_lossy.DEFAULT_MTU)
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--target-loss", type=float, default=0.9)
-    p.add_argument("--rebroadcast-every", type=int, default=50, help="lta owners' parameter re-broadcast")
-    p.add_argument("--window", type=int, default=bench_lossy.DEFAULT_WINDOW)
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "lossy-train",
+        help="DDP over gloo vs DDP with the lta hook on lossy links (root)",
+        description="A training step under loss: stock DDP over gloo against DDP with the lta comm hook, "
+        "on the rate-limited, lossy namespace links of 'lta bench lossy'. Needs root.",
+    )
+    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"ranks, 1..{MAX_WORKERS}")
+    p.add_argument(
+        "--loss",
+        type=argtypes.csv_of(argtypes.probability, "loss rates"),
+        default=[0.0, 0.01, 0.05],
+        help="comma-separated loss rates per link and direction, each in [0, 1]",
+    )
+    p.add_argument(
+        "--rate-mbit",
+        type=argtypes.float_range(0.0, low_open=True, what="rate"),
+        default=200.0,
+        help="tbf rate of every worker link, Mbit/s (> 0)",
+    )
+    p.add_argument(
+        "--mtu",
+        type=argtypes.int_range(68, 65535, "MTU"),
+        default=bench_lossy.DEFAULT_MTU,
+        help="link MTU in bytes, 68..65535",
+    )
+    p.add_argument("--steps", type=argtypes.positive_int, default=400, help="training steps per system")
+    p.add_argument(
+        "--lr",
+        type=argtypes.float_range(0.0, low_open=True, what="learning rate"),
+        default=0.05,
+        help="SGD learning rate (momentum 0.9)",
+    )
+    p.add_argument(
+        "--target-loss",
+        type=argtypes.float_range(0.0, low_open=True, what="target loss"),
+        default=0.9,
+        help="report the steps and seconds until the smoothed loss first reaches this",
+    )
+    p.add_argument(
+        "--rebroadcast-every",
+        type=argtypes.nonnegative_int,
+        default=50,
+        help="lta owners' parameter re-broadcast period in steps (0: never)",
+    )
+    p.add_argument(
+        "--window",
+        type=argtypes.positive_int,
+        default=bench_lossy.DEFAULT_WINDOW,
+        help="lta units in flight per worker",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from mininet_topos.netns import require_root
-
-    require_root()
+    bench_lossy.require_root_or_say()
     lossy = bench_lossy.LossyConfig(
         workers=args.workers, rate_mbit=args.rate_mbit, mtu=args.mtu, window=args.window
     )
     cfg = TrainConfig(lossy, args.steps, args.lr, args.rebroadcast_every)
-    out = bench_lossy_train(cfg, [float(v) for v in args.loss.split(",") if v], args.target_loss)
+    title = (
+        f"lta bench lossy-train: {args.workers} ranks, {args.steps} steps, {args.rate_mbit:g} Mbit/s, "
+        f"loss {','.join(f'{p:g}' for p in args.loss)}: gloo and lta"
+    )
+    with Status(title) as status:
+        out = bench_lossy_train(cfg, args.loss, args.target_loss, status.update)
     if args.json:
-        print(json.dumps(out))
+        emit(SCHEMA, out)
         return 0
     print(
         f"{'loss':>6s} {'system':6s} {'p50':>7s} {'p99':>7s} {'mean':>7s} {'steps→tgt':>9s} "

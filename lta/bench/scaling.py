@@ -5,27 +5,35 @@ simulator."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 
+from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS
 from hostlib.transport import TransportConfig
-from lta.bench.allreduce import lta_bench_worker
+from lta.bench.allreduce import grad_loss, lta_bench_worker
+from lta.jsonout import emit
 from lta.launch import JobSpec, run_job
+from lta.progress import Status
+
+SCHEMA = "lta.bench.scaling/1"
 
 
-def bench_scaling(args: argparse.Namespace) -> dict:
+def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict:
     """Cost of a reduce against workers and tensor size: real processes through the softswitch, and
-    the in-process drop simulator for worker counts the machine cannot run as processes."""
+    the in-process drop simulator for worker counts the machine cannot run as processes.
+    ``progress`` hears of each measurement as it starts."""
     from hostlib.simulate import simulate_reduce
 
+    say = progress or (lambda text: None)
     rows = []
-    sizes = [int(v) for v in args.kib.split(",")]
-    for kib in sizes:
+    for kib in args.kib:
         n_values = kib * 256
-        for n in [int(v) for v in args.workers.split(",") if v]:
+        for n in args.workers:
+            say(f"{kib} KiB, {n} worker processes")
             spec = JobSpec(
                 n_workers=n,
                 transport=TransportConfig(elems_per_packet=args.elems_per_packet),
@@ -34,7 +42,8 @@ def bench_scaling(args: argparse.Namespace) -> dict:
             results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
             t = float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
             rows.append(_scaling_row("processes", n, kib, t, n_values))
-        for n in [int(v) for v in args.sim_workers.split(",") if v]:
+        for n in args.sim_workers:
+            say(f"{kib} KiB, {n} simulated workers")
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
             times = []
             for i in range(args.iters):
@@ -45,7 +54,11 @@ def bench_scaling(args: argparse.Namespace) -> dict:
             rows.append(_scaling_row("simulator", n, kib, t, n_values))
     if args.plot:
         _plot_scaling(rows, args.plot)
-    return {"config": vars(args) | {"func": None}, "rows": rows}
+    config = {
+        key: getattr(args, key)
+        for key in ("workers", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
+    }
+    return {"config": config, "rows": rows}
 
 
 def _scaling_row(mode: str, n: int, kib: int, seconds: float, n_values: int) -> dict:
@@ -87,25 +100,64 @@ def _plot_scaling(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _counts(item: Callable[[str], int], what: str) -> Callable[[str], list[int]]:
+    """A comma list of counts, each checked by ``item``; the empty string is the empty list (skip)."""
+    parse_list = argtypes.csv_of(item, what)
+
+    def parse(text: str) -> list[int]:
+        return parse_list(text) if text.strip() else []
+
+    return parse
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser(
-        "scaling", help="reduce cost against workers (processes, then the simulator) and size"
+        "scaling",
+        help="reduce cost against workers (processes, then the simulator) and size",
+        description="Time one reduce against worker count and tensor size: real worker processes "
+        "through a softswitch on loopback, then the in-process drop simulator for counts one machine "
+        "cannot run as processes.",
     )
-    sc.add_argument("--workers", default="2,4,8,16", help="worker counts run as real processes")
-    sc.add_argument("--sim-workers", default="2,16,64,256,1024", help="worker counts run in the simulator")
-    sc.add_argument("--kib", default="64,256", help="tensor sizes in KiB of float32")
-    sc.add_argument("--loss", type=float, default=0.01)
-    sc.add_argument("--iters", type=int, default=5)
-    sc.add_argument("--elems-per-packet", type=int, default=64)
+    sc.add_argument(
+        "--workers",
+        type=_counts(argtypes.workers, "worker counts"),
+        default=[2, 4, 8, 16],
+        help=f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
+    )
+    sc.add_argument(
+        "--sim-workers",
+        type=_counts(argtypes.int_range(1, what="simulated worker count"), "simulated worker counts"),
+        default=[2, 16, 64, 256, 1024],
+        help="worker counts run in the simulator, each >= 1 ('' for none)",
+    )
+    sc.add_argument(
+        "--kib",
+        type=argtypes.csv_of(argtypes.int_range(1, what="size in KiB"), "sizes"),
+        default=[64, 256],
+        help="tensor sizes in KiB of float32, each >= 1",
+    )
+    sc.add_argument("--loss", type=grad_loss, default=0.01, help="drop probability of GRAD packets, [0, 1)")
+    sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
+    sc.add_argument(
+        "--elems-per-packet",
+        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
+        default=64,
+        help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
-    sc.add_argument("--json", action="store_true")
+    sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
     sc.set_defaults(func=_run_scaling)
 
 
 def _run_scaling(args: argparse.Namespace) -> int:
-    out = bench_scaling(args)
+    title = (
+        f"lta bench scaling: {len(args.kib)} sizes x ({len(args.workers)} process and "
+        f"{len(args.sim_workers)} simulator worker counts), {args.iters} reduces each"
+    )
+    with Status(title) as status:
+        out = bench_scaling(args, status.update)
     if args.json:
-        print(json.dumps(out, default=str))
+        emit(SCHEMA, out)
         return 0
     print(f"{'mode':10s} {'workers':>7s} {'KiB':>6s} {'ms':>9s} {'ns/elem':>9s} {'ns/(elem*worker)':>17s}")
     for r in out["rows"]:

@@ -19,6 +19,7 @@ import torch
 
 from hostlib.torch_ext.sharded import ShardedOptimizer
 from hostlib.transport import LtaWorker, TransportConfig
+from lta.train.extras import WorkerExtras
 from lta.train.gpt import CharCorpus, CharGpt, GptConfig
 
 # What a baseline method means on the wire (see TransportConfig.renormalize / fallback).
@@ -78,11 +79,19 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def worker_main(
-    rank: int, n_workers: int, switch_addr: tuple[str, int], cfg: TrainConfig, commands: Queue, events: Queue
+    rank: int,
+    n_workers: int,
+    switch_addr: tuple[str, int],
+    cfg: TrainConfig,
+    commands: Queue,
+    events: Queue,
+    extras: WorkerExtras | None = None,
 ) -> None:
     """Process entry point (spawned by the parent)."""
     torch.set_num_threads(1)  # N workers share a few cores with the switch thread
+    extras = extras or WorkerExtras()
     try:
+        exporter = extras.start_exporter(rank)  # one endpoint per process, for every run it trains
         corpus = CharCorpus()
         while True:
             command = commands.get()
@@ -100,20 +109,36 @@ def worker_main(
                 go = commands.get()
                 if go[0] != "go":
                     return
-                summary = train_run(worker, corpus, cfg, spec, events)
+                summary = train_run(worker, corpus, cfg, spec, events, extras, exporter)
             events.put(("done", rank, summary))
     except BaseException:
         events.put(("error", rank, traceback.format_exc()))
 
 
 def train_run(
-    worker: LtaWorker, corpus: CharCorpus, cfg: TrainConfig, spec: RunSpec, events: Queue
+    worker: LtaWorker,
+    corpus: CharCorpus,
+    cfg: TrainConfig,
+    spec: RunSpec,
+    events: Queue,
+    extras: WorkerExtras | None = None,
+    exporter: Any = None,
 ) -> dict[str, Any]:
     rank = worker.worker_id
+    extras = extras or WorkerExtras()
     torch.manual_seed(spec.seed)  # identical initial weights on every worker and in every run
     model = CharGpt(cfg.gpt(corpus.vocab))
     adamw = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    opt = ShardedOptimizer(adamw, worker, stale_bound=cfg.stale_bound)
+    privacy = extras.privacy(worker, spec.job_id, spec.seed)
+    opt = ShardedOptimizer(adamw, worker, stale_bound=cfg.stale_bound, privacy=privacy)
+    telemetry = extras.telemetry(spec.name, rank)
+    meter = None
+    if telemetry is not None:
+        from hostlib.torch_ext.metrics import StepMeter
+
+        meter = StepMeter(opt, telemetry)
+        if exporter is not None:
+            exporter.track(telemetry)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     batches = torch.Generator().manual_seed(spec.seed * 1000 + rank)
     losses = np.zeros(cfg.steps)
@@ -125,6 +150,8 @@ def train_run(
         opt.zero_grad()
         schedule.step()
         losses[step] = loss.item()
+        if meter is not None:
+            meter.step(tokens=cfg.batch * cfg.context)
         events.put(("step", rank, step, losses[step]))
         if (step + 1) % cfg.drift_every == 0:
             lo, hi = opt.shard
@@ -141,7 +168,7 @@ def train_run(
             )
     opt.synchronize()  # evaluate the owners' parameters, as a checkpoint would hold them
     val_sum, val_count = evaluate(model, corpus, cfg, rank, worker.n_workers)
-    return {
+    summary = {
         "losses": losses.tolist(),
         "val_sum": val_sum,
         "val_count": val_count,
@@ -149,6 +176,11 @@ def train_run(
         "transport": worker.stats.as_dict(),
         "numel": opt.flat.numel,
     }
+    if telemetry is not None:
+        summary["telemetry"] = telemetry.snapshot()
+    if privacy is not None:
+        summary["privacy"] = privacy.stats.as_dict()
+    return summary
 
 
 @torch.no_grad()

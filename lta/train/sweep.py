@@ -19,7 +19,9 @@ import numpy as np
 from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.drift import receiver_pair_drift
 from hostlib.torch_ext.layout import ShardLayout
+from lta.launch import sigint_ignored_by_children
 from lta.train.experiment import RunSpec, TrainConfig, worker_main
+from lta.train.extras import WorkerExtras
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -47,7 +49,9 @@ class WorkerFailed(RuntimeError):
 class LocalCluster:
     """N spawned training processes and a softswitch thread in this process."""
 
-    def __init__(self, n_workers: int, cfg: TrainConfig, switch_seed: int = 0) -> None:
+    def __init__(
+        self, n_workers: int, cfg: TrainConfig, switch_seed: int = 0, extras: WorkerExtras | None = None
+    ) -> None:
         self.n_workers, self.cfg = n_workers, cfg
         self.switch = SoftSwitch(seed=switch_seed)
         self.server = SoftSwitchServer(self.switch).start()
@@ -57,18 +61,24 @@ class LocalCluster:
         self.procs = [
             ctx.Process(
                 target=worker_main,
-                args=(rank, n_workers, self.server.address, cfg, self.commands[rank], self.events),
+                args=(rank, n_workers, self.server.address, cfg, self.commands[rank], self.events, extras),
                 name=f"lta-train-worker-{rank}",
                 daemon=True,
             )
             for rank in range(n_workers)
         ]
-        for proc in self.procs:
-            proc.start()
+        with sigint_ignored_by_children():  # Ctrl-C reaches this process only; close() stops them
+            for proc in self.procs:
+                proc.start()
 
-    def close(self) -> None:
-        for commands in self.commands:
-            commands.put(("exit",))
+    def close(self, *, now: bool = False) -> None:
+        """Stop the workers: after their current run, or ``now`` (a failed or interrupted sweep)."""
+        if now:
+            for proc in self.procs:
+                proc.kill()
+        else:
+            for commands in self.commands:
+                commands.put(("exit",))
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -78,8 +88,8 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(now=kind is not None)
 
     def _next_event(self, job_id: int) -> tuple:
         try:
@@ -151,7 +161,13 @@ class LocalCluster:
             s["val_count"] for s in summaries.values()
         )
         result.workers = [
-            {"stats": summaries[r]["stats"], "transport": summaries[r]["transport"]} for r in range(n)
+            {
+                "stats": summaries[r]["stats"],
+                "transport": summaries[r]["transport"],
+                # only with --metrics-port / --dp-sigma: the final telemetry and the clipping statistics
+                **{k: summaries[r][k] for k in ("telemetry", "privacy") if k in summaries[r]},
+            }
+            for r in range(n)
         ]
         result.wall_s = time.perf_counter() - t0
         return result

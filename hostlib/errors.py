@@ -1,0 +1,33 @@
+"""The exceptions a user of LTA is meant to see, in one place for every layer.
+
+``LtaError`` and its subclasses carry a message written for the person at the keyboard: what went
+wrong and what to check. Every ``lta`` subcommand turns them into one line on stderr and a non-zero
+exit (``lta.cli.main``); library callers can catch the base class. Programming errors stay ordinary
+exceptions with tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class LtaError(Exception):
+    """Base of every user-facing LTA error; its message is one complete sentence for the user."""
+
+    exit_code = 1
+
+
+class UsageError(LtaError, ValueError):
+    """A command-line value or configuration entry is out of range or malformed."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A configuration file is malformed: unknown key, wrong type, missing field (names file and key)."""
+
+
+class HealthCheckError(LtaError, RuntimeError):
+    """The switch did not answer for this job, or answered in a way that means training would not work."""
+
+
+class UnhealthyTraining(LtaError, RuntimeError):
+    """Reduces kept falling back instead of aggregating: training would go on without the gradients."""

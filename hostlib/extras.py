@@ -1,0 +1,29 @@
+"""Optional parts of the install: a command that needs one says which, in one line, before it starts.
+
+``pip install .`` gives every command but those that speak P4Runtime (``lta ctl``, ``lta softswitch
+--p4runtime``); they need the ``p4rt`` extra. The modules are looked up by name at run time, so this
+module, like the rest of the ``hostlib`` core, imports no third-party package.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hostlib.errors import LtaError
+
+# What the p4rt extra brings (grpcio, protobuf, p4runtime, p4runtime-shell), by a module of each.
+P4RT_MODULES = ("grpc", "google.protobuf", "p4.v1.p4runtime_pb2", "p4runtime_sh.context")
+
+
+class MissingExtra(LtaError):
+    """A command needs an optional part of the install (an extra) that is not there."""
+
+
+def require_p4rt(command: str) -> None:
+    """Raise :class:`MissingExtra` ("``command`` needs the p4rt extra: pip install 'lta[p4rt]'") unless
+    the P4Runtime packages import."""
+    for name in P4RT_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingExtra(f"{command} needs the p4rt extra: pip install 'lta[p4rt]'") from None

@@ -1,0 +1,84 @@
+"""Public health and statistics of an LTA group, whichever way a training loop uses it.
+
+    dist.init_process_group("lta")
+    ...
+    loss.backward(); optimizer.step()
+    if not should_commit():          # some reduce of this step got (almost) nothing from the network
+        restore_last_checkpoint()    # or skip the step, or log it
+    print(lta_stats()["chunks_partial"])
+
+``should_commit``/``step_healthy`` look at every lossy reduce since the previous call (torchft's
+per-step signal); unhealthy means at least ``TransportConfig.unhealthy_fraction`` of a reduce's
+chunks came back with no aggregate. A *run* of unhealthy reduces raises ``UnhealthyTraining`` by
+itself (``LTA_ON_UNHEALTHY``). ``join_default_group`` gives the DDP comm hook and the sharded optimizer
+a worker from the default process group's store, without reaching for torch's private helpers.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hostlib.torch_ext.rendezvous import LtaOptions, LtaSession, join_job
+from hostlib.transport import LtaWorker
+
+
+def _worker_of(group: Any = None) -> LtaWorker:
+    """The LtaWorker behind ``group``: None (the default group), an lta ProcessGroup, an object with a
+    ``.worker`` (LtaHookState, ShardedOptimizer, LtaSession) or an LtaWorker."""
+    if isinstance(group, LtaWorker):
+        return group
+    if group is None:
+        if not dist.is_initialized():
+            raise RuntimeError("no default process group: call dist.init_process_group('lta') first")
+        group = dist.group.WORLD
+    worker = getattr(group, "worker", None)
+    if worker is None and isinstance(group, dist.ProcessGroup):
+        try:
+            worker = getattr(group._get_backend(torch.device("cpu")), "worker", None)
+        except RuntimeError:
+            worker = None
+    if not isinstance(worker, LtaWorker):
+        raise TypeError(
+            f"{type(group).__name__} is not an lta group: pass the group of init_process_group('lta'), "
+            "an LtaHookState, a ShardedOptimizer or an LtaWorker"
+        )
+    return worker
+
+
+def lta_stats(group: Any = None) -> dict[str, Any]:
+    """The worker's running totals (``TransportStats.as_dict()``) plus its health: chunks full,
+    partial, empty or without RESULT, fallbacks used, packets, reduce times (p50/p99)."""
+    worker = _worker_of(group)
+    out = worker.stats.as_dict()
+    out["healthy"] = worker.healthy
+    out["last_nothing_fraction"] = worker.last_nothing_fraction
+    return out
+
+
+def should_commit(group: Any = None) -> bool:
+    """True when no lossy reduce since the previous call came back (almost) empty; resets the window."""
+    return not _worker_of(group).unhealthy_since_mark(reset=True)
+
+
+step_healthy = should_commit
+
+
+def join_default_group(
+    options: LtaOptions | None = None, *, prefix: str = "lta-hook", timeout: timedelta | None = None
+) -> LtaSession:
+    """Join an LTA job through the store of the default process group (any backend, e.g. gloo), for
+    the DDP comm hook or the sharded optimizer: ``LtaHookState(join_default_group().worker)``."""
+    if not dist.is_initialized():
+        raise RuntimeError("join_default_group needs dist.init_process_group(...) first")
+    store = dist.distributed_c10d._get_default_store()
+    return join_job(
+        dist.PrefixStore(prefix, store),
+        dist.get_rank(),
+        dist.get_world_size(),
+        options or LtaOptions.from_env(),
+        timeout,
+    )

@@ -1,0 +1,287 @@
+"""Never train silently on nothing: the join probe and the health of reduces during training.
+
+The probe's expectations come from the switch contract (docs/protocol.md): a FLUSH of a round newer
+than the slot's closes it empty and multicasts (``flush_empty``), the same FLUSH again is answered by
+unicast (``flush_resend``), and a packet from an address the job does not map to its worker id is
+dropped (``drop_bad_worker``) with no answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from hostlib.errors import HealthCheckError, UnhealthyTraining
+from hostlib.protocol import PROBE_SEQ
+from hostlib.transport import LtaWorker, TransportConfig
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+
+K = 64
+
+
+def _silent_port() -> tuple[socket.socket, tuple[str, int]]:
+    """A bound UDP socket that never answers: a switch address where nothing listens."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock, sock.getsockname()
+
+
+def test_probe_is_answered_when_the_switch_knows_the_job(make_cluster):
+    cluster = make_cluster(3, elems_per_packet=K, pool_size=16)
+    for w in cluster.workers:
+        assert w.check_switch(2.0) < 2.0
+    # The first probe closes round PROBE_SEQ of slot P-1 empty (multicast to all three: workers 1 and 2
+    # may take that as their answer), later ones are unicast resends. The switch thread may still be
+    # handling the last probes when the workers return.
+    give_up = time.monotonic() + 2.0
+    while cluster.switch.read_counters(cluster.job_id)["flush_resend"] < 2 and time.monotonic() < give_up:
+        time.sleep(0.01)
+    c = cluster.switch.read_counters(cluster.job_id)
+    assert (c["flush_empty"], c["flush_resend"]) == (1, 2)
+    # and the probe leaves the units' slots alone: a reduce afterwards is exact and complete
+    inputs = [np.full(10 * K, float(i + 1), np.float32) for i in range(3)]
+    for r in cluster.reduce_all(inputs, step=1):
+        assert np.all(r.count == 3)
+        np.testing.assert_allclose(r.values, 2.0, rtol=1e-6)
+
+
+def test_probe_survives_result_loss(make_cluster):
+    # Half of the RESULT replicas are dropped: the probe's backoff resends until one arrives.
+    cluster = make_cluster(2, down=0.5, elems_per_packet=K, pool_size=16)
+    for w in cluster.workers:
+        w.check_switch(5.0)
+
+
+def test_probe_during_training_does_not_disturb_units(make_cluster):
+    cluster = make_cluster(2, elems_per_packet=K, pool_size=8)  # 7 data slots: units wrap many times
+    inputs = [np.arange(50 * K, dtype=np.float32) * (i + 1) for i in range(2)]
+    cluster.reduce_all(inputs, step=0)
+    cluster.workers[1].check_switch(2.0)  # a late probe: RESULT of slot P-1 multicast to both workers
+    for r in cluster.reduce_all(inputs, step=1):
+        assert np.all(r.count == 2), "a probe answer was taken for a unit's RESULT"
+        np.testing.assert_allclose(r.values, np.arange(50 * K) * 1.5, rtol=1e-6)
+
+
+def test_dead_switch_raises_within_its_timeout():
+    silent, addr = _silent_port()
+    with silent, LtaWorker(1, 0, 2, addr, config=TransportConfig(elems_per_packet=K)) as worker:
+        t0 = time.perf_counter()
+        with pytest.raises(HealthCheckError, match="did not answer worker 0 of job 1"):
+            worker.check_switch(0.5)
+        assert time.perf_counter() - t0 < 1.5
+        # it kept asking: 50 ms, 100 ms, 200 ms... backoff within the half second
+        silent.settimeout(0)
+        seen = 0
+        while True:
+            try:
+                data = silent.recv(65536)
+            except BlockingIOError:
+                break
+            seen += 1
+            assert data[1] == 3 and int.from_bytes(data[12:16], "big") == PROBE_SEQ  # op FLUSH, seq
+        assert seen >= 3
+
+
+def test_wrong_worker_address_raises_and_the_switch_counts_it():
+    switch = SoftSwitch()
+    server = SoftSwitchServer(switch).start()
+    try:
+        cfg = TransportConfig(elems_per_packet=K, pool_size=16)
+        with LtaWorker(1, 0, 2, server.address, config=cfg) as worker:
+            host, port = worker.address
+            # the job expects worker 0 a few ports off (LTA_BIND_PORT_BASE off by a few)
+            switch.add_job(
+                JobConfig(1, [(host, port + 3), (host, port + 4)], pool_size=16, elems_per_packet=K)
+            )
+            with pytest.raises(HealthCheckError, match="drop_bad_worker"):
+                worker.check_switch(0.4)
+        assert switch.read_counters(1)["drop_bad_worker"] >= 2
+    finally:
+        server.stop()
+
+
+def test_elems_per_packet_mismatch_raises():
+    switch = SoftSwitch()
+    server = SoftSwitchServer(switch).start()
+    try:
+        with LtaWorker(1, 0, 1, server.address, config=TransportConfig(elems_per_packet=K)) as worker:
+            switch.add_job(JobConfig(1, [worker.address], pool_size=512, elems_per_packet=2 * K))
+            with pytest.raises(HealthCheckError, match=f"elems_per_packet is {K}"):
+                worker.check_switch(0.4)
+        assert switch.read_counters(1)["drop_malformed"] >= 1
+    finally:
+        server.stop()
+
+
+# ---- during training -----------------------------------------------------------------------------------
+def _starved(make_cluster, on_unhealthy: str):
+    # Every GRAD is dropped: each reduce ends with count-0 RESULTs (FLUSHes) for every chunk.
+    return make_cluster(
+        2,
+        up=1.0,
+        elems_per_packet=K,
+        pool_size=64,
+        on_unhealthy=on_unhealthy,
+        unhealthy_reduces=3,
+        unhealthy_min_chunks=32,
+        min_deadline_ms=5,
+        initial_deadline_ms=5,
+        sync_deadline_ms=20,
+    )
+
+
+def test_reduces_that_get_nothing_raise_after_the_configured_run(make_cluster):
+    cluster = _starved(make_cluster, "raise")
+    x = [np.ones(16 * K, np.float32)] * 2  # 16 chunks a reduce: 3 reduces make 48 >= 32
+    for step in range(2):
+        for r in cluster.reduce_all(x, step=step):
+            assert np.all(r.count == 0)
+        assert all(not w.healthy for w in cluster.workers)
+    with pytest.raises(UnhealthyTraining, match="3 reduces in a row"):
+        cluster.reduce_all(x, step=2)
+
+
+def test_warn_mode_logs_once_and_keeps_going(make_cluster, caplog):
+    cluster = _starved(make_cluster, "warn")
+    x = [np.ones(16 * K, np.float32)] * 2
+    with caplog.at_level(logging.WARNING, logger="hostlib.transport.worker"):
+        for step in range(5):
+            cluster.reduce_all(x, step=step)
+    warnings = [r for r in caplog.records if "training is running on fallbacks" in r.getMessage()]
+    assert len(warnings) == 2  # one per worker, when its run reached 3 reduces; not again at 4 and 5
+    assert all(w.unhealthy_since_mark() for w in cluster.workers)
+    assert not any(w.unhealthy_since_mark() for w in cluster.workers)  # the mark was reset
+
+
+def test_a_healthy_reduce_ends_the_run(make_cluster):
+    cluster = make_cluster(2, elems_per_packet=K, pool_size=64, unhealthy_reduces=2, unhealthy_min_chunks=1)
+    x = [np.ones(4 * K, np.float32)] * 2
+    for step in range(4):
+        cluster.reduce_all(x, step=step)
+    assert all(w.healthy and w.last_nothing_fraction == 0.0 for w in cluster.workers)
+    assert not any(w.unhealthy_since_mark() for w in cluster.workers)
+
+
+# ---- through torch.distributed -------------------------------------------------------------------------
+def _spawn(target, world: int, *args) -> list:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_guarded, args=(target, r, world, results, *args)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    out: dict[int, object] = {}
+    try:
+        while len(out) < world:
+            rank, ok, value = results.get(timeout=120)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+    except queue.Empty:
+        raise AssertionError("ranks sent nothing within 120 s") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=20)
+            if proc.is_alive():
+                proc.terminate()
+    return [out[r] for r in range(world)]
+
+
+def _guarded(target, rank, world, results, *args) -> None:
+    try:
+        results.put((rank, True, target(rank, world, *args)))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def _stock_ddp_rank(rank: int, world: int, store_path: str, env: dict[str, str]) -> dict:
+    """A stock script: init_process_group("lta") from the environment; reports what joining raised."""
+    import os
+
+    import torch.distributed as dist
+
+    import hostlib.torch_ext.backend  # noqa: F401  (registers "lta")
+
+    os.environ.update(env)
+    t0 = time.perf_counter()
+    try:
+        dist.init_process_group(
+            "lta",
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=30),
+        )
+    except Exception as exc:  # noqa: BLE001 - the test inspects whatever was raised
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.perf_counter() - t0}
+    dist.destroy_process_group()
+    return {"error": None}
+
+
+def test_stock_ddp_against_a_dead_switch_fails_fast(tmp_path):
+    silent, (host, port) = _silent_port()
+    with silent:
+        env = {"LTA_SWITCH": f"{host}:{port}", "LTA_HEALTH_TIMEOUT": "1"}
+        results = _spawn(_stock_ddp_rank, 2, str(tmp_path / "store"), env)
+    for out in results:
+        # torch may wrap the backend's exception; its message must survive
+        assert out["error"] is not None, "joining a dead switch succeeded"
+        assert "did not answer" in out["message"] and f"{host}:{port}" in out["message"]
+        assert out["seconds"] < 15
+
+
+def test_stock_ddp_with_worker_addresses_off_by_a_few_fails(tmp_path):
+    base = 42100
+    switch = SoftSwitch()
+    server = SoftSwitchServer(switch).start()
+    try:
+        switch.add_job(JobConfig(1, [("127.0.0.1", base + 3), ("127.0.0.1", base + 4)], elems_per_packet=K))
+        host, port = server.address
+        env = {
+            "LTA_SWITCH": f"{host}:{port}",
+            "LTA_BIND_PORT_BASE": str(base),
+            "LTA_ELEMS_PER_PACKET": str(K),
+            "LTA_HEALTH_TIMEOUT": "1",
+        }
+        results = _spawn(_stock_ddp_rank, 2, str(tmp_path / "store"), env)
+    finally:
+        server.stop()
+    for out in results:
+        assert out["error"] is not None and "drop_bad_worker" in out["message"]
+    assert switch.read_counters(1)["drop_bad_worker"] >= 2
+
+
+def _stats_rank(rank: int, world: int, store_path: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from hostlib.torch_ext import lta_stats, should_commit
+    from hostlib.torch_ext.backend import register
+
+    register()
+    dist.init_process_group("lta", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    t = torch.full((40000,), float(rank))  # more than one packet (K): the lossy path
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    stats = lta_stats()
+    out = {
+        "mean": float(t.mean()),
+        "reduces": stats["reduces"],
+        "healthy": stats["healthy"],
+        "commit": should_commit(),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def test_public_stats_and_commit_signal_of_the_lta_group(tmp_path):
+    for out in _spawn(_stats_rank, 2, str(tmp_path / "store")):
+        assert out["mean"] == pytest.approx(0.5, abs=1e-5)
+        assert out["reduces"] == 1 and out["healthy"] and out["commit"]
