@@ -212,6 +212,14 @@ class SoftSwitch:
         with self._lock:
             return self._batch.run(self, data, lens, ingress, n)
 
+    def count_damaged_frame(self) -> None:
+        """A frame to the LTA port whose IPv4/UDP header is damaged (bad checksum, a fragment, lengths
+        that disagree), dropped before the LTA checks by the raw-port front end: nothing in it is
+        trusted, so it counts on index 0 (``rx_packets`` and ``drop_malformed``), as in the P4 program."""
+        with self._lock:
+            self._counters[0][_C["rx_packets"]] += 1
+            self._count(0, "drop_malformed")
+
     def _count(self, job_id: int, name: str) -> None:
         self._counters[job_id][_C[name]] += 1
 

@@ -274,6 +274,8 @@ class RawPortSwitch:
         if isinstance(lta, str):  # for LTA, but its IPv4/UDP header is damaged: dropped, counted
             self.stats["rx_bad_ipv4"] += 1
             self.stats[f"rx_bad_{lta}"] += 1
+            if lta not in ("ipv4_options", "ipv4_version"):  # the P4 parser never reads UDP after those
+                self.switch.count_damaged_frame()
             return
         if lta is None:
             reply = arp_reply(frame, self.ip, self.mac)

@@ -423,3 +423,108 @@ def test_seeded_lossy_rounds(fresh):
     assert sum(len(o) for o in out) > 150
     counters = fresh.counters()[0][1]
     assert counters["result_quorum"] > 20 and counters["flush_partial"] > 5 and counters["grad_add"] > 100
+
+
+# ---- damaged IPv4/UDP headers (issue F: what the switch sends is well-formed, whatever it received) --------
+class _PairedRawPorts:
+    """The softswitch's raw-port front end (softswitch/rawport.py) on socket pairs instead of interfaces,
+    around the pair's SoftSwitch, so that both switches see the same frames."""
+
+    def __init__(self, switch: SoftSwitch) -> None:
+        import socket
+
+        from softswitch.rawport import RawPortSwitch
+
+        far_ends: dict[str, socket.socket] = {}
+
+        class Paired(RawPortSwitch):
+            def _open(self, intf: str) -> socket.socket:  # type: ignore[override]
+                near, far = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                far.setblocking(False)
+                far_ends[intf] = far
+                return near
+
+        self.far_ends = far_ends
+        self.raw = Paired(switch, {p: f"p{p}" for p in range(1, N_PORTS + 1)}, SWITCH_IP, mac=SWITCH_MAC)
+
+    def exchange(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        self.raw.handle_frame(port, frame)
+        out = []
+        for p in range(1, N_PORTS + 1):
+            while True:
+                try:
+                    out.append((p, self.far_ends[f"p{p}"].recv(65535)))
+                except BlockingIOError:
+                    break
+        return out
+
+    def close(self) -> None:
+        self.raw.close()
+        for sock in self.far_ends.values():
+            sock.close()
+
+
+def _damage(frame: bytes, how: str) -> bytes:
+    from scapy.layers.l2 import Ether
+
+    packet = Ether(frame)
+    ip = packet[IP]
+    if how == "checksum":
+        ip.chksum ^= 0x0101
+        return bytes(packet)
+    if how == "fragment":  # the fuzzing finding: flags/fragment word 0x2001
+        ip.flags, ip.frag = 1, 1
+    elif how == "short_total_length":  # IPv4 total length 512 of a longer datagram
+        ip.len = 512
+    elif how == "trailing_bytes":
+        return bytes(packet) + b"\xaa" * 10
+    elif how == "udp_length":
+        packet[UDP].len -= 4
+        return bytes(packet)
+    del ip.chksum  # a valid checksum over the damaged header
+    return bytes(packet)
+
+
+DAMAGES = ["checksum", "fragment", "short_total_length", "trailing_bytes", "udp_length"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_ipv4_never_reaches_a_result_and_replicas_are_rebuilt(fresh, how):
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    raw = _PairedRawPorts(fresh.softswitch)
+    try:
+        first = worker_frame(grad(1, 0, vec(1)), host_worker(1))
+        assert fresh.bmv2.exchange(1, first, 0) == [] and raw.exchange(1, first) == []
+        # worker 1's GRAD would close the round; damaged, it is dropped by both and counted on index 0
+        damaged = _damage(worker_frame(grad(1, 1, vec(2)), host_worker(2)), how)
+        assert fresh.bmv2.exchange(2, damaged, 0, timeout_s=0.5) == []
+        assert raw.exchange(2, damaged) == []
+        bmv2_counters, soft_counters = fresh.counters()
+        assert bmv2_counters == soft_counters
+        assert bmv2_counters[0]["drop_malformed"] == 1 and bmv2_counters[1]["rx_packets"] == 1
+        # The same GRAD with TTL 1, DSCP and an odd identification closes the round: every replica's
+        # IPv4 header is the switch's own (TTL 64, DF, id 0, no options), byte for byte on both switches.
+        from scapy.layers.l2 import Ether
+
+        odd = Ether(worker_frame(grad(1, 1, vec(2)), host_worker(2)))
+        odd[IP].ttl, odd[IP].tos, odd[IP].id = 1, 0xB8, 4242
+        del odd[IP].chksum
+        got = sorted(fresh.bmv2.exchange(2, bytes(odd), 2))
+        want = sorted(raw.exchange(2, bytes(odd)))
+        assert [p for p, _ in got] == [1, 2]
+        for (port, frame), (_, soft_frame) in zip(got, want, strict=True):
+            check_frame(port, frame)
+            ip = Ether(frame)[IP]
+            assert (ip.version, ip.ihl, ip.tos, ip.id, int(ip.flags), ip.frag, ip.ttl) == (
+                4,
+                5,
+                0,
+                0,
+                2,
+                0,
+                64,
+            )
+            assert ip.len == len(frame) - 14
+            assert frame == soft_frame
+    finally:
+        raw.close()

@@ -1,4 +1,5 @@
-// Ingress: the checks of docs/protocol.md in order, then the slot update or the PARAM replication.
+// Ingress: the checks of docs/protocol.md in order (a damaged IPv4/UDP header first), then the slot
+// update or the PARAM replication.
 // Every LTA packet counts rx_packets and exactly one branch counter (indexed by its job, 0 if unknown).
 #ifndef LTA_INGRESS
 #define LTA_INGRESS
@@ -29,7 +30,16 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
                 job_lookup.apply(hdr.lta, meta);
             }
             meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
-            if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
+            if (standard_metadata.checksum_error == 1 || (hdr.ipv4.flags & 1) == 1
+                    || hdr.ipv4.frag_offset != 0 || hdr.ipv4.total_len != hdr.udp.length + 20
+                    || standard_metadata.packet_length != (bit<32>)hdr.ipv4.total_len + 14) {
+                // A damaged IPv4/UDP header (bad checksum, a fragment, lengths that disagree with each
+                // other or with the frame: trailing or missing bytes): nothing of it is trusted, the
+                // job id included, so it counts on index 0. (IHL != 5 never reaches here: the parser
+                // only parses UDP after a 20-byte IPv4 header.)
+                meta.counter_index = 0;
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
                     || hdr.lta.op > OP_PARAM_REQ || hdr.lta.op == OP_RESULT) {
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!meta.job_known) {

@@ -39,7 +39,16 @@ parser LtaParser(packet_in packet, out headers_t hdr, inout lta_metadata_t meta,
 }
 
 control LtaVerifyChecksum(inout headers_t hdr, inout lta_metadata_t meta) {
-    apply { }
+    apply {
+        // A bad IPv4 header checksum sets standard_metadata.checksum_error; ingress drops the packet.
+        verify_checksum(
+            hdr.ipv4.isValid(),
+            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.total_len,
+              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
+              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            hdr.ipv4.hdr_checksum,
+            HashAlgorithm.csum16);
+    }
 }
 
 control LtaComputeChecksum(inout headers_t hdr, inout lta_metadata_t meta) {

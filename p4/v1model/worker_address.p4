@@ -15,6 +15,16 @@ control WorkerAddress(inout headers_t hdr, in bit<8> receiver) {
         hdr.udp.src_port = LTA_PORT;
         hdr.udp.dst_port = udp_port;
         hdr.udp.checksum = 0;  // optional over IPv4; the payload was rewritten
+        // The rest of the IPv4 header is the switch's own, whatever the packet arrived with (as
+        // softswitch/rawport.py's build_udp_frame): no options, DF, TTL 64, lengths from the datagram.
+        hdr.ipv4.version = 4;
+        hdr.ipv4.ihl = 5;
+        hdr.ipv4.diffserv = 0;
+        hdr.ipv4.total_len = hdr.udp.length + 20;
+        hdr.ipv4.identification = 0;
+        hdr.ipv4.flags = 2;
+        hdr.ipv4.frag_offset = 0;
+        hdr.ipv4.ttl = 64;
     }
     table worker_addresses {
         key = {
