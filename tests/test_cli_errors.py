@@ -15,7 +15,6 @@ started anything would fail loudly.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import multiprocessing.process
@@ -397,22 +396,34 @@ def test_bad_lta_log_is_one_line(monkeypatch, capsys, nothing_starts):
     )
 
 
+_VERBOSE_SCRIPT = """
+import logging, sys
+from lta import cli, demo
+
+def logs(args):
+    logging.getLogger("lta.test").info("a diagnostic")
+    logging.getLogger("lta.test").debug("a detail")
+    print("the result")
+    return 0
+
+demo.run = logs
+sys.exit(cli.main([sys.argv[1], "demo"]))
+"""
+
+
 def test_verbose_logs_go_to_stderr(monkeypatch, capsys):
+    # In a process of its own: the root logger is global state that other tests in a full run touch.
+    for flag, err in (("-v", "INFO lta.test: a diagnostic\n"), ("-q", "")):
+        done = subprocess.run(
+            [sys.executable, "-c", _VERBOSE_SCRIPT, flag], capture_output=True, text=True, timeout=60
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (0, "the result\n", err), flag
+
     def logs(args: argparse.Namespace) -> int:
         logging.getLogger("lta.test").info("a diagnostic")
-        logging.getLogger("lta.test").debug("a detail")
         print("the result")
         return 0
 
-    monkeypatch.setattr(demo, "run", logs)
-    # Our own stderr: in a full run an earlier test's live display may have left sys.stderr pointing
-    # at a stream capsys no longer reads (seen once in a fresh-clone `make test`, never alone).
-    err = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", err)
-    assert cli.main(["-v", "demo"]) == 0
-    assert capsys.readouterr().out == "the result\n"
-    assert err.getvalue() == "INFO lta.test: a diagnostic\n"
-    monkeypatch.undo()
     monkeypatch.setattr(demo, "run", logs)
     assert cli.main(["-q", "demo"]) == 0
     assert capsys.readouterr().err == ""

@@ -147,9 +147,11 @@ def test_tbf_limits_tcp_goodput_and_tcp_meets_loss_as_on_a_wire() -> None:
     assert counters.seen_up > 4000
     lo, hi = _binomial_bounds(counters.seen_up, 0.01)
     assert lo <= counters.dropped_up <= hi, f"{counters.dropped_up}/{counters.seen_up} TCP packets dropped"
-    # ... and cannot tell it from loss on a wire: every dropped segment had to be retransmitted.
+    # ... and cannot tell it from loss on a wire: every dropped data segment had to be retransmitted. A
+    # few drops may hit segments with no data to resend (a pure ACK of the sender's side, seen once as 54
+    # drops against 53 retransmissions), hence the slack of 3 below.
     retransmitted = after["RetransSegs"] - before["RetransSegs"]
-    assert counters.dropped_up <= retransmitted <= counters.dropped_up + 10, (retransmitted, counters)
+    assert counters.dropped_up - 3 <= retransmitted <= counters.dropped_up + 10, (retransmitted, counters)
 
 
 @needs_netns
