@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,29 @@ def sigint_ignored_by_children() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def running(procs: Sequence[Any], join_s: float = 5.0, kill: bool = True) -> Iterator[None]:
+    """Start ``procs`` (Ctrl-C ignored by them, see :func:`sigint_ignored_by_children`) and end them
+    with the block: if it fails or is interrupted they are killed at once (they would only wait for
+    each other), otherwise each gets ``join_s`` seconds to exit before it is killed. ``kill=False``
+    (threads standing in for processes) only joins."""
+    with sigint_ignored_by_children():
+        for p in procs:
+            p.start()
+    try:
+        yield
+    except BaseException:
+        if kill:
+            for p in procs:
+                p.kill()
+        raise
+    finally:
+        for p in procs:
+            p.join(timeout=join_s)
+            if kill and p.is_alive():
+                p.kill()
+
+
 def _with_rank(exc: LtaError, rank: int) -> LtaError:
     """The same error, its message led by the worker's rank (the error itself if it cannot be rebuilt)."""
     try:
@@ -118,10 +141,7 @@ def run_job(
             )
             for r in range(spec.n_workers)
         ]
-        with sigint_ignored_by_children():
-            for p in procs:
-                p.start()
-        try:
+        with running(procs):
             addrs: dict[int, Any] = {}
             results: dict[int, Any] = {}
             while len(results) < spec.n_workers:
@@ -158,13 +178,4 @@ def run_job(
                         go.set()
                 else:
                     results[rank] = payload
-        except BaseException:
-            for p in procs:  # a failed or interrupted job: the others would only wait for it
-                p.kill()
-            raise
-        finally:
-            for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
     return [results[r] for r in range(spec.n_workers)], switch

@@ -52,7 +52,7 @@ from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.jsonout import emit
-from lta.launch import JobSpec, run_job, sigint_ignored_by_children
+from lta.launch import JobSpec, run_job, running
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -178,20 +178,8 @@ def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
         ctx.Process(target=gloo_bench_worker, args=(r, n, port, n_values, iters, warmup, queue))
         for r in range(n)
     ]
-    with sigint_ignored_by_children():
-        for p in procs:
-            p.start()
-    try:
+    with running(procs, join_s=30):
         results = dict(queue.get(timeout=600) for _ in range(n))
-    except BaseException:
-        for p in procs:  # failed or interrupted: the ranks would wait for each other
-            p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
     # An allreduce is over when the slowest rank is done.
     return list(np.max(np.array([results[r] for r in range(n)]), axis=0))
 
@@ -417,41 +405,32 @@ def run_raw(
             )
             for r in range(n_senders)
         ]
-        with sigint_ignored_by_children():
-            for p in runners:
-                p.start()
-        give_up_at = time.monotonic() + timeout_s
-        try:
-            while len(results) < n_senders:
-                try:
-                    kind, rank, payload = to_parent.get(timeout=1.0)
-                except queue_mod.Empty:
-                    if server.error:
-                        raise RuntimeError(server.error) from None
-                    dead = [r for r, p in enumerate(runners) if r not in results and not p.is_alive()]
-                    if dead:
-                        # A process that died reports nothing; the queue may still hold its last words.
-                        time.sleep(0.5)
-                        if to_parent.empty():
-                            raise RuntimeError(f"raw senders {dead} exited without a result") from None
-                    if time.monotonic() > give_up_at:
-                        raise TimeoutError(f"raw senders gave no answer within {timeout_s:.0f} s") from None
-                    continue
-                if kind == "error":
-                    raise RuntimeError(f"raw sender {rank} failed:\n{payload}")
-                results[rank] = payload
-        except BaseException:
-            if not in_process:  # failed or interrupted: the senders would wait at the next barrier
-                for p in runners:
-                    p.kill()
-            raise
-        finally:
-            with contextlib.suppress(Exception):
-                barrier.abort()
-            for p in runners:
-                p.join(timeout=5)
-                if not in_process and p.is_alive():
-                    p.kill()
+        # Threads (in_process) cannot be killed: they end when the barrier is aborted.
+        with running(runners, kill=not in_process):
+            give_up_at = time.monotonic() + timeout_s
+            try:
+                while len(results) < n_senders:
+                    try:
+                        kind, rank, payload = to_parent.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        if server.error:
+                            raise RuntimeError(server.error) from None
+                        dead = [r for r, p in enumerate(runners) if r not in results and not p.is_alive()]
+                        if dead:
+                            # A process that died reports nothing; the queue may still hold its last words.
+                            time.sleep(0.5)
+                            if to_parent.empty():
+                                raise RuntimeError(f"raw senders {dead} exited without a result") from None
+                        if time.monotonic() > give_up_at:
+                            message = f"raw senders gave no answer within {timeout_s:.0f} s"
+                            raise TimeoutError(message) from None
+                        continue
+                    if kind == "error":
+                        raise RuntimeError(f"raw sender {rank} failed:\n{payload}")
+                    results[rank] = payload
+            finally:  # senders waiting at the next barrier would wait for ever
+                with contextlib.suppress(Exception):
+                    barrier.abort()
         received_timed, wrong_length = server.received_timed, server.wrong_length
     senders = [results[r] for r in range(n_senders)]
     times = np.max(np.array([s["times_s"] for s in senders]), axis=0)

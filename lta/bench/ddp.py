@@ -18,7 +18,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError
 from lta.bench.allreduce import free_tcp_port
 from lta.jsonout import emit
-from lta.launch import sigint_ignored_by_children
+from lta.launch import running
 from lta.progress import Status
 
 SCHEMA = "lta.bench.ddp/1"
@@ -78,20 +78,8 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
         ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)
         for r in range(world)
     ]
-    with sigint_ignored_by_children():
-        for p in procs:
-            p.start()
-    try:
+    with running(procs, join_s=10):
         results = dict(queue.get(timeout=timeout_s) for _ in range(world))
-    except BaseException:
-        for p in procs:  # failed or interrupted: the ranks would wait for each other
-            p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
     errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
     if errors:
         user = all(v.get("user_error") for v in results.values() if "error" in v)
