@@ -42,6 +42,7 @@ from typing import Any
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import LTA_PORT, SWITCH_MAC
 from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import BackgroundServer
 
 ETH_P_ALL = 0x0003
 ETH_P_IP = 0x0800
@@ -165,8 +166,10 @@ def arp_reply(frame: bytes, ip: bytes, mac: bytes) -> bytes | None:
     return _ETH.pack(sha, mac, ETH_P_ARP) + _ARP.pack(1, ETH_P_IP, 6, 4, 2, mac, ip, sha, spa)
 
 
-class RawPortSwitch:
+class RawPortSwitch(BackgroundServer):
     """A :class:`SoftSwitch` serving numbered raw ports. ``start()`` runs it in a thread."""
+
+    thread_name = "rawport"
 
     def __init__(
         self,
@@ -189,8 +192,7 @@ class RawPortSwitch:
         self.stats: Counter[str] = Counter()
         self._socks: dict[int, socket.socket] = {}
         self._port_of_fd: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         try:
             for number, intf in self.ports.items():
                 self._socks[number] = self._open(intf)
@@ -219,27 +221,11 @@ class RawPortSwitch:
         return sock
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> RawPortSwitch:
-        self._thread = threading.Thread(target=self.serve_forever, name="rawport", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.close()
 
     def close(self) -> None:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
-
-    def __enter__(self) -> RawPortSwitch:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ---- data path -----------------------------------------------------------------------------
     def serve_forever(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from typing import Self
 
 from hostlib.batchio import MAX_DATAGRAM, BatchSocket, RxBatch
 from softswitch.pipeline import SoftSwitch
@@ -23,7 +24,45 @@ log = logging.getLogger(__name__)
 _RX_BUFFER_BYTES = 8 << 20  # receive rows per call: 1024 small packets, or 128 of 64 KiB
 
 
-class SoftSwitchServer:
+class BackgroundServer:
+    r"""What every serving loop here shares: ``start()`` runs :meth:`serve_forever` in a daemon thread
+    named ``thread_name``, ``stop()`` sets ``_stop`` (the loop checks it at least every 0.1 s), joins
+    the thread and :meth:`close`\s; also a context manager. Subclasses call ``super().__init__()``
+    and define ``serve_forever`` and ``close``."""
+
+    thread_name = "lta-server"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def serve_forever(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self.serve_forever, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SoftSwitchServer(BackgroundServer):
+    thread_name = "softswitch"
+
     def __init__(
         self,
         switch: SoftSwitch,
@@ -43,26 +82,11 @@ class SoftSwitchServer:
         self.batch = BatchSocket(self.sock, io)
         self.io = self.batch.io  # the packet I/O path in use (mmsg-c, mmsg-ctypes or plain)
         self.address: tuple[str, int] = self.sock.getsockname()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.send_errors = 0
+        super().__init__()
 
-    def start(self) -> SoftSwitchServer:
-        self._thread = threading.Thread(target=self.serve_forever, name="softswitch", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def close(self) -> None:
         self.sock.close()
-
-    def __enter__(self) -> SoftSwitchServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _row_bytes(self) -> int:
         """Receive rows a little longer than the longest packet of any job, so that a longer datagram

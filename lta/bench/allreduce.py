@@ -54,6 +54,7 @@ from hostlib.transport import LtaWorker, TransportConfig
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_job, running
 from lta.progress import Status
+from softswitch.server import BackgroundServer
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +212,11 @@ class RawSpec:
             raise ValueError(f"packet_bytes must be in 4..65507, got {self.packet_bytes}")
 
 
-class EchoServer:
+class EchoServer(BackgroundServer):
     """Stands in for the switch: receives in batches and sends every datagram back to its source, one
     reply per request. Counts the datagrams of timed iterations (tag >= ``warmup``) as they arrive."""
+
+    thread_name = "raw-echo"
 
     def __init__(self, spec: RawSpec) -> None:
         self.spec = spec
@@ -231,27 +234,12 @@ class EchoServer:
         self.received_timed = 0
         self.wrong_length = 0
         self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
-    def start(self) -> EchoServer:
-        self._thread = threading.Thread(target=self._serve, name="raw-echo", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def close(self) -> None:
         self.batch.close()
 
-    def __enter__(self) -> EchoServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _serve(self) -> None:
+    def serve_forever(self) -> None:
         rx, bs, pb, warmup = self.rx, self.batch, self.spec.packet_bytes, self.spec.warmup
         try:
             while not self._stop.is_set():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from hostlib.batchio import MAX_DATAGRAM, BatchSocket, RxBatch
 from softswitch.ps.config import PsJobConfig
 from softswitch.ps.core import ParameterServer
 from softswitch.ps.job import OutRows, PsJob
+from softswitch.server import BackgroundServer
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,10 @@ _RX_BUFFER_BYTES = 8 << 20
 _IDLE_WAIT_S = 0.05  # the longest a receive waits while no window has a deadline
 
 
-class PsServer:
+class PsServer(BackgroundServer):
     """``PsServer(listen).start()``: serve the jobs added with :meth:`add_job` from a background thread."""
+
+    thread_name = "ps-server"
 
     def __init__(
         self,
@@ -52,29 +54,14 @@ class PsServer:
             ) from exc
         self.batch = BatchSocket(self.sock, io)
         self.address: tuple[str, int] = self.sock.getsockname()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.send_errors = 0
+        super().__init__()
 
     def add_job(self, cfg: PsJobConfig) -> PsJob:
         return self.core.add_job(cfg)
 
-    def start(self) -> PsServer:
-        self._thread = threading.Thread(target=self.serve_forever, name="ps-server", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def close(self) -> None:
         self.sock.close()
-
-    def __enter__(self) -> PsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def stats(self) -> dict[str, object]:
         return self.core.stats()
