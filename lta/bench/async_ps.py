@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from lta.bench.ps_train import TRAINERS, TrainSpec, make_problem, run_training, seed_summary
+from lta.bench.ps_train import (
+    TrainSpec,
+    add_common_args,
+    make_problem,
+    prepare_trainer,
+    run_training,
+    seed_summary,
+)
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -173,29 +180,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=10.0,
         help="adaptive: upper clamp is max_staleness x this",
     )
-    a.add_argument("--d-in", type=argtypes.positive_int, default=32, help="problem: input size")
-    a.add_argument("--hidden", type=argtypes.positive_int, default=64, help="problem: hidden units")
-    a.add_argument(
-        "--classes", type=argtypes.int_range(2, 1000, "classes"), default=10, help="problem: classes"
-    )
-    a.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(2, 16367, "elements per packet"),
-        default=256,
-        help="K of the parameter-server job",
-    )
-    a.add_argument(
-        "--trainer", choices=TRAINERS, default="numpy", help="worker loop: numpy, or torch + PSOptimizer"
-    )
-    a.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_common_args(a, d_in=32, hidden=64, classes=10)
     a.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.trainer == "torch":
-        import torch
-
-        torch.set_num_threads(1)
+    prepare_trainer(args)
     title = (
         f"lta bench async: {len(args.variants)} variants x {args.seeds} seeds, to loss {args.target_loss:g}"
     )

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes, robust
-from lta.bench.ps_train import TRAINERS, TrainSpec, make_problem, run_training, seed_summary
+from lta.bench.ps_train import (
+    TrainSpec,
+    add_common_args,
+    make_problem,
+    prepare_trainer,
+    run_training,
+    seed_summary,
+)
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -249,29 +256,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="attackers",
         help="f the rules tolerate: the attackers' count, or what each arrived count supports",
     )
-    b.add_argument("--d-in", type=argtypes.positive_int, default=16, help="problem: input size")
-    b.add_argument("--hidden", type=argtypes.positive_int, default=32, help="problem: hidden units")
-    b.add_argument(
-        "--classes", type=argtypes.int_range(2, 1000, "classes"), default=4, help="problem: classes"
-    )
-    b.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(2, 16367, "elements per packet"),
-        default=256,
-        help="K of the parameter-server job",
-    )
-    b.add_argument(
-        "--trainer", choices=TRAINERS, default="numpy", help="worker loop: numpy, or torch + PSOptimizer"
-    )
-    b.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_common_args(b, d_in=16, hidden=32, classes=4)
     b.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.trainer == "torch":
-        import torch
-
-        torch.set_num_threads(1)
+    prepare_trainer(args)
     cases = len(args.attacks) * len(args.losses) * (len(args.rules) + 1)
     with Status(
         f"lta bench byzantine: {cases} cases x {args.seeds} seeds, {args.steps} steps each"

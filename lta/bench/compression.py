@@ -20,7 +20,14 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.compress import COMPRESSORS
-from lta.bench.ps_train import TRAINERS, TrainSpec, make_problem, run_training, seed_summary
+from lta.bench.ps_train import (
+    TrainSpec,
+    add_common_args,
+    make_problem,
+    prepare_trainer,
+    run_training,
+    seed_summary,
+)
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -171,29 +178,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
     )
-    c.add_argument("--d-in", type=argtypes.positive_int, default=32, help="problem: input size")
-    c.add_argument("--hidden", type=argtypes.positive_int, default=64, help="problem: hidden units")
-    c.add_argument(
-        "--classes", type=argtypes.int_range(2, 1000, "classes"), default=10, help="problem: classes"
-    )
-    c.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(2, 16367, "elements per packet"),
-        default=256,
-        help="K of the parameter-server job",
-    )
-    c.add_argument(
-        "--trainer", choices=TRAINERS, default="numpy", help="worker loop: numpy, or torch + PSOptimizer"
-    )
-    c.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_common_args(c, d_in=32, hidden=64, classes=10)
     c.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.trainer == "torch":
-        import torch
-
-        torch.set_num_threads(1)
+    prepare_trainer(args)
     cases = len(args.losses) * len({"none", *args.methods})
     with Status(
         f"lta bench compression: {cases} cases x {args.seeds} seeds, {args.steps} steps each"

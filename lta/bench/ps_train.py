@@ -18,6 +18,7 @@ longer for the last worker), push, pull. A Byzantine worker sends its honest gra
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
 from hostlib.ps_client import PsClient, PsClientConfig
 from softswitch.ps.config import PsDrop, PsJobConfig
@@ -32,6 +34,36 @@ from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig
 
 TRAINERS = ("numpy", "torch")
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, d_in: int, hidden: int, classes: int) -> None:
+    """The flags every parameter-server bench has: the problem's size (defaults per bench), K of the
+    job, the worker loop and ``--json``."""
+    parser.add_argument("--d-in", type=argtypes.positive_int, default=d_in, help="problem: input size")
+    parser.add_argument("--hidden", type=argtypes.positive_int, default=hidden, help="problem: hidden units")
+    parser.add_argument(
+        "--classes", type=argtypes.int_range(2, 1000, "classes"), default=classes, help="problem: classes"
+    )
+    parser.add_argument(
+        "--elems-per-packet",
+        type=argtypes.int_range(2, 16367, "elements per packet"),
+        default=256,
+        help="K of the parameter-server job",
+    )
+    parser.add_argument(
+        "--trainer", choices=TRAINERS, default="numpy", help="worker loop: numpy, or torch + PSOptimizer"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def prepare_trainer(args: argparse.Namespace) -> None:
+    """The torch worker loop runs in threads of this process: one intra-op thread each."""
+    if args.trainer == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+
+
 _JOB_ID = 1
 
 

@@ -22,35 +22,12 @@ from hostlib.compress import COMPRESSORS
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import LtaError, UsageError
 from hostlib.protocol import LTA_PORT, MAX_ELEMS_PER_PACKET, MAX_JOBS
-from softswitch.ps.config import FALLBACKS, MODES, PsDrop, PsJobConfig, load_ps_config
+from softswitch.ps.config import FALLBACKS, JOB_KEYS, MODES, PsDrop, PsJobConfig, load_ps_config
 from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig
 
 # Flags that describe the one job made without --config (None: not given, the job's default applies).
-_JOB_FLAGS = (
-    "job_id",
-    "workers",
-    "mode",
-    "elems_per_packet",
-    "n_params",
-    "lr",
-    "momentum",
-    "compression",
-    "window_size",
-    "max_wait_s",
-    "rule",
-    "f",
-    "trim_ratio",
-    "multi_krum_m",
-    "fallback",
-    "max_staleness",
-    "adaptive_staleness",
-    "min_staleness",
-    "max_staleness_multiplier",
-    "ewma_alpha",
-    "drop_up",
-    "drop_down",
-)
+_JOB_FLAGS = tuple(key for key in JOB_KEYS if key != "drop") + ("drop_up", "drop_down")
 _STALENESS_FLAGS = {
     "max_staleness": "max_staleness",
     "adaptive_staleness": "adaptive",

@@ -59,7 +59,7 @@ FALLBACKS = ("median", "mean", "refuse")
 PS_DIRECTIONS = ("up", "down")
 
 _TOP_KEYS = ("seed", "jobs")
-_JOB_KEYS = (
+JOB_KEYS = (  # a job table's keys; `lta ps` has one flag for each (drop: --drop-up/--drop-down)
     "job_id",
     "workers",
     "mode",
@@ -204,7 +204,7 @@ def parse_ps_config(doc: dict[str, Any], source: str = "<ps config>") -> tuple[i
     jobs: list[PsJobConfig] = []
     for i, table in enumerate(tables):
         where = f"jobs[{i}]"
-        _only_keys(table, _JOB_KEYS, where, fail)
+        _only_keys(table, JOB_KEYS, where, fail)
         try:
             job = _job(table, where, fail)
         except ConfigError:
