@@ -68,14 +68,17 @@ class TransportStats:
         }
         return out
 
-    def account(self, plan: ReducePlan, fallback: np.ndarray, n_workers: int, elapsed: float) -> None:
+    def account(self, plan: ReducePlan, fallback: np.ndarray, n_workers: int, elapsed: float) -> int:
+        """Add one reduce to the totals; returns how many of its chunks got no aggregate (no RESULT, or
+        a RESULT with count 0), what the worker's health check looks at."""
         done = plan.state[plan.exp_units :] == DONE
+        empty, no_result = int(np.sum(done & (plan.count == 0))), int(np.sum(~done))
         self.reduces += 1
         self.chunks += plan.chunks_count
         self.chunks_full += int(np.sum(done & (plan.count == n_workers)))
         self.chunks_partial += int(np.sum(done & (plan.count > 0) & (plan.count < n_workers)))
-        self.chunks_empty += int(np.sum(done & (plan.count == 0)))
-        self.chunks_no_result += int(np.sum(~done))
+        self.chunks_empty += empty
+        self.chunks_no_result += no_result
         self.chunks_no_exponent += int(np.sum(~plan.exp_known))
         self.withheld_chunks += int(plan.saturated.sum())
         self.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
@@ -85,6 +88,7 @@ class TransportStats:
         self.fallback_local += int(used[Fallback.LOCAL])
         self.elapsed_s += elapsed
         self.reduce_ms.append(elapsed * 1000.0)
+        return empty + no_result
 
 
 def fallback_rows(

@@ -251,9 +251,9 @@ class LtaWorker:
         values = out.reshape(-1)[:n].copy()
         self._prev[key] = values
         elapsed = time.perf_counter() - t0
-        self.stats.account(plan, fallback, self.n_workers, elapsed)
+        got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
+        self._check_health(got_nothing, plan.chunks_count)
         done = plan.state[plan.exp_units :] == DONE
-        self._check_health(int(np.count_nonzero(~done | (plan.count == 0))), plan.chunks_count)
         return ReduceResult(
             values=values,
             count=np.where(done, plan.count, 0),
