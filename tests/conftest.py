@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from hostlib import codec
 from hostlib.dropmodels import DropPolicy
-from hostlib.transport import LtaWorker, ReduceResult, TransportConfig
+from hostlib.transport import Fallback, LtaWorker, ReduceResult, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -28,6 +29,26 @@ class Cluster:
     def reduce_all(self, inputs: list[np.ndarray], **kwargs) -> list[ReduceResult]:
         """Every worker reduces its input concurrently (one thread each); returns their results."""
         return run_workers(self.workers, lambda w, i: w.allreduce(inputs[i], **kwargs))
+
+
+def check_mean_over_bitmap(results: list[ReduceResult], inputs: list[np.ndarray], k: int) -> int:
+    """Every chunk that got a RESULT equals numpy's float64 mean over exactly the workers in its bitmap
+    (all of them among the ``len(inputs)`` workers), within the codec's bound plus float32 rounding.
+    Returns how many chunks were checked."""
+    stacked = np.stack(inputs).astype(np.float64)
+    checked = 0
+    for r in results:
+        bound = codec.error_bound(r.shift)
+        for c in np.flatnonzero(r.fallback == Fallback.NONE):
+            who = r.contributors(c)
+            assert len(who) == r.count[c] > 0
+            assert max(who) < len(inputs)
+            lo, hi = c * k, min((c + 1) * k, stacked.shape[1])
+            expected = stacked[who, lo:hi].mean(axis=0)
+            tolerance = bound[c] + np.abs(expected) * 2**-23  # float32 output: its rounding on top
+            assert np.all(np.abs(r.values[lo:hi] - expected) <= tolerance), (c, who)
+            checked += 1
+    return checked
 
 
 def run_workers(workers: list[LtaWorker], fn: Callable[[LtaWorker, int], object]) -> list:

@@ -14,7 +14,7 @@ import pytest
 
 from hostlib import codec
 from hostlib.protocol import empty_batch
-from hostlib.transport import Fallback
+from tests.conftest import check_mean_over_bitmap
 
 needs_c = pytest.mark.skipif(
     codec._cext is None, reason=f"no fast path to compare: {codec._CEXT_MISSING} (pip install -e . builds it)"
@@ -265,24 +265,6 @@ def codec_env(request, monkeypatch) -> str:
     else:
         monkeypatch.delenv(codec.ENV_VAR, raising=False)
     return codec.codec_path()
-
-
-def check_mean_over_bitmap(results, inputs, k: int) -> int:
-    """Every chunk with a RESULT equals numpy's float64 mean over exactly the workers in its bitmap,
-    within the codec's bound plus float32 rounding."""
-    stacked = np.stack(inputs).astype(np.float64)
-    checked = 0
-    for r in results:
-        bound = codec.error_bound(r.shift)
-        for c in np.flatnonzero(r.fallback == Fallback.NONE):
-            who = r.contributors(c)
-            assert len(who) == r.count[c] > 0
-            lo, hi = c * k, min((c + 1) * k, stacked.shape[1])
-            expected = stacked[who, lo:hi].mean(axis=0)
-            tolerance = bound[c] + np.abs(expected) * 2**-23
-            assert np.all(np.abs(r.values[lo:hi] - expected) <= tolerance), (c, who)
-            checked += 1
-    return checked
 
 
 @pytest.mark.parametrize(("n", "k", "loss"), [(2, 64, 0.0), (3, 64, 0.1), (2, 4000, 0.0), (4, 1000, 0.1)])

@@ -12,31 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from hostlib import codec
 from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig
-from tests.conftest import run_workers
+from tests.conftest import check_mean_over_bitmap, run_workers
 
 K = 64
-
-
-def check_exact(results, inputs, n):
-    """Every chunk that got a RESULT equals numpy's mean over exactly its bitmap's workers."""
-    stacked = np.stack(inputs).astype(np.float64)
-    checked = 0
-    for r in results:
-        bound = codec.error_bound(r.shift)
-        for c in np.flatnonzero(r.fallback == Fallback.NONE):
-            who = r.contributors(c)
-            assert len(who) == r.count[c] > 0
-            assert max(who) < n
-            lo, hi = c * K, min((c + 1) * K, stacked.shape[1])
-            expected = stacked[who, lo:hi].mean(axis=0)
-            # float32 output: allow its rounding on top of the codec's bound
-            tol = bound[c] + np.abs(expected) * 2**-23
-            assert np.all(np.abs(r.values[lo:hi] - expected) <= tol), (c, who)
-            checked += 1
-    return checked
 
 
 @pytest.fixture(params=["auto", "plain"], autouse=True)
@@ -70,7 +50,7 @@ def test_every_chunk_is_the_mean_over_its_bitmap(make_cluster, n, loss):
             (rng.standard_normal(length) * 10.0 ** rng.integers(-3, 3)).astype(np.float32) for _ in range(n)
         ]
         results = cluster.reduce_all(inputs, step=step)
-        checked += check_exact(results, inputs, n)
+        checked += check_mean_over_bitmap(results, inputs, K)
         counts = np.concatenate([r.count[r.fallback == Fallback.NONE] for r in results])
         if loss == 0.0:
             assert np.all(counts == n)
