@@ -39,18 +39,15 @@ from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from controlplane.jobs import JobSpec, WorkerSpec, check_distinct_addresses
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
-from hostlib.jobconfig import JobEntry, JobFile, load_jobs, parse_jobs
+from hostlib.jobconfig import JobEntry, JobFile, SwitchEntry, load_jobs, parse_jobs
 from hostlib.p4schema import describe
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SwitchSpec:
-    name: str
-    target: str = DEFAULT_TARGET
-    device_id: int = 0
+# A switch of a deployment is the jobs file's [[switches]] entry as parsed.
+SwitchSpec = SwitchEntry
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,7 @@ def job_spec(job: JobEntry, job_file: JobFile) -> JobSpec:
 def from_jobs(job_file: JobFile, target: str = DEFAULT_TARGET, device_id: int = 0) -> Deployment:
     """The deployment a jobs file describes; with no ``[[switches]]`` its jobs go to ``target``."""
     if job_file.switches:
-        switches = {s.name: SwitchSpec(s.name, s.target, s.device_id) for s in job_file.switches}
+        switches = {s.name: s for s in job_file.switches}
     else:
         switches = {target: SwitchSpec(target, target, device_id)}
     deployment = Deployment(switches, {n: [] for n in switches}, {n: [] for n in switches})
