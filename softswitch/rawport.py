@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hostlib.dropmodels import DropPolicy
+from hostlib.jobconfig import parse_mac
 from hostlib.protocol import LTA_PORT, SWITCH_MAC
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import BackgroundServer
@@ -68,13 +69,6 @@ class Neighbor:
     mac: bytes
     ip: bytes
     udp_port: int
-
-
-def parse_mac(text: str) -> bytes:
-    parts = text.split(":")
-    if len(parts) != 6:
-        raise ValueError(f"MAC address {text!r} is not six colon-separated bytes")
-    return bytes(int(p, 16) for p in parts)
 
 
 def parse_port_map(specs: list[str]) -> dict[int, str]:
