@@ -8,6 +8,7 @@ lta ctl job rm 1 | job reset 1 | job ls
 lta ctl drop set 1 up bernoulli --p 0.05 [--worker 2]
 lta ctl stats [--job 1] [--all] [--json]   per-job counters, one per branch of the switch contract
 lta ctl watch [--interval 1]          counter rates, refreshed
+lta ctl liveness 1 [--timeout 3]      mark silent workers offline, lower the quorum while they are
 
 Talking to a switch needs the p4rt extra: pip install 'lta[p4rt]'.
 """
@@ -212,6 +213,86 @@ def register(subparsers: Any) -> None:
     )
     watch.set_defaults(func=_guarded(_watch))
 
+    live = _parser(
+        sub,
+        "liveness",
+        help="mark silent workers offline and lower the job's quorum while they are",
+        description="Watch one job's per-worker packet counters (workers heartbeat every 0.5 s by\n"
+        "default). A worker whose counter has not moved for --timeout seconds is offline: the job's\n"
+        "quorum becomes min(--quorum, live workers), so the others stop waiting for it at every\n"
+        "step. When it sends again it is online and the quorum goes back up. One line per event\n"
+        "(--json: one JSON object per line). On exit the configured quorum is restored.",
+    )
+    live.add_argument("job_id", type=_job_id, help="the job to watch")
+    live.add_argument(
+        "--timeout",
+        type=argtypes.positive_float,
+        default=3.0,
+        help="seconds without a packet before a worker is offline (keep it above the heartbeat interval)",
+    )
+    live.add_argument(
+        "--poll", type=argtypes.positive_float, default=0.25, help="seconds between counter reads"
+    )
+    live.add_argument(
+        "--quorum",
+        type=argtypes.int_range(1, MAX_WORKERS, "quorum"),
+        default=None,
+        help="the quorum with every worker live (default: the job's quorum now)",
+    )
+    live.add_argument(
+        "--for",
+        dest="duration",
+        type=argtypes.positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long (default: until Ctrl-C)",
+    )
+    live.add_argument("--json", action="store_true", help="one JSON object per event")
+    live.set_defaults(func=_guarded(_liveness))
+
+
+def _liveness(args: argparse.Namespace) -> int:
+    from controlplane.liveness import LivenessMonitor
+
+    with _connect(args) as switch:
+        switch.check_pipeline()
+        job = switch.jobs().get(args.job_id)
+        if job is None:
+            raise ControlPlaneError(f"no job {args.job_id} on {args.target} (lta ctl job ls lists them)")
+        quorum = args.quorum or job.quorum or job.n_workers
+        if quorum > job.n_workers:
+            raise UsageError(f"--quorum {quorum}: job {args.job_id} has {job.n_workers} workers")
+
+        def show(event: Any) -> None:
+            if args.json:
+                print(json.dumps({"time": time.time(), **vars(event)}), flush=True)
+            else:
+                print(f"{time.strftime('%H:%M:%S')} {event.describe()}", flush=True)
+
+        monitor = LivenessMonitor(
+            switch,
+            args.job_id,
+            job.n_workers,
+            quorum=quorum,
+            timeout_s=args.timeout,
+            poll_s=args.poll,
+            on_event=show,
+        )
+        if not args.json:
+            print(
+                f"watching job {args.job_id} on {args.target}: {job.n_workers} workers, quorum {quorum}, "
+                f"offline after {args.timeout:g} s without a packet",
+                flush=True,
+            )
+        end = None if args.duration is None else time.monotonic() + args.duration
+        try:
+            while end is None or time.monotonic() < end:
+                time.sleep(args.poll if end is None else max(0.0, min(args.poll, end - time.monotonic())))
+                monitor.poll()
+        finally:
+            monitor.stop(restore_quorum=True)
+    return 0
+
 
 def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run a subcommand. A bad value (ValueError) or an unreadable file (OSError) is a user error:
@@ -357,13 +438,14 @@ def _job_ls(args: argparse.Namespace) -> int:
         switch.check_pipeline()
         jobs = switch.jobs()
         policies = switch.drop_policies()
+        packets = {job_id: switch.read_worker_rx(job_id, job.n_workers) for job_id, job in jobs.items()}
     if args.json:
         out = {
             job_id: {
                 "quorum": job.quorum,
                 "pool_size": job.pool_size,
                 "slot_base": job.slot_base,
-                "workers": [vars(w) for w in job.workers],
+                "workers": [{**vars(w), "packets": packets[job_id][i]} for i, w in enumerate(job.workers)],
                 "drop": [{"direction": d, "worker": w, **vars(p)} for d, j, w, p in policies if j == job_id],
             }
             for job_id, job in sorted(jobs.items())
@@ -378,7 +460,10 @@ def _job_ls(args: argparse.Namespace) -> int:
             f"{job.slot_base + job.pool_size - 1}"
         )
         for i, w in enumerate(job.workers):
-            print(f"    worker {i}: port {w.port}, {w.ip}:{w.udp_port}, mac {w.mac}")
+            print(
+                f"    worker {i}: port {w.port}, {w.ip}:{w.udp_port}, mac {w.mac}, "
+                f"{packets[job_id][i]} packets received"
+            )
         for direction, j, worker, policy in policies:
             if j == job_id:
                 who = "all workers" if worker is None else f"worker {worker}"

@@ -42,7 +42,7 @@ from hostlib.p4schema import (
     policy_of,
     policy_table,
 )
-from hostlib.protocol import COUNTERS
+from hostlib.protocol import COUNTERS, MAX_WORKERS, WORKER_COUNTER, worker_counter_index
 
 
 class LtaSwitch:
@@ -217,6 +217,20 @@ class LtaSwitch:
         self.clear_counters(job_id)
         return job
 
+    def set_quorum(self, job_id: int, quorum: int) -> JobSpec:
+        """Change a running job's quorum (same generation: its slots keep their state). The liveness
+        monitor lowers it while workers are offline and restores it when they send again."""
+        job = self.jobs().get(job_id)
+        if job is None:
+            raise ControlPlaneError(f"no job {job_id} on {self.target} (lta ctl stats lists the jobs)")
+        if not 1 <= quorum <= job.n_workers:
+            raise ControlPlaneError(
+                f"job {job_id} has {job.n_workers} workers: quorum must be 1..{job.n_workers}"
+            )
+        job = replace(job, quorum=quorum)
+        self._write("MODIFY", [job_entry(job)])
+        return job
+
     # ---- drop policies ---------------------------------------------------------------------------
     def set_drop_policy(
         self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None
@@ -256,11 +270,34 @@ class LtaSwitch:
             result.setdefault(c.index.index, dict.fromkeys(COUNTERS, 0))[name] = c.data.packet_count
         return result
 
+    def read_worker_rx(self, job_id: int, n_workers: int) -> list[int]:
+        """Packets from each of the job's first ``n_workers`` workers that passed the worker check
+        (``WORKER_COUNTER``; heartbeats included): the liveness signal."""
+        counter_id = self.names.id(P4Type.counter, WORKER_COUNTER)
+        requests = []
+        for w in range(n_workers):
+            entity = p4runtime_pb2.Entity()
+            entity.counter_entry.counter_id = counter_id
+            entity.counter_entry.index.index = worker_counter_index(job_id, w)
+            requests.append(entity)
+        counts = [0] * n_workers
+        for entity in self.session.read(requests):
+            c = entity.counter_entry
+            counts[c.index.index - worker_counter_index(job_id, 0)] = c.data.packet_count
+        return counts
+
     def clear_counters(self, job_id: int) -> None:
         updates = []
         for name in COUNTERS:
             c = p4runtime_pb2.CounterEntry(counter_id=self.names.id(P4Type.counter, name))
             c.index.index = job_id
+            c.data.packet_count = 0
+            c.data.byte_count = 0
+            updates.append(c)
+        worker_rx = self.names.id(P4Type.counter, WORKER_COUNTER)
+        for w in range(MAX_WORKERS):
+            c = p4runtime_pb2.CounterEntry(counter_id=worker_rx)
+            c.index.index = worker_counter_index(job_id, w)
             c.data.packet_count = 0
             c.data.byte_count = 0
             updates.append(c)

@@ -41,6 +41,9 @@ class Op(enum.IntEnum):
     FLUSH = 3  # worker -> switch: close (slot, seq) now, with whatever arrived
     PARAM = 4  # owner -> switch -> other workers: absolute parameter values (float32 bits)
     PARAM_REQ = 5  # receiver -> switch -> other workers: "resend this shard reliably"
+    # worker -> switch: "I am alive" (payload unused). Counted per worker (WORKER_COUNTER) and dropped;
+    # 10, past the parameter-server ops 6..9, so a PS packet that reaches a switch stays malformed.
+    HEARTBEAT = 10
 
 
 class Flag(enum.IntFlag):
@@ -124,10 +127,21 @@ COUNTERS: tuple[str, ...] = (
     "flush_stale",  # FLUSH for an older round: dropped
     "param_fwd",  # PARAM replicated to the other workers
     "param_req_fwd",  # PARAM_REQ replicated to the other workers
+    "heartbeat",  # HEARTBEAT from a known worker: counted (here and per worker), dropped
     "drop_policy_down",  # emulated loss of a RESULT replica
     "drop_policy_param",  # emulated loss of a PARAM / PARAM_REQ replica
     "tx_packets",  # every packet the switch sent
 )
+
+
+# Per-worker packet counter, for liveness: every packet that passes the worker check (GRAD, FLUSH,
+# PARAM, PARAM_REQ, HEARTBEAT) counts at index job_id * MAX_WORKERS + worker_id, before any drop policy.
+# A worker whose count stops moving for longer than its heartbeat interval has stopped sending.
+WORKER_COUNTER = "worker_rx"
+
+
+def worker_counter_index(job_id: int, worker_id: int) -> int:
+    return job_id * MAX_WORKERS + worker_id
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -52,10 +52,12 @@ _SEQ, _CLOSED, _COUNT, _WEIGHT, _EXP, _FLAGS, _NELEM, _STEP, _CHUNK, _CLOSER = r
 _C = {name: i for i, name in enumerate(COUNTERS)}
 _NC = len(COUNTERS)
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
-_GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ = (
-    int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ)
+_GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ, _HEARTBEAT = (
+    int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)
 )
-_MAX_OP = max(int(o) for o in Op)
+# op -> True when a switch accepts it from a worker (every op of the contract but RESULT).
+_ACCEPTED_OP = np.zeros(256, dtype=bool)
+_ACCEPTED_OP[[int(o) for o in Op if o != Op.RESULT]] = True
 _U32 = 0xFFFFFFFF
 _ROUND = _MAX | _SATURATED
 _INT32_PAYLOAD = np.dtype(">i4")
@@ -143,6 +145,7 @@ class BatchEngine:
         self._pool = np.zeros(MAX_JOBS, dtype=np.int64)
         self._keys = np.full((MAX_JOBS, 256), NO_KEY, dtype=np.int64)  # [job, worker_id] -> port key
         self._stride = HEADER_BYTES
+        self._spared = _CRITICAL  # flags the drop policies let pass (SoftSwitch.spare_critical)
         self._out_data = np.zeros((0, HEADER_BYTES), dtype=np.uint8)
         self._out_lens = np.zeros(0, dtype=np.int64)
         self._out_egress = np.zeros(0, dtype=np.int64)
@@ -176,6 +179,7 @@ class BatchEngine:
             )
         if n == 0:
             return self._output(0)
+        self._spared = _CRITICAL if sw.spare_critical else 0
         if data.shape[1] < HEADER_BYTES:  # every row is short; pad so the header view exists
             padded = np.zeros((n, HEADER_BYTES), dtype=np.uint8)
             padded[:, : data.shape[1]] = data[:n]
@@ -193,7 +197,7 @@ class BatchEngine:
         row = self._job_row[hdr["job_id"]]
         row[short] = 0
         _tally(cnt, row, "rx_packets")
-        bad = ~short & ((hdr["version"] != VERSION) | (op == 0) | (op > _MAX_OP) | (op == _RESULT))
+        bad = ~short & ((hdr["version"] != VERSION) | ~_ACCEPTED_OP[op])
         bad |= short
         _tally(cnt, row[bad], "drop_malformed")
         ok = ~bad
@@ -208,7 +212,13 @@ class BatchEngine:
         bad = ok & (self._keys[row, worker] != port)
         _tally(cnt, row[bad], "drop_bad_worker")
         ok &= ~bad
-        param = ok & (op >= _PARAM)
+        verified = np.flatnonzero(ok)
+        if len(verified):  # WORKER_COUNTER, before any drop policy
+            np.add.at(sw._worker_rx, (row[verified], worker[verified]), 1)
+        heartbeat = ok & (op == _HEARTBEAT)
+        _tally(cnt, row[heartbeat], "heartbeat")
+        ok &= ~heartbeat
+        param = ok & ((op == _PARAM) | (op == _PARAM_REQ))
         ok &= ~param
         slot = hdr["slot"].astype(np.intp)
         bad = ok & (slot >= self._pool[row])
@@ -248,7 +258,7 @@ class BatchEngine:
         """Draw the up policy for every GRAD of ``job`` that passed the checks, per worker in arrival
         order; clear ``ok`` for the dropped ones."""
         job_id = job.cfg.job_id
-        exposed = ok & (row == job_id) & (op == _GRAD) & ((hdr["flags"] & _CRITICAL) == 0)
+        exposed = ok & (row == job_id) & (op == _GRAD) & ((hdr["flags"] & self._spared) == 0)
         for w in range(job.cfg.n_workers):
             sel = np.flatnonzero(exposed & (worker == w))
             if not len(sel):
@@ -279,7 +289,7 @@ class BatchEngine:
             job_id = int(row[i])
             job, w = self._jobs[job_id], int(worker[i])
             cnt[job_id, _C["param_fwd" if op[i] == _PARAM else "param_req_fwd"]] += 1
-            exposed = not int(hdr["flags"][i]) & _CRITICAL
+            exposed = not int(hdr["flags"][i]) & self._spared
             kept = []
             for r in range(job.cfg.n_workers):
                 if r == w:

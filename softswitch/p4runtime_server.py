@@ -22,6 +22,7 @@ run) and holds its jobs as table entries (:meth:`SoftSwitchP4Runtime.install_job
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import socket
@@ -53,7 +54,7 @@ from hostlib.p4schema import (
     policy_of,
     policy_table,
 )
-from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS
+from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, WORKER_COUNTER
 from softswitch.pipeline import JobConfig, Port, SoftSwitch
 
 log = logging.getLogger(__name__)
@@ -358,9 +359,15 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _write_counter(self, kind: str, proto: p4runtime_pb2.CounterEntry) -> None:
         if kind != "MODIFY":
             raise _UpdateError(code_pb2.INVALID_ARGUMENT, "counter entries can only be modified")
-        name = self._counter_name(proto.counter_id)
         if not proto.HasField("index"):
             raise _UpdateError(code_pb2.UNIMPLEMENTED, "write counters one index at a time")
+        if proto.counter_id == self.pipeline.names.id(P4Type.counter, WORKER_COUNTER):
+            index = proto.index.index
+            if not 0 <= index < MAX_JOBS * MAX_WORKERS:
+                raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {index} not in 0..4095")
+            self._counter_offset[(index, WORKER_COUNTER)] = self._worker_rx(index) - proto.data.packet_count
+            return
+        name = self._counter_name(proto.counter_id)
         job_id = proto.index.index
         if not 0 <= job_id < MAX_JOBS:
             raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {job_id} not in 0..{MAX_JOBS - 1}")
@@ -424,7 +431,15 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 self._job_elems.pop(job_id, None)  # a job added again over P4Runtime gets the default K
             return
         config, generation = desired
-        if current is None or current[0] != config:
+        if (
+            current is not None
+            and current[1] == generation
+            and current[0] != config
+            and dataclasses.replace(current[0], quorum=config.quorum) == config
+        ):
+            # Only the quorum changed (liveness lowers it for offline workers): keep the slots.
+            self.switch.set_quorum(job_id, config.quorum or config.n_workers)
+        elif current is None or current[0] != config:
             if current is not None:
                 self.switch.remove_job(job_id)
                 self._policies.pop(job_id, None)
@@ -439,6 +454,8 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _zero_offsets(self, job_id: int) -> None:
         for name in COUNTERS:
             self._counter_offset[(job_id, name)] = 0
+        for w in range(MAX_WORKERS):  # the switch zeroed the job's per-worker counters with its slots
+            self._counter_offset.pop((job_id * MAX_WORKERS + w, WORKER_COUNTER), None)
 
     def _reconcile_policies(self, job_id: int, n_workers: int) -> None:
         wanted = {}
@@ -486,9 +503,12 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 response.entities.add().table_entry.CopyFrom(to_proto(names, entry))
 
     def _read_counters(self, query: p4runtime_pb2.CounterEntry, response) -> None:
+        names = self.pipeline.names
+        if query.counter_id and query.counter_id == names.id(P4Type.counter, WORKER_COUNTER):
+            self._read_worker_rx(query, response)
+            return
         wanted = [self._counter_name(query.counter_id)] if query.counter_id else list(COUNTERS)
         indices = [query.index.index] if query.HasField("index") else list(range(MAX_JOBS))
-        names = self.pipeline.names
         for job_id in indices:
             if not 0 <= job_id < MAX_JOBS:
                 raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {job_id} not in 0..{MAX_JOBS - 1}")
@@ -498,6 +518,31 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 c.counter_id = names.id(P4Type.counter, name)
                 c.index.index = job_id
                 c.data.packet_count = values[name] - self._counter_offset.get((job_id, name), 0)
+
+    def _read_worker_rx(self, query: p4runtime_pb2.CounterEntry, response) -> None:
+        """``WORKER_COUNTER``, index ``job_id * MAX_WORKERS + worker_id`` (0 where no such worker)."""
+        size = MAX_JOBS * MAX_WORKERS
+        indices = [query.index.index] if query.HasField("index") else list(range(size))
+        per_job: dict[int, list[int]] = {}
+        for index in indices:
+            if not 0 <= index < size:
+                raise _UpdateError(code_pb2.OUT_OF_RANGE, f"counter index {index} not in 0..{size - 1}")
+            job_id, worker = divmod(index, MAX_WORKERS)
+            if job_id not in per_job:
+                per_job[job_id] = self.switch.read_worker_rx(job_id) if job_id in self.switch.jobs else []
+            counts = per_job[job_id]
+            c = response.entities.add().counter_entry
+            c.counter_id = query.counter_id
+            c.index.index = index
+            count = counts[worker] if worker < len(counts) else 0
+            c.data.packet_count = count - self._counter_offset.get((index, WORKER_COUNTER), 0)
+
+    def _worker_rx(self, index: int) -> int:
+        job_id, worker = divmod(index, MAX_WORKERS)
+        if job_id not in self.switch.jobs:
+            return 0
+        counts = self.switch.read_worker_rx(job_id)
+        return counts[worker] if worker < len(counts) else 0
 
     def _read_groups(self, query: p4runtime_pb2.PacketReplicationEngineEntry, response) -> None:
         wanted = query.multicast_group_entry.multicast_group_id

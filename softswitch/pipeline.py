@@ -12,6 +12,7 @@ batches vectorized (:mod:`softswitch.batch`) with exactly its outcome, packet fo
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ Egress = list[tuple[Port, bytes]]
 _C = {name: i for i, name in enumerate(COUNTERS)}
 # Plain ints for the per-packet path: IntEnum/IntFlag operators go through Python-level __and__.
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
-_GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ = (
-    int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ)
+_GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ, _HEARTBEAT = (
+    int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)
 )
 _ROUND_FLAGS = _MAX | _SATURATED
 _SEQ, _CLOSED, _CLOSER = (SLOT_REGISTERS.index(name) for name in ("seq", "closed", "closer"))
@@ -136,8 +137,13 @@ class SoftSwitch:
         self.jobs: dict[int, _Job] = {}
         # counters[job_id][branch]; row 0 collects packets of no known job.
         self._counters = [[0] * len(COUNTERS) for _ in range(MAX_JOBS)]
+        # WORKER_COUNTER: packets per (job, worker) that passed the worker check (liveness).
+        self._worker_rx = np.zeros((MAX_JOBS, MAX_WORKERS), dtype=np.int64)
         self._lock = threading.Lock()
         self._batch = BatchEngine()  # the vectorized pipeline behind process_batch, with its buffers
+        # Emulated loss spares CRITICAL packets (the contract). Tests set False to emulate a real network,
+        # where the flag protects nothing, and check that the hosts' resends deliver critical data anyway.
+        self.spare_critical = True
 
     # ---- control plane -------------------------------------------------------------------------
     def add_job(self, cfg: JobConfig) -> None:
@@ -146,6 +152,7 @@ class SoftSwitch:
                 raise ValueError(f"job {cfg.job_id} exists; remove it first (lta ctl job rm {cfg.job_id})")
             self.jobs[cfg.job_id] = _Job(cfg, self.seed)
             self._counters[cfg.job_id] = [0] * len(COUNTERS)
+            self._worker_rx[cfg.job_id] = 0
             self._batch.set_jobs(self.jobs)
 
     def remove_job(self, job_id: int) -> None:
@@ -161,6 +168,19 @@ class SoftSwitch:
             job.slots = _Slots(job.cfg.pool_size, job.cfg.elems_per_packet)
             job.streams.clear()
             self._counters[job_id] = [0] * len(COUNTERS)
+            self._worker_rx[job_id] = 0
+
+    def set_quorum(self, job_id: int, quorum: int) -> None:
+        """Change a running job's quorum (liveness: lowered while workers are offline, restored when they
+        return). Slots keep their state; an open round closes at its next contribution or FLUSH."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id} on this switch")
+            if not 1 <= quorum <= job.cfg.n_workers:
+                raise ValueError(f"quorum must be in 1..{job.cfg.n_workers}, got {quorum}")
+            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)
+            self._batch.set_jobs(self.jobs)
 
     def set_drop_policy(
         self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None
@@ -183,6 +203,15 @@ class SoftSwitch:
     def read_counters(self, job_id: int) -> dict[str, int]:
         with self._lock:
             return dict(zip(COUNTERS, self._counters[job_id], strict=True))
+
+    def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
+        """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
+        that passed the worker check, heartbeats included."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"no job {job_id} on this switch")
+            return self._worker_rx[job_id, : n_workers or job.cfg.n_workers].tolist()
 
     # ---- data plane ----------------------------------------------------------------------------
     def process(self, data: bytes | memoryview, ingress: Port) -> Egress:
@@ -247,6 +276,10 @@ class SoftSwitch:
         if w >= cfg.n_workers or cfg.workers[w] != ingress:
             self._count(job_id, "drop_bad_worker")
             return []
+        self._worker_rx[job_id, w] += 1
+        if op == _HEARTBEAT:
+            self._count(job_id, "heartbeat")
+            return []
         if op in (_PARAM, _PARAM_REQ):
             return self._replicate(job, data, w, flags, "param_fwd" if op == _PARAM else "param_req_fwd")
         if s >= cfg.pool_size:
@@ -256,7 +289,7 @@ class SoftSwitch:
             return self._flush(job, w, s, q, exp, flags, nelem, step, chunk)
 
         # GRAD
-        if not flags & _CRITICAL and job.drops("up", w):
+        if not flags & _CRITICAL * self.spare_critical and job.drops("up", w):
             self._count(job_id, "drop_policy_up")
             return []
         slots = job.slots
@@ -365,7 +398,7 @@ class SoftSwitch:
         for r in range(cfg.n_workers):
             if r == w:
                 continue
-            if not flags & _CRITICAL and job.drops("param", r):
+            if not flags & _CRITICAL * self.spare_critical and job.drops("param", r):
                 self._count(cfg.job_id, "drop_policy_param")
                 continue
             out.append((cfg.workers[r], packet))

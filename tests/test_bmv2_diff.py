@@ -66,8 +66,12 @@ class Pair:
         for ctl in self.controllers:
             fn(ctl)
 
-    def counters(self) -> list[dict[int, dict[str, int]]]:
-        return [ctl.read_counters() for ctl in self.controllers]
+    def counters(self) -> list[tuple[dict[int, dict[str, int]], dict[int, list[int]]]]:
+        """Per switch: the per-job counters and every job's per-worker counters (WORKER_COUNTER)."""
+        return [
+            (ctl.read_counters(), {j: ctl.read_worker_rx(j, job.n_workers) for j, job in ctl.jobs().items()})
+            for ctl in self.controllers
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +315,46 @@ def test_malformed_unknown_job_and_slot_range(fresh):
     )
 
 
+def test_heartbeats_and_foreign_ops(fresh):
+    """HEARTBEAT counts per worker and emits nothing; the parameter-server ops (6..9) and any op past
+    HEARTBEAT stay malformed; per-worker counters count before the up policy."""
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3)))
+    fresh.configure(lambda ctl: ctl.set_drop_policy(1, "up", DropPolicy("bernoulli", p=1.0), worker=2))
+    run(
+        fresh,
+        [
+            (1, make_packet(Op.HEARTBEAT, job_id=1, worker_id=0, nelem=0)),
+            (2, make_packet(Op.HEARTBEAT, job_id=1, worker_id=1)),
+            (2, make_packet(Op.HEARTBEAT, job_id=1, worker_id=0)),  # spoofed: bad worker
+            (1, make_packet(Op.HEARTBEAT, job_id=7, worker_id=0)),  # unknown job
+            *[(1, make_packet(op, job_id=1, worker_id=0)) for op in (6, 7, 8, 9, 11, 255)],
+            (3, grad(1, 2, vec(3))),  # dropped by the policy, counted for worker 2
+            (1, grad(1, 0, vec(1))),
+            (2, grad(1, 1, vec(2))),
+            (1, make_packet(Op.HEARTBEAT, job_id=1, worker_id=0)),
+        ],
+    )
+    assert fresh.counters()[0][1] == {1: [3, 2, 1]}
+
+
+def test_quorum_change_keeps_open_rounds(fresh):
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4)))
+    run(fresh, [(1, grad(1, 0, vec(1))), (2, grad(1, 1, vec(2))), (1, grad(1, 0, vec(5), slot=1))])
+    fresh.configure(lambda ctl: ctl.set_quorum(1, 3))
+    # slot 0 closes at its third contribution, slot 1 needs two more; the fourth worker is late
+    run(
+        fresh,
+        [
+            (3, grad(1, 2, vec(3))),
+            (4, grad(1, 3, vec(4))),
+            (2, grad(1, 1, vec(6), slot=1)),
+            (4, grad(1, 3, vec(7), slot=1)),
+        ],
+    )
+    fresh.configure(lambda ctl: ctl.set_quorum(1, 4))
+    run(fresh, [(w, grad(1, w - 1, vec(w), slot=2)) for w in (1, 2, 3, 4)])
+
+
 def test_param_and_param_req_replication(fresh):
     add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4)))
     params = np.random.default_rng(0).standard_normal(64).astype(np.float32).view(np.int32)
@@ -421,7 +465,7 @@ def test_seeded_lossy_rounds(fresh):
             packets.append((w + 1, flush(1, w, slot=slot, seq=seq, flags=flags)))
     out = run(fresh, packets)
     assert sum(len(o) for o in out) > 150
-    counters = fresh.counters()[0][1]
+    counters = fresh.counters()[0][0][1]
     assert counters["result_quorum"] > 20 and counters["flush_partial"] > 5 and counters["grad_add"] > 100
 
 
@@ -499,9 +543,10 @@ def test_damaged_ipv4_never_reaches_a_result_and_replicas_are_rebuilt(fresh, how
         damaged = _damage(worker_frame(grad(1, 1, vec(2)), host_worker(2)), how)
         assert fresh.bmv2.exchange(2, damaged, 0, timeout_s=0.5) == []
         assert raw.exchange(2, damaged) == []
-        bmv2_counters, soft_counters = fresh.counters()
-        assert bmv2_counters == soft_counters
+        (bmv2_counters, bmv2_rx), (soft_counters, soft_rx) = fresh.counters()
+        assert (bmv2_counters, bmv2_rx) == (soft_counters, soft_rx)
         assert bmv2_counters[0]["drop_malformed"] == 1 and bmv2_counters[1]["rx_packets"] == 1
+        assert bmv2_rx == {1: [1, 0]}  # the damaged frame is nobody's
         # The same GRAD with TTL 1, DSCP and an odd identification closes the round: every replica's
         # IPv4 header is the switch's own (TTL 64, DF, id 0, no options), byte for byte on both switches.
         from scapy.layers.l2 import Ether

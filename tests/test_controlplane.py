@@ -307,3 +307,51 @@ def test_param_policy_spares_critical_packets(rig, ctl):
         "drop_policy_param": 2,
         "tx_packets": 2,
     }
+
+
+# ---- liveness: heartbeats, per-worker counters, quorum changes ----------------------------------
+def heartbeat(worker: int, job_id: int = 1) -> bytes:
+    return make_packet(Op.HEARTBEAT, job_id=job_id, worker_id=worker, nelem=0)
+
+
+def test_heartbeats_and_traffic_count_per_worker_and_nothing_leaves(rig, ctl):
+    ctl.add_job(JobSpec(1, workers(3)))
+    ctl.set_drop_policy(1, "up", DropPolicy(p=1.0), worker=2)  # worker 2's GRADs dropped by policy
+    for _ in range(3):
+        assert rig.send(1, heartbeat(0), expect=0) == []
+    assert rig.send(2, grad(1, np.ones(64)), expect=0) == []
+    assert rig.send(3, grad(2, np.ones(64)), expect=0) == []  # still counted: before the policy
+    assert rig.send(3, heartbeat(2), expect=0) == []
+    assert rig.send(2, heartbeat(0), expect=0) == []  # worker 0 claimed from worker 1's port
+    assert rig.send(1, heartbeat(0, job_id=9), expect=0) == []  # no such job
+    assert ctl.read_worker_rx(1, 3) == [3, 1, 2]
+    counters = ctl.read_counters()
+    assert nonzero(counters[1]) == {
+        "rx_packets": 7,
+        "heartbeat": 4,
+        "grad_start": 1,
+        "drop_policy_up": 1,
+        "drop_bad_worker": 1,
+    }
+    assert nonzero(counters[0]) == {"rx_packets": 1, "drop_unknown_job": 1}
+
+
+def test_quorum_lowered_and_restored_keeps_the_slots(rig, ctl):
+    ctl.add_job(JobSpec(1, workers(3)))
+    a, b, c = (np.arange(64) * k for k in (1, 2, 3))
+    assert rig.send(1, grad(0, a), expect=0) == []  # slot 0 round 1 open with worker 0's values
+    assert ctl.set_quorum(1, 2).quorum == 2
+    assert ctl.jobs()[1].quorum == 2
+    out = results(rig.send(2, grad(1, b), expect=3))  # count 2 = the new quorum: closes
+    assert sorted(out) == [1, 2, 3]
+    for header, payload in out.values():
+        assert header.count == 2 and header.bitmap == 0b011
+        np.testing.assert_array_equal(payload, a + b)  # the sum kept across the MODIFY
+    late = results(rig.send(3, grad(2, c), expect=1))  # the third worker is late: gets the result
+    assert late[3][0].flags & Flag.RETX and late[3][0].count == 2
+    ctl.set_quorum(1, 3)
+    assert rig.send(1, grad(0, a, slot=1), expect=0) == []
+    assert rig.send(2, grad(1, b, slot=1), expect=0) == []  # 2 of 3: open again
+    assert len(rig.send(3, grad(2, c, slot=1), expect=3)) == 3
+    with pytest.raises(ControlPlaneError, match="quorum must be 1..3"):
+        ctl.set_quorum(1, 4)

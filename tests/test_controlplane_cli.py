@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -238,8 +239,8 @@ def test_job_add_gives_every_worker_its_own_addresses(softswitch, capsys):
     listing = json.loads(out[out.index("{") :])
     # Worker w gets the Mininet topologies' addresses: 10.0.0.(w+1), 02:00:00:00:00:(w+1), 40000 + w.
     assert listing["3"]["workers"] == [
-        {"port": 1, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1", "udp_port": 40000},
-        {"port": 2, "mac": "02:00:00:00:00:02", "ip": "10.0.0.2", "udp_port": 40001},
+        {"port": 1, "mac": "02:00:00:00:00:01", "ip": "10.0.0.1", "udp_port": 40000, "packets": 0},
+        {"port": 2, "mac": "02:00:00:00:00:02", "ip": "10.0.0.2", "udp_port": 40001, "packets": 0},
     ]
     assert switch.jobs[3].cfg.workers == [1, 2]  # this server names workers by port
     worker = "port=4,ip=127.0.0.1,udp_port=41001"
@@ -249,8 +250,8 @@ def test_job_add_gives_every_worker_its_own_addresses(softswitch, capsys):
     assert lta([*base, "job", "ls", "--json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out[out.index("{") :])["4"]["workers"] == [
-        {"port": 4, "mac": "02:00:00:00:00:01", "ip": "127.0.0.1", "udp_port": 41001},
-        {"port": 5, "mac": "02:00:00:00:00:99", "ip": "10.0.0.2", "udp_port": 40001},
+        {"port": 4, "mac": "02:00:00:00:00:01", "ip": "127.0.0.1", "udp_port": 41001, "packets": 0},
+        {"port": 5, "mac": "02:00:00:00:00:99", "ip": "10.0.0.2", "udp_port": 40001, "packets": 0},
     ]
 
 
@@ -397,3 +398,42 @@ def test_building_the_parser_imports_no_grpc():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_liveness_marks_a_silent_worker_offline_and_restores_the_quorum_on_exit(softswitch, capsys):
+    switch, target = softswitch
+    base = ["ctl", "--target", target]
+    assert lta([*base, "load"]) == 0
+    assert lta([*base, "job", "add", "4", "--port", "1", "--port", "2", "--port", "3"]) == 0
+    stop = threading.Event()
+
+    def beat() -> None:  # workers 0 and 1 heartbeat; worker 2 never sends
+        while not stop.is_set():
+            for w in (0, 1):
+                switch.process(make_packet(Op.HEARTBEAT, job_id=4, worker_id=w), w + 1)
+            stop.wait(0.05)
+
+    quorums = []
+    original = switch.set_quorum
+
+    def recording(job_id: int, quorum: int) -> None:
+        quorums.append(quorum)
+        original(job_id, quorum)
+
+    switch.set_quorum = recording
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        capsys.readouterr()
+        args = [*base, "liveness", "4", "--timeout", "0.3", "--poll", "0.05", "--for", "1", "--json"]
+        assert lta(args) == 0
+    finally:
+        stop.set()
+        thread.join()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["worker"], e["state"], e["quorum"]) for e in events] == [(2, "offline", 2)]
+    assert quorums == [2, 3]  # lowered while worker 2 was offline, restored when the command ended
+    assert switch.jobs[4].cfg.quorum == 3
+    assert lta([*base, "job", "ls", "--json"]) == 0
+    packets = [w["packets"] for w in json.loads(capsys.readouterr().out)["4"]["workers"]]
+    assert packets[0] > 5 and packets[1] > 5 and packets[2] == 0

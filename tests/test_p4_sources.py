@@ -9,7 +9,15 @@ import re
 from pathlib import Path
 
 from hostlib.p4info import load_p4info, missing_names
-from hostlib.protocol import COUNTERS, HEADER_BITS, HEADER_FIELDS, LTA_PORT
+from hostlib.protocol import (
+    COUNTERS,
+    HEADER_BITS,
+    HEADER_FIELDS,
+    LTA_PORT,
+    MAX_JOBS,
+    MAX_WORKERS,
+    WORKER_COUNTER,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 V1MODEL = ROOT / "p4" / "v1model"
@@ -77,8 +85,10 @@ def test_every_branch_counter_is_set_somewhere():
 
 def test_p4info_counters_equal_protocol_counters():
     info = load_p4info()
-    assert sorted(c.preamble.name for c in info.counters) == sorted(COUNTERS)
-    assert all(c.size == 64 for c in info.counters)
+    sizes = {c.preamble.name: c.size for c in info.counters}
+    assert sorted(sizes) == sorted((*COUNTERS, WORKER_COUNTER))
+    assert all(sizes[name] == MAX_JOBS for name in COUNTERS)
+    assert sizes[WORKER_COUNTER] == MAX_JOBS * MAX_WORKERS  # indexed job_id * MAX_WORKERS + worker_id
 
 
 def test_p4info_has_every_name_the_control_plane_uses():

@@ -81,7 +81,7 @@ def make_switch(specs: list[Spec], seed: int = 1) -> SoftSwitch:
 class MixGenerator:
     """Seeded packets of every kind: rounds that complete, duplicates, stale / future seqs, FLUSH on
     open / closed / unseen rounds, exponent and MAX mismatches, SATURATED / CRITICAL, int32 wrap-around,
-    PARAM / PARAM_REQ, and every malformed case of the contract."""
+    PARAM / PARAM_REQ, HEARTBEAT, and every malformed case of the contract."""
 
     def __init__(self, specs: list[Spec], seed: int) -> None:
         self.specs = specs
@@ -116,6 +116,8 @@ class MixGenerator:
             op = Op.PARAM_REQ
         elif u < 0.89:
             op = Op.RESULT  # upstream RESULT: malformed
+        elif u < 0.91:
+            op = Op.HEARTBEAT
         else:
             op = Op.GRAD
         hot = min(spec.pool, 6)
@@ -379,7 +381,13 @@ def state(sw: SoftSwitch) -> dict:
     for job_id, job in sw.jobs.items():
         streams = {key: (s._pos, len(s._buf), s.bad) for key, s in job.streams.items()}
         slots = job.slots
-        jobs[job_id] = (slots.regs.tobytes(), slots.bitmap.tobytes(), slots.acc.tobytes(), streams)
+        jobs[job_id] = (
+            slots.regs.tobytes(),
+            slots.bitmap.tobytes(),
+            slots.acc.tobytes(),
+            streams,
+            sw.read_worker_rx(job_id),
+        )
     return {"counters": counters, "jobs": jobs}
 
 

@@ -70,6 +70,9 @@ class TransportConfig:
     unhealthy_reduces: int = 3
     unhealthy_min_chunks: int = 32
     on_unhealthy: str = "raise"
+    # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
+    # liveness monitor tells a computing worker from a dead one (controlplane/liveness.py).
+    heartbeat_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)
@@ -91,6 +94,8 @@ class TransportConfig:
             raise ValueError("need health_timeout_s >= 0 and 0 < unhealthy_fraction <= 1")
         if self.unhealthy_reduces < 1 or self.unhealthy_min_chunks < 1:
             raise ValueError("unhealthy_reduces and unhealthy_min_chunks must be >= 1")
+        if self.heartbeat_interval_s < 0:
+            raise ValueError(f"heartbeat_interval_s must be >= 0, got {self.heartbeat_interval_s}")
         if self.on_unhealthy not in ("raise", "warn", "ignore"):
             raise ValueError(f"on_unhealthy must be 'raise', 'warn' or 'ignore', got {self.on_unhealthy!r}")
 

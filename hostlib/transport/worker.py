@@ -31,6 +31,7 @@ from hostlib.protocol import (
 )
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
 from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.heartbeat import Heartbeat
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan
 from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
@@ -97,6 +98,16 @@ class LtaWorker:
         self._unhealthy_run = 0  # unhealthy reduces in a row
         self._unhealthy_run_chunks = 0
         self._unhealthy_since_mark = False
+        self.heartbeat: Heartbeat | None = None
+        if self.config.heartbeat_interval_s > 0:
+            self.heartbeat = Heartbeat(
+                self.sock,
+                self.switch_addr,
+                job_id=job_id,
+                worker_id=worker_id,
+                elems_per_packet=k,
+                interval_s=self.config.heartbeat_interval_s,
+            ).start()
 
     @property
     def srtt_ms(self) -> float | None:
@@ -108,6 +119,8 @@ class LtaWorker:
 
     # ---- public API ----------------------------------------------------------------------------
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.io.close()
 
     def __enter__(self) -> LtaWorker:

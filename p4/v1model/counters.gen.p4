@@ -25,6 +25,7 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
     @name(".flush_stale") counter(LTA_MAX_JOBS, CounterType.packets) flush_stale_counter;
     @name(".param_fwd") counter(LTA_MAX_JOBS, CounterType.packets) param_fwd_counter;
     @name(".param_req_fwd") counter(LTA_MAX_JOBS, CounterType.packets) param_req_fwd_counter;
+    @name(".heartbeat") counter(LTA_MAX_JOBS, CounterType.packets) heartbeat_counter;
     action count_drop_malformed() { drop_malformed_counter.count(index); }
     action count_drop_unknown_job() { drop_unknown_job_counter.count(index); }
     action count_drop_slot_range() { drop_slot_range_counter.count(index); }
@@ -42,9 +43,10 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
     action count_flush_stale() { flush_stale_counter.count(index); }
     action count_param_fwd() { param_fwd_counter.count(index); }
     action count_param_req_fwd() { param_req_fwd_counter.count(index); }
+    action count_heartbeat() { heartbeat_counter.count(index); }
     table branch_counter {
         key = { branch: exact @name("branch"); }
-        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; NoAction; }
+        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; NoAction; }
         const entries = {
             BRANCH_DROP_MALFORMED: count_drop_malformed();
             BRANCH_DROP_UNKNOWN_JOB: count_drop_unknown_job();
@@ -63,6 +65,7 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
             BRANCH_FLUSH_STALE: count_flush_stale();
             BRANCH_PARAM_FWD: count_param_fwd();
             BRANCH_PARAM_REQ_FWD: count_param_req_fwd();
+            BRANCH_HEARTBEAT: count_heartbeat();
         }
         default_action = NoAction();
     }

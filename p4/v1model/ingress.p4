@@ -1,6 +1,8 @@
 // Ingress: the checks of docs/protocol.md in order (a damaged IPv4/UDP header first), then the slot
 // update or the PARAM replication.
 // Every LTA packet counts rx_packets and exactly one branch counter (indexed by its job, 0 if unknown).
+// A packet that passes the worker check also counts worker_rx[job_id * LTA_MAX_WORKERS + worker_id]
+// (liveness: the control plane marks a worker offline when its count stops moving).
 #ifndef LTA_INGRESS
 #define LTA_INGRESS
 
@@ -20,6 +22,7 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
     SlotUpdate() slot_update;
     ResultEmit() result_emit;
     IngressCounters() counters;
+    @name(".worker_rx") counter(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType.packets) worker_rx;
 
     apply {
         mark_to_drop(standard_metadata);  // nothing leaves unless a branch below says so
@@ -40,7 +43,8 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
                 meta.counter_index = 0;
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
-                    || hdr.lta.op > OP_PARAM_REQ || hdr.lta.op == OP_RESULT) {
+                    || (hdr.lta.op > OP_PARAM_REQ && hdr.lta.op != OP_HEARTBEAT)
+                    || hdr.lta.op == OP_RESULT) {
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!meta.job_known) {
                 meta.branch = BRANCH_DROP_UNKNOWN_JOB;
@@ -49,8 +53,13 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else {
                 worker_check.apply(hdr.lta, standard_metadata.ingress_port, meta);
+                if (meta.worker_known) {
+                    worker_rx.count((bit<32>)hdr.lta.job_id * LTA_MAX_WORKERS + (bit<32>)hdr.lta.worker_id);
+                }
                 if (!meta.worker_known) {
                     meta.branch = BRANCH_DROP_BAD_WORKER;
+                } else if (hdr.lta.op == OP_HEARTBEAT) {
+                    meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
                 } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
                     // Replicated unchanged; egress drops the sender's own copy.
                     meta.branch = (hdr.lta.op == OP_PARAM) ? BRANCH_PARAM_FWD : BRANCH_PARAM_REQ_FWD;

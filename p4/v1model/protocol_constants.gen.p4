@@ -13,6 +13,7 @@ const bit<8> OP_RESULT = 2;
 const bit<8> OP_FLUSH = 3;
 const bit<8> OP_PARAM = 4;
 const bit<8> OP_PARAM_REQ = 5;
+const bit<8> OP_HEARTBEAT = 10;
 const bit<8> FLAG_RETX = 0x01;
 const bit<8> FLAG_SATURATED = 0x02;
 const bit<8> FLAG_CRITICAL = 0x04;
@@ -44,8 +45,9 @@ const bit<8> BRANCH_FLUSH_RESEND = 15;
 const bit<8> BRANCH_FLUSH_STALE = 16;
 const bit<8> BRANCH_PARAM_FWD = 17;
 const bit<8> BRANCH_PARAM_REQ_FWD = 18;
-const bit<8> BRANCH_DROP_POLICY_DOWN = 19;
-const bit<8> BRANCH_DROP_POLICY_PARAM = 20;
-const bit<8> BRANCH_TX_PACKETS = 21;
+const bit<8> BRANCH_HEARTBEAT = 19;
+const bit<8> BRANCH_DROP_POLICY_DOWN = 20;
+const bit<8> BRANCH_DROP_POLICY_PARAM = 21;
+const bit<8> BRANCH_TX_PACKETS = 22;
 
 #endif

@@ -1,0 +1,62 @@
+"""The worker's heartbeat: one HEARTBEAT packet to the switch every ``heartbeat_interval_s``, from a
+daemon thread, so the switch's per-worker counter (``WORKER_COUNTER``) keeps moving while the worker
+computes and sends nothing else. The liveness monitor (``controlplane.liveness``) marks a worker offline
+when that counter stops; a process that dies stops its heartbeat with it.
+
+The packet is built once; each beat is one ``sendto`` on the worker's own socket (a UDP send is atomic,
+so it interleaves safely with the transport's sends from the training thread). It carries the job's K
+payload values (all zero) because a switch accepts only packets of the job's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from hostlib.protocol import Op, make_packet
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        sock: socket.socket,
+        switch_addr: tuple[str, int],
+        *,
+        job_id: int,
+        worker_id: int,
+        elems_per_packet: int,
+        interval_s: float,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be > 0 s, got {interval_s}")
+        self.sock, self.switch_addr, self.interval_s = sock, switch_addr, interval_s
+        self.packet = make_packet(
+            Op.HEARTBEAT, job_id=job_id, worker_id=worker_id, elems_per_packet=elems_per_packet, nelem=0
+        )
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lta-heartbeat-{worker_id}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.sock.sendto(self.packet, self.switch_addr)
+                self.sent += 1
+            except OSError as exc:  # closed socket (shutting down) or a transient send error
+                if self._stop.is_set() or self.sock.fileno() < 0:
+                    return
+                log.debug("heartbeat send failed: %s", exc)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)

@@ -1,0 +1,181 @@
+"""Liveness (issue J): heartbeats move the switch's per-worker counter; the monitor marks a silent worker
+offline within its timeout plus one heartbeat interval, lowers the job's quorum (through P4Runtime or on
+an in-process softswitch) and restores it when the worker sends again; survivors then close rounds at
+the quorum instead of at their deadlines."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from controlplane.liveness import LivenessMonitor
+from hostlib.protocol import Op, make_packet
+from hostlib.transport import LtaWorker, TransportConfig
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSwitch:
+    """Per-worker counters moved by hand; records every quorum the monitor sets."""
+
+    def __init__(self, n: int) -> None:
+        self.counts = [0] * n
+        self.quorums: list[int] = []
+
+    def read_worker_rx(self, job_id: int, n_workers: int) -> list[int]:
+        return list(self.counts[:n_workers])
+
+    def set_quorum(self, job_id: int, quorum: int) -> None:
+        self.quorums.append(quorum)
+
+
+@pytest.mark.parametrize("death_at", [1.0, 1.13, 1.26, 1.49, 2.01])
+def test_offline_within_timeout_plus_one_heartbeat_and_no_false_alarm(death_at):
+    """Heartbeats every h = 0.5 s, polls every h/2, timeout 2 s: a live worker is never marked; a worker
+    that dies at ``death_at`` is marked offline no later than death + timeout + h (the bound the
+    monitor's docstring gives: timeout + two poll periods)."""
+    h, timeout, poll = 0.5, 2.0, 0.25
+    clock, switch = FakeClock(), FakeSwitch(3)
+    monitor = LivenessMonitor(switch, 1, 3, timeout_s=timeout, poll_s=poll, clock=clock)
+    events = []
+    t, step = 0.0, 0.01
+    next_beat = [0.1, 0.2, 0.3]
+    next_poll = poll
+    while t < death_at + timeout + 2 * h:
+        t = round(t + step, 6)
+        clock.now = t
+        for w in range(3):
+            if t >= next_beat[w] and not (w == 2 and t >= death_at):
+                switch.counts[w] += 1
+                next_beat[w] += h
+        if t >= next_poll:
+            events += monitor.poll()
+            next_poll += poll
+    assert [(e.worker, e.state, e.quorum) for e in events] == [(2, "offline", 2)]
+    assert death_at + timeout - h <= events[0].at <= death_at + timeout + h
+    assert switch.quorums == [2]
+    assert monitor.offline == [2]
+
+
+def test_quorum_is_min_of_configured_and_live_and_comes_back():
+    clock, switch = FakeClock(), FakeSwitch(4)
+    monitor = LivenessMonitor(switch, 1, 4, quorum=3, timeout_s=1.0, clock=clock)
+    clock.now = 1.5
+    switch.counts[:2] = [5, 5]  # workers 2 and 3 silent since the start
+    events = monitor.poll()
+    assert [(e.worker, e.state) for e in events] == [(2, "offline"), (3, "offline")]
+    assert switch.quorums == [2]  # min(3, 2 live)
+    clock.now = 2.0
+    switch.counts[2] = 1  # worker 2 restarted and sends
+    assert [(e.worker, e.state, e.quorum) for e in monitor.poll()] == [(2, "online", 3)]
+    assert switch.quorums == [2, 3]  # min(3, 3 live): the configured quorum again
+    clock.now = 9.0
+    switch.counts = [6, 6, 2, 0]
+    assert monitor.poll() == [] and switch.quorums == [2, 3]  # worker 3 is still offline: no new event
+    states = {s["worker"]: s["state"] for s in monitor.status()}
+    assert states == {0: "online", 1: "online", 2: "online", 3: "offline"}
+
+
+def test_monitor_through_p4runtime_lowers_and_restores_the_quorum():
+    """The monitor drives the real control plane (LtaSwitch over gRPC) of a softswitch."""
+    pytest.importorskip("p4runtime_sh")
+    from controlplane.bmv2 import host_worker
+    from controlplane.jobs import JobSpec
+    from controlplane.switch import LtaSwitch
+    from softswitch.p4runtime_server import serve
+
+    soft = SoftSwitch()
+    server, port, _ = serve(soft)
+    try:
+        with LtaSwitch.connect(f"127.0.0.1:{port}", timeout_s=5) as ctl:
+            ctl.load_pipeline()
+            ctl.add_job(JobSpec(1, tuple(host_worker(p) for p in (1, 2, 3))))
+            clock = FakeClock()
+            monitor = LivenessMonitor(ctl, 1, 3, timeout_s=1.0, clock=clock)
+
+            def beat(*workers: int) -> None:
+                for w in workers:
+                    soft.process(make_packet(Op.HEARTBEAT, job_id=1, worker_id=w), w + 1)
+
+            clock.now = 0.6
+            beat(0, 1, 2)
+            assert monitor.poll() == []
+            clock.now = 1.7
+            beat(0, 1)
+            assert [(e.worker, e.state) for e in monitor.poll()] == [(2, "offline")]
+            assert ctl.jobs()[1].quorum == 2 and soft.jobs[1].cfg.quorum == 2
+            clock.now = 2.0
+            beat(0, 1, 2)
+            assert [(e.worker, e.state) for e in monitor.poll()] == [(2, "online")]
+            assert ctl.jobs()[1].quorum == 3 and soft.jobs[1].cfg.quorum == 3
+    finally:
+        server.stop(None)
+
+
+def _reduce_all(workers: list[LtaWorker], x: np.ndarray) -> list:
+    out: list = [None] * len(workers)
+
+    def run(i: int) -> None:
+        out[i] = workers[i].allreduce(x * (i + 1))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return out
+
+
+def test_dead_worker_goes_offline_survivors_close_at_quorum_and_a_restart_restores_it():
+    """Real workers over UDP: worker 2 stops (its heartbeat with it); the monitor lowers the quorum to 2;
+    the survivors' rounds then all close at the quorum (no FLUSH); a new worker 2 on the same address
+    heartbeats and the quorum is 3 again."""
+    switch = SoftSwitch()
+    cfg = TransportConfig(elems_per_packet=256, heartbeat_interval_s=0.1, health_timeout_s=0)
+    with SoftSwitchServer(switch) as server:
+        workers = [LtaWorker(1, w, 3, server.address, config=cfg) for w in range(3)]
+        switch.add_job(JobConfig(1, [w.address for w in workers], elems_per_packet=256))
+        x = np.ones(256 * 40, np.float32)
+        first = _reduce_all(workers, x)
+        assert all(np.all(r.count == 3) for r in first)
+        with LivenessMonitor(switch, 1, 3, timeout_s=0.6, poll_s=0.05) as monitor:
+            address = workers[2].address
+            workers[2].close()
+            t0 = time.monotonic()
+            while not monitor.offline and time.monotonic() - t0 < 10:
+                time.sleep(0.02)
+            assert monitor.offline == [2]
+            assert switch.jobs[1].cfg.quorum == 2
+            before = switch.read_counters(1)
+            survivors = _reduce_all(workers[:2], x)
+            after = switch.read_counters(1)
+            for r in survivors:
+                assert np.all(r.count == 2) and np.all(r.bitmap == 0b011)
+                np.testing.assert_allclose(r.values, 1.5)  # mean of 1 and 2 over the survivors
+            closed = {k: after[k] - before[k] for k in ("result_quorum", "flush_partial", "flush_empty")}
+            assert closed["flush_partial"] == closed["flush_empty"] == 0
+            # every chunk's round (and the exponent rounds ahead of them) closed at the quorum
+            assert closed["result_quorum"] >= len(survivors[0].count)
+            restarted = LtaWorker(1, 2, 3, server.address, config=cfg, bind=address)
+            try:
+                t0 = time.monotonic()
+                while monitor.offline and time.monotonic() - t0 < 10:
+                    time.sleep(0.02)
+                assert monitor.offline == []
+                assert switch.jobs[1].cfg.quorum == 3
+                assert [(e.worker, e.state) for e in monitor.events] == [(2, "offline"), (2, "online")]
+            finally:
+                restarted.close()
+        for w in workers[:2]:
+            w.close()
