@@ -31,9 +31,13 @@ class EmbeddedSwitch:
         pool_size: int,
         elems_per_packet: int,
         drop: dict[str, DropPolicy] | None = None,
+        quorum: int | None = None,
     ) -> None:
-        """Add a job whose worker ``w`` sends from ``workers[w]``, with emulated loss per direction."""
-        job = JobConfig(job_id, list(workers), pool_size=pool_size, elems_per_packet=elems_per_packet)
+        """Add a job whose worker ``w`` sends from ``workers[w]``, with emulated loss per direction and
+        rounds that close at ``quorum`` contributions (None: all workers)."""
+        job = JobConfig(
+            job_id, list(workers), quorum=quorum, pool_size=pool_size, elems_per_packet=elems_per_packet
+        )
         self.switch.add_job(job)
         for direction, policy in (drop or {}).items():
             self.switch.set_drop_policy(job_id, direction, policy)

@@ -24,6 +24,12 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_HEALTH_TIMEOUT`` | seconds to wait for the switch to answer the join probe (0: skip) | 5 |
 | ``LTA_ON_UNHEALTHY`` | reduces that keep getting nothing: ``raise``, ``warn`` or ``ignore`` | raise |
 
+In code, ``LtaOptions(quorum=Q)`` closes every round once Q workers contributed (the self-hosted switch,
+or ``register_job``; an external switch keeps the quorum it was configured with), and
+``LtaOptions(transport=TransportConfig(reduce_timeout_s=S))`` bounds a step's wait for its reduce. Seed
+003's names are accepted for both: ``window_size`` (= ``quorum``) and ``max_wait_s`` (= the step
+deadline, ``reduce_timeout_s``); giving a name and its alias with different values is an error.
+
 Joining ends with a health probe (:meth:`LtaWorker.check_switch`): a switch that does not answer, or
 does not know this job with this rank's address, raises ``HealthCheckError`` instead of training on
 fallbacks.
@@ -42,6 +48,7 @@ from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
 SELF_HOSTED_LISTEN = ("127.0.0.1", 0)  # loopback, any port
+_DEFAULT_STEP_DEADLINE_S = TransportConfig.reduce_timeout_s
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,17 @@ class JobRequest:
     workers: list[tuple[str, int]]
     pool_size: int
     elems_per_packet: int
+    quorum: int | None = None  # close a round at this count; None: all workers
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """The value given under ``name`` or its ``alias``; both given must agree."""
+    if value is not None and alias_value is not None and value != alias_value:
+        raise ValueError(
+            f"{name}={value!r} and {alias}={alias_value!r} disagree: {alias} is another name for {name} "
+            "(seed 003's); give one of them"
+        )
+    return value if value is not None else alias_value
 
 
 @dataclass
@@ -65,8 +83,21 @@ class LtaOptions:
     drop: dict[str, DropPolicy] = field(default_factory=dict)  # direction -> policy (self-hosted only)
     register_job: Callable[[JobRequest], None] | None = None
     seed: int = 0
+    quorum: int | None = None  # close a round at this count (None: all workers)
+    window_size: int | None = None  # seed 003's name for quorum
+    max_wait_s: float | None = None  # seed 003's name for the step deadline, transport.reduce_timeout_s
 
     def __post_init__(self) -> None:
+        self.quorum = self.window_size = _one_of("quorum", self.quorum, "window_size", self.window_size)
+        if self.quorum is not None and self.quorum < 1:
+            raise ValueError(f"quorum (window_size) must be >= 1 worker, got {self.quorum}")
+        if self.max_wait_s is not None:
+            if not self.max_wait_s > 0:
+                raise ValueError(f"max_wait_s (the step deadline) must be > 0 seconds, got {self.max_wait_s}")
+            given = self.transport.reduce_timeout_s
+            if given != _DEFAULT_STEP_DEADLINE_S and given != self.max_wait_s:
+                _one_of("transport.reduce_timeout_s", given, "max_wait_s", self.max_wait_s)
+            self.transport = replace(self.transport, reduce_timeout_s=self.max_wait_s)
         unknown = set(self.drop) - set(DIRECTIONS)
         if unknown:
             raise ValueError(f"drop directions must be among {DIRECTIONS}, got {sorted(unknown)}")
@@ -143,6 +174,10 @@ def join_job(
     store, rank: int, world: int, options: LtaOptions, timeout: timedelta | None = None
 ) -> LtaSession:
     """Bind this rank's worker, exchange addresses through ``store`` and wait until the job is ready."""
+    if options.quorum is not None and options.quorum > world:
+        raise ValueError(
+            f"quorum (window_size) {options.quorum} is more than the {world} workers of the group"
+        )
     if timeout is not None:
         store.set_timeout(timeout)
     embedded = None
@@ -171,7 +206,9 @@ def join_job(
     store.set(_key(options, f"worker{rank}"), f"{host}:{port}")
     if rank == 0:
         addresses = [parse_address(store.get(_key(options, f"worker{r}")).decode()) for r in range(world)]
-        job = JobRequest(options.job_id, addresses, transport.pool_size, transport.elems_per_packet)
+        job = JobRequest(
+            options.job_id, addresses, transport.pool_size, transport.elems_per_packet, options.quorum
+        )
         if embedded is not None:
             embedded.add_job(
                 job.job_id,
@@ -179,6 +216,7 @@ def join_job(
                 pool_size=job.pool_size,
                 elems_per_packet=job.elems_per_packet,
                 drop=options.drop,
+                quorum=job.quorum,
             )
         elif options.register_job is not None:
             options.register_job(job)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from lta.bench import allreduce, async_ps, byzantine, compression, ddp, lossy, lossy_train, scaling
+from lta.bench import (
+    allreduce,
+    async_ps,
+    byzantine,
+    compression,
+    ddp,
+    lossy,
+    lossy_train,
+    scaling,
+    stragglers,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,5 +25,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run on the same machine. Progress goes to stderr, results to stdout (--json: one document).",
     )
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (allreduce, ddp, scaling, lossy, lossy_train, byzantine, async_ps, compression):
+    for module in (allreduce, ddp, scaling, lossy, lossy_train, byzantine, async_ps, compression, stragglers):
         module.register(sub)
