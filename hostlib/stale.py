@@ -7,6 +7,8 @@ shards whose age passed the bound so the caller can ask for a reliable resend.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -42,6 +44,29 @@ class StaleTracker:
 
     def within_bound(self) -> bool:
         return bool(np.all(self.age <= self.bound))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything :meth:`update` and :meth:`summary` depend on (copies): ages, histogram, counters."""
+        return {
+            "bound": self.bound,
+            "age": self.age.copy(),
+            "max_seen": self.max_seen,
+            "histogram": self._hist.copy(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; ValueError if it tracks another number of shards or bound."""
+        age = np.array(state["age"], dtype=np.int64)
+        if age.shape != self.age.shape or int(state["bound"]) != self.bound:
+            raise ValueError(
+                f"stale-tracker state holds {age.size} shards with bound {int(state['bound'])}; "
+                f"this tracker holds {self.age.size} with bound {self.bound}"
+            )
+        self.age = age
+        self.max_seen = int(state["max_seen"])
+        self._hist = np.array(state["histogram"], dtype=np.int64).reshape(self._hist.shape)
+        self.steps = int(state["steps"])
 
     def summary(self) -> dict:
         """Current max/mean age, the worst age ever seen, and the histogram of ages over all steps."""

@@ -14,6 +14,11 @@ K steps, before the forward pass, and receivers overwrite what arrives: drift is
 The hook blocks until the bucket's reduce is done and returns a completed future (the transport's
 engine is not thread-safe, and on CPU there is no idle device to overlap with).
 
+``LtaHookState(worker, critical="default")`` (or globs, or a predicate; see ``critical.py``) makes the
+chunks holding those parameters' gradients critical: they come back with every worker counted (the
+transport resends them, never FLUSHes them), and their parameters go by the reliable path in the
+re-broadcast. Names need the module: call ``state.attach(ddp.module)``.
+
 (No ``from __future__ import annotations`` here: DDP checks the hook's annotations as real objects.)
 """
 
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, flat_ranges
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.torch_ext.staging import HostMirror
@@ -38,6 +44,8 @@ class HookStats:
     chunks_full: int = 0  # every worker's contribution arrived
     chunks_partial: int = 0  # renormalized from fewer than N
     chunks_fallback: int = 0  # no RESULT (or count 0): the fallback was used
+    chunks_critical: int = 0  # chunks marked critical (critical=...)
+    chunks_critical_full: int = 0  # ... that came back with every worker counted
     rebroadcasts: int = 0
     rebroadcast_chunks_fresh: int = 0
     rebroadcast_chunks_expected: int = 0
@@ -57,6 +65,7 @@ class LtaHookState:
         rebroadcast_every: int = 0,
         collect_deadline_ms: float = 200.0,
         force_host_staging: bool = False,
+        critical: CriticalSpec = None,
     ) -> None:
         if rebroadcast_every < 0:
             raise ValueError(f"rebroadcast_every must be >= 0 (0: never), got {rebroadcast_every}")
@@ -73,20 +82,36 @@ class LtaHookState:
         self._flat: torch.Tensor | None = None
         self._flat_host: HostMirror | None = None
         self._rebroadcast_done = -1
+        self.critical = critical
+        self._critical_ids: set[int] | None = None if critical is not None else set()  # set by attach
 
     # ---- the bucket reduce ---------------------------------------------------------------------------
-    def reduce_bucket(self, index: int, buffer: torch.Tensor, is_last: bool) -> torch.Tensor:
-        """Renormalized mean of ``buffer`` over the workers; written into ``buffer`` and returned."""
+    def reduce_bucket(
+        self,
+        index: int,
+        buffer: torch.Tensor,
+        is_last: bool,
+        critical: list[tuple[int, int]] | None = None,
+    ) -> torch.Tensor:
+        """Renormalized mean of ``buffer`` over the workers; written into ``buffer`` and returned.
+        ``critical``: value ranges of the buffer that must come back with every worker counted."""
         key = (index, buffer.numel())
         mirror = self._staging.get(key)
         if mirror is None or mirror.tensor.data_ptr() != buffer.data_ptr():
             mirror = self._staging[key] = HostMirror(buffer, force_staging=self.force_host_staging)
         host = mirror.pull()
-        result = self.worker.allreduce(host, step=self.step, key=("ddp-bucket", *key))
+        result = self.worker.allreduce(
+            host, step=self.step, key=("ddp-bucket", *key), critical=critical or None
+        )
         mirror.writable()[:] = result.values  # unstaged, this array is the bucket's own memory
         mirror.push()
         self.prev[key] = torch.from_numpy(result.values)
         self._count(result.count, result.fallback)
+        if critical:
+            self.stats.chunks_critical += int(result.critical.sum())
+            self.stats.chunks_critical_full += int(
+                np.sum(result.critical & (result.count == self.worker.n_workers))
+            )
         if is_last:
             self.step += 1
             self.stats.steps += 1
@@ -101,10 +126,29 @@ class LtaHookState:
         st.chunks_partial += int(np.sum((count > 0) & (count < n)))
         st.chunks_fallback += int(np.sum(fallback != Fallback.NONE))
 
+    def bucket_critical(self, bucket: dist.GradBucket) -> list[tuple[int, int]]:
+        """Value ranges of the bucket's buffer that hold critical parameters' gradients."""
+        if self._critical_ids is None:
+            raise RuntimeError(
+                "LtaHookState(critical=...) marks parameters by name: call state.attach(ddp.module) "
+                "before the first backward"
+            )
+        if not self._critical_ids:
+            return []
+        buffer = bucket.buffer()
+        base, ranges = buffer.data_ptr(), []
+        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            if id(param) in self._critical_ids:
+                offset = (grad.data_ptr() - base) // grad.element_size()
+                ranges.append((offset, offset + grad.numel()))
+        return ranges
+
     # ---- periodic owner re-broadcast -----------------------------------------------------------------
     def attach(self, module: torch.nn.Module) -> None:
-        """Re-broadcast ``module``'s parameters every ``rebroadcast_every`` steps, before its forward."""
+        """Re-broadcast ``module``'s parameters every ``rebroadcast_every`` steps, before its forward,
+        and resolve ``critical`` to its parameters (DDP's buckets hold the same parameter objects)."""
         self._module = module
+        self._critical_ids = critical_parameters(module, self.critical)
         params = [p for p in module.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in params)
         k = self.worker.config.elems_per_packet
@@ -119,6 +163,7 @@ class LtaHookState:
             rows,
             stale_bound=max(1, self.rebroadcast_every),
             deadline_ms=self.collect_deadline_ms,
+            critical=chunk_mask(flat_ranges(params, self._critical_ids), layout.n_chunks, k),
         )
         module.register_forward_pre_hook(self._before_forward)
 
@@ -151,7 +196,8 @@ class LtaHookState:
 
 def lta_hook(state: LtaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's renormalized mean over the workers whose packets arrived."""
-    reduced = state.reduce_bucket(bucket.index(), bucket.buffer(), bucket.is_last())
+    critical = state.bucket_critical(bucket) if state.critical is not None else None
+    reduced = state.reduce_bucket(bucket.index(), bucket.buffer(), bucket.is_last(), critical)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(reduced)
     return future

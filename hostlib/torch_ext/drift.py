@@ -16,6 +16,8 @@ truncated by the staleness bound S (a copy older than S is resent reliably, so a
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hostlib.torch_ext.layout import ShardLayout
@@ -95,6 +97,31 @@ class DriftMonitor:
             self.sigma2 += weight * (step_sigma2 - self.sigma2)
         self.history[slot] = self.shard
         self.recorded += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The recent history and the σ² averages (copies); the live shard view is not part of it."""
+        return {
+            "bound": self.bound,
+            "history": self.history.copy(),
+            "recorded": self.recorded,
+            "sigma2": self.sigma2,
+            "sigma2_sum": self.sigma2_sum,
+            "alpha": self._alpha,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; ValueError if taken over another shard size or bound."""
+        history = np.array(state["history"], dtype=np.float32)
+        if history.shape != self.history.shape or int(state["bound"]) != self.bound:
+            raise ValueError(
+                f"drift-monitor state has history {history.shape} with bound {int(state['bound'])}; "
+                f"this monitor has {self.history.shape} with bound {self.bound}"
+            )
+        self.history = history
+        self.recorded = int(state["recorded"])
+        self.sigma2 = float(state["sigma2"])
+        self.sigma2_sum = float(state["sigma2_sum"])
+        self._alpha = float(state["alpha"])
 
     def predicted(self, p: float) -> float:
         """Drift expected between two receivers of this shard under independent Bernoulli(p) loss."""

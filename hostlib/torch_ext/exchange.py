@@ -12,6 +12,17 @@ is requested (PARAM_REQ, critical) and the owner resends it reliably (critical) 
 waiting in :meth:`ParamExchange.collect`, else with its next publish. The receiver waits for every copy
 it requested before it accounts the next step, so **no copy's age ever exceeds S+1**.
 
+**Critical chunks** (``critical=``, LTP's hybrid: see hostlib/torch_ext/critical.py) are delivered, not
+just tried: the owner sends them CRITICAL every step, and a receiver does not account a step before
+it holds every critical chunk of it. Under real loss, where the flag protects nothing, the receiver asks
+for the ones still missing (PARAM_REQ, again every ``_REREQUEST_S``) as soon as their owner's end marker
+is in, or at the deadline; the owner answers at once, even from inside a reduce (the transport calls
+:meth:`ParamExchange._respond` as requests arrive), so a receiver never waits on an owner that has moved
+on to the next step's reduce. After a ``publish(critical=True)`` (``synchronize``) every chunk is
+treated so. An owner answers only while it is inside the transport (a reduce, ``collect``, ``poll``): a
+worker that stops stepping, or blocks in other collectives (a gloo barrier) between steps, should keep
+polling (``worker.poll(seconds)``) until its peers are through, or they wait up to ``resend_timeout_s``.
+
 One worker, one exchange: the exchange drains ``worker.param_inbox`` and ``worker.param_requests``.
 """
 
@@ -19,7 +30,7 @@ from __future__ import annotations
 
 import select
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -40,6 +51,7 @@ class ExchangeStats:
     resend_requests: int = 0  # chunks this receiver asked for reliably (age past the bound)
     resends_served: int = 0  # chunks this owner resent reliably on request
     markers_missed: int = 0  # an owner's end marker did not come before the deadline
+    critical_requests: int = 0  # critical (or required) chunks this receiver asked for again
     wait_s: float = 0.0  # time spent in collect
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,6 +74,7 @@ class ParamExchange:
         stale_bound: int = 8,
         deadline_ms: float = 200.0,
         resend_timeout_s: float = 30.0,
+        critical: np.ndarray | None = None,
     ) -> None:
         k = worker.config.elems_per_packet
         if layout.elems_per_chunk != k:
@@ -87,6 +100,56 @@ class ParamExchange:
         self._published_step = -1
         self.changed = False  # some foreign rows were overwritten since the flag was last cleared
         self.stats = ExchangeStats()
+        # Critical chunks (bool per chunk): always sent CRITICAL, always waited for, resent on request
+        # at once. After a critical publish every owned chunk is answered at once until the next publish.
+        if critical is None:
+            critical = np.zeros(layout.n_chunks, dtype=bool)
+        if critical.shape != (layout.n_chunks,) or critical.dtype != bool:
+            raise ValueError(f"critical: need {layout.n_chunks} bools (one per chunk), got {critical.shape}")
+        self.critical = critical.copy()
+        self.critical_foreign = self.foreign[self.critical[self.foreign]]
+        self._all_critical_step = -1  # the step of the last publish(critical=True)
+        worker.param_responder = self._respond
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What the next steps' accounting depends on (copies): the step of every copy held, the stale
+        tracker, outstanding resend requests, the owners' last markers and the statistics. The copies'
+        values are the model's parameters, saved with the model; packets in flight are not saved (a
+        receiver asks again for a copy it still awaits)."""
+        return {
+            "n_chunks": self.layout.n_chunks,
+            "held_step": self.held_step.copy(),
+            "held_at_update": self._held_at_update.copy(),
+            "awaiting": self._awaiting.copy(),
+            "awaiting_above": self._awaiting_above.copy(),
+            "marker_step": self._marker_step.copy(),
+            "published_step": self._published_step,
+            "all_critical_step": self._all_critical_step,
+            "tracker": self.tracker.state_dict(),
+            "stats": asdict(self.stats),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; ValueError if it was taken over another layout."""
+        if int(state["n_chunks"]) != self.layout.n_chunks or len(state["marker_step"]) != len(
+            self._marker_step
+        ):
+            raise ValueError(
+                f"exchange state covers {int(state['n_chunks'])} chunks of {len(state['marker_step'])} "
+                f"workers; this exchange has {self.layout.n_chunks} chunks of {len(self._marker_step)}"
+            )
+        self.tracker.load_state_dict(state["tracker"])
+        self.held_step = np.array(state["held_step"], dtype=np.int64)
+        self._held_at_update = np.array(state["held_at_update"], dtype=np.int64)
+        self._awaiting = np.array(state["awaiting"], dtype=bool)
+        self._awaiting_above = np.array(state["awaiting_above"], dtype=np.int64)
+        self._marker_step = np.array(state["marker_step"], dtype=np.int64)
+        self._published_step = int(state["published_step"])
+        self._all_critical_step = int(state.get("all_critical_step", -1))
+        known = {f.name for f in fields(ExchangeStats)}
+        self.stats = ExchangeStats(**{k: v for k, v in state["stats"].items() if k in known})
+        self.changed = False
 
     # ---- owner side ------------------------------------------------------------------------------
     def publish(self, step: int, *, critical: bool = False) -> None:
@@ -96,14 +159,16 @@ class ParamExchange:
         if len(owned):
             if critical:
                 self.worker.broadcast_params(owned, self.rows[owned], step=step, critical=True)
+                self._all_critical_step = step
             else:
                 asked = np.isin(owned, self._take_requests())
-                lossy, reliable = owned[~asked], owned[asked]
+                marked = self.critical[owned]
+                lossy, reliable = owned[~asked & ~marked], owned[asked | marked]
                 if len(lossy):
                     self.worker.broadcast_params(lossy, self.rows[lossy], step=step)
                 if len(reliable):
                     self.worker.broadcast_params(reliable, self.rows[reliable], step=step, critical=True)
-                    self.stats.resends_served += len(reliable)
+                    self.stats.resends_served += int(asked.sum())
         marker = np.array([MARKER_CHUNK_BASE + self.worker.worker_id])
         self.worker.broadcast_params(
             marker, np.array([[float(len(owned))]], np.float32), step=step, critical=True
@@ -119,6 +184,23 @@ class ParamExchange:
         ids = ids[ids < self.layout.n_chunks]
         return ids[self.layout.owners[ids] == self.worker.worker_id]
 
+    def _respond(self) -> None:
+        """Called by the transport as PARAM_REQs arrive: resend at once the requested owned chunks that
+        are critical (all of them after a critical publish, until the next publish). The other requests
+        wait for :meth:`_serve_requests` or the next publish, as before."""
+        requests = self.worker.param_requests
+        if self._published_step < 0 or not requests:
+            return
+        ids = np.fromiter(requests, dtype=np.int64, count=len(requests))
+        ids = ids[ids < self.layout.n_chunks]
+        ids = ids[self.layout.owners[ids] == self.worker.worker_id]
+        if self._all_critical_step != self._published_step:
+            ids = ids[self.critical[ids]]
+        if len(ids):
+            requests.difference_update(ids.tolist())
+            self.worker.broadcast_params(ids, self.rows[ids], step=self._published_step, critical=True)
+            self.stats.resends_served += len(ids)
+
     def _serve_requests(self) -> None:
         if self._published_step < 0 or not self.worker.param_requests:
             return
@@ -133,26 +215,46 @@ class ParamExchange:
 
         Waits until every other owner's end marker for ``step`` is in (or the deadline passes) and every
         copy this receiver requested earlier has arrived; ``require_all`` waits for every chunk (after a
-        critical publish). Meanwhile serves other receivers' requests for owned chunks. Raises
-        TimeoutError past ``resend_timeout_s``."""
+        critical publish), and every critical chunk for ``step`` (asking its owner again for those still
+        missing once the owner's marker is in or the deadline passed). Meanwhile serves other receivers'
+        requests for owned chunks. Raises TimeoutError past ``resend_timeout_s``."""
         t0 = time.perf_counter()
         deadline, give_up = t0 + self.deadline_s, t0 + self.resend_timeout_s
         last_request = t0
+        required = self.foreign if require_all else self.critical_foreign
+        last_required_request = -np.inf
         while True:
             self._absorb()
             self._serve_requests()
             self._awaiting &= self.held_step <= self._awaiting_above
+            # An owner the transport presumes dead publishes nothing and steps nothing: its shard's
+            # copies are as current as they can be, so none of them is waited for or requested.
+            dead = self._dead_owners()
+            self._awaiting &= ~dead[self.layout.owners]
             awaiting = np.flatnonzero(self._awaiting)
+            missing_required = required[
+                (self.held_step[required] < step) & ~dead[self.layout.owners[required]]
+            ]
+            live = self.others[~dead[self.others]]
             if require_all:
-                done = bool(np.all(self.held_step[self.foreign] >= step))
+                done = len(missing_required) == 0
             else:
-                done = bool(np.all(self._marker_step[self.others] >= step)) and len(awaiting) == 0
+                done = bool(np.all(self._marker_step[live] >= step)) and len(awaiting) == 0
+                done &= len(missing_required) == 0
             if done:
                 break
             now = time.perf_counter()
-            if not require_all and len(awaiting) == 0 and now >= deadline:
-                self.stats.markers_missed += int(np.sum(self._marker_step[self.others] < step))
+            if not require_all and len(awaiting) == 0 and len(missing_required) == 0 and now >= deadline:
+                self.stats.markers_missed += int(np.sum(self._marker_step[live] < step))
                 break
+            if len(missing_required) and now - last_required_request >= _REREQUEST_S:
+                # Lost on the way (the owner's marker, sent after them, is in) or late (the deadline).
+                owner_done = self._marker_step[self.layout.owners[missing_required]] >= step
+                ask = missing_required if now >= deadline else missing_required[owner_done]
+                if len(ask):
+                    self.worker.request_params(ask, step=step)
+                    self.stats.critical_requests += len(ask)
+                    last_required_request = now
             if now >= give_up:
                 missing = awaiting if len(awaiting) else self.foreign[self.held_step[self.foreign] < step]
                 owners = sorted({int(w) for w in self.layout.owners[missing]})
@@ -165,10 +267,27 @@ class ParamExchange:
             if len(awaiting) and now - last_request >= _REREQUEST_S:
                 self.worker.request_params(awaiting, step=step)
                 last_request = now
-            bounded = require_all or len(awaiting)
+            bounded = require_all or len(awaiting) or len(missing_required)
             self._wait_readable(0.01 if bounded else min(0.01, max(deadline - now, 0.0)))
         self.stats.wait_s += time.perf_counter() - t0
         return self._account(step)
+
+    def _dead_owners(self) -> np.ndarray:
+        """Bool per worker: presumed dead by the transport (absent from a whole window of RESULTs)."""
+        mask = self.worker.deadlines.presumed_dead
+        return np.array([mask >> w & 1 for w in range(self.worker.n_workers)], dtype=bool)
+
+    def adopt(self, step: int) -> None:
+        """A restarted worker joins at ``step``: every copy it holds (a survivor's, taken between two
+        steps) counts as that of ``step - 1``, no request is outstanding, and no copy has aged."""
+        held = step - 1
+        self.held_step[self.foreign] = held
+        self._held_at_update = self.held_step[self.foreign].copy()
+        self._awaiting[:] = False
+        self._marker_step[:] = held
+        self._published_step = held
+        self.tracker = StaleTracker(len(self.foreign), self.tracker.bound)
+        self.changed = False
 
     def _wait_readable(self, timeout_s: float) -> None:
         readable, _, _ = select.select([self.worker.sock], [], [], timeout_s)
@@ -207,7 +326,8 @@ class ParamExchange:
         if late.any():
             self.tracker.refreshed(np.flatnonzero(late))
             self.stats.late_copies += int(late.sum())
-        overdue = self.tracker.update(fresh)
+        # A presumed-dead owner's copies do not age: nobody steps its shard while it is away.
+        overdue = self.tracker.update(fresh | self._dead_owners()[self.layout.owners[self.foreign]])
         self._held_at_update = held.copy()
         if len(overdue):
             ids = self.foreign[overdue]

@@ -10,6 +10,10 @@
    chunks that arrive and keeps the stale copy of the rest; a copy older than ``stale_bound`` steps is
    resent reliably, so no copy is ever more than ``stale_bound + 1`` steps old (see ``exchange.py``).
 
+``ShardedOptimizer(opt, worker, critical="default", module=model)`` (or globs, or a predicate; see
+``critical.py``) marks parameters critical: their gradient chunks come back with every worker counted
+and their shards' broadcasts are delivered (the reliable exchange path), every step.
+
 The wrapped optimizer's parameter groups are rebound to this worker's shard, so its hyperparameters,
 per-group settings and any LR scheduler attached to it keep working. Exact (equal to the unwrapped
 optimizer at zero loss, up to the codec's rounding) for element-wise optimizers: SGD, Adam(W), RMSprop,
@@ -18,12 +22,15 @@ Adagrad, ...; an optimizer that takes norms over a whole tensor (LAMB, LARS) wou
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from dataclasses import asdict, fields
 from typing import Any
 
 import numpy as np
 import torch
 
+from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.exchange import ParamExchange
@@ -33,6 +40,33 @@ from hostlib.torch_ext.staging import HostMirror
 from hostlib.transport import Fallback, LtaWorker
 
 _GRAD_KEY = "lta.sharded.grad"  # the transport's `prev` fallback remembers the last reduce under this key
+STATE_FORMAT = "lta.sharded/1"  # ShardedOptimizer.state_dict's layout version
+_COUNTERS = ("grad_chunks", "grad_chunks_partial", "grad_chunks_fallback", "grad_contributions")
+
+
+def _as_tensors(value: Any) -> Any:
+    """numpy arrays (at any depth of dicts, lists and tuples) as torch tensors, copied: what
+    ``torch.load(weights_only=True)`` reads. Loaders take either (``np.array`` of a CPU tensor)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {key: _as_tensors(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_as_tensors(item) for item in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _as_arrays(value: Any) -> Any:
+    """The inverse of :func:`_as_tensors`: tensors (at any depth) as numpy arrays, for the numpy layers."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    if isinstance(value, dict):
+        return {key: _as_arrays(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_as_arrays(item) for item in value)
+    return value
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -48,6 +82,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         resend_timeout_s: float = 30.0,
         force_host_staging: bool = False,
         privacy: GaussianPrivacy | None = None,
+        critical: CriticalSpec = None,
+        module: torch.nn.Module | None = None,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
@@ -65,6 +101,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.layout = ShardLayout.contiguous(self.flat.numel, k, worker.n_workers)
         self.shard = self.layout.shard_range(worker.worker_id)
         lo, hi = self.shard
+        if critical is not None and module is None:
+            raise ValueError(
+                "critical=... names parameters: pass module=model (the model the optimizer steps)"
+            )
+        marked = critical_parameters(module, critical) if module is not None else set()
+        ranges = [r for p, r in zip(params, self.flat.ranges, strict=True) if id(p) in marked]
+        self.critical_mask = chunk_mask(ranges, self.layout.n_chunks, k)  # chunks sent reliably
         # One segment per group: the part of this shard that falls in the group's parameters.
         self._segments: list[tuple[int, int]] = []
         offset = 0
@@ -91,6 +134,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             stale_bound=stale_bound,
             deadline_ms=collect_deadline_ms,
             resend_timeout_s=resend_timeout_s,
+            critical=self.critical_mask,
         )
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
         self.lta_step = 0
@@ -113,7 +157,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         grads = self._grads_host.pull()
         if self.privacy is not None:
             self.privacy.privatize_(grads[: self.flat.numel])
-        result = self.worker.allreduce(grads[: self.flat.numel], step=t, key=_GRAD_KEY)
+        critical = self.critical_mask if self.critical_mask.any() else None
+        result = self.worker.allreduce(grads[: self.flat.numel], step=t, key=_GRAD_KEY, critical=critical)
         if self.privacy is not None:  # only the owned chunks are used here: top up those
             first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
             self.privacy.top_up_(result, step=t, chunks=(int(first), int(last)))
@@ -159,6 +204,78 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.exchange.changed = False
         self.lta_step += 1
 
+    # ---- checkpoints ---------------------------------------------------------------------------------
+    def layout_info(self) -> dict[str, Any]:
+        """What this worker's state is valid for: N, its rank, K, the parameter count, its shard
+        ``[lo, hi)``, the shard's piece of every parameter group and the staleness bound."""
+        return {
+            "n_workers": self.worker.n_workers,
+            "worker_id": self.worker.worker_id,
+            "elems_per_packet": self.layout.elems_per_chunk,
+            "numel": self.flat.numel,
+            "shard": list(self.shard),
+            "segments": [list(seg) for seg in self._segments],
+            "stale_bound": self.exchange.tracker.bound,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's part of the job's state, per shard (ZeRO style; every worker saves its own):
+        the wrapped optimizer's state of the owned shard, ``lta_step`` and the chunk counters, the
+        parameter exchange (step of every copy held, stale-tracker ages, resend requests, statistics),
+        the drift monitor, the transport's stochastic-rounding generator, unit counter and ``prev``
+        fallback, and the layout (``layout_info``) the state belongs to. Copies, not references; only
+        tensors and plain values, so ``torch.load(weights_only=True)`` reads it back. The parameters
+        are the model's: save ``model.state_dict()`` beside it (hostlib/torch_ext/checkpoint.py does)."""
+        return {
+            "format": STATE_FORMAT,
+            "layout": self.layout_info(),
+            "inner": copy.deepcopy(self.inner.state_dict()),
+            "lta_step": self.lta_step,
+            "counters": {name: getattr(self, name) for name in _COUNTERS},
+            "exchange": _as_tensors(self.exchange.state_dict()),
+            "drift": _as_tensors(self.drift.state_dict()),
+            "transport": _as_tensors(self.worker.codec_state()),
+            "privacy": None if self.privacy is None else asdict(self.privacy.stats),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output into this (fresh or used) optimizer. Raises
+        CheckpointMismatch, before changing anything, unless it was saved by the same rank of a job
+        with the same N, K, parameter count and parameter groups. Load the model's parameters first:
+        this refreshes the host copy of them that the exchange reads and writes."""
+        from hostlib.torch_ext.checkpoint import CheckpointMismatch
+
+        if state_dict.get("format") != STATE_FORMAT:
+            found = state_dict.get("format")
+            raise CheckpointMismatch(
+                f"not a sharded-optimizer state (format {found!r}, not {STATE_FORMAT!r})"
+            )
+        saved, mine = state_dict["layout"], self.layout_info()
+        differs = [
+            f"{key} {saved.get(key)} (here {value})" for key, value in mine.items() if saved.get(key) != value
+        ]
+        if differs:
+            raise CheckpointMismatch(
+                "the optimizer state was saved for another layout: " + ", ".join(differs)
+            )
+        self.inner.load_state_dict(copy.deepcopy(state_dict["inner"]))
+        # torch's load_state_dict builds new group dicts: share them again (schedulers on either object)
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+        self.lta_step = int(state_dict["lta_step"])
+        for name in _COUNTERS:
+            setattr(self, name, int(state_dict["counters"][name]))
+        self._params_host.pull()
+        self.exchange.load_state_dict(_as_arrays(state_dict["exchange"]))
+        self.exchange.changed = False
+        self.drift.load_state_dict(_as_arrays(state_dict["drift"]))
+        self.worker.load_codec_state(_as_arrays(state_dict["transport"]))
+        if self.privacy is not None and state_dict.get("privacy") is not None:
+            known = {f.name for f in fields(self.privacy.stats)}
+            for name, value in state_dict["privacy"].items():
+                if name in known:
+                    setattr(self.privacy.stats, name, value)
+
     # ---- statistics ----------------------------------------------------------------------------------
     def _count_chunks(self, count: np.ndarray, fallback: np.ndarray) -> None:
         first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
@@ -182,10 +299,28 @@ class ShardedOptimizer(torch.optim.Optimizer):
             "sigma2_mean": self.drift.sigma2_sum / max(1, self.drift.recorded - 1),
             "stale": self.exchange.tracker.summary(),
             "exchange": self.exchange.stats.as_dict(),
+            "critical": describe(self.critical_mask, self.flat.numel, self.layout.elems_per_chunk),
         }
         if p is not None:
             out["predicted_drift"] = self.drift.predicted(p)
         return out
+
+    @torch.no_grad()
+    def adopt(self, replica: np.ndarray, *, lta_step: int) -> None:
+        """Elastic rejoin: a restarted worker takes a survivor's copy of all parameters (``replica``,
+        :meth:`replica`'s output, taken between two steps) and its step counter, and goes on from there
+        as if it had held those copies all along. Its optimizer state is whatever it has (fresh, or its
+        shard's last checkpoint)."""
+        values = np.asarray(replica, dtype=np.float32)
+        if values.shape != (self.flat.numel,):
+            raise ValueError(f"replica has shape {values.shape}, the model has {self.flat.numel} parameters")
+        host = self._params_host.writable()
+        host[: self.flat.numel] = values
+        self._params_host.push()
+        self.exchange.adopt(lta_step)
+        lo, hi = self.shard
+        self.drift = DriftMonitor(self._params_host.array[lo:hi], self.drift.bound)
+        self.lta_step = lta_step
 
     def replica(self) -> np.ndarray:
         """This worker's copy of all parameters (host float32, ``numel`` values)."""

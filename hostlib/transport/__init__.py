@@ -6,8 +6,15 @@ where nothing arrived. It never waits without a deadline: a unit (one packet's w
 RESULT is FLUSHed at its deadline, up to ``max_flushes`` times, then given up.
 
 One module per concern: ``config`` (TransportConfig, fallbacks, path-MTU packet size), ``plan`` (the
-buffers of one reduce), ``deadlines`` (RTO, deadline rules, early flushes), ``io`` (batched socket I/O),
-``result`` (ReduceResult, statistics, fallback rows), ``worker`` (LtaWorker and its unit engine).
+buffers of one reduce, critical chunk masks), ``deadlines`` (RTO, deadline rules, early flushes, critical
+resends), ``io`` (batched socket I/O), ``pacing`` (token bucket, learned bottleneck rate), ``earlyclose``
+(LTP's loss-tolerant threshold and deadline), ``result`` (ReduceResult, statistics, fallback rows),
+``worker`` (LtaWorker and its unit engine).
+
+LTP's mechanisms (seed 002), all off by default: ``allreduce(x, critical=...)`` marks chunks that must
+come back with every worker counted (resent, never FLUSHed); ``TransportConfig(pace_gbps=...)`` or
+``pace_learn=True`` paces the sends; ``TransportConfig(early_close_theta=...)`` ends a reduce once
+1 - theta of its units are in and its expected completion time has passed.
 The protocol pieces (header, slots, exponent rounds) are described in docs/protocol.md.
 """
 

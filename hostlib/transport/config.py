@@ -70,6 +70,31 @@ class TransportConfig:
     unhealthy_reduces: int = 3
     unhealthy_min_chunks: int = 32
     on_unhealthy: str = "raise"
+    # Pacing (LTP's BDP pacing, hostlib/transport/pacing.py): a token bucket in the send path keeps the
+    # worker at a rate instead of sending a whole window at once into the bottleneck's queue.
+    # pace_gbps: the rate in Gbit/s of frames on the wire (Ethernet + IPv4 + UDP + LTA, what tbf counts);
+    # 0 with pace_learn off: unpaced. pace_learn: learn the rate from the RESULT inter-arrival times of
+    # past reduces (a max filter, probed upward as BBR does); pace_gbps is then the rate until the first
+    # estimate (0: unpaced until then). pace_burst_ms: the bucket holds this long at the rate (at least
+    # two frames). Tokens that overflow it are lost, so it must cover the longest gap between two wake-ups
+    # of the send loop: 1 ms when idle, but 5-10 ms on a loaded host (measured in network namespaces on 2
+    # shared cores, 2 workers + softswitch at 200 Mbit/s: with 2 ms the paced reduce took 1.6x the link
+    # limit, with 10 ms 1.05x). A burst adds at most this much to the bottleneck's queue.
+    pace_gbps: float = 0.0
+    pace_learn: bool = False
+    pace_burst_ms: float = 10.0
+    # Adaptive early close (LTP's Early Close, hostlib/transport/earlyclose.py). None: off. theta: the
+    # loss-tolerant threshold: once the reduce has run past its expected completion time (learned) and at
+    # least 1 - theta of its units came back with every worker counted, the rest are FLUSHed at once;
+    # past that time + early_close_slack_ms (LTP's constant C: 30 ms in a data centre) every unit still
+    # open is. Units then wait per-unit deadlines from the measured RTT and serialization time.
+    early_close_theta: float | None = None
+    early_close_slack_ms: float = 30.0
+    # Critical units (allreduce(critical=...)) are resent, never FLUSHed, up to this many times; then they
+    # are flushed like the rest. A switch slot remembers one round: once the other workers have moved it
+    # on (their next use of the slot, D units later), a worker that lost the RESULT can never get it back,
+    # and without a bound it would hold its own next use of the slot, and so every worker, forever.
+    critical_max_resends: int = 8
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (controlplane/liveness.py).
     heartbeat_interval_s: float = 0.5
@@ -98,6 +123,20 @@ class TransportConfig:
             raise ValueError(f"heartbeat_interval_s must be >= 0, got {self.heartbeat_interval_s}")
         if self.on_unhealthy not in ("raise", "warn", "ignore"):
             raise ValueError(f"on_unhealthy must be 'raise', 'warn' or 'ignore', got {self.on_unhealthy!r}")
+        if self.pace_gbps < 0 or self.pace_burst_ms <= 0:
+            raise ValueError(
+                f"need pace_gbps >= 0 (0: unpaced) and pace_burst_ms > 0, got {self.pace_gbps}, "
+                f"{self.pace_burst_ms}"
+            )
+        if self.early_close_theta is not None and not 0.0 <= self.early_close_theta < 1.0:
+            raise ValueError(
+                f"early_close_theta is the share of units a reduce may close without every worker, in "
+                f"[0, 1) (None: off), got {self.early_close_theta}"
+            )
+        if self.critical_max_resends < 0:
+            raise ValueError(f"critical_max_resends must be >= 0, got {self.critical_max_resends}")
+        if self.early_close_slack_ms < 0:
+            raise ValueError(f"early_close_slack_ms must be >= 0, got {self.early_close_slack_ms}")
 
     @property
     def data_slots(self) -> int:

@@ -8,12 +8,16 @@ a timer can be changed without rediscovering a stall.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from hostlib.transport.config import TransportConfig
 from hostlib.transport.plan import IN_FLIGHT, ReducePlan
 
 _DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
+_RTPROP_SAMPLES = 128  # RTprop: the smallest round trip among this many receive batches (BBR's min filter)
+_ADAPTIVE_FLOOR_S = 0.001  # a per-unit deadline is never shorter than this
 
 
 class Deadlines:
@@ -27,7 +31,12 @@ class Deadlines:
         self.early_close = False  # some worker looks dead: use short deadlines
         self._all_workers = (1 << n_workers) - 1
         self._absent = self._all_workers  # workers missing from every RESULT of the current window
+        # Bit w: worker w was missing from every RESULT of a whole window, and from every one since
+        # (presumed dead; the parameter exchange stops waiting for its shard). Cleared when it shows up.
+        self.presumed_dead = 0
         self._absent_window = 0
+        self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
+        self.adaptive = config.early_close_theta is not None  # per-unit deadlines (see unit_wait_s)
         # Ranks are staggered (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually
         # saves the others'.
         self._stagger = 1.0 + 0.5 * worker_id / n_workers
@@ -49,9 +58,16 @@ class Deadlines:
             ms = self.srtt_ms + 4 * self.rttvar_ms
         self._rto_cached_s = min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
 
-    def rtt_sample(self, ms: float) -> None:
+    @property
+    def rtprop_ms(self) -> float | None:
+        """The round trip without queueing (LTP's RTprop): the smallest seen over recent batches."""
+        return min(self._rtt_mins) if self._rtt_mins else None
+
+    def rtt_sample(self, ms: float, min_ms: float | None = None) -> None:
         """One round-trip sample. Callers pass one per received batch (the batch's median), as TCP takes
-        about one sample per round trip: the estimator follows the path, not the batching."""
+        about one sample per round trip: the estimator follows the path, not the batching. ``min_ms``:
+        the batch's smallest round trip, for RTprop."""
+        self._rtt_mins.append(ms if min_ms is None else min_ms)
         if self.srtt_ms is None:
             self.srtt_ms, self.rttvar_ms = ms, ms / 2
         else:
@@ -64,9 +80,12 @@ class Deadlines:
         that shows up in any of them is slow or lossy, and is waited for with the normal RTO."""
         if not bitmaps.size:
             return
-        self._absent &= ~int(np.bitwise_or.reduce(bitmaps))
+        seen = int(np.bitwise_or.reduce(bitmaps))
+        self._absent &= ~seen
+        self.presumed_dead &= ~seen
         self._absent_window += len(bitmaps)
         if self._absent_window >= _DEAD_AFTER_RESULTS:
+            self.presumed_dead = self._absent
             self.early_close = self._absent != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
@@ -84,21 +103,66 @@ class Deadlines:
             return self.rto_s()  # a peer looks dead, or this is the tail of the reduce
         return max(self.rto_s(), self.config.lag_deadline_ms / 1000.0)
 
+    def unit_wait_s(self, plan: ReducePlan, units: np.ndarray, start: float) -> np.ndarray:
+        """Adaptive early close's per-unit deadline, counted from ``start``: the unit's RESULT is due
+        when its frame has left the bottleneck queue (``plan.expect_at``: send time + the serialization
+        of the frames queued before it and of itself, at the paced or learned rate) plus RTprop; the
+        wait adds 4 x rttvar for jitter, as the RTO does. Where no rate or RTprop is known yet: the RTO."""
+        rto = self.rto_s()
+        rtprop = self.rtprop_ms
+        if rtprop is None:
+            return np.full(len(units), rto)
+        due = plan.expect_at[units] + (rtprop + 4 * self.rttvar_ms) / 1000.0
+        wait = np.where(np.isfinite(due), due - start, rto)
+        return np.clip(wait, _ADAPTIVE_FLOOR_S, self.config.max_deadline_ms / 1000.0)
+
+    def resending(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
+        """Which of ``units`` are resent rather than flushed at their deadline: the critical ones, unless
+        a peer looks dead or they were resent ``critical_max_resends`` times already (see config)."""
+        if self.early_close:
+            return np.zeros(len(units), dtype=bool)
+        return plan.critical_unit[units] & (plan.retx[units] < self.config.critical_max_resends)
+
+    def peer_lag_s(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
+        """How much later than this worker the slowest peer may send ``units``, when the frame rate is
+        known (pacing): the frames it has still to send up to each unit, past its frontier, at that rate.
+        A paced worker's round trips are short (no queue), so the RTO alone would FLUSH the units a
+        slightly later peer is still pacing out; an unpaced one's queue is in its round trips already."""
+        behind = units - int(plan.frontier.min())
+        return np.maximum(behind, 0) * plan.frame_s
+
     def arm(self, plan: ReducePlan, units: np.ndarray, start: float) -> None:
         """Set the deadlines of ``units`` from ``start``. Each FLUSH without an answer doubles the wait
         (RTO backoff, as TCP does). Once FLUSHed, a unit's round is closed (or its RESULT resent) by the
         switch within one round trip: a missing answer was lost, so retry on the RTO, not on the
         sync/lag deadline that waits for late peers (2 x 200 ms there made every lost FLUSH or RESULT
-        of a flush a 400 ms stall)."""
+        of a flush a 400 ms stall).
+
+        A critical unit is not FLUSHed: at its deadline the worker resends its GRAD (the switch adds
+        it if the first copy was lost, or answers a closed round with its stored RESULT), one RTO after
+        the first send, then every two: LTP's losses are random, not congestion, and the critical units
+        are few, so doubling (which made the p99 step 2.7x at 5% kernel loss) buys nothing. Past
+        ``critical_max_resends`` resends, or while a peer looks dead, it is flushed like the rest."""
         if not units.size:
             return
         flushes = plan.flushes[units]
-        base_s = np.where(flushes > 0, self.rto_s(), self.first_wait_s(plan))
+        first_s = self.first_wait_s(plan)
+        tail = plan.synced and (self.early_close or plan.all_sent)
+        if self.adaptive and tail:
+            first = self.unit_wait_s(plan, units, start)
+        else:
+            first = np.full(len(units), first_s)
+        if tail and plan.frame_s > 0 and not self.early_close:
+            first += self.peer_lag_s(plan, units)
+        base_s = np.where(flushes > 0, self.rto_s(), first)
         at = start + base_s * self._stagger * np.left_shift(1, flushes)
+        crit = self.resending(plan, units)
+        if crit.any():
+            at[crit] = start + self.rto_s() * np.where(plan.retx[units[crit]] > 0, 2.0, 1.0)
         if not plan.synced:
             # Exponent units also get an early probe (see LtaWorker._on_deadlines), one RTO after
             # each send.
-            exp = units < plan.exp_units
+            exp = (units < plan.exp_units) & ~plan.critical_unit[units]
             if exp.any():
                 probe_at = start + self.rto_s() * np.left_shift(1, plan.probes[units[exp]])
                 at[exp] = np.minimum(at[exp], probe_at)
@@ -121,14 +185,27 @@ class Deadlines:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
         srtt_s = max(self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
         at = np.where(units % self.n_workers == self.worker_id, now, now + srtt_s)
-        sooner = (plan.flushes[units] == 0) & (plan.deadline_at[units] > at)
+        # A critical unit is resent, not flushed, and any worker's GRAD may be the lost one: every
+        # worker resends its own at once (a duplicate costs one packet; the switch drops it).
+        crit = self.resending(plan, units)
+        at[crit] = now
+        first_try = np.where(crit, plan.retx[units] == 0, plan.flushes[units] == 0)
+        sooner = first_try & (plan.deadline_at[units] > at)
         plan.deadline_at[units[sooner]] = at[sooner]
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
-        """Re-arm in-flight units whose first deadline is later than the current rule gives."""
+        """Re-arm in-flight units whose first deadline is later than the current rule gives (never
+        later than they were: a fast flush may have brought one forward)."""
         units = plan.in_flight()
-        later = (plan.flushes[units] == 0) & (plan.deadline_at[units] > now + self.first_wait_s(plan))
-        self.arm(plan, units[later], now)
+        fresh = (plan.flushes[units] == 0) & (plan.retx[units] == 0)
+        later = fresh & (plan.deadline_at[units] > now + self.first_wait_s(plan))
+        if self.adaptive:  # per-unit deadlines may be shorter than the RTO: re-arm every fresh unit
+            later = fresh
+        units = units[later]
+        before = plan.deadline_at[units].copy()
+        self.arm(plan, units, now)
+        np.minimum(plan.deadline_at[units], before, out=before)
+        plan.deadline_at[units] = before
 
     @staticmethod
     def due(plan: ReducePlan, now: float) -> np.ndarray:

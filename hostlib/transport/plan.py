@@ -10,6 +10,7 @@ the same sequence of tensor lengths.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,29 @@ from hostlib.protocol import INT32_MIN, Flag, Op, batch_rows, empty_batch
 
 # Unit states, ordered: a unit at or past DONE is settled.
 PENDING, IN_FLIGHT, DONE, GAVE_UP = 0, 1, 2, 3
+
+
+def critical_chunks(spec: Any, n: int, k: int) -> np.ndarray:
+    """The chunks of a reduce of ``n`` values (K = ``k`` per chunk) that are critical, as a bool mask.
+
+    ``spec``: None (none), a bool array with one entry per chunk, or value ranges ``[(start, stop),
+    ...]`` (a chunk is critical when it holds any value of a range; stop is exclusive)."""
+    chunks = max(1, math.ceil(n / k))
+    if spec is None:
+        return np.zeros(chunks, dtype=bool)
+    arr = np.asarray(spec)
+    if arr.dtype == bool:
+        if arr.shape != (chunks,):
+            raise ValueError(f"a critical chunk mask needs {chunks} entries (one per chunk), got {arr.shape}")
+        return arr.copy()
+    ranges = arr.reshape(-1, 2).astype(np.int64) if arr.size else np.zeros((0, 2), np.int64)
+    if ranges.size and (ranges.min() < 0 or ranges[:, 1].max() > n or np.any(ranges[:, 1] < ranges[:, 0])):
+        raise ValueError(f"critical ranges must be (start, stop) with 0 <= start <= stop <= {n}")
+    mask = np.zeros(chunks + 1, dtype=np.int64)
+    ranges = ranges[ranges[:, 1] > ranges[:, 0]]
+    np.add.at(mask, ranges[:, 0] // k, 1)
+    np.add.at(mask, (ranges[:, 1] - 1) // k + 1, -1)
+    return np.cumsum(mask[:chunks]) > 0
 
 
 class ReducePlan:
@@ -49,6 +73,22 @@ class ReducePlan:
         self.flushes = np.zeros(self.units, dtype=np.int64)
         self.probes = np.zeros(self.units, dtype=np.int64)
         self.deadline_at = np.full(self.units, np.inf, dtype=np.float64)
+        # Critical data (LTP): units resent until every worker is counted, never FLUSHed (deadlines.py).
+        self.critical = np.zeros(c, dtype=bool)  # per chunk
+        self.critical_unit = np.zeros(self.units, dtype=bool)  # an exponent unit: any of its chunks
+        self.any_critical = False
+        self.retx = np.zeros(self.units, dtype=np.int64)  # GRAD resends of a critical unit
+        # Adaptive early close: when each unit's RESULT is expected (send time + queue + own frame at the
+        # bottleneck rate, before the round trip; inf where no rate is known), units with every worker
+        # counted, and the close (see earlyclose.py).
+        self.expect_at = np.full(self.units, np.inf, dtype=np.float64)
+        self.full_units = 0
+        self.closing = ""  # "", "theta" (LT passed and enough in) or "deadline" (LT + C passed)
+        self.closed_early = 0  # units this worker FLUSHed because of the close
+        self.lt_at = math.inf  # the loss-tolerant threshold and the close deadline, as perf_counter times
+        self.hard_close_at = math.inf
+        self.rx_batches: list[tuple[float, int]] = []  # (time, RESULT frames): pacing.RateLearner
+        self.frame_s = 0.0  # a frame's time at the pacing rate (0: unpaced), set by the worker
         self.slots = np.zeros(self.units, dtype=np.int64)
         self.seqs = np.zeros(self.units, dtype=np.int64)
         self.base = 0  # global index of this reduce's first unit
@@ -67,9 +107,11 @@ class ReducePlan:
         weight: int,
         proposals: np.ndarray,
         n_workers: int,
+        critical: np.ndarray | None = None,
     ) -> None:
         """Start a reduce whose first unit is global unit ``base``; ``header`` holds the fields every
-        packet of this worker carries (version, job_id, worker_id, step)."""
+        packet of this worker carries (version, job_id, worker_id, step); ``critical``: the critical
+        chunk mask (:func:`critical_chunks`), or None."""
         k = self.k
         self.base = base
         g = base + np.arange(self.units, dtype=np.int64)
@@ -83,8 +125,20 @@ class ReducePlan:
             batch["op"] = int(Op.GRAD)
             batch["slot"] = self.slots[sl]
             batch["seq"] = self.seqs[sl]
+        if critical is None:
+            self.critical[:] = False
+        else:
+            self.critical[:] = critical
+        self.any_critical = bool(self.critical.any())
+        self.critical_unit[self.exp_units :] = self.critical
+        # An exponent unit is critical when any chunk it covers is: a proposal lost to a FLUSH could
+        # leave a worker's values over the agreed exponent, and it would withhold that chunk.
+        padded_crit = np.zeros(self.exp_units * k, dtype=bool)
+        padded_crit[: self.chunks_count] = self.critical
+        self.critical_unit[: self.exp_units] = padded_crit.reshape(self.exp_units, k).any(axis=1)
         e = self.exp_batch
-        e["flags"] = int(Flag.MAX)
+        exp_flags = int(Flag.MAX | Flag.CRITICAL), int(Flag.MAX)
+        e["flags"] = np.where(self.critical_unit[: self.exp_units], *exp_flags)
         e["exp"] = 0
         e["chunk"] = np.arange(self.exp_units)
         padded = np.full(self.exp_units * k, INT32_MIN, dtype=np.int64)
@@ -98,7 +152,14 @@ class ReducePlan:
         for arr in (self.count, self.bitmap, self.weight, self.shift, self.result_flags, self.flushes):
             arr[:] = 0
         self.probes[:] = 0
+        self.retx[:] = 0
         self.deadline_at[:] = np.inf
+        self.expect_at[:] = np.inf
+        self.full_units = 0
+        self.closing = ""
+        self.closed_early = 0
+        self.lt_at = self.hard_close_at = math.inf
+        self.rx_batches = []
         for flags in (self.has_exp, self.exp_known, self.quantized, self.saturated):
             flags[:] = False
         self.state[:] = PENDING

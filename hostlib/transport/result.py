@@ -25,6 +25,7 @@ class ReduceResult:
     saturated: np.ndarray  # bool per chunk: the RESULT carried SATURATED (some sender clamped)
     shift: np.ndarray  # per chunk fixed-point shift used (error bound 2^-shift)
     elapsed_s: float
+    critical: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # bool per chunk
 
     def contributors(self, chunk: int) -> list[int]:
         bits = int(self.bitmap[chunk])
@@ -55,6 +56,22 @@ class TransportStats:
     packets_ignored: int = 0  # not ours, stale, duplicate or malformed
     units_overtaken: int = 0  # given up because their slot already moved to a later round
     params_received: int = 0
+    # Critical chunks (allreduce(critical=...)): how many were reduced, how many came back with every
+    # worker counted, with fewer (renormalized), or not at all; GRAD resends of critical units; RESULTs
+    # of critical units that came back short (see LtaWorker._settle for when that can happen).
+    critical_chunks: int = 0
+    critical_full: int = 0
+    critical_partial: int = 0
+    critical_missing: int = 0
+    critical_resends: int = 0
+    critical_partial_results: int = 0
+    # Adaptive early close: reduces it ended (LT passed with 1 - theta in, or its deadline passed), data
+    # units FLUSHed by it, and the longest remaining unit deadline each close cut short, summed (ms: an
+    # upper bound on the wait it saved, since those units' RESULTs may have been on the way).
+    early_closes_theta: int = 0
+    early_closes_deadline: int = 0
+    units_closed_early: int = 0
+    early_close_deadline_cut_ms: float = 0.0
     elapsed_s: float = 0.0
     reduce_ms: list[float] = field(default_factory=list)
 
@@ -82,6 +99,18 @@ class TransportStats:
         self.chunks_no_exponent += int(np.sum(~plan.exp_known))
         self.withheld_chunks += int(plan.saturated.sum())
         self.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
+        if plan.any_critical:
+            crit = plan.critical
+            self.critical_chunks += int(crit.sum())
+            self.critical_full += int(np.sum(crit & done & (plan.count == n_workers)))
+            self.critical_partial += int(np.sum(crit & done & (plan.count > 0) & (plan.count < n_workers)))
+            self.critical_missing += int(np.sum(crit & ~(done & (plan.count > 0))))
+        if plan.closing:
+            if plan.closing == "theta":
+                self.early_closes_theta += 1
+            else:
+                self.early_closes_deadline += 1
+            self.units_closed_early += plan.closed_early
         used = np.bincount(fallback, minlength=len(Fallback))
         self.fallback_prev += int(used[Fallback.PREV])
         self.fallback_zero += int(used[Fallback.ZERO])

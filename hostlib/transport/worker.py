@@ -4,6 +4,11 @@ The unit engine works on whole batches: every wake-up receives what is queued in
 parses the headers as one structured array, settles all the RESULTs at once (vectorized), sends every
 unit that may go in one call, and scans the deadlines of the units in flight with numpy. No Python
 runs per packet in the steady state.
+
+Three LTP mechanisms sit on that engine (seed 002): *critical* units (``allreduce(..., critical=...)``)
+are resent until every worker is counted and never FLUSHed; a token bucket *paces* the sends
+(``TransportConfig.pace_gbps`` / ``pace_learn``, see pacing.py); *adaptive early close*
+(``TransportConfig.early_close_theta``, see earlyclose.py) ends a reduce once enough of it is in.
 """
 
 from __future__ import annotations
@@ -31,14 +36,16 @@ from hostlib.protocol import (
 )
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
 from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.heartbeat import Heartbeat
 from hostlib.transport.io import WorkerIO
-from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan
+from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
+from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
 from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
 
 _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
-_RETX, _MAX = int(Flag.RETX), int(Flag.MAX)
+_RETX, _MAX, _CRITICAL = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +105,18 @@ class LtaWorker:
         self._unhealthy_run = 0  # unhealthy reduces in a row
         self._unhealthy_run_chunks = 0
         self._unhealthy_since_mark = False
+        # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
+        # queue (when the last frame sent will have left it), for per-unit deadlines.
+        cfg = self.config
+        self._frame = frame_bytes(self._packet_bytes)
+        self.pacer = TokenBucket(cfg.pace_gbps * 1e9, cfg.pace_burst_ms / 1000.0, self._frame)
+        self.rate_learner = RateLearner()
+        self._queue_free_at = 0.0
+        theta = cfg.early_close_theta
+        self.early = None if theta is None else EarlyClose(theta, cfg.early_close_slack_ms)
+        # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
+        # receiver waiting for a critical chunk must not wait for this worker's next publish.
+        self.param_responder: Any = None
         self.heartbeat: Heartbeat | None = None
         if self.config.heartbeat_interval_s > 0:
             self.heartbeat = Heartbeat(
@@ -224,17 +243,28 @@ class LtaWorker:
         if cfg.on_unhealthy == "warn" and self._unhealthy_run == cfg.unhealthy_reduces:
             log.warning(message)
 
-    def allreduce(self, x: Any, *, step: int = 0, key: Any = None, weight: int = 1) -> ReduceResult:
+    def allreduce(
+        self, x: Any, *, step: int = 0, key: Any = None, weight: int = 1, critical: Any = None
+    ) -> ReduceResult:
         """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
 
         ``x``: float array or tensor (any shape; flattened). ``key`` names the tensor for the ``prev``
         fallback (default: its length). ``weight``: this worker's sample count, summed by the switch
         and used as the divisor when ``renormalize='weight'``. Unbiased for any drop pattern that is
-        independent of the values, up to the codec's error bound (``2^-shift`` per chunk)."""
+        independent of the values, up to the codec's error bound (``2^-shift`` per chunk).
+
+        ``critical``: chunks that must come back with every worker counted (LTP's critical packets): a
+        bool mask with one entry per chunk, or value ranges ``[(start, stop), ...]`` (every chunk holding
+        one of their values). Their GRADs are resent on the RTO until the round closes; no worker
+        FLUSHes them, so every worker of the job must mark the same chunks (as it passes the same
+        lengths). They are flushed like the rest only when a peer looks dead, or after
+        ``config.critical_max_resends`` resends (the slot may have moved on: see the config), and given
+        up at ``reduce_timeout_s``; ``stats.critical_*`` counts what happened to them."""
         t0 = time.perf_counter()
         local = _as_float32(x)
         n = local.size
         plan = self._plan(n)
+        mask = None if critical is None else critical_chunks(critical, n, self.config.elems_per_packet)
         chunks = plan.chunks
         chunks.reshape(-1)[:n] = local
         chunks.reshape(-1)[n:] = 0.0
@@ -242,9 +272,13 @@ class LtaWorker:
             chunks *= np.float32(weight)
         proposals = codec.exponent_proposals(chunks)
         self._header["step"] = step
-        plan.reset(self._next_unit, self._slots, self._header, weight, proposals, self.n_workers)
+        plan.reset(self._next_unit, self._slots, self._header, weight, proposals, self.n_workers, mask)
         self._next_unit += plan.units
+        self._start_pacing()
+        plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
+        self._arm_early_close(plan, t0)
         self._run_units(plan, step, t0)
+        self._learn(plan, time.perf_counter() - t0)
 
         renorm = self.config.renormalize
         arrived = (plan.state[plan.exp_units :] == DONE) & (plan.count > 0)
@@ -276,7 +310,59 @@ class LtaWorker:
             saturated=(plan.result_flags & Flag.SATURATED).astype(bool),
             shift=plan.shift.copy(),
             elapsed_s=elapsed,
+            critical=plan.critical.copy(),
         )
+
+    # ---- pacing and early close (LTP) ------------------------------------------------------------
+    def _bottleneck_bps(self) -> float:
+        """The rate frames leave the bottleneck at: the pacing rate, else the learned one (0: unknown)."""
+        return self.pacer.rate_bps if self.pacer.paced else self.rate_learner.estimate_bps
+
+    def _start_pacing(self) -> None:
+        cfg = self.config
+        if cfg.pace_learn:
+            learned = self.rate_learner.next_rate_bps()
+            self.pacer.set_rate(learned if learned > 0 else cfg.pace_gbps * 1e9)
+
+    def _arm_early_close(self, plan: ReducePlan, t0: float) -> None:
+        if self.early is None:
+            return
+        rtprop = self.deadlines.rtprop_ms
+        wire = (plan.units + (self.config.exp_copies - 1) * plan.exp_units) * self._frame
+        rtprop_s = None if rtprop is None else rtprop / 1000.0
+        times = self.early.times(plan.n, wire, rtprop_s, self._bottleneck_bps())
+        plan.lt_at, plan.hard_close_at = t0 + times.lt_s, t0 + times.deadline_s
+
+    def _learn(self, plan: ReducePlan, elapsed: float) -> None:
+        """After a reduce: one delivery-rate sample, and (early close) its completion time."""
+        self.rate_learner.sample(plan.rx_batches, self._frame)
+        if self.early is not None:
+            self.early.record(plan.n, elapsed, plan.full_units == plan.units)
+
+    def _early_close(self, plan: ReducePlan, now: float, step: int) -> None:
+        """LTP's Early Close: past LT with at least 1 - theta of the units full, or past LT + C, FLUSH
+        every data unit still in flight at once (critical ones excepted) instead of waiting for its own
+        deadline."""
+        assert self.early is not None
+        if not plan.closing:
+            if now >= plan.hard_close_at:
+                plan.closing = "deadline"
+            elif now >= plan.lt_at and plan.all_sent and self.early.enough_in(plan.full_units, plan.units):
+                plan.closing = "theta"
+            else:
+                return
+        units = plan.in_flight()
+        units = units[(units >= plan.exp_units) & (plan.flushes[units] == 0) & ~plan.critical_unit[units]]
+        if not units.size:
+            return
+        # How long the unit that would have waited longest had left on its own deadline (an upper bound
+        # on the wait cut short: its RESULT may have been on the way; measure saved time end to end).
+        cut_s = float(plan.deadline_at[units].max() - now)
+        self.stats.early_close_deadline_cut_ms += max(0.0, cut_s) * 1000.0
+        plan.flushes[units] += 1
+        plan.closed_early += len(units)
+        self._send_flushes(plan, units, step)
+        self.deadlines.arm(plan, units, now)
 
     def broadcast_params(
         self, chunk_ids: np.ndarray, values: np.ndarray, *, step: int = 0, critical: bool = False
@@ -309,6 +395,22 @@ class LtaWorker:
             if time.perf_counter() >= deadline:
                 return
 
+    def codec_state(self) -> dict[str, Any]:
+        """What the next reduces depend on besides their inputs (copies): the stochastic-rounding
+        generator, the unit counter (slot and round of every packet) and the ``prev`` fallback's last
+        values. :meth:`load_codec_state` on a fresh worker of the same job makes its next reduces
+        round and number their packets exactly as this one's would (checkpoint/restore)."""
+        return {
+            "rng": self._rng.bit_generator.state,
+            "next_unit": self._next_unit,
+            "prev": {key: values.copy() for key, values in self._prev.items()},
+        }
+
+    def load_codec_state(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self._next_unit = int(state["next_unit"])
+        self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
+
     # ---- the unit engine -----------------------------------------------------------------------
     def _plan(self, n: int) -> ReducePlan:
         if n == 0:
@@ -333,7 +435,7 @@ class LtaWorker:
             plan.advance_low()
             if not np.any(plan.state < DONE):
                 return
-            self._send_ready(plan)
+            paced_out = self._send_ready(plan)
             plan.frontier[self.worker_id] = plan.next_unit - 1
             if plan.next_unit == plan.units and not plan.all_sent:
                 # The tail: nothing more of ours is coming, so units still open wait only the RTO.
@@ -341,6 +443,10 @@ class LtaWorker:
                 dl.rearm_shorter(plan, time.perf_counter())
             now = time.perf_counter()
             wait = min(dl.next_at(plan) - now, 0.05, give_up_at - now)
+            if paced_out:  # units wait for tokens: wake when the next frame may go
+                wait = min(wait, self.pacer.wait_s(now))
+            if self.early is not None and not plan.closing:
+                wait = min(wait, (plan.lt_at if plan.all_sent else plan.hard_close_at) - now)
             was_synced = plan.synced
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
@@ -349,6 +455,8 @@ class LtaWorker:
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
                 dl.fast_flush(plan, now)
+            if self.early is not None:
+                self._early_close(plan, now, step)
             due = dl.due(plan, now)
             if due.size:
                 self._on_deadlines(plan, due, now, step)
@@ -356,14 +464,15 @@ class LtaWorker:
                 plan.state[plan.state < DONE] = GAVE_UP
                 return
 
-    def _send_ready(self, plan: ReducePlan) -> None:
-        """Send, in one batch, every unit that may go: window room, its slot's previous round settled,
-        its exponent known. Quantizes the chunks it needs (a block ahead) just before."""
+    def _send_ready(self, plan: ReducePlan) -> bool:
+        """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
+        round settled, its exponent known. Quantizes the chunks it needs (a block ahead) just before.
+        Returns True when the pacer held back units the window would have let go."""
         state, k, p = plan.state, self.config.elems_per_packet, self._slots
         u0 = plan.next_unit
         room = self.window - int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
         if room <= 0 or u0 >= plan.units:
-            return
+            return False
         units = np.arange(u0, min(plan.units, u0 + room))
         blocked = np.zeros(len(units), dtype=bool)
         reuse = units >= p
@@ -372,12 +481,20 @@ class LtaWorker:
         blocked[data] |= state[(units[data] - plan.exp_units) // k] < DONE  # exponent not settled
         if blocked.any():
             units = units[: int(np.argmax(blocked))]
+        # Tokens bind only when more units are ready than they allow; units blocked for another reason
+        # wait for a RESULT, not for the pacer (a wake-up per frame time would spin for nothing).
+        paced_out = False
+        if self.pacer.paced and units.size:
+            allowed = self.pacer.allowance(time.perf_counter())
+            if allowed < units.size:
+                units, paced_out = units[:allowed], True
         if not units.size:
-            return
+            return paced_out
         plan.next_unit = int(units[-1]) + 1
         units = units[state[units] == PENDING]  # settled already (a peer's FLUSH): nothing to send
         if not units.size:
-            return
+            return paced_out
+        queue_free_at = self._queue_free_at
         exp_units = units[units < plan.exp_units]
         if exp_units.size:
             rows = plan.exp_rows[exp_units]
@@ -394,7 +511,12 @@ class LtaWorker:
         now = time.perf_counter()
         state[units] = IN_FLIGHT
         plan.sent_at[units] = now
+        rate = self._bottleneck_bps()
+        if rate > 0:  # each unit's frame leaves the bottleneck after those queued before it
+            start = max(now, queue_free_at)
+            plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
         self.deadlines.arm(plan, units, now)
+        return paced_out
 
     def _quantize_ahead(self, plan: ReducePlan, c0: int, c1: int) -> None:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
@@ -414,7 +536,7 @@ class LtaWorker:
         # Straight into the packet rows (big-endian), no int32 temporary.
         saturated = codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], sel)
         d["exp"][sel] = shifts
-        d["flags"][sel] = 0
+        d["flags"][sel] = np.where(plan.critical[sel], _CRITICAL, 0)
         # A chunk that would saturate (this worker's exponent proposal was lost and its values exceed
         # the agreed bound) is withheld rather than clamped: a clamp would bias the sum, a missing
         # contribution is renormalized away.
@@ -423,7 +545,17 @@ class LtaWorker:
         plan.quantized[sel] = True
 
     def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
-        """Units whose deadline passed: probe, FLUSH, or give up."""
+        """Units whose deadline passed: resend (critical), probe, FLUSH, or give up."""
+        if plan.any_critical:
+            crit = self.deadlines.resending(plan, due)
+            data = due >= plan.exp_units
+            # A chunk withheld for want of an exponent has no GRAD to resend: it is flushed as any other.
+            crit[data] &= plan.has_exp[due[data] - plan.exp_units]
+            if crit.any():
+                self._resend_critical(plan, due[crit], now)
+                due = due[~crit]
+                if not due.size:
+                    return
         sync_end = plan.sent_at[due] + self.config.sync_deadline_ms / 1000.0
         probe = (due < plan.exp_units) & (not plan.synced) & (now < sync_end)
         if probe.any():
@@ -444,6 +576,22 @@ class LtaWorker:
             self.deadlines.arm(plan, units, now)
         plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
 
+    def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
+        """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
+        first copy was lost, dropped as a duplicate if it was not, answered with the stored RESULT if the
+        round closed and only the RESULT was lost."""
+        exp = units[units < plan.exp_units]
+        if exp.size:
+            plan.exp_batch["flags"][exp] |= _RETX
+            self._send(plan.exp_rows[exp])
+        c = units[units >= plan.exp_units] - plan.exp_units
+        if c.size:
+            plan.data_batch["flags"][c] |= _RETX
+            self._send(plan.data_rows[c])
+        plan.retx[units] += 1
+        self.stats.critical_resends += len(units)
+        self.deadlines.arm(plan, units, now)
+
     def _send_flushes(self, plan: ReducePlan, units: np.ndarray, step: int) -> None:
         n = len(units)
         if len(self._flush_batch) < n:
@@ -463,7 +611,15 @@ class LtaWorker:
         self.stats.flushes_sent += n
 
     def _send(self, rows: np.ndarray) -> None:
-        self.stats.packets_sent += self.io.send_rows(rows)
+        sent = self.io.send_rows(rows)
+        self.stats.packets_sent += sent
+        if not sent:
+            return
+        now = time.perf_counter()
+        self.pacer.spend(sent, now)
+        rate = self._bottleneck_bps()
+        if rate > 0:
+            self._queue_free_at = max(now, self._queue_free_at) + sent * self._frame * 8 / rate
 
     # ---- receiving -----------------------------------------------------------------------------
     def _receive(self, timeout_s: float, plan: ReducePlan | None) -> None:
@@ -487,6 +643,8 @@ class LtaWorker:
         requests = ok & (ops == _PARAM_REQ)
         if requests.any():
             self.param_requests.update(hdr["chunk"][requests].tolist())
+            if self.param_responder is not None:
+                self.param_responder()
         # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
         result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
         results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
@@ -520,6 +678,8 @@ class LtaWorker:
         first = np.sort(np.unique(u, return_index=True)[1])
         rows, u = rows[first], u[first]
         self.stats.packets_ignored += len(u_all) - len(u)
+        # Every RESULT frame of this batch crossed this worker's link: one point of the delivery rate.
+        plan.rx_batches.append((time.perf_counter(), len(u_all)))
         if u.size:
             self._settle(plan, hdr, rows, u)
         self._drop_overtaken(plan, u_all[u_all >= 0])
@@ -536,11 +696,22 @@ class LtaWorker:
         self.stats.results_retx += int(retx.sum())
         # A clean answer is an RTT sample. So is a resent, complete one: the round had closed before our
         # FLUSH (the FLUSH was spurious), and the wait we saw is what the RTO must cover.
+        # A resent critical GRAD leaves it unknown which copy was answered (Karn): no sample.
         clean = (prior == IN_FLIGHT) & ((plan.flushes[u] == 0) | (retx & (count == n_workers)))
+        clean &= plan.retx[u] == 0
         if clean.any():
             rtt_ms = (time.perf_counter() - plan.sent_at[u[clean]]) * 1000.0
-            self.deadlines.rtt_sample(float(np.median(rtt_ms)))
+            self.deadlines.rtt_sample(float(np.median(rtt_ms)), float(rtt_ms.min()))
         self.deadlines.track_absent(bitmap)
+        plan.full_units += int(np.count_nonzero(count == n_workers))
+        if plan.any_critical:
+            short = plan.critical_unit[u] & (count < n_workers)
+            if short.any():
+                # Only a FLUSH or a quorum below N closes a round short, and no worker flushes a critical
+                # unit unless it presumes a peer dead or has resent it critical_max_resends times (or the
+                # workers marked different chunks): renormalized like any partial chunk, and counted.
+                self.stats.critical_partial_results += int(short.sum())
+                log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
         # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
         has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
         reached = np.where(has_bit, u[:, None], -1).max(axis=0)

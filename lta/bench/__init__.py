@@ -12,6 +12,7 @@ from lta.bench import (
     ddp,
     lossy,
     lossy_train,
+    ltp,
     scaling,
     stragglers,
 )
@@ -27,3 +28,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for module in (allreduce, ddp, scaling, lossy, lossy_train, byzantine, async_ps, compression, stragglers):
         module.register(sub)
+    ltp.register(sub)

@@ -259,6 +259,12 @@ def _report_progress(rank: int, done: int, total: int) -> None:
         print(f"progress {done} {total}", flush=True)
 
 
+def _report_event(rank: int, name: str) -> None:
+    """Rank 0 prints ``event NAME`` (the orchestrator may act on it, e.g. read the qdisc counters)."""
+    if rank == 0:
+        print(f"event {name}", flush=True)
+
+
 def transport_config(args: argparse.Namespace) -> TransportConfig:
     """The transport settings both lossy benchmarks use (K, window and deadline fitted to the link)."""
     from hostlib.transport import TransportConfig
@@ -269,6 +275,10 @@ def transport_config(args: argparse.Namespace) -> TransportConfig:
         min_deadline_ms=args.min_deadline_ms,
         initial_deadline_ms=max(args.min_deadline_ms, 10.0),
         seed=args.seed,
+        # LTP's mechanisms (lta bench ltp); other callers' arguments leave them off
+        pace_gbps=getattr(args, "pace_gbps", 0.0),
+        pace_learn=getattr(args, "pace_learn", False),
+        early_close_theta=getattr(args, "early_close_theta", None),
     )
 
 
@@ -281,16 +291,25 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     times, worst, checked = [], 0.0, 0
-    chunks = {"full": 0, "partial": 0, "fallback": 0}
+    chunks = {"full": 0, "partial": 0, "fallback": 0, "critical": 0, "critical_full": 0}
+    n_chunks = math.ceil(args.values / args.elems_per_packet)
+    every = getattr(args, "critical_every", 0)
+    critical = np.arange(n_chunks) % every == 0 if every else None
     with LtaWorker(
         JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
         bind=(bind_host, int(bind_port)),
     ) as worker:  # fmt: skip
         _wait_for_go()
+        window_s = [0.0, 0.0]  # wall-clock bounds of the timed allreduces (TCP competitor's window)
+        stats_before = worker.stats.as_dict()
         for i in range(args.warmup + args.iters):
             x = inputs[i % INPUT_ROUNDS]
+            if i == args.warmup:
+                _report_event(args.rank, "timed-start")
+                window_s[0] = time.time()
+                stats_before = worker.stats.as_dict()
             t0 = time.perf_counter()
-            result = worker.allreduce(x[args.rank], step=i)
+            result = worker.allreduce(x[args.rank], step=i, critical=critical)
             elapsed = time.perf_counter() - t0
             if i < args.warmup:
                 continue
@@ -301,8 +320,14 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
             chunks["full"] += int(np.sum(result.count == args.workers))
             chunks["partial"] += int(np.sum((result.count > 0) & (result.count < args.workers)))
             chunks["fallback"] += int(np.sum(result.fallback != 0))
+            if critical is not None:
+                chunks["critical"] += int(critical.sum())
+                chunks["critical_full"] += int(np.sum(result.count[critical] == args.workers))
+        window_s[1] = time.time()
+        _report_event(args.rank, "timed-end")
         stats = worker.stats.as_dict()
     stats.pop("reduce_ms")
+    before = {key: value for key, value in stats_before.items() if isinstance(value, int | float)}
     return {
         "rank": args.rank,
         "times_s": times,
@@ -311,7 +336,14 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
         "worst_error_over_tolerance": worst,
         "srtt_ms": worker.srtt_ms,
         "rttvar_ms": worker.rttvar_ms,
+        "rtprop_ms": worker.deadlines.rtprop_ms,
         "transport": stats,
+        # the timed allreduces only (the warm-up subtracted)
+        "timed": {key: stats[key] - value for key, value in before.items() if key != "io"},
+        "wall_window_s": window_s,
+        "units_per_reduce": n_chunks + math.ceil(n_chunks / args.elems_per_packet),
+        "pace_rate_bps": worker.pacer.rate_bps,
+        "learned_rate_bps": worker.rate_learner.estimate_bps,
     }
 
 
@@ -360,6 +392,12 @@ def worker_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--elems-per-packet", type=int)
     parser.add_argument("--window", type=int)
     parser.add_argument("--min-deadline-ms", type=float)
+    parser.add_argument(
+        "--critical-every", type=int, default=0, help="lta: every Nth chunk critical (0: none)"
+    )
+    parser.add_argument("--pace-gbps", type=float, default=0.0, help="lta: pacing rate (0: unpaced)")
+    parser.add_argument("--pace-learn", action="store_true", help="lta: learn the pacing rate")
+    parser.add_argument("--early-close-theta", type=float, help="lta: adaptive early close's theta")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main = lta_worker_main if args.system == "lta-worker" else gloo_worker_main
@@ -488,8 +526,10 @@ class WorkerGroup:
         timeout_s: float,
         progress: Progress | None = None,
         label: str = "workers",
+        on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        self.on_event = on_event
         self.progress = progress or log.info
         self.label = label
         self.procs = [
@@ -513,6 +553,8 @@ class WorkerGroup:
         elif line.startswith("progress "):
             done, _, total = line.removeprefix("progress ").partition(" ")
             self.progress(f"  {self.label} {done}/{total}")
+        elif line.startswith("event ") and self.on_event is not None:
+            self.on_event(line.removeprefix("event "))
 
     def _run(self, outputs: _Outputs) -> list[dict[str, Any]]:
         def started() -> bool:

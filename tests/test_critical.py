@@ -1,0 +1,366 @@
+"""Critical data (LTP's critical packets): resent until every worker is counted, never FLUSHed.
+
+The switch here drops CRITICAL packets like any other (``SoftSwitch.spare_critical = False``), as a real
+network does: whatever comes back full does so because the hosts resent it. Expectations are independent
+of the transport: the unit numbering of docs/protocol.md worked out by hand, numpy's mean over all N
+workers, and parameter names read off the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Op
+from hostlib.torch_ext.critical import chunk_mask, critical_parameters, flat_ranges
+from hostlib.torch_ext.sharded import ShardedOptimizer
+from hostlib.transport.plan import critical_chunks
+from mininet_topos.netns import leftovers
+from tests.conftest import check_mean_over_bitmap, netns_skip_reason, run_workers
+
+K = 64
+POOL = 512
+
+
+def spy_flushes(switch) -> list[tuple[int, int]]:
+    """Record (slot, seq) of every FLUSH that reaches ``switch`` (wraps its batch entry point)."""
+    seen: list[tuple[int, int]] = []
+    original = switch.process_batch
+
+    def spy(data, lens, ingress, n=None):
+        m = len(lens) if n is None else n
+        hdr = np.ascontiguousarray(data[:m, :HEADER_BYTES]).view(HEADER_DTYPE)[:, 0]
+        flush = hdr["op"] == int(Op.FLUSH)
+        seen.extend(zip(hdr["slot"][flush].tolist(), hdr["seq"][flush].tolist(), strict=True))
+        return original(data, lens, ingress, n)
+
+    switch.process_batch = spy
+    return seen
+
+
+def flushed_chunks(flushes, lengths: list[int], k: int = K, pool: int = POOL) -> list[set[int]]:
+    """Per reduce (in order, of the given lengths), the chunks whose unit some worker FLUSHed, from the
+    numbering of docs/protocol.md: unit g of the job uses slot g mod D in round g div D + 1 (D = P - 1);
+    a reduce of C chunks is ceil(C / K) exponent units (unit e covers chunks e·K ..) then C data units."""
+    d = pool - 1
+    out: list[set[int]] = [set() for _ in lengths]
+    for slot, seq in flushes:
+        if seq == 2**32 - 1:
+            continue  # the health probe
+        g = (seq - 1) * d + slot
+        base = 0
+        for r, n in enumerate(lengths):
+            chunks = -(-n // k)
+            exp_units = -(-chunks // k)
+            if g < base + exp_units + chunks:
+                local = g - base
+                if local < exp_units:
+                    out[r].update(range(local * k, min((local + 1) * k, chunks)))
+                else:
+                    out[r].add(local - exp_units)
+                break
+            base += exp_units + chunks
+    return out
+
+
+def test_critical_ranges_become_the_chunks_that_hold_them():
+    # n = 1000, K = 64: 16 chunks, the last holding values 960..999. By hand:
+    ranges = [(0, 1), (130, 140), (191, 193), (999, 1000), (500, 500)]  # an empty range marks nothing
+    mask = critical_chunks(ranges, 1000, 64)
+    assert np.flatnonzero(mask).tolist() == [0, 2, 3, 15]
+    assert critical_chunks(None, 1000, 64).sum() == 0
+    given = np.zeros(16, dtype=bool)
+    given[[4, 9]] = True
+    assert np.flatnonzero(critical_chunks(given, 1000, 64)).tolist() == [4, 9]
+    with pytest.raises(ValueError, match="16 entries"):
+        critical_chunks(np.zeros(15, dtype=bool), 1000, 64)
+    with pytest.raises(ValueError, match="start, stop"):
+        critical_chunks([(10, 1001)], 1000, 64)
+
+
+def test_critical_units_are_never_flushed_and_always_full_when_the_switch_drops_critical(make_cluster):
+    n, length, steps = 4, 64 * 40 + 13, 6
+    cluster = make_cluster(n, up=0.1, down=0.05, seed=3, sync_deadline_ms=300, min_deadline_ms=20)
+    cluster.switch.spare_critical = False  # emulated loss now hits CRITICAL packets too
+    flushes = spy_flushes(cluster.switch)
+    chunks = -(-length // K)
+    critical = np.zeros(chunks, dtype=bool)
+    critical[::3] = True
+    critical[-1] = True
+    rng = np.random.default_rng(0)
+    short_normal = 0
+    for step in range(steps):
+        inputs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step, critical=critical)
+        for r in results:
+            assert np.all(r.count[critical] == n), r.count[critical]
+            assert np.all(r.critical == critical)
+            short_normal += int(np.sum(r.count[~critical] < n))
+        # full means exact: every critical chunk is numpy's mean over all four inputs
+        assert check_mean_over_bitmap(results, inputs, K) > 0
+    assert short_normal > 0  # the loss is real: uncritical chunks did lose contributions
+    per_reduce = flushed_chunks(flushes, [length] * steps)
+    assert any(per_reduce)  # uncritical units were flushed ...
+    for flushed in per_reduce:
+        assert not flushed & set(np.flatnonzero(critical).tolist())  # ... critical ones never
+    totals = cluster.switch.read_counters(cluster.job_id)
+    assert totals["drop_policy_up"] > 0 and totals["drop_policy_down"] > 0
+    stats = cluster.workers[0].stats
+    assert stats.critical_chunks == steps * critical.sum() == stats.critical_full
+    assert stats.critical_missing == 0 and stats.critical_resends > 0
+
+
+def test_without_the_marking_the_same_loss_leaves_those_chunks_short(make_cluster):
+    """The control for the test above: same loss, no marking, and the same chunks come back short."""
+    n, length = 4, 64 * 40 + 13
+    cluster = make_cluster(n, up=0.1, down=0.05, seed=3, sync_deadline_ms=300, min_deadline_ms=20)
+    cluster.switch.spare_critical = False
+    rng = np.random.default_rng(0)
+    chunks = -(-length // K)
+    watched = np.zeros(chunks, dtype=bool)
+    watched[::3] = True
+    short = 0
+    for step in range(4):
+        inputs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step)
+        short += sum(int(np.sum(r.count[watched] < n)) for r in results)
+    assert short > 0
+
+
+def test_a_round_closed_short_by_the_switch_is_accepted_and_counted(make_cluster):
+    """Quorum 3 of 4: the switch closes every round at three contributions, critical or not. A critical
+    unit cannot become full then; the worker takes the partial RESULT (renormalized, exact over its
+    bitmap) and counts it, instead of resending until the reduce times out."""
+    n, length = 4, 64 * 12
+    cluster = make_cluster(n, quorum=3, sync_deadline_ms=300, min_deadline_ms=20, reduce_timeout_s=20)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+    critical = np.ones(12, dtype=bool)
+    results = cluster.reduce_all(inputs, critical=critical)
+    assert max(r.elapsed_s for r in results) < 10
+    check_mean_over_bitmap(results, inputs, K)
+    counted = sum(w.stats.critical_partial_results for w in cluster.workers)
+    partial = sum(int(np.sum((r.count > 0) & (r.count < n))) for r in results)
+    assert partial > 0 and counted >= partial
+
+
+def test_a_worker_that_cannot_get_a_critical_result_gives_up_after_its_resends(make_cluster):
+    """Every RESULT to worker 1 is lost: it never learns its exponents, so it cannot send its data, and
+    no critical round can come back full. Nobody waits for ``reduce_timeout_s``: each worker resends a
+    critical GRAD ``critical_max_resends`` times, then handles the unit as any other (FLUSH, give up)."""
+    n, chunks, resends = 2, 6, 3
+    cluster = make_cluster(
+        n, min_deadline_ms=20, max_deadline_ms=100, reduce_timeout_s=60, on_unhealthy="ignore",
+        critical_max_resends=resends,
+    )  # fmt: skip
+    cluster.switch.spare_critical = False
+    cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=1.0), worker=1)
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
+    results = cluster.reduce_all(inputs, critical=np.ones(chunks, dtype=bool))
+    assert max(r.elapsed_s for r in results) < 20
+    assert np.all(results[1].count == 0)  # nothing came back to worker 1
+    assert np.all(results[0].count == 1)  # worker 0's own contribution, renormalized
+    assert check_mean_over_bitmap(results[:1], inputs, K) == chunks
+    # worker 1 resent its one (critical) exponent GRAD, then gave it up; worker 0 resent each of its
+    # six critical data GRADs, waiting for worker 1's, then flushed them
+    assert cluster.workers[1].stats.critical_resends == resends
+    assert cluster.workers[0].stats.critical_resends == resends * chunks
+    assert cluster.workers[0].stats.critical_partial == chunks
+
+
+# ---- the torch layer --------------------------------------------------------------------------------
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(12, 40)
+        self.norm = torch.nn.LayerNorm(40)
+        self.hidden = torch.nn.Linear(40, 40, bias=False)
+        self.bn = torch.nn.BatchNorm1d(40)
+        self.head = torch.nn.Linear(40, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.bn(self.hidden(self.norm(self.embed(x))))))
+
+
+def test_the_default_critical_set_is_norm_layers_and_biases():
+    model = Net()
+    names = {id(p): name for name, p in model.named_parameters()}
+    default = {names[i] for i in critical_parameters(model, "default")}
+    assert default == {"embed.bias", "norm.weight", "norm.bias", "bn.weight", "bn.bias", "head.bias"}
+    assert {names[i] for i in critical_parameters(model, "head.*")} == {"head.weight", "head.bias"}
+    assert {names[i] for i in critical_parameters(model, ["norm.*", "*.bias"])} == default - {"bn.weight"}
+    pred = {names[i] for i in critical_parameters(model, lambda name, p: p.ndim == 2)}
+    assert pred == {"embed.weight", "hidden.weight", "head.weight"}
+    assert critical_parameters(model, None) == set()
+    # sizes by hand: embed.weight 480, embed.bias 40, norm 40 + 40, hidden 1600, bn 40 + 40, head 120 + 3
+    params = list(model.parameters())
+    ranges = flat_ranges(params, critical_parameters(model, "default"))
+    assert ranges == [(480, 520), (520, 560), (560, 600), (2200, 2240), (2240, 2280), (2400, 2403)]
+    assert np.flatnonzero(chunk_mask(ranges, 38, 64)).tolist() == [7, 8, 9, 34, 35, 37]
+
+
+def test_sharded_optimizer_delivers_critical_gradients_and_parameters_under_real_loss(make_cluster):
+    """Loss on every direction (gradients up, results down, parameter broadcasts), CRITICAL not spared:
+    the default set (norms, biases) comes back full every step, and every replica holds the owners'
+    exact values of the critical parameters after every step, while other parameters drift."""
+    n, steps = 4, 5
+    cluster = make_cluster(
+        n, up=0.1, down=0.05, seed=5, elems_per_packet=K, sync_deadline_ms=300, min_deadline_ms=20
+    )
+    cluster.switch.spare_critical = False
+    cluster.switch.set_drop_policy(cluster.job_id, "param", DropPolicy(p=0.2))
+    torch.manual_seed(0)
+    base = Net()
+    models = [copy.deepcopy(base) for _ in range(n)]
+    inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    critical_names = {"embed.bias", "norm.weight", "norm.bias", "bn.weight", "bn.bias", "head.bias"}
+    snapshots: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n)]
+
+    def train(worker, i):
+        model = models[i]
+        opt = ShardedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            worker,
+            critical="default",
+            module=model,
+            collect_deadline_ms=100,
+        )
+        for _ in range(steps):
+            model(inputs[i]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            snapshots[i].append({k: v.detach().clone() for k, v in model.named_parameters()})
+        # A worker answers resend requests while it is in the transport: stay a moment after the last
+        # step, so that a peer still missing one of this worker's critical chunks gets it.
+        worker.poll(1.0)
+        return opt
+
+    opts = run_workers(cluster.workers, train)
+    for step in range(steps):
+        for name in critical_names:
+            first = snapshots[0][step][name]
+            for i in range(1, n):
+                assert torch.equal(snapshots[i][step][name], first), (step, name, i)
+    differ = any(
+        not torch.equal(snapshots[i][-1][name], snapshots[0][-1][name])
+        for i in range(1, n)
+        for name in ("hidden.weight", "embed.weight")
+    )
+    assert differ  # the loss was real for the rest of the model
+    for opt in opts:
+        stats = opt.worker.stats
+        assert stats.critical_chunks > 0 and stats.critical_full == stats.critical_chunks
+        assert opt.drift_stats()["critical"]["critical_chunks"] == opt.critical_mask.sum() > 0
+    assert sum(o.exchange.stats.critical_requests for o in opts) > 0  # lost PARAMs were asked for
+
+
+def test_critical_names_need_the_module(make_cluster):
+    cluster = make_cluster(1)
+    model = Net()
+    with pytest.raises(ValueError, match="module=model"):
+        ShardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), cluster.workers[0], critical="default")
+
+
+# ---- under real kernel loss (root, network namespaces, nftables) -------------------------------------
+_REASON = netns_skip_reason()
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.mininet
+@pytest.mark.slow
+@pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+def test_critical_chunks_come_back_full_under_nftables_loss():
+    """5% loss per link and direction, applied by the kernel where the CRITICAL flag means nothing:
+    every critical chunk of every timed allreduce on both ranks comes back with both workers counted,
+    while the same run's other chunks do lose contributions."""
+    argv = [sys.executable, "-m", "lta.cli", "bench", "ltp", "--experiments", "critical", "--workers", "2",
+            "--mib", "0.25", "--iters", "30", "--warmup", "3", "--critical-loss", "0.05",
+            "--critical-every", "4", "--json"]  # fmt: skip
+    bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    stdout, stderr = bench.communicate(timeout=300)
+    assert bench.returncode == 0, stderr[-3000:]
+    assert not [name for name in leftovers() if f"lta-{bench.pid}-" in name], "namespaces left behind"
+    out = json.loads(stdout)
+    assert out["schema"] == "lta.bench.ltp/1"
+    result = out["critical"]
+    chunks = -(-int(0.25 * (1 << 18)) // out["config"]["elems_per_packet"])  # 32 chunks of K = 2048
+    marked = len(range(0, chunks, 4))
+    assert result["critical"]["chunks"]["critical"] == 2 * 30 * marked  # two ranks, 30 allreduces
+    assert result["critical"]["chunks"]["critical_full"] == 2 * 30 * marked
+    assert result["critical_full_fraction"] == 1.0
+    assert result["critical"]["exact"] and result["none"]["exact"]
+    lossy_chunks = result["none"]["chunks"]
+    assert lossy_chunks["partial"] + lossy_chunks["fallback"] > 0  # the loss was real
+
+
+# ---- the DDP comm hook (spawned ranks, as tests/test_torch_ddp.py) ------------------------------------
+def _ddp_rank(rank: int, world: int, store_path: str) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
+    from hostlib.torch_ext.rendezvous import LtaOptions, join_job
+    from hostlib.transport import TransportConfig
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    base = Net()
+    transport = TransportConfig(elems_per_packet=K, sync_deadline_ms=300, min_deadline_ms=20)
+    drop = {"up": DropPolicy(p=0.1), "down": DropPolicy(p=0.05)}
+    session = join_job(store, rank, world, LtaOptions(job_id=1, transport=transport, drop=drop, seed=rank))
+    if session.switch is not None:
+        session.switch.spare_critical = False  # rank 0 hosts the switch: loss hits CRITICAL too
+    model = DDP(copy.deepcopy(base), bucket_cap_mb=0.002)  # small buckets: several per step
+    state = LtaHookState(session.worker, critical="default")
+    model.register_comm_hook(state, lta_hook)
+    state.attach(model.module)
+    names = dict(model.module.named_parameters())
+    critical = ["embed.bias", "norm.weight", "norm.bias", "bn.weight", "bn.bias", "head.bias"]
+    worst = 0.0
+    for step in range(4):
+        x = torch.randn(16, 12, generator=torch.Generator().manual_seed(100 * step + rank))
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+        local = copy.deepcopy(base)
+        local.load_state_dict(model.module.state_dict())
+        local(x).pow(2).mean().backward()
+        own = dict(local.named_parameters())
+        # the codec's error is relative to a chunk's largest value: scale by the largest gradient
+        biggest = torch.tensor([max(float(p.grad.abs().max()) for p in own.values())])
+        dist.all_reduce(biggest, op=dist.ReduceOp.MAX)
+        for name in critical:
+            gathered = [torch.zeros_like(own[name].grad) for _ in range(world)]
+            dist.all_gather(gathered, own[name].grad)
+            exact = torch.stack(gathered).mean(dim=0)
+            worst = max(worst, float((names[name].grad - exact).abs().max()) / float(biggest))
+    out = {"worst_relative": worst, "stats": state.stats.as_dict()}
+    dist.barrier()
+    session.worker.poll(0.5)
+    session.close()
+    dist.destroy_process_group()
+    return out
+
+
+def test_ddp_hook_brings_critical_gradients_back_exact_under_loss(tmp_path):
+    """Three ranks, loss up and down that spares nothing: the gradients of the default critical set
+    (norms, biases) equal the exact mean over all ranks (gathered over gloo), within the codec's bound
+    (relative to the largest gradient: a chunk shares one exponent)."""
+    from tests.test_torch_ddp import spawn
+
+    results = spawn(_ddp_rank, tmp_path)
+    for r in results:
+        assert r["worst_relative"] < 2**-18, r["worst_relative"]
+        assert r["stats"]["chunks_critical"] > 0
+        assert r["stats"]["chunks_critical_full"] == r["stats"]["chunks_critical"]
+    assert sum(r["stats"]["chunks_partial"] + r["stats"]["chunks_fallback"] for r in results) > 0
