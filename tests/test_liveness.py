@@ -179,3 +179,47 @@ def test_dead_worker_goes_offline_survivors_close_at_quorum_and_a_restart_restor
                 restarted.close()
         for w in workers[:2]:
             w.close()
+
+
+def test_transport_presumes_a_worker_dead_after_a_window_of_absence_and_forgets_when_it_returns():
+    from hostlib.transport.deadlines import Deadlines
+
+    dl = Deadlines(TransportConfig(), 0, 4)
+    without_2 = np.full(40, 0b1011, dtype=np.uint64)
+    dl.track_absent(without_2)
+    assert dl.presumed_dead == 0  # 40 RESULTs: not a whole window yet
+    dl.track_absent(without_2)
+    assert dl.presumed_dead == 0b0100 and dl.early_close
+    dl.track_absent(np.full(10, 0b1011, dtype=np.uint64))
+    assert dl.presumed_dead == 0b0100  # still absent: still presumed dead
+    dl.track_absent(np.array([0b1111], dtype=np.uint64))
+    assert dl.presumed_dead == 0  # back in a bitmap: alive
+
+
+def test_lta_train_kill_worker_rejoins_and_the_run_finishes(tmp_path):
+    """The fault demo end to end (quick model): worker 1 is SIGKILLed at step 10 and restarted 2 s later;
+    it is marked offline within the liveness timeout plus one heartbeat interval and a poll, the quorum
+    drops to 3 and comes back to 4, the restarted worker trains from the join step to the end, and the
+    run's validation loss is finite."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "fault"
+    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--steps", "300", "--drops", "0"]
+    cmd += ["--kill-worker", "1@10", "--restart-after", "2", "--liveness-timeout", "1", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    fault = run["fault"]
+    assert 1.0 <= fault["detect_s"] <= 1.0 + 0.5 + 2 * 0.1 + 0.5  # timeout + heartbeat + polls + slack
+    kinds = [(e["event"], e.get("quorum")) for e in fault["events"]]
+    assert kinds == [("killed", None), ("offline", 3), ("restarted", None), ("online", 4), ("rejoined", None)]
+    join = fault["join_step"]
+    curve = run["worker_curves"][1]
+    assert all(v is not None for v in curve[:10])  # the first process's steps, as it reported them
+    assert all(v is None for v in curve[12:join])  # nobody trained rank 1's steps while it was away
+    assert all(v is not None for v in curve[join:])  # the restarted process, from the join step on
+    for r in (0, 2, 3):
+        assert all(v is not None for v in run["worker_curves"][r])
+    assert np.isfinite(run["val_loss"]) and run["val_loss"] < 4.0

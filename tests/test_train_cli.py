@@ -82,3 +82,52 @@ def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(tmp_path):
     assert doc["rows"] == saved["rows"]
     # the progress (one line per run when stderr is not a terminal) and the files written: stderr
     assert "run 1/2" in proc.stderr and "run 2/2" in proc.stderr and "results.json" in proc.stderr
+
+
+def test_emulated_stragglers_slow_every_step_they_hit(tmp_path):
+    """--straggle-prob 1: every step of every worker sleeps (K-1) x base more; the run records the model."""
+    out = tmp_path / "strag"
+    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--steps", "8", "--drops", "0"]
+    cmd += ["--straggle-prob", "1", "--straggle-factor", "3", "--straggle-base-ms", "100", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["stragglers"] == {
+        "base_s": 0.1,
+        "prob": 1.0,
+        "factor": 3.0,
+        "slow_host": None,
+        "lognormal": False,
+        "seed": 0,
+    }
+    assert results["runs"][0]["wall_s"] >= 8 * 0.2  # 8 steps, each at least 200 ms of emulated straggling
+
+
+def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
+    """--simulate-workers 16 --optimizer sgd --loss-model ge: the sweep runs in-process and results.json
+    says so; the loss the workers saw matches the configured mean rate; simulation refuses what it
+    does not model in one line."""
+    out = tmp_path / "sim"
+    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--simulate-workers", "16"]
+    cmd += ["--drops", "0.2", "--methods", "renorm", "--optimizer", "sgd", "--loss-model", "ge"]
+    cmd += ["--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    config = results["config"]
+    assert (config["workers"], config["simulated"], config["optimizer"], config["loss_model"]) == (
+        16,
+        True,
+        "sgd",
+        "ge",
+    )
+    lossy = next(r for r in results["rows"] if r["drop"] == 0.2)
+    assert abs(lossy["grad_loss_seen"] - 0.2) < 0.05  # 16 workers x 67 chunks x 40 steps, bursty
+    bad = subprocess.run(
+        [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "16", "--kill-worker", "1@5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "--kill-worker needs worker processes" in bad.stderr

@@ -14,6 +14,16 @@ drift.png. Only this module's ``register`` runs at ``lta`` start-up; torch is im
 ``--dp-sigma S --dp-clip C``: each worker clips its whole gradient to C and the aggregate carries
 Gaussian noise of std S·C whatever count arrived (hostlib/torch_ext/dp.py); results.json's ``privacy``
 gives ε at ``--dp-delta`` for one worker's data over the run (dp-accounting's RDP accountant).
+
+Checkpoints: ``--checkpoint-dir DIR --checkpoint-every N`` saves every run every N steps into
+DIR/<run-name>/ (one file per worker and a manifest: model, optimizer shard, stale-copy tables, drift
+monitor, RNG states, step) and marks finished runs with DIR/<run-name>/result.json. ``--resume DIR``
+(the same command, with --resume in place of --checkpoint-dir) reports the finished runs from their
+saved results, restores the interrupted one at its last checkpoint and trains it on to ``--steps``, and
+starts the runs not begun; a run at 0% drop resumed this way repeats the uninterrupted run bit for
+bit. ``--stop-after K`` interrupts on purpose: it checkpoints the current run at step K and ends the
+sweep. results.json's runs carry every worker's per-step loss (``worker_curves``, the full curve for
+a resumed run) so runs can be compared. Details: lta/train/resume.py.
 """
 
 from __future__ import annotations
@@ -22,15 +32,26 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hostlib import argtypes
 from hostlib.dropmodels import DIRECTIONS
+from hostlib.errors import UsageError
 from hostlib.protocol import MAX_WORKERS
 from lta.cliparse import LtaRawHelpFormatter, plain_text
 from lta.jsonout import emit
 from lta.progress import is_quiet
 
 SCHEMA = "lta.train/1"
+
+
+def _kill(text: str) -> tuple[int, int]:
+    from lta.train.fault import parse_kill
+
+    try:
+        return parse_kill(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _floats(text: str) -> list[float]:
@@ -124,6 +145,95 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="D",
         help="delta of the epsilon that results.json reports",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help="save checkpoints (one folder per run) and finished runs' results into DIR (a new folder)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=argtypes.positive_int,
+        metavar="N",
+        help="checkpoint every N steps (with --checkpoint-dir or --resume)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="continue the sweep checkpointed in DIR: finished runs are reported, the interrupted one "
+        "resumes at its last checkpoint and trains on to --steps, the rest start",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=argtypes.positive_int,
+        metavar="K",
+        help="interrupt on purpose: checkpoint the run at step K and end the sweep (resume later)",
+    )
+    p.add_argument(
+        "--simulate-workers",
+        type=argtypes.int_range(2, 1024, "simulated worker count"),
+        metavar="N",
+        help="N simulated workers in this process (the paper's N=64 on one machine) instead of --workers "
+        "processes: the same drops, renormalization and stale copies, no sockets (lta/train/simulated.py)",
+    )
+    p.add_argument(
+        "--optimizer", choices=("adamw", "sgd"), default="adamw", help="AdamW, or SGD with momentum 0.9"
+    )
+    p.add_argument(
+        "--loss-model",
+        choices=("bernoulli", "ge"),
+        default="bernoulli",
+        help="independent losses, or Gilbert-Elliott bursts (4 packets on average) at the same mean rate",
+    )
+    p.add_argument(
+        "--straggle-prob",
+        type=argtypes.probability,
+        default=0.0,
+        metavar="Q",
+        help="emulated stragglers: each worker's step is slow with probability Q (seeded per worker, step)",
+    )
+    p.add_argument(
+        "--straggle-factor",
+        type=argtypes.float_range(1.0, what="straggle factor"),
+        default=3.0,
+        metavar="K",
+        help="a slow step takes K x --straggle-base-ms longer (with --straggle-prob or --slow-host)",
+    )
+    p.add_argument(
+        "--straggle-base-ms",
+        type=argtypes.float_range(0.0, low_open=True, what="straggle base time"),
+        default=50.0,
+        metavar="MS",
+        help="the emulated compute time a straggling step multiplies",
+    )
+    p.add_argument(
+        "--slow-host",
+        type=argtypes.int_range(0, MAX_WORKERS - 1, "worker"),
+        metavar="RANK",
+        help="this worker is slow at every step (one bad node)",
+    )
+    p.add_argument(
+        "--kill-worker",
+        type=_kill,
+        metavar="RANK@STEP",
+        help="the fault demo: SIGKILL worker RANK when the run reaches STEP, restart it later; it rejoins",
+    )
+    p.add_argument(
+        "--restart-after",
+        type=argtypes.float_range(0.0, what="restart delay"),
+        default=10.0,
+        metavar="S",
+        help="seconds between the kill and the restart (with --kill-worker)",
+    )
+    p.add_argument(
+        "--liveness-timeout",
+        type=argtypes.float_range(1.0, what="liveness timeout"),
+        default=1.5,
+        metavar="S",
+        help="a worker silent this long is offline and the quorum drops (with --kill-worker; at least "
+        "1 s: workers heartbeat every 0.5 s, and a busy machine delays beats)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model, few steps: under a minute (for tests)")
     p.add_argument("--json", action="store_true", help="print results.json's rows and drift on stdout")
     p.set_defaults(func=run)
@@ -131,28 +241,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lta.train import report
-    from lta.train.experiment import RunSpec, TrainConfig, config_dict
+    from lta.train.experiment import RunSpec, TrainConfig, config_dict, model_numel, quick_config
     from lta.train.extras import extras_from_args, privacy_summary
-    from lta.train.sweep import LocalCluster, WorkerFailed
+    from lta.train.sweep import RunStopped, WorkerFailed
 
     extras = extras_from_args(args)  # --metrics-port, --dp-*: checked before anything starts
 
-    if args.quick:
-        cfg = TrainConfig(
-            width=32,
-            layers=1,
-            heads=2,
-            context=32,
-            batch=8,
-            steps=40,
-            warmup=5,
-            drift_every=5,
-            val_batches=8,
-            elems_per_packet=256,  # ~17k parameters: 67 chunks rather than 17
-        )
-    else:
-        cfg = TrainConfig()
-    overrides = {"stale_bound": args.stale_bound}
+    cfg = quick_config() if args.quick else TrainConfig()
+    overrides: dict[str, Any] = {
+        "stale_bound": args.stale_bound,
+        "optimizer": args.optimizer,
+        "loss_model": args.loss_model,
+    }
     if args.steps:
         overrides["steps"] = args.steps
     cfg = TrainConfig(**{**config_dict(cfg), **overrides})
@@ -166,6 +266,19 @@ def run(args: argparse.Namespace) -> int:
                 job_id = len(specs) % 63 + 1
                 name = f"{method}-p{drop:.2f}-s{seed}" if drop else f"lossless-s{seed}"
                 specs.append(RunSpec(name, method if drop else "renorm", drop, seed, job_id))
+    if args.simulate_workers is not None:
+        _check_simulated(args, extras)
+    fault = _fault(args, cfg)
+    if fault is not None:  # a dead worker must cost deadlines, not 20 s waits: default deadlines at 0% too
+        cfg = TrainConfig(**{**config_dict(cfg), "lossless_wait_ms": 0.0})
+    checkpoints = _checkpoints(args, cfg, extras)  # before anything starts: a mismatch is one line
+    starts = {}
+    if checkpoints is not None:
+        numel = model_numel(cfg)
+        for spec in specs:
+            starts[spec.name] = checkpoints.start(
+                spec, steps=cfg.steps, world_size=args.workers, numel=numel, k=cfg.elems_per_packet
+            )
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -180,20 +293,40 @@ def run(args: argparse.Namespace) -> int:
         if not quiet:
             console.print(text, markup=False, highlight=False)
 
-    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {args.workers} workers, writing to {args.out}")
+    who = f"{args.simulate_workers} simulated workers" if args.simulate_workers else f"{args.workers} workers"
+    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {args.out}")
+    stopped = None
     try:
         with (
-            LocalCluster(args.workers, cfg, extras=extras) as cluster,
+            _cluster(args, cfg, extras) as cluster,
             Progress(*columns, console=console, transient=False, disable=quiet) as progress,
         ):
             overall = progress.add_task("runs", total=len(specs))
             for spec in specs:
-                steps = progress.add_task(f"  {spec.name}", total=cfg.steps)
-                result = cluster.run(
-                    spec,
-                    tuple(args.directions),
-                    on_step=lambda s, t=steps: progress.update(t, completed=s + 1),
-                )
+                start = starts.get(spec.name)
+                if start is not None and start.result is not None:
+                    results.append(start.result)
+                    say(f"{spec.name}: finished, results loaded from {checkpoints.root / spec.name}")
+                    progress.advance(overall)
+                    continue
+                plan = None if start is None else start.plan
+                first = 0 if plan is None else plan.resume_step
+                if plan is not None and first:
+                    say(f"resuming {spec.name} at step {first} from {plan.directory}")
+                steps = progress.add_task(f"  {spec.name}", total=cfg.steps, completed=first)
+                try:
+                    result = cluster.run(
+                        spec,
+                        tuple(args.directions),
+                        on_step=lambda s, t=steps: progress.update(t, completed=s + 1),
+                        checkpoint=plan,
+                        fault=fault,
+                    )
+                except RunStopped as exc:
+                    stopped = exc
+                    break
+                if checkpoints is not None:
+                    checkpoints.finished(result)
                 results.append(result)
                 done = f"{spec.name} val {result.val_loss:.3f} ({result.wall_s:.0f} s)"
                 progress.update(steps, completed=cfg.steps, description=f"  {done}")
@@ -203,8 +336,19 @@ def run(args: argparse.Namespace) -> int:
     except WorkerFailed as exc:  # a worker's traceback (a bug) or a hang: kept whole for the report
         print(f"lta train: {exc}", file=sys.stderr)
         return 1
+    if stopped is not None:
+        assert checkpoints is not None
+        say(
+            f"stopped {stopped.name} after step {stopped.step} (--stop-after); its checkpoint is in "
+            f"{checkpoints.root / stopped.name}. Continue with the same command and "
+            f"--resume {checkpoints.root}"
+        )
+        return 0
     config = {
-        "workers": args.workers,
+        "workers": args.simulate_workers or args.workers,
+        "simulated": args.simulate_workers is not None,
+        "optimizer": args.optimizer,
+        "loss_model": args.loss_model,
         "drops": drops,
         "methods": args.methods,
         "directions": args.directions,
@@ -215,6 +359,12 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.metrics_port is not None:
         config["metrics"] = {"port": args.metrics_port, "alpha": extras.telemetry_alpha}
+    if extras.stragglers is not None:
+        config["stragglers"] = vars(extras.stragglers)
+    if fault is not None:
+        config["fault"] = vars(fault)
+    if checkpoints is not None:
+        config["checkpoints"] = {"dir": str(checkpoints.root), "every": args.checkpoint_every}
     out = report.build_results(results, config, time.perf_counter() - t0)
     privacy = privacy_summary(extras, cfg.steps)
     if privacy is not None:
@@ -228,3 +378,69 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown_table(out))
     say("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _cluster(args: argparse.Namespace, cfg: Any, extras: Any) -> Any:
+    """Worker processes through a softswitch, or ``--simulate-workers`` in this process."""
+    if args.simulate_workers is not None:
+        from lta.train.simulated import SimulatedCluster
+
+        return SimulatedCluster(args.simulate_workers, cfg)
+    from lta.train.sweep import LocalCluster
+
+    return LocalCluster(args.workers, cfg, extras=extras)
+
+
+def _check_simulated(args: argparse.Namespace, extras: Any) -> None:
+    """What simulated workers do not model: one line naming the flag."""
+    for flag, given in (
+        ("--kill-worker", args.kill_worker is not None),
+        ("--checkpoint-dir/--resume", args.checkpoint_dir is not None or args.resume is not None),
+        ("--metrics-port", args.metrics_port is not None),
+        ("--dp-sigma", args.dp_sigma is not None),
+        ("--straggle-prob/--slow-host", extras.stragglers is not None),
+    ):
+        if given:
+            raise UsageError(f"{flag} needs worker processes: leave out --simulate-workers")
+
+
+def _fault(args: argparse.Namespace, cfg: Any) -> Any:
+    """The fault demo's FaultPlan (lta/train/fault.py), or None without --kill-worker."""
+    from lta.train.fault import FaultPlan
+
+    if args.kill_worker is None:
+        return None
+    rank, step = args.kill_worker
+    if rank >= args.workers:
+        raise UsageError(f"--kill-worker {rank}@{step}: there are workers 0..{args.workers - 1}")
+    if not 0 <= step < cfg.steps - 1:
+        raise UsageError(f"--kill-worker {rank}@{step}: the step must be below --steps - 1 = {cfg.steps - 1}")
+    if args.stop_after is not None or args.resume is not None:
+        raise UsageError("--kill-worker runs whole runs: leave out --stop-after and --resume")
+    return FaultPlan(rank, step, args.restart_after, args.liveness_timeout)
+
+
+def _checkpoints(args: argparse.Namespace, cfg: Any, extras: Any) -> Any:
+    """The sweep's SweepCheckpoints (lta/train/resume.py), or None without --checkpoint-dir/--resume."""
+    from lta.train.resume import SweepCheckpoints, sweep_settings
+
+    if args.checkpoint_dir is not None and args.resume is not None:
+        raise UsageError("--resume DIR continues the checkpoints in DIR: leave out --checkpoint-dir")
+    root = args.resume if args.resume is not None else args.checkpoint_dir
+    if root is None:
+        for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--stop-after", args.stop_after)):
+            if value is not None:
+                raise UsageError(
+                    f"{flag} needs somewhere to save: add --checkpoint-dir DIR (or --resume DIR)"
+                )
+        return None
+    if args.stop_after is not None and args.stop_after >= cfg.steps:
+        raise UsageError(f"--stop-after {args.stop_after} must be below --steps {cfg.steps}")
+    settings = sweep_settings(args.workers, args.directions, cfg, extras.dp)
+    return SweepCheckpoints(
+        root,
+        settings,
+        resume=args.resume is not None,
+        every=args.checkpoint_every,
+        stop_after=args.stop_after,
+    )

@@ -1,22 +1,30 @@
 """One worker of ``lta train``: trains the char GPT with the sharded optimizer, run after run.
 
-A worker process serves the parent's commands: ``("run", RunSpec)`` binds a fresh LTA worker for that
-run's job and reports its address; ``("go",)`` trains it, streaming progress and parameter snapshots;
-``("exit",)`` ends the process. Every run starts from the same initial weights and sees the same batches
-(seeded by run seed and rank, not by drop rate or method), so runs compare paired.
+A worker process serves the parent's commands: ``("run", RunSpec, CheckpointPlan | None)`` binds a fresh
+LTA worker for that run's job, builds the model and the sharded optimizer (restoring them from the run's
+checkpoint when resuming) and only then reports its address, so that every worker is ready when
+``("go",)`` starts them together; ``go`` trains, streaming progress, parameter snapshots and the
+checkpoints it writes; ``("exit",)`` ends the process. Every run starts from the same initial weights
+and sees the same batches (seeded by run seed and rank, not by drop rate or method), so runs compare
+paired.
+
+Reproducibility: with the same seeds a run at 0% drop repeats bit for bit, and so does one restored from
+a checkpoint (``TrainConfig.lossless_wait_ms`` says why its deadlines are long).
 """
 
 from __future__ import annotations
 
 import math
+import queue
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.queues import Queue
 from typing import Any
 
 import numpy as np
 import torch
 
+from hostlib.torch_ext.checkpoint import load_shard, read_manifest, save_shard
 from hostlib.torch_ext.sharded import ShardedOptimizer
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.train.extras import WorkerExtras
@@ -46,11 +54,37 @@ class TrainConfig:
     drift_every: int = 10
     val_batches: int = 32
     exp_copies: int = 6  # exponent packets gate a whole reduce: send them often enough to survive 40% loss
+    # At 0% drop nothing is lost, so a deadline can only mistake a late worker (a slow start, a worker
+    # descheduled between two sends: N workers share a few cores) for lost packets and turn its
+    # contribution into a partial reduce or a stale parameter copy, and runs stop repeating bit for
+    # bit. Runs at 0% wait this long instead at every deadline (the transport's sync and lag deadlines
+    # and its RTO, the parameter exchange's collect deadline); runs with loss keep the defaults,
+    # whose job is to not wait for lost packets.
+    lossless_wait_ms: float = 20_000.0  # 0: runs at 0% keep the default deadlines (a fault demo)
+    optimizer: str = "adamw"  # or "sgd": SGD with momentum 0.9 at sgd_lr, no weight decay
+    sgd_lr: float = 0.2  # the best of 0.05..0.5 on the default model (lta/train/simulated.py)
+    loss_model: str = "bernoulli"  # or "ge": Gilbert-Elliott bursts at the same mean rate
 
     def gpt(self, vocab: int) -> GptConfig:
         return GptConfig(
             vocab=vocab, context=self.context, width=self.width, layers=self.layers, heads=self.heads
         )
+
+
+def quick_config() -> TrainConfig:
+    """``lta train --quick``: a tiny model and few steps, under a minute (for tests)."""
+    return TrainConfig(
+        width=32,
+        layers=1,
+        heads=2,
+        context=32,
+        batch=8,
+        steps=40,
+        warmup=5,
+        drift_every=5,
+        val_batches=8,
+        elems_per_packet=256,  # ~17k parameters: 67 chunks rather than 17
+    )
 
 
 @dataclass(frozen=True)
@@ -62,12 +96,46 @@ class RunSpec:
     job_id: int
 
 
-def transport_config(method: str, cfg: TrainConfig, seed: int) -> TransportConfig:
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where one run keeps its checkpoints (hostlib/torch_ext/checkpoint.py) and what to do with them."""
+
+    directory: str  # the run's own folder: one file per rank and a manifest
+    every: int | None = None  # save after every this many steps (never after the last)
+    resume_step: int = 0  # > 0: restore the checkpoint committed at this step, train on from there
+    stop_after: int | None = None  # end the run after this step, saving a checkpoint there
+
+
+def transport_config(method: str, cfg: TrainConfig, seed: int, *, lossless: bool = False) -> TransportConfig:
+    """The transport of one run; ``lossless`` (0% drop) waits ``cfg.lossless_wait_ms`` for late workers."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    return TransportConfig(
+    config = TransportConfig(
         elems_per_packet=cfg.elems_per_packet, exp_copies=cfg.exp_copies, seed=seed, **METHODS[method]
     )
+    if (
+        lossless and cfg.lossless_wait_ms > 0
+    ):  # every wait of the transport: for a late peer, before a FLUSH, at the tail (the RTO)
+        wait = cfg.lossless_wait_ms
+        config = replace(
+            config, sync_deadline_ms=wait, lag_deadline_ms=wait, min_deadline_ms=wait, max_deadline_ms=wait
+        )
+    return config
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The run's optimizer, before the sharded wrapper: AdamW (the paper's) or SGD with momentum."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.sgd_lr, momentum=0.9)
+    if cfg.optimizer != "adamw":
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {cfg.optimizer!r}")
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+
+
+def model_numel(cfg: TrainConfig, corpus: CharCorpus | None = None) -> int:
+    """Parameters of the run's model (what a checkpoint's manifest must match)."""
+    corpus = corpus or CharCorpus()
+    return sum(p.numel() for p in CharGpt(cfg.gpt(corpus.vocab)).parameters())
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -87,100 +155,256 @@ def worker_main(
     events: Queue,
     extras: WorkerExtras | None = None,
 ) -> None:
-    """Process entry point (spawned by the parent)."""
+    """Process entry point (spawned by the parent). A replacement for a killed worker (the fault demo,
+    lta/train/fault.py) says ``("spawned", rank)`` once it is up and waits for ``("rejoin", ...)``."""
     torch.set_num_threads(1)  # N workers share a few cores with the switch thread
     extras = extras or WorkerExtras()
     try:
         exporter = extras.start_exporter(rank)  # one endpoint per process, for every run it trains
         corpus = CharCorpus()
+        events.put(("spawned", rank))
         while True:
             command = commands.get()
             if command[0] == "exit":
                 return
+            if command[0] == "rejoin":
+                events.put(
+                    ("done", rank, rejoin(rank, n_workers, switch_addr, cfg, command, commands, events))
+                )
+                continue
             spec: RunSpec = command[1]
+            plan: CheckpointPlan | None = command[2] if len(command) > 2 else None
             with LtaWorker(
                 spec.job_id,
                 rank,
                 n_workers,
                 switch_addr,
-                config=transport_config(spec.method, cfg, spec.seed),
+                config=transport_config(spec.method, cfg, spec.seed, lossless=spec.drop == 0),
             ) as worker:
-                events.put(("addr", rank, worker.address))
+                run = TrainingRun(worker, corpus, cfg, spec, extras, exporter, plan)
+                events.put(("addr", rank, worker.address))  # ready: model built, checkpoint loaded
                 go = commands.get()
                 if go[0] != "go":
                     return
-                summary = train_run(worker, corpus, cfg, spec, events, extras, exporter)
+                summary = run.train(events, commands)
             events.put(("done", rank, summary))
     except BaseException:
         events.put(("error", rank, traceback.format_exc()))
 
 
-def train_run(
-    worker: LtaWorker,
-    corpus: CharCorpus,
+def rejoin(
+    rank: int,
+    n_workers: int,
+    switch_addr: tuple[str, int],
     cfg: TrainConfig,
-    spec: RunSpec,
+    command: tuple,
+    commands: Queue,
     events: Queue,
-    extras: WorkerExtras | None = None,
-    exporter: Any = None,
 ) -> dict[str, Any]:
-    rank = worker.worker_id
-    extras = extras or WorkerExtras()
-    torch.manual_seed(spec.seed)  # identical initial weights on every worker and in every run
-    model = CharGpt(cfg.gpt(corpus.vocab))
-    adamw = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    privacy = extras.privacy(worker, spec.job_id, spec.seed)
-    opt = ShardedOptimizer(adamw, worker, stale_bound=cfg.stale_bound, privacy=privacy)
-    telemetry = extras.telemetry(spec.name, rank)
-    meter = None
-    if telemetry is not None:
-        from hostlib.torch_ext.metrics import StepMeter
+    """A restarted worker joins its running job (elastic rejoin) and trains it to the end.
 
-        meter = StepMeter(opt, telemetry)
-        if exporter is not None:
-            exporter.track(telemetry)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
-    batches = torch.Generator().manual_seed(spec.seed * 1000 + rank)
-    losses = np.zeros(cfg.steps)
-    for step in range(cfg.steps):
-        x, y = corpus.batch("train", cfg.batch, cfg.context, batches)
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        schedule.step()
-        losses[step] = loss.item()
-        if meter is not None:
-            meter.step(tokens=cfg.batch * cfg.context)
-        events.put(("step", rank, step, losses[step]))
-        if (step + 1) % cfg.drift_every == 0:
-            lo, hi = opt.shard
-            events.put(
-                (
-                    "snapshot",
-                    rank,
-                    step,
-                    opt.replica(),
-                    hi - lo,
-                    opt.drift.sigma2,
-                    opt.drift.predicted(spec.drop),
-                )
+    ``command`` is ``("rejoin", spec, plan, address, handover)``: the address the switch knows for this
+    rank (the worker binds it again, so no table changes), the run's checkpoint plan (its last committed
+    checkpoint, if any, restores this rank's optimizer shard) and a survivor's handover at the step where
+    the survivors paused (its full parameter copy, the step counters, the transport's unit counter). Its
+    heartbeat starts with its socket, so the liveness monitor restores the job's quorum while everyone is
+    paused; ``("resume",)`` then starts all workers at the same step."""
+    _, spec, plan, address, handover = command
+    corpus = CharCorpus()
+    config = transport_config(spec.method, cfg, spec.seed)
+    with LtaWorker(spec.job_id, rank, n_workers, switch_addr, config=config, bind=tuple(address)) as worker:
+        restore = plan if plan is not None and read_manifest(plan.directory) is not None else None
+        if restore is not None:  # this rank's last checkpoint: its optimizer shard's state
+            restore = replace(restore, resume_step=read_manifest(restore.directory).step)
+        run = TrainingRun(worker, corpus, cfg, spec, plan=restore)
+        run.plan = plan
+        run.adopt(handover)
+        events.put(("joined", rank, handover["step"]))
+        go = commands.get()
+        if go[0] != "resume":
+            raise RuntimeError(f"worker {rank} waited to resume, got {go[0]!r}")
+        return run.train(events, commands)
+
+
+class TrainingRun:
+    """One worker's part of one run: built (and restored) by the constructor, trained by :meth:`train`."""
+
+    def __init__(
+        self,
+        worker: LtaWorker,
+        corpus: CharCorpus,
+        cfg: TrainConfig,
+        spec: RunSpec,
+        extras: WorkerExtras | None = None,
+        exporter: Any = None,
+        plan: CheckpointPlan | None = None,
+    ) -> None:
+        self.worker, self.corpus, self.cfg, self.spec, self.plan = worker, corpus, cfg, spec, plan
+        rank = worker.worker_id
+        extras = extras or WorkerExtras()
+        torch.manual_seed(spec.seed)  # identical initial weights on every worker and in every run
+        self.model = CharGpt(cfg.gpt(corpus.vocab))
+        adamw = make_optimizer(self.model, cfg)
+        self.privacy = extras.privacy(worker, spec.job_id, spec.seed)
+        patient = spec.drop == 0 and cfg.lossless_wait_ms > 0
+        patience: dict[str, Any] = {"collect_deadline_ms": cfg.lossless_wait_ms} if patient else {}
+        self.opt = ShardedOptimizer(
+            adamw, worker, stale_bound=cfg.stale_bound, privacy=self.privacy, **patience
+        )
+        self.stragglers = extras.straggler_emulator(spec.seed)
+        self.telemetry = extras.telemetry(spec.name, rank)
+        self.meter = None
+        if self.telemetry is not None:
+            from hostlib.torch_ext.metrics import StepMeter
+
+            self.meter = StepMeter(self.opt, self.telemetry)
+            if exporter is not None:
+                exporter.track(self.telemetry)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
+        self.batches = torch.Generator().manual_seed(spec.seed * 1000 + rank)
+        self.losses = np.zeros(cfg.steps)
+        self.start = 0
+        self._pause_at: int | None = None
+        if plan is not None and plan.resume_step > 0:
+            restored = load_shard(
+                plan.directory, model=self.model, optimizer=self.opt, generators={"batches": self.batches}
             )
-    opt.synchronize()  # evaluate the owners' parameters, as a checkpoint would hold them
-    val_sum, val_count = evaluate(model, corpus, cfg, rank, worker.n_workers)
-    summary = {
-        "losses": losses.tolist(),
-        "val_sum": val_sum,
-        "val_count": val_count,
-        "stats": opt.drift_stats(spec.drop),
-        "transport": worker.stats.as_dict(),
-        "numel": opt.flat.numel,
-    }
-    if telemetry is not None:
-        summary["telemetry"] = telemetry.snapshot()
-    if privacy is not None:
-        summary["privacy"] = privacy.stats.as_dict()
-    return summary
+            if restored.step != plan.resume_step:
+                raise RuntimeError(
+                    f"{plan.directory} holds step {restored.step}, the parent resumes step {plan.resume_step}"
+                )
+            self.schedule.load_state_dict(restored.extra["scheduler"])
+            saved = np.asarray(restored.extra["losses"], dtype=np.float64)
+            self.losses[: len(saved)] = saved[: cfg.steps]
+            self.start = restored.step
+
+    def _save(self, step: int, events: Queue) -> None:
+        assert self.plan is not None
+        extra = {
+            "scheduler": self.schedule.state_dict(),
+            "losses": torch.from_numpy(self.losses[:step].copy()),  # float64: the curve so far, exactly
+        }
+        record = save_shard(
+            self.plan.directory,
+            step=step,
+            model=self.model,
+            optimizer=self.opt,
+            generators={"batches": self.batches},
+            extra=extra,
+        )
+        events.put(("checkpoint", self.worker.worker_id, record))
+
+    def handover(self, step: int) -> dict[str, Any]:
+        """What a restarted worker needs to join at ``step`` (taken between two steps, while paused)."""
+        state = self.worker.codec_state()
+        return {
+            "step": step,
+            "lta_step": self.opt.lta_step,
+            "replica": self.opt.replica(),
+            "next_unit": state["next_unit"],
+            "prev": state["prev"],
+        }
+
+    def adopt(self, handover: dict[str, Any]) -> None:
+        """Join at ``handover["step"]``: take the survivor's parameter copy (its copy of this rank's own
+        shard is the last one this rank broadcast before it died: nobody steps a dead owner's shard),
+        its step counters and unit counter; move the data stream and the LR schedule to that step."""
+        step = int(handover["step"])
+        self.opt.adopt(handover["replica"], lta_step=int(handover["lta_step"]))
+        own = self.worker.codec_state()  # keep this worker's own rounding stream
+        self.worker.load_codec_state({**own, "next_unit": handover["next_unit"], "prev": handover["prev"]})
+        cfg = self.cfg
+        self.batches.manual_seed(self.spec.seed * 1000 + self.worker.worker_id)
+        for _ in range(step):  # the batches the survivors' schedule assigned to this rank so far
+            self.corpus.batch("train", cfg.batch, cfg.context, self.batches)
+        self.schedule.last_epoch = step
+        for group, base in zip(self.opt.param_groups, self.schedule.base_lrs, strict=True):
+            group["lr"] = base * lr_factor(step, cfg)
+        self.losses[:] = np.nan  # steps before the rejoin: the parent has them from the first process
+        self.start = step
+
+    def _between_steps(self, step: int, events: Queue, commands: Queue | None) -> None:
+        """The fault demo's pause: at ``("pause_at", t)`` the worker stops before step t, hands over
+        its state and waits for ``("resume",)`` while a restarted peer joins."""
+        if commands is None:
+            return
+        if self._pause_at is None:
+            try:
+                command = commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] != "pause_at":
+                raise RuntimeError(f"unexpected command {command[0]!r} during training")
+            self._pause_at = int(command[1])
+            if step > self._pause_at:
+                raise RuntimeError(f"asked to pause at step {self._pause_at}, already at {step}")
+        if step == self._pause_at:
+            events.put(("paused", self.worker.worker_id, step, self.handover(step)))
+            command = commands.get()
+            if command[0] != "resume":
+                raise RuntimeError(f"paused at step {step}, got {command[0]!r} instead of resume")
+            self._pause_at = None
+
+    def train(self, events: Queue, commands: Queue | None = None) -> dict[str, Any]:
+        """Train from ``start`` to ``cfg.steps`` (or to ``plan.stop_after``); the summary the parent
+        reports, or ``{"stopped": step}`` when the run stopped early. ``commands``: the parent's queue,
+        looked at between steps (the fault demo's pause)."""
+        cfg, spec, plan, opt = self.cfg, self.spec, self.plan, self.opt
+        rank = self.worker.worker_id
+        end = cfg.steps
+        if plan is not None and plan.stop_after is not None and self.start < plan.stop_after < end:
+            end = plan.stop_after
+        for step in range(self.start, end):
+            self._between_steps(step, events, commands)
+            x, y = self.corpus.batch("train", cfg.batch, cfg.context, self.batches)
+            loss = self.model(x, y)
+            loss.backward()
+            if self.stragglers is not None:  # what a slow step adds to the real compute
+                self.stragglers.sleep(rank, step, 0, extra_only=True)
+            opt.step()
+            opt.zero_grad()
+            self.schedule.step()
+            self.losses[step] = loss.item()
+            if self.meter is not None:
+                self.meter.step(tokens=cfg.batch * cfg.context)
+            events.put(("step", rank, step, self.losses[step]))
+            if (step + 1) % cfg.drift_every == 0:
+                lo, hi = opt.shard
+                events.put(
+                    (
+                        "snapshot",
+                        rank,
+                        step,
+                        opt.replica(),
+                        hi - lo,
+                        opt.drift.sigma2,
+                        opt.drift.predicted(spec.drop),
+                    )
+                )
+            done = step + 1
+            if (
+                plan is not None
+                and done < cfg.steps
+                and (done == end or (plan.every and done % plan.every == 0))
+            ):
+                self._save(done, events)
+        if end < cfg.steps:
+            return {"stopped": end}
+        opt.synchronize()  # evaluate the owners' parameters, as a checkpoint would hold them
+        val_sum, val_count = evaluate(self.model, self.corpus, cfg, rank, self.worker.n_workers)
+        summary = {
+            "losses": self.losses.tolist(),
+            "val_sum": val_sum,
+            "val_count": val_count,
+            "stats": opt.drift_stats(spec.drop),
+            "transport": self.worker.stats.as_dict(),
+            "numel": opt.flat.numel,
+        }
+        if self.telemetry is not None:
+            summary["telemetry"] = self.telemetry.snapshot()
+        if self.privacy is not None:
+            summary["privacy"] = self.privacy.stats.as_dict()
+        return summary
 
 
 @torch.no_grad()

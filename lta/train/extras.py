@@ -1,8 +1,11 @@
-"""What ``lta train --metrics-port`` and ``--dp-sigma/--dp-clip`` add to each worker: a Prometheus
-endpoint with the step telemetry, and differential privacy in the sharded optimizer.
+"""What ``lta train --metrics-port``, ``--dp-sigma/--dp-clip`` and ``--straggle-*`` add to each worker: a
+Prometheus endpoint with the step telemetry, differential privacy in the sharded optimizer, and emulated
+compute stragglers (``hostlib/stragglers.py``: each step, seeded per worker and step, takes
+``--straggle-factor`` times ``--straggle-base-ms`` longer with probability ``--straggle-prob``, or always
+on ``--slow-host``).
 
-Neither changes a run when its flags are absent: the worker then builds no Telemetry, no exporter and
-no privacy mechanism, and its summary has no extra keys.
+None changes a run when its flags are absent: the worker then builds no Telemetry, no exporter, no
+privacy mechanism and sleeps nothing, and its summary has no extra keys.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.errors import UsageError
+from hostlib.stragglers import StragglerEmulator, StragglerModel
 from hostlib.telemetry import Telemetry, alpha_from_env
 from hostlib.torch_ext.dp import DpConfig, GaussianPrivacy, privacy_report, require_accountant
 from hostlib.transport import LtaWorker
@@ -32,6 +36,14 @@ class WorkerExtras:
     dp: DpConfig | None = None
     # The shared secret the top-up noise is drawn from (never written to results): one per `lta train`.
     dp_secret: int = 0
+    stragglers: StragglerModel | None = None  # None: no emulated stragglers
+
+    def straggler_emulator(self, seed: int) -> StragglerEmulator | None:
+        """The run's emulator (its seed mixes the model's and the run's), or None without the flags."""
+        if self.stragglers is None or not self.stragglers.active:
+            return None
+        mixed = int(np.random.SeedSequence([self.stragglers.seed, seed]).generate_state(1)[0])
+        return StragglerEmulator(StragglerModel(**{**vars(self.stragglers), "seed": mixed}))
 
     @classmethod
     def make(
@@ -40,8 +52,10 @@ class WorkerExtras:
         metrics_addr: str = "127.0.0.1",
         telemetry_alpha: float | None = None,
         dp: DpConfig | None = None,
+        stragglers: StragglerModel | None = None,
     ) -> WorkerExtras:
-        return cls(metrics_port, metrics_addr, telemetry_alpha, dp, secrets.randbits(63) if dp else 0)
+        secret = secrets.randbits(63) if dp else 0
+        return cls(metrics_port, metrics_addr, telemetry_alpha, dp, secret, stragglers)
 
     def start_exporter(self, rank: int) -> Any:
         """The worker's PrometheusExporter, serving on ``metrics_port + rank``; None without the flag."""
@@ -78,7 +92,17 @@ def extras_from_args(args: argparse.Namespace) -> WorkerExtras:
     if args.metrics_port is not None:
         alpha = alpha_from_env()
         check_ports_free(args.metrics_addr, args.metrics_port, args.workers)
-    return WorkerExtras.make(args.metrics_port, args.metrics_addr, alpha, dp)
+    stragglers = None
+    if getattr(args, "straggle_prob", 0.0) or getattr(args, "slow_host", None) is not None:
+        if args.slow_host is not None and args.slow_host >= args.workers:
+            raise UsageError(f"--slow-host {args.slow_host}: there are workers 0..{args.workers - 1}")
+        stragglers = StragglerModel(
+            base_s=args.straggle_base_ms / 1000.0,
+            prob=args.straggle_prob,
+            factor=args.straggle_factor,
+            slow_host=args.slow_host,
+        )
+    return WorkerExtras.make(args.metrics_port, args.metrics_addr, alpha, dp, stragglers)
 
 
 def check_ports_free(addr: str, first: int, count: int) -> None:

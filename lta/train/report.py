@@ -131,7 +131,11 @@ def build_results(runs: list[RunResult], config: dict[str, Any], wall_s: float) 
                 "train_loss": r.train_loss,
                 "val_loss": r.val_loss,
                 "wall_s": r.wall_s,
+                "step_ms_median": r.step_ms_median,
                 "curve": r.curve,
+                "worker_curves": r.worker_curves,  # per worker, per step: compare runs bit for bit
+                "resumed_from": r.resumed_from,
+                **({"fault": r.fault} if r.fault else {}),
                 "drift": {
                     "steps": r.drift_steps,
                     "measured": r.drift_measured,

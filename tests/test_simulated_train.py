@@ -1,0 +1,285 @@
+"""Simulated workers (lta/train/simulated.py, hostlib/simulate.py) against independent expectations: the
+real transport's reduce for the same contributor set, numpy means over the contributors, brute-force
+drift, plain autograd per worker, the owners' history for stale copies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from hostlib import codec
+from hostlib.dropmodels import DropPolicy, DropStream
+from hostlib.simulate import (
+    FabricStreams,
+    bursty_policy,
+    loss_policy,
+    quantize_round,
+    simulate_round,
+    sum_contributions,
+    worker_values,
+)
+from hostlib.torch_ext.layout import ShardLayout
+from hostlib.transport import Fallback
+from lta.train.experiment import METHODS, RunSpec, quick_config
+from lta.train.gpt import CharCorpus, CharGpt
+from lta.train.simulated import SimulatedRun, pair_drift, run_simulated
+
+K = 64
+
+
+@pytest.fixture(scope="module")
+def corpus() -> CharCorpus:
+    return CharCorpus()
+
+
+def _expected_view(inputs, mask, delivered, method, prev, prev_tol, bound):
+    """What one worker should hold per chunk, from numpy alone: (values float64 C×K, tolerance C×K)."""
+    n, c, k = inputs.shape
+    renorm, fallback = METHODS[method]["renormalize"], METHODS[method]["fallback"]
+    count = mask.sum(axis=0)
+    values = np.zeros((c, k))
+    tol = np.zeros((c, k))
+    for ch in range(c):
+        who = np.flatnonzero(mask[:, ch])
+        if renorm == "count":
+            ok = delivered[ch] and count[ch] > 0
+            divisor = max(count[ch], 1)
+        else:
+            ok = delivered[ch] and (count[ch] == n or (fallback == "zero" and count[ch] > 0))
+            divisor = n
+        if ok:
+            values[ch] = inputs[who, ch].astype(np.float64).sum(axis=0) / divisor
+            tol[ch] = bound[ch] * (len(who) / divisor) + np.abs(values[ch]) * 2**-23
+        elif fallback == "prev":
+            values[ch], tol[ch] = prev[ch], prev_tol[ch]
+    return values, tol
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_simulated_reduce_gives_the_real_reduce_for_its_contributor_set(make_cluster, method):
+    """One reduce through the softswitch with loss; its RESULT bitmaps name who was summed per chunk.
+    The simulator fed that contributor set and the same delivered RESULTs returns, on every worker and
+    under every method, numpy's value for it (within the codec's bound), as the real workers do; and
+    both pick the same fallback for the same chunks."""
+    n, chunks_n = 4, 24
+    cfg = METHODS[method]
+    cluster = make_cluster(
+        n, up=0.3, down=0.1, seed=7, sync_deadline_ms=300, min_deadline_ms=50, elems_per_packet=K, **cfg
+    )
+    rng = np.random.default_rng(3)
+    sim_rng = np.random.default_rng(4)
+    zeros = np.zeros((chunks_n, K))
+    real_prev = [zeros] * n
+    sim_prev = [np.zeros((chunks_n, K), np.float32)] * n
+    prev_tol = [zeros] * n
+    fallbacks_seen = 0
+    for step in range(3):
+        inputs = (rng.standard_normal((n, chunks_n, K)) * 10.0 ** rng.integers(-2, 2)).astype(np.float32)
+        results = cluster.reduce_all([x.reshape(-1) for x in inputs], step=step)
+        mask = np.zeros((n, chunks_n), dtype=bool)
+        for r in results:
+            for ch in np.flatnonzero(r.count > 0):
+                who = r.contributors(ch)
+                assert len(who) == r.count[ch]
+                mask[who, ch] = True
+        agreed = codec.exponent_proposals(inputs.reshape(-1, K)).reshape(n, chunks_n).max(axis=0)
+        ints, shifts, saturated = quantize_round(inputs, agreed, sim_rng)
+        assert not saturated.any()  # every proposal counted: nothing can exceed the agreed exponent
+        summed = sum_contributions(ints, shifts, mask)
+        assert np.array_equal(summed.count, mask.sum(axis=0))
+        for w, r in enumerate(results):
+            delivered = r.count > 0
+            sim, codes = worker_values(summed, delivered, n, prev=sim_prev[w], local=inputs[w], **cfg)
+            assert np.array_equal(codes, r.fallback), (w, codes, r.fallback)
+            real_bound = codec.error_bound(r.shift)
+            expected, tol = _expected_view(
+                inputs, mask, delivered, method, real_prev[w], prev_tol[w], real_bound
+            )
+            real = r.values.reshape(chunks_n, K)
+            assert np.all(np.abs(real - expected) <= tol), (method, w)
+            sim_expected, sim_tol = _expected_view(
+                inputs, mask, delivered, method, real_prev[w], prev_tol[w], summed.error_bound()
+            )
+            assert np.all(np.abs(sim - sim_expected) <= sim_tol), (method, w)
+            fallbacks_seen += int(np.sum(codes != Fallback.NONE))
+            real_prev[w], prev_tol[w], sim_prev[w] = expected, np.maximum(tol, sim_tol), sim
+    assert fallbacks_seen > 0  # the loss did reach the methods' fallback paths
+    assert mask.sum() < n * chunks_n  # ... and partial chunks
+
+
+@pytest.mark.parametrize("policy", [DropPolicy(p=0.2), bursty_policy(0.2, mean_burst=4.0)])
+def test_simulated_rounds_lose_the_configured_share_and_sum_exactly(policy):
+    n, c = 16, 40
+    fabric = FabricStreams(n, {"up": policy}, seed=5)
+    rng = np.random.default_rng(0)
+    counts = []
+    for _ in range(30):
+        chunks = rng.standard_normal((n, c, K)).astype(np.float32)
+        summed, delivered = simulate_round(chunks, fabric, rng, exp_copies=6)
+        assert delivered.all() or not (summed.count > 0).all()
+        counts.append(summed.count)
+        for ch in np.flatnonzero(summed.count):
+            who = summed.contributed[:, ch]
+            mean = codec.dequantize(
+                summed.sums[ch : ch + 1], summed.shifts[ch : ch + 1], summed.count[ch : ch + 1]
+            )
+            exact = chunks[who, ch].astype(np.float64).mean(axis=0)
+            assert np.all(np.abs(mean[0] - exact) <= summed.error_bound()[ch] + np.abs(exact) * 2**-23)
+    got = np.concatenate(counts).sum() / (n * c * 30)
+    # Bursts make neighbouring decisions dependent: allow the burst length in the variance.
+    sigma = math.sqrt(0.2 * 0.8 * 4.0 / (n * c * 30))
+    assert abs((1 - got) - 0.2) < 5 * sigma, got
+
+
+def test_bursty_policy_has_the_mean_rate_and_the_burst_length():
+    lost = DropStream(bursty_policy(0.2, mean_burst=4.0), seed=0).drop_many(200_000)
+    assert abs(lost.mean() - 0.2) < 0.01
+    edges = np.diff(np.concatenate([[0], lost.astype(np.int8), [0]]))
+    runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)  # lengths of the loss bursts
+    assert runs.mean() == pytest.approx(4.0, rel=0.05)
+    assert loss_policy("ge", 0.0) == DropPolicy() and loss_policy("bernoulli", 0.1) == DropPolicy(p=0.1)
+    with pytest.raises(ValueError, match="loss model"):
+        loss_policy("bursty", 0.1)
+
+
+def test_lossless_round_counts_everyone():
+    n, c = 8, 10
+    fabric = FabricStreams(n, {"up": DropPolicy(), "down": DropPolicy(), "param": DropPolicy()}, seed=1)
+    chunks = np.random.default_rng(1).standard_normal((n, c, K)).astype(np.float32)
+    summed, delivered = simulate_round(chunks, fabric, np.random.default_rng(2))
+    assert np.all(summed.count == n) and delivered.all()
+
+
+def test_pair_drift_is_the_brute_force_mean_over_receiver_pairs():
+    rng = np.random.default_rng(0)
+    n, numel = 5, 300
+    layout = ShardLayout.contiguous(numel, 32, n)
+    replicas = rng.standard_normal((n, layout.padded)).astype(np.float32)
+    owner = np.repeat(layout.owners, 32)[:numel]
+    total, pairs = 0.0, 0
+    for v in range(numel):
+        for i in range(n):
+            for j in range(i + 1, n):
+                if owner[v] not in (i, j):
+                    total += (float(replicas[i, v]) - float(replicas[j, v])) ** 2
+                    pairs += 1
+    assert pair_drift(replicas, layout) == pytest.approx(total / pairs, rel=1e-9)
+
+
+def test_every_worker_gets_the_gradient_of_its_own_replica_on_its_own_batch(corpus):
+    cfg = quick_config()
+    run = SimulatedRun(RunSpec("g", "renorm", 0.0, 3, 1), cfg, 4, batch_per_worker=2, corpus=corpus)
+    gen = torch.Generator().manual_seed(9)
+    run.replicas[:, : run.numel] += 0.01 * torch.randn(run.replicas[:, : run.numel].shape, generator=gen)
+    replicas = run.replicas.clone()
+    grads, losses = run.local_gradients()
+    model = CharGpt(cfg.gpt(corpus.vocab))
+    for w in range(4):
+        batches = torch.Generator().manual_seed(3 * 1000 + w)  # the real path's seed for rank w
+        x, y = corpus.batch("train", 2, cfg.context, batches)
+        torch.nn.utils.vector_to_parameters(replicas[w, : run.numel].clone(), model.parameters())
+        model.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+        assert losses[w] == pytest.approx(loss.item(), rel=1e-5)
+        assert np.allclose(grads[w, : run.numel], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_stale_copies_are_the_owners_past_values_within_the_bound(corpus):
+    """Every receiver's copy of every chunk equals its owner's value from ``age`` steps ago, and no
+    copy gets older than S+1 (overdue copies are resent reliably)."""
+    cfg = replace(quick_config(), stale_bound=1)
+    run = SimulatedRun(RunSpec("s", "renorm", 0.5, 0, 1), cfg, 8, directions=("param",), corpus=corpus)
+    history = []
+    for _ in range(12):
+        run.step()
+        history.append(run.owned.detach().numpy().copy())
+        rows = run.replicas.numpy()[:, : run.numel]
+        ages = np.repeat(run.age, run.k, axis=1)[:, : run.numel]
+        assert ages.max() <= cfg.stale_bound + 1
+        for a in np.unique(ages):
+            if a < len(history):
+                sel = ages == a
+                owner_then = np.broadcast_to(history[-1 - a], rows.shape)
+                assert np.array_equal(rows[sel], owner_then[sel])
+    assert run.counters["resend_requests"].sum() > 0
+    assert run.counters["max_age_seen"].max() == cfg.stale_bound + 1
+
+
+def test_lossless_runs_repeat_bit_for_bit_and_lose_nothing(corpus):
+    cfg = replace(quick_config(), steps=12)
+    spec = RunSpec("lossless", "renorm", 0.0, 1, 1)
+    a = run_simulated(spec, cfg, 16, corpus=corpus)
+    b = run_simulated(spec, cfg, 16, corpus=corpus)
+    assert a.worker_curves == b.worker_curves and a.val_loss == b.val_loss
+    assert a.grad_loss_seen == 0.0 and a.param_loss_seen == 0.0 and a.max_stale_age == 0
+    assert all(d == 0.0 for d in a.drift_measured)
+    from lta.train.report import loss_seen  # the lead's table reads the same numbers from workers[]
+
+    assert loss_seen(a) == {"grad_loss_seen": 0.0, "param_loss_seen": 0.0}
+
+
+def test_loss_seen_is_the_configured_rate(corpus):
+    cfg = replace(quick_config(), steps=10)
+    r = run_simulated(RunSpec("lossy", "renorm", 0.3, 2, 1), cfg, 16, corpus=corpus)
+    contributions = 16 * sum(w["stats"]["grad_chunks"] for w in r.workers)  # N per chunk per step
+    sigma = math.sqrt(0.3 * 0.7 / contributions)
+    assert abs(r.grad_loss_seen - 0.3) < 5 * sigma + 0.3**6  # + exponent packets (6 copies) all lost
+    copies = sum(w["stats"]["exchange"]["chunks_expected"] for w in r.workers)
+    assert abs(r.param_loss_seen - 0.3) < 5 * math.sqrt(0.3 * 0.7 / copies)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_both_optimizers_learn_under_loss(corpus, optimizer):
+    cfg = replace(quick_config(), steps=20)
+    r = run_simulated(RunSpec("learn", "renorm", 0.1, 0, 1), cfg, 16, optimizer=optimizer, corpus=corpus)
+    uniform = math.log(corpus.vocab)  # the loss of a model that has learned nothing
+    assert r.curve[0] == pytest.approx(uniform, abs=0.1)
+    assert np.mean(r.curve[-5:]) < uniform - 0.8
+    assert r.val_loss < uniform - 0.8
+
+
+def test_withholding_on_a_lost_exponent_is_unbiased_only_when_it_ignores_the_values():
+    """One worker's values are 15x the others'. When its exponent proposal is lost it saturates: the
+    transport's rule (withhold what would saturate) drops exactly the largest contributor and biases the
+    renormalized mean low; withholding every chunk whose own proposal was not counted does not."""
+    n, c, rounds = 8, 16, 150
+    rng = np.random.default_rng(0)
+    errors = {}
+    for uncounted in (False, True):
+        fabric = FabricStreams(n, {"up": DropPolicy(p=0.3)}, seed=2)
+        per_round = []  # one exponent packet covers every chunk of a round: rounds are the samples
+        for _ in range(rounds):
+            chunks = (0.2 * rng.standard_normal((n, c, K))).astype(np.float32)
+            chunks[0] += 3.0
+            summed, _ = simulate_round(chunks, fabric, rng, exp_copies=1, withhold_uncounted=uncounted)
+            ok = np.flatnonzero(summed.count > 0)
+            est = codec.dequantize(summed.sums[ok], summed.shifts[ok], summed.count[ok])
+            per_round.append(float((est - chunks[:, ok].mean(axis=0)).mean()))
+        d = np.array(per_round)
+        errors[uncounted] = (d.mean(), d.std() / np.sqrt(d.size))
+    mean, se = errors[True]
+    assert abs(mean) < 4 * se, errors
+    biased, biased_se = errors[False]
+    assert biased < -0.05 and biased < -4 * biased_se, errors
+
+
+@pytest.mark.slow
+def test_four_simulated_workers_train_as_four_real_processes(corpus):
+    """N=4 simulated with the real run's batch per worker: the same initial weights, batches and
+    shards as ``lta train``'s worker processes through the softswitch, so at 0% loss every worker's
+    loss at every step matches theirs up to float and codec rounding (measured: within 1e-6)."""
+    from lta.train.sweep import LocalCluster
+
+    cfg = replace(quick_config(), steps=10)
+    spec = RunSpec("real", "renorm", 0.0, 0, 1)
+    with LocalCluster(4, cfg) as cluster:
+        real = cluster.run(spec, ("up", "param"))
+    sim = run_simulated(spec, cfg, 4, batch_per_worker=cfg.batch, corpus=corpus)
+    assert np.allclose(sim.worker_curves, real.worker_curves, atol=1e-4)
+    assert sim.val_loss == pytest.approx(real.val_loss, abs=1e-4)
