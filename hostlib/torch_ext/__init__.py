@@ -33,6 +33,10 @@ _EXPORTS = {
     "should_commit": "hostlib.torch_ext.health",
     "step_healthy": "hostlib.torch_ext.health",
     "join_default_group": "hostlib.torch_ext.health",
+    "DropComputeAccumulator": "hostlib.torch_ext.dropcompute",
+    "choose_threshold": "hostlib.torch_ext.dropcompute",
+    "save_shard": "hostlib.torch_ext.checkpoint",
+    "load_shard": "hostlib.torch_ext.checkpoint",
 }
 
 __all__ = [*_EXPORTS, "register_backend"]
