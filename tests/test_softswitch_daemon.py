@@ -155,8 +155,10 @@ workers = ["127.0.0.1:{ports[2]}"]
             "pool_size": 100,
             "slot_base": 0,
             "workers": [
-                {"port": 1, "mac": "02:00:00:00:00:0a", "ip": "127.0.0.1", "udp_port": ports[0]},
-                {"port": 2, "mac": "02:00:00:00:00:02", "ip": "127.0.0.1", "udp_port": ports[1]},
+                {"port": 1, "mac": "02:00:00:00:00:0a", "ip": "127.0.0.1", "udp_port": ports[0]}
+                | {"packets": 0},
+                {"port": 2, "mac": "02:00:00:00:00:02", "ip": "127.0.0.1", "udp_port": ports[1]}
+                | {"packets": 0},
             ],
             "drop": [
                 {"direction": "down", "worker": 1, "model": "bernoulli", "p": 0.0, "r": 1.0}
