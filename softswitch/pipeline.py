@@ -179,8 +179,7 @@ class SoftSwitch:
                 raise KeyError(f"no job {job_id} on this switch")
             if not 1 <= quorum <= job.cfg.n_workers:
                 raise ValueError(f"quorum must be in 1..{job.cfg.n_workers}, got {quorum}")
-            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)
-            self._batch.set_jobs(self.jobs)
+            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)  # the batch engine reads job.cfg per run
 
     def set_drop_policy(
         self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None

@@ -172,7 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--simulate-workers",
-        type=argtypes.int_range(2, 1024, "simulated worker count"),
+        type=argtypes.int_range(3, 1024, "simulated worker count"),
         metavar="N",
         help="N simulated workers in this process (the paper's N=64 on one machine) instead of --workers "
         "processes: the same drops, renormalization and stale copies, no sockets (lta/train/simulated.py)",

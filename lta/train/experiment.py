@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import queue
 import traceback
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from multiprocessing.queues import Queue
 from typing import Any
@@ -123,13 +124,16 @@ def transport_config(method: str, cfg: TrainConfig, seed: int, *, lossless: bool
     return config
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The run's optimizer, before the sharded wrapper: AdamW (the paper's) or SGD with momentum."""
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: TrainConfig, *, momentum: float = 0.9
+) -> torch.optim.Optimizer:
+    """The run's optimizer, before the sharded wrapper: AdamW (the paper's) or SGD with ``momentum``
+    at ``cfg.sgd_lr``, no weight decay (the simulated workers build theirs here too)."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.sgd_lr, momentum=0.9)
+        return torch.optim.SGD(params, lr=cfg.sgd_lr, momentum=momentum)
     if cfg.optimizer != "adamw":
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {cfg.optimizer!r}")
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
 
 
 def model_numel(cfg: TrainConfig, corpus: CharCorpus | None = None) -> int:
@@ -213,9 +217,10 @@ def rejoin(
     corpus = CharCorpus()
     config = transport_config(spec.method, cfg, spec.seed)
     with LtaWorker(spec.job_id, rank, n_workers, switch_addr, config=config, bind=tuple(address)) as worker:
-        restore = plan if plan is not None and read_manifest(plan.directory) is not None else None
-        if restore is not None:  # this rank's last checkpoint: its optimizer shard's state
-            restore = replace(restore, resume_step=read_manifest(restore.directory).step)
+        manifest = None if plan is None else read_manifest(plan.directory)
+        restore = None  # this rank's last checkpoint, if one was committed: its optimizer shard's state
+        if plan is not None and manifest is not None:
+            restore = replace(plan, resume_step=manifest.step)
         run = TrainingRun(worker, corpus, cfg, spec, plan=restore)
         run.plan = plan
         run.adopt(handover)
@@ -244,7 +249,7 @@ class TrainingRun:
         extras = extras or WorkerExtras()
         torch.manual_seed(spec.seed)  # identical initial weights on every worker and in every run
         self.model = CharGpt(cfg.gpt(corpus.vocab))
-        adamw = make_optimizer(self.model, cfg)
+        adamw = make_optimizer(self.model.parameters(), cfg)
         self.privacy = extras.privacy(worker, spec.job_id, spec.seed)
         patient = spec.drop == 0 and cfg.lossless_wait_ms > 0
         patience: dict[str, Any] = {"collect_deadline_ms": cfg.lossless_wait_ms} if patient else {}

@@ -34,7 +34,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ from hostlib.simulate import FabricStreams, loss_policy, simulate_round, worker_
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.transport import Fallback
-from lta.train.experiment import METHODS, RunSpec, TrainConfig, evaluate, lr_factor
+from lta.train.experiment import METHODS, RunSpec, TrainConfig, evaluate, lr_factor, make_optimizer
 from lta.train.gpt import CharCorpus, CharGpt
 from lta.train.sweep import RunResult
 
@@ -197,12 +197,8 @@ class SimulatedRun:
         self._replica_rows = self.replicas.numpy().reshape(n, self.n_chunks, k)
         self.owned = torch.nn.Parameter(initial.clone())
         self._owned_rows = np.zeros((self.n_chunks, k), dtype=np.float32)
-        if optimizer == "adamw":
-            self.opt: torch.optim.Optimizer = torch.optim.AdamW(
-                [self.owned], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
-            )
-        else:
-            self.opt = torch.optim.SGD([self.owned], lr=sgd_lr, momentum=momentum)
+        chosen = replace(cfg, optimizer=optimizer, sgd_lr=sgd_lr)
+        self.opt = make_optimizer([self.owned], chosen, momentum=momentum)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
         owned_np = self.owned.detach().numpy()  # shares memory: the optimizer updates in place
         self.shards = [self.layout.shard_range(w) for w in range(n)]
