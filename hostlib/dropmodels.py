@@ -2,7 +2,8 @@
 
 Names and parameters follow netem's ``gemodel``: ``p`` moves good→bad, ``r`` moves bad→good, and each
 state has its own loss probability. A :class:`DropStream` is one seeded, replayable sequence of
-decisions (one per packet); the switch keeps one per (job, direction, worker).
+decisions (one per packet); the switch keeps one per (job, direction, worker), and for ``param`` one per
+(job, receiver, sender).
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ class BatchEngine:
             for r in range(job.cfg.n_workers):
                 if r == w:
                     continue
-                if exposed and job.drops("param", r):
+                if exposed and job.drops("param", r, w):
                     cnt[job_id, _C["drop_policy_param"]] += 1
                     continue
                 kept.append(r)

@@ -103,20 +103,25 @@ class _Job:
         self.payload_bytes = 4 * cfg.elems_per_packet
         self.seed = seed
         self.policies: dict[tuple[str, int | None], DropPolicy] = {}
-        self.streams: dict[tuple[str, int], DropStream] = {}
+        self.streams: dict[tuple[str, int, int | None], DropStream] = {}
         # Port keys of the workers (see softswitch.batch.port_key), for the batched worker check and egress.
         self.worker_keys = worker_keys(cfg.workers)
 
-    def stream(self, direction: str, worker: int) -> DropStream | None:
-        """The drop stream of (direction, worker), or None when no policy applies (nothing is drawn)."""
+    def stream(self, direction: str, worker: int, sender: int | None = None) -> DropStream | None:
+        """The drop stream of (direction, worker), or None when no policy applies (nothing is drawn).
+        ``sender``: for ``param``, the worker whose broadcast this replica is; each (receiver, sender)
+        pair has its own stream, drawn in that sender's order, so which copies a receiver loses does
+        not depend on how the senders' broadcasts interleave at the switch."""
         policy = self.policies.get((direction, worker)) or self.policies.get((direction, None))
         if policy is None or policy == NO_LOSS:
             return None
-        key = (direction, worker)
+        key = (direction, worker, sender)
         stream = self.streams.get(key)
         if stream is None or stream.policy != policy:
-            # Seeded per (job, direction, worker) so a run replays whatever the interleaving.
+            # Seeded per (job, direction, worker[, sender]) so a run replays whatever the interleaving.
             entropy = [self.seed, self.cfg.job_id, DIRECTIONS.index(direction), worker]
+            if sender is not None:
+                entropy.append(sender)
             stream_seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
             stream = self.streams[key] = DropStream(policy, stream_seed)
         return stream
@@ -124,8 +129,8 @@ class _Job:
     def has_policy(self, direction: str) -> bool:
         return any(d == direction and p != NO_LOSS for (d, _), p in self.policies.items())
 
-    def drops(self, direction: str, worker: int) -> bool:
-        stream = self.stream(direction, worker)
+    def drops(self, direction: str, worker: int, sender: int | None = None) -> bool:
+        stream = self.stream(direction, worker, sender)
         return stream is not None and stream.drop()
 
 
@@ -397,7 +402,7 @@ class SoftSwitch:
         for r in range(cfg.n_workers):
             if r == w:
                 continue
-            if not flags & _CRITICAL * self.spare_critical and job.drops("param", r):
+            if not flags & _CRITICAL * self.spare_critical and job.drops("param", r, w):
                 self._count(cfg.job_id, "drop_policy_param")
                 continue
             out.append((cfg.workers[r], packet))

@@ -45,6 +45,7 @@ def test_every_chunk_is_the_mean_over_its_bitmap(make_cluster, n, loss):
     cluster = make_cluster(n, up=loss, down=loss / 2, seed=n, sync_deadline_ms=300, min_deadline_ms=50)
     rng = np.random.default_rng(n)
     checked = 0
+    counted = []
     for step in range(3):
         inputs = [
             (rng.standard_normal(length) * 10.0 ** rng.integers(-3, 3)).astype(np.float32) for _ in range(n)
@@ -55,18 +56,21 @@ def test_every_chunk_is_the_mean_over_its_bitmap(make_cluster, n, loss):
         if loss == 0.0:
             assert np.all(counts == n)
             assert all(np.all(r.fallback == Fallback.NONE) for r in results)
-        else:
-            if counts.size == 0:
-                continue  # every exponent packet of this reduce was lost (p^(2N) at 50%): nothing to check
-            # Losses compound: a contribution arrives only if its data packet survives the up link
-            # and its worker got the exponent RESULT (down link), and deadline flushes on a loaded
-            # machine cost more: with the plain I/O path and the CPU shared with a training job, 0.656 of
-            # contributions arrived at 10%/5% (0.77 of the loss law). Between (1-up)(1-down)·0.7 and
-            # 1 - a few sigma; the exactness above is what this test is for.
-            frac = counts.mean() / n
-            sigma = np.sqrt(loss * (1 - loss) / counts.size)
-            assert 0.7 * (1 - loss) * (1 - loss / 2) < frac < 1 - loss + 5 * sigma, frac
+        counted.append(counts)
     assert checked > 0
+    counts = np.concatenate(counted)
+    if loss > 0 and counts.size:
+        # Losses compound: a contribution arrives only if its data packet survives the up link and its
+        # worker's exponent proposal was counted (one of exp_copies=2 copies arrived: else it withholds
+        # every chunk of that exponent unit, whatever the values) and it got the exponent RESULT (down
+        # link); deadline flushes on a loaded machine cost more (with the plain I/O path and the CPU
+        # shared with a training job, 0.77 of the loss law arrived once). Exponent outcomes are shared
+        # by whole reduces, so this is loose: between half the loss law and 1 - up + a few sigma; the
+        # exactness above is what this test is for.
+        frac = counts.mean() / n
+        law = (1 - loss) * (1 - loss**2) * (1 - loss / 2)
+        sigma = np.sqrt(loss * (1 - loss) / counts.size)
+        assert 0.5 * law < frac < 1 - loss + 5 * sigma, frac
     totals = cluster.switch.read_counters(cluster.job_id)
     assert totals["grad_exp_mismatch"] == 0
 

@@ -9,8 +9,10 @@ wait for a deadline; the deadline only covers a marker lost on a real network or
 A lost chunk leaves the receiver's previous copy in place (the paper's Algorithm 1, lines 17-22). A
 :class:`~hostlib.stale.StaleTracker` per receiver counts each copy's age; a copy older than the bound S
 is requested (PARAM_REQ, critical) and the owner resends it reliably (critical) — at once if it is
-waiting in :meth:`ParamExchange.collect`, else with its next publish. The receiver waits for every copy
-it requested before it accounts the next step, so **no copy's age ever exceeds S+1**.
+waiting in :meth:`ParamExchange.collect`, else with its next publish (always with its next publish in
+exact runs, ``TransportConfig.exact``, so that the copy's value does not depend on timing). The
+receiver waits for every copy it requested before it accounts the next step, so **no copy's age ever
+exceeds S+1**.
 
 **Critical chunks** (``critical=``, LTP's hybrid: see hostlib/torch_ext/critical.py) are delivered, not
 just tried: the owner sends them CRITICAL every step, and a receiver does not account a step before
@@ -223,9 +225,13 @@ class ParamExchange:
         last_request = t0
         required = self.foreign if require_all else self.critical_foreign
         last_required_request = -np.inf
+        # Exact runs (TransportConfig.exact) serve requests only when they publish: a copy resent from
+        # inside collect holds this step's values or the next one's, depending on when the request came.
+        serve = not self.worker.config.exact
         while True:
             self._absorb()
-            self._serve_requests()
+            if serve:
+                self._serve_requests()
             self._awaiting &= self.held_step <= self._awaiting_above
             # An owner the transport presumes dead publishes nothing and steps nothing: its shard's
             # copies are as current as they can be, so none of them is waited for or requested.

@@ -98,6 +98,16 @@ class TransportConfig:
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (controlplane/liveness.py).
     heartbeat_interval_s: float = 0.5
+    # Exact experiments under *emulated* loss (a lossless path whose switch drops packets by seeded
+    # policies that spare CRITICAL packets, as the softswitch does): no round is closed by a timer. Each
+    # reduce ends with a fence, one zero chunk marked critical (so spared), whose RESULT carries every
+    # worker's bit: every worker has then provably sent every unit, and the rounds still open lost a
+    # packet to the policy; they are FLUSHed at once (Deadlines.fast_flush) and close with exactly the
+    # contributions the policy let through. Exponent units are critical too (a lost one blocks the data
+    # behind it; with exp_copies the real loss of all copies is p**copies). Pair with long deadlines
+    # (they are then only a safety net: stats.flushes_on_timer counts what they closed) and a parameter
+    # exchange that serves resend requests only when it publishes (exchange.py does, in this mode).
+    exact: bool = False
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)

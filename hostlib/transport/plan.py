@@ -63,10 +63,11 @@ class ReducePlan:
         self.bitmap = np.zeros(c, dtype=np.uint64)
         self.weight = np.zeros(c, dtype=np.int64)
         self.shift = np.zeros(c, dtype=np.int32)
-        self.has_exp = np.zeros(c, dtype=bool)  # quantized, within range: will be sent
+        self.has_exp = np.zeros(c, dtype=bool)  # quantized, own exponent counted: will be sent
         self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
+        self.own_exp = np.zeros(c, dtype=bool)  # ... and this worker's proposal was counted in it
         self.quantized = np.zeros(c, dtype=bool)
-        self.saturated = np.zeros(c, dtype=bool)
+        self.withheld = np.zeros(c, dtype=bool)  # own proposal not counted: nothing sent (see worker)
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
@@ -160,7 +161,7 @@ class ReducePlan:
         self.closed_early = 0
         self.lt_at = self.hard_close_at = math.inf
         self.rx_batches = []
-        for flags in (self.has_exp, self.exp_known, self.quantized, self.saturated):
+        for flags in (self.has_exp, self.exp_known, self.own_exp, self.quantized, self.withheld):
             flags[:] = False
         self.state[:] = PENDING
         self.synced = False

@@ -20,8 +20,8 @@ class ReduceResult:
     count: np.ndarray  # contributions summed per chunk (0 where no RESULT came)
     bitmap: np.ndarray  # uint64, bit w = worker w contributed
     fallback: np.ndarray  # Fallback code per chunk
-    withheld: np.ndarray  # bool per chunk: this worker's values exceeded the agreed exponent (its
-    # proposal was lost), so it sent nothing rather than a clamped, biased value
+    withheld: np.ndarray  # bool per chunk: this worker's exponent proposal was not counted in the agreed
+    # exponent (lost on the way), so it sent nothing for the chunk, whatever its values
     saturated: np.ndarray  # bool per chunk: the RESULT carried SATURATED (some sender clamped)
     shift: np.ndarray  # per chunk fixed-point shift used (error bound 2^-shift)
     elapsed_s: float
@@ -47,9 +47,12 @@ class TransportStats:
     fallback_prev: int = 0
     fallback_zero: int = 0
     fallback_local: int = 0
-    withheld_chunks: int = 0  # would have saturated: withheld instead of clamped
+    withheld_chunks: int = 0  # own exponent proposal not counted: withheld (whatever the values)
     saturated_results: int = 0  # RESULTs flagged SATURATED by some sender
     flushes_sent: int = 0
+    # FLUSHes of units not yet behind every worker's frontier: a timer decided (a late worker's
+    # packet could still have come). 0 in exact runs: every round closed by the drop policy alone.
+    flushes_on_timer: int = 0
     packets_sent: int = 0
     packets_received: int = 0
     results_retx: int = 0
@@ -97,7 +100,7 @@ class TransportStats:
         self.chunks_empty += empty
         self.chunks_no_result += no_result
         self.chunks_no_exponent += int(np.sum(~plan.exp_known))
-        self.withheld_chunks += int(plan.saturated.sum())
+        self.withheld_chunks += int(plan.withheld.sum())
         self.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
         if plan.any_critical:
             crit = plan.critical

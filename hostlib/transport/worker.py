@@ -46,6 +46,7 @@ from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
 _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
 _RETX, _MAX, _CRITICAL = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL)
+_SATURATED = int(Flag.SATURATED)
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,12 @@ class LtaWorker:
         ``x``: float array or tensor (any shape; flattened). ``key`` names the tensor for the ``prev``
         fallback (default: its length). ``weight``: this worker's sample count, summed by the switch
         and used as the divisor when ``renormalize='weight'``. Unbiased for any drop pattern that is
-        independent of the values, up to the codec's error bound (``2^-shift`` per chunk).
+        independent of the values, up to the codec's error bound (``2^-shift`` per chunk): a worker
+        whose exponent proposal for a chunk was not counted in the agreed exponent withholds that
+        chunk, whatever its values (``ReduceResult.withheld``), so what is missing never depends on them.
+
+        With ``config.exact`` (emulated loss) the reduce ends with a fence chunk (see the config): every
+        round closes by the drop policy's decisions, none by a timer.
 
         ``critical``: chunks that must come back with every worker counted (LTP's critical packets): a
         bool mask with one entry per chunk, or value ranges ``[(start, stop), ...]`` (every chunk holding
@@ -263,8 +269,18 @@ class LtaWorker:
         t0 = time.perf_counter()
         local = _as_float32(x)
         n = local.size
-        plan = self._plan(n)
-        mask = None if critical is None else critical_chunks(critical, n, self.config.elems_per_packet)
+        k = self.config.elems_per_packet
+        exact = self.config.exact
+        n_chunks = max(1, -(-n // k))
+        # Exact mode: one zero chunk after the data, the fence (critical: spared by emulated loss).
+        plan = self._plan((n_chunks + 1) * k if exact else n)
+        mask = None if critical is None else critical_chunks(critical, n, k)
+        if exact:
+            fenced = np.zeros(plan.chunks_count, dtype=bool)
+            if mask is not None:
+                fenced[:n_chunks] = mask
+            fenced[n_chunks] = True
+            mask = fenced
         chunks = plan.chunks
         chunks.reshape(-1)[:n] = local
         chunks.reshape(-1)[n:] = 0.0
@@ -273,6 +289,9 @@ class LtaWorker:
         proposals = codec.exponent_proposals(chunks)
         self._header["step"] = step
         plan.reset(self._next_unit, self._slots, self._header, weight, proposals, self.n_workers, mask)
+        if exact:  # a lost exponent would block its data units, and no later unit could show it lost
+            plan.critical_unit[: plan.exp_units] = True
+            plan.exp_batch["flags"] |= _CRITICAL
         self._next_unit += plan.units
         self._start_pacing()
         plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
@@ -300,17 +319,18 @@ class LtaWorker:
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         self._check_health(got_nothing, plan.chunks_count)
-        done = plan.state[plan.exp_units :] == DONE
+        done = plan.state[plan.exp_units :][:n_chunks] == DONE
+        c = slice(0, n_chunks)  # without the exact mode's fence
         return ReduceResult(
             values=values,
-            count=np.where(done, plan.count, 0),
-            bitmap=np.where(done, plan.bitmap, np.uint64(0)),
-            fallback=fallback,
-            withheld=plan.saturated.copy(),
-            saturated=(plan.result_flags & Flag.SATURATED).astype(bool),
-            shift=plan.shift.copy(),
+            count=np.where(done, plan.count[c], 0),
+            bitmap=np.where(done, plan.bitmap[c], np.uint64(0)),
+            fallback=fallback[c],
+            withheld=plan.withheld[c].copy(),
+            saturated=(plan.result_flags[c] & Flag.SATURATED).astype(bool),
+            shift=plan.shift[c].copy(),
             elapsed_s=elapsed,
-            critical=plan.critical.copy(),
+            critical=plan.critical[c].copy(),
         )
 
     # ---- pacing and early close (LTP) ------------------------------------------------------------
@@ -536,12 +556,18 @@ class LtaWorker:
         # Straight into the packet rows (big-endian), no int32 temporary.
         saturated = codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], sel)
         d["exp"][sel] = shifts
-        d["flags"][sel] = np.where(plan.critical[sel], _CRITICAL, 0)
-        # A chunk that would saturate (this worker's exponent proposal was lost and its values exceed
-        # the agreed bound) is withheld rather than clamped: a clamp would bias the sum, a missing
-        # contribution is renormalized away.
-        plan.saturated[sel] = saturated
-        plan.has_exp[sel] = ~saturated
+        # A chunk whose agreed exponent does not count this worker's proposal (lost on the way) is
+        # withheld, whatever its values: its values may exceed the agreed bound, and withholding only
+        # those (a decision on the values) would remove the largest contributions and bias the mean; a
+        # contribution missing for a reason independent of the values is renormalized away. A chunk
+        # whose proposal was counted cannot exceed the bound; if the codec clamps one all the same, it
+        # goes flagged SATURATED (docs/protocol.md).
+        counted = plan.own_exp[sel]
+        d["flags"][sel] = np.where(plan.critical[sel], _CRITICAL, 0) | np.where(
+            saturated & counted, _SATURATED, 0
+        )
+        plan.withheld[sel] = ~counted
+        plan.has_exp[sel] = counted
         plan.quantized[sel] = True
 
     def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
@@ -571,6 +597,9 @@ class LtaWorker:
         more = plan.flushes[rest] < self.config.max_flushes
         units = rest[more]
         if units.size:
+            # Units behind every worker's frontier lost a packet for sure (fast_flush); the others are
+            # flushed on a timer's word: some worker may still have been about to send.
+            self.stats.flushes_on_timer += int(np.count_nonzero(units >= plan.frontier.min()))
             plan.flushes[units] += 1
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
@@ -723,6 +752,7 @@ class LtaWorker:
             c0 = int(u[i]) * k
             c1 = min(c0 + k, plan.chunks_count)
             self._on_exponents(plan, c0, c1, payload[rows[i], : c1 - c0])
+            plan.own_exp[c0:c1] = bool(int(bitmap[i]) >> self.worker_id & 1)
         data = ~exp
         if not data.any():
             return

@@ -1,0 +1,177 @@
+"""Exact experiments under emulated loss (issue K): rounds close by the drop policy alone, never by a
+timer; a lost exponent withholds a chunk whatever its values; the switch's param drops do not depend on
+how senders interleave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hostlib.dropmodels import DropPolicy
+from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, VERSION, Op, batch_rows, empty_batch
+from hostlib.transport import Fallback, LtaWorker, TransportConfig
+from softswitch.batch import port_key
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+from tests.conftest import check_mean_over_bitmap, run_workers
+from tests.test_softswitch_batch import pack
+
+K = 64
+
+
+def _inputs(rng: np.random.Generator, n: int, length: int, scale: list[float]) -> list[np.ndarray]:
+    return [(rng.standard_normal(length) * scale[w]).astype(np.float32) for w in range(n)]
+
+
+def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
+    """Worker 1's values are a thousandth of the others': they always fit the agreed exponent, so the
+    rule before issue K (withhold only what would exceed it) never withheld them. Now a worker whose own
+    proposal was not counted withholds every chunk of that exponent unit, and sends nothing for it."""
+    n, length = 3, 20 * K + 5
+    cluster = make_cluster(
+        n, elems_per_packet=K, exp_copies=1, seed=5, sync_deadline_ms=300, min_deadline_ms=50
+    )
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=0.4), worker=1)
+    rng = np.random.default_rng(1)
+    withheld_reduces = 0
+    for step in range(12):
+        inputs = _inputs(rng, n, length, [1.0, 1e-3, 1.0])
+        results = cluster.reduce_all(inputs, step=step)
+        check_mean_over_bitmap(results, inputs, K)
+        mine = results[1]
+        assert not results[0].withheld.any() and not results[2].withheld.any()  # no loss on their links
+        if mine.withheld.any():
+            withheld_reduces += 1
+            assert mine.withheld.all()  # one exponent unit covers all 21 chunks: all or none
+            for r in results:  # worker 1 sent nothing: it is in no bitmap
+                assert not np.any(r.bitmap[r.fallback == Fallback.NONE] >> np.uint64(1) & np.uint64(1))
+    # P(withheld) = 0.4 per reduce (one copy); P(none in 12) = 0.6**12 = 0.2%.
+    assert withheld_reduces > 0
+    assert cluster.workers[1].stats.withheld_chunks == withheld_reduces * 21
+
+
+def _exact_run(seed: int, loss: float, steps: int = 6) -> tuple[list[list[np.ndarray]], list, list]:
+    """Four workers, exact mode, up loss: every reduce's results, and the transports' stats."""
+    switch = SoftSwitch(seed=seed)
+    server = SoftSwitchServer(switch).start()
+    cfg = TransportConfig(
+        elems_per_packet=K,
+        seed=seed,
+        exact=True,
+        sync_deadline_ms=20_000,
+        lag_deadline_ms=20_000,
+        min_deadline_ms=20_000,
+        max_deadline_ms=20_000,
+    )
+    workers = [LtaWorker(1, w, 4, server.address, config=cfg) for w in range(4)]
+    try:
+        switch.add_job(JobConfig(1, [w.address for w in workers], elems_per_packet=K))
+        switch.set_drop_policy(1, "up", DropPolicy(p=loss))
+        rng = np.random.default_rng(seed)
+        outs, all_inputs = [], []
+        for step in range(steps):
+            inputs = _inputs(rng, 4, 40 * K + 9, [1.0, 3.0, 0.5, 2.0])
+            results = run_workers(workers, lambda w, i, x=inputs, s=step: w.allreduce(x[i], step=s))
+            check_mean_over_bitmap(results, inputs, K)
+            outs.append(results)
+            all_inputs.append(inputs)
+        return outs, [w.stats for w in workers], all_inputs
+    finally:
+        for w in workers:
+            w.close()
+        server.stop()
+
+
+def test_exact_rounds_close_by_the_drop_policy_alone():
+    """With 20 s deadlines a timer could only fire after 20 s: the reduces finish (the fence shows every
+    lost packet at once), no FLUSH is sent on a timer's word, the counts follow the loss law, and a
+    second run with the same seed returns the same bits."""
+    loss = 0.25
+    first, stats, _ = _exact_run(seed=3, loss=loss)
+    again, _, _ = _exact_run(seed=3, loss=loss)
+    for a_step, b_step in zip(first, again, strict=True):
+        for a, b in zip(a_step, b_step, strict=True):
+            assert np.array_equal(a.values, b.values)
+            assert np.array_equal(a.bitmap, b.bitmap)
+    assert all(s.flushes_on_timer == 0 for s in stats)
+    assert sum(s.flushes_sent for s in stats) > 0  # lossy rounds were closed, by evidence
+    counts = np.concatenate([step[0].count for step in first])
+    # Each data GRAD is lost with probability `loss`, independently; exponents are spared (critical).
+    frac = counts.mean() / 4
+    sigma = np.sqrt(loss * (1 - loss) / (4 * counts.size))
+    assert abs(frac - (1 - loss)) < 4 * sigma, frac
+    assert all(s.withheld_chunks == 0 for s in stats)
+
+
+def _param_packets(sender: int, chunks: range) -> list[bytes]:
+    batch = empty_batch(len(chunks), K)
+    batch["version"], batch["op"], batch["job_id"], batch["worker_id"] = VERSION, int(Op.PARAM), 1, sender
+    batch["chunk"] = list(chunks)
+    batch["nelem"] = K
+    return [bytes(row) for row in batch_rows(batch)]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_param_drops_do_not_depend_on_how_senders_interleave(batched):
+    """Each (receiver, sender) pair has its own drop stream: receivers lose the same copies whether the
+    switch sees sender 0's broadcasts first, sender 1's first, or them alternating."""
+    ports = [10, 11, 12]
+    every = {(r, c) for s in (0, 1) for c in range(100 * s, 100 * s + 40) for r in range(3) if r != s}
+
+    def lost(order: list[int]) -> set[tuple[int, int]]:
+        sw = SoftSwitch(seed=9)
+        sw.add_job(JobConfig(1, ports, elems_per_packet=K))
+        sw.set_drop_policy(1, "param", DropPolicy(p=0.3))
+        packets = {s: _param_packets(s, range(100 * s, 100 * s + 40)) for s in (0, 1)}
+        taken = {0: 0, 1: 0}
+        sequence = []
+        for s in order:
+            sequence.append((packets[s][taken[s]], ports[s]))
+            taken[s] += 1
+        if batched:
+            out = sw.process_batch(*pack(sequence)).packets()
+        else:
+            out = [(port_key(e), bytes(p)) for data, port in sequence for e, p in sw.process(data, port)]
+        got = set()
+        for egress, data in out:
+            hdr = np.frombuffer(data[:HEADER_BYTES], dtype=HEADER_DTYPE)[0]
+            got.add((ports.index(egress), int(hdr["chunk"])))
+        assert got <= every and 0 < len(every - got) < len(every)
+        return every - got
+
+    first = lost([0] * 40 + [1] * 40)
+    assert first == lost([1] * 40 + [0] * 40)
+    assert first == lost([0, 1] * 40)
+
+
+def test_lta_train_quick_is_exact_at_any_drop_rate():
+    """``lta train --quick``'s worker processes through the softswitch: at 0% nothing is lost; at 20% on
+    gradients and parameters, two runs with the same seed give every worker the same loss at every
+    step, bit for bit, the loss the workers saw is the configured rate within sampling error, and no
+    round was closed by a timer."""
+    from dataclasses import replace
+
+    from lta.train.experiment import RunSpec, quick_config
+    from lta.train.sweep import LocalCluster
+
+    cfg = replace(quick_config(), steps=20)
+    lossy = RunSpec("lossy", "renorm", 0.2, 4, 1)
+    with LocalCluster(4, cfg) as cluster:
+        clean = cluster.run(RunSpec("clean", "renorm", 0.0, 4, 2), ("up", "param"))
+        first = cluster.run(lossy, ("up", "param"))
+        second = cluster.run(lossy, ("up", "param"))  # the same job: the same drop streams
+    assert first.worker_curves == second.worker_curves
+    assert first.val_loss == second.val_loss
+    for run, p in ((clean, 0.0), (first, 0.2)):
+        stats = [w["stats"] for w in run.workers]
+        assert all(w["transport"]["flushes_on_timer"] == 0 for w in run.workers)
+        chunks = sum(s["grad_chunks"] for s in stats)
+        seen = 1 - sum(s["grad_contributions"] for s in stats) / (4 * chunks)
+        expected = sum(s["exchange"]["chunks_expected"] for s in stats)
+        param_seen = 1 - sum(s["exchange"]["chunks_fresh"] for s in stats) / expected
+        if p == 0:
+            assert seen == 0 and param_seen == 0
+            continue
+        # Each contribution (4 per chunk) and each foreign copy is lost independently with p.
+        assert abs(seen - p) < 4 * np.sqrt(p * (1 - p) / (4 * chunks)), seen
+        assert abs(param_seen - p) < 4 * np.sqrt(p * (1 - p) / expected), param_seen
