@@ -13,7 +13,8 @@ from step to step; :func:`exponent_round`, :func:`quantize_round` and :func:`sum
 switch's two rounds (the last also replays a contributor set read from a real reduce's bitmaps);
 :func:`simulate_round` chains them under the fabric's losses; :func:`worker_values` is what one worker's
 ``allreduce`` returns under each aggregation method (``renormalize`` count or none, ``fallback`` prev,
-zero or local: hostlib/transport/config.py).
+zero or local: hostlib/transport/config.py), :func:`fallback_codes` its decision alone (for N workers at
+once: the simulated workers' lost-contribution feedback reads it).
 """
 
 from __future__ import annotations
@@ -183,14 +184,20 @@ class ExponentRound:
     counted: np.ndarray  # (N, C) bool: worker w's own proposal reached the switch
 
 
-def exponent_round(chunks: np.ndarray, fabric: FabricStreams, exp_copies: int = 2) -> ExponentRound:
+def exponent_round(
+    chunks: np.ndarray, fabric: FabricStreams, exp_copies: int = 2, *, spared: bool = False
+) -> ExponentRound:
     """The exponent round of a reduce of ``chunks`` (N × C × K): every worker sends ``exp_copies`` copies
     of each exponent packet (K proposals each); the switch keeps the max over the proposals that got
-    through and sends the result back over each worker's ``down`` link."""
+    through and sends the result back over each worker's ``down`` link. ``spared``: the ``up`` link
+    loses no exponent packet (the transport's exact mode marks them critical)."""
     n_workers, c, k = chunks.shape
     e_units = -(-c // k)
     proposals = codec.exponent_proposals(chunks.reshape(-1, k)).reshape(n_workers, c)
-    copies = fabric.lost("up", np.ones((n_workers, exp_copies * e_units), dtype=bool))
+    if spared:
+        copies = np.zeros((n_workers, exp_copies * e_units), dtype=bool)
+    else:
+        copies = fabric.lost("up", np.ones((n_workers, exp_copies * e_units), dtype=bool))
     counted_unit = ~copies.reshape(n_workers, exp_copies, e_units).all(axis=1)
     counted = np.repeat(counted_unit, k, axis=1)[:, :c]
     agreed = np.where(counted, proposals, np.iinfo(np.int32).min).max(axis=0)
@@ -225,23 +232,53 @@ def simulate_round(
     rng: np.random.Generator,
     exp_copies: int = 2,
     *,
-    withhold_uncounted: bool = False,
+    withhold_uncounted: bool = True,
+    exact: bool = False,
 ) -> tuple[ChunkRound, np.ndarray]:
     """Both rounds of a reduce of ``chunks`` (N × C × K) under the fabric's losses; the GRADs that survive
-    the ``up`` link are summed. A worker sends a chunk when it learned the agreed exponent and, by
-    default, its values fit it (what the transport does today: the decision then depends on the values,
-    so it is biased against the largest contributor). ``withhold_uncounted``: it withholds every chunk
-    whose exponent round did not count its own proposal, whatever the values (value-independent, so the
-    renormalized mean stays unbiased). Returns the round and (N, C) bool: chunk c's RESULT reached
-    worker w (the round closed with count > 0 and the ``down`` link kept it)."""
+    the ``up`` link are summed. A worker sends a chunk when it learned the agreed exponent and (the
+    transport's rule, ``withhold_uncounted``) that exponent counted its own proposal, whatever the
+    values: value-independent, so the renormalized mean stays unbiased. ``withhold_uncounted=False``
+    replays the transport's rule before issue K: withhold only the chunks whose values exceed the agreed
+    bound (a decision on the values, biased against the largest contributor). Returns the round and
+    (N, C) bool: chunk c's RESULT reached worker w (the round closed with count > 0 and the ``down``
+    link kept it). ``exact``: as the transport's exact mode, exponent packets are spared."""
     n_workers = chunks.shape[0]
-    exps = exponent_round(chunks, fabric, exp_copies)
+    exps = exponent_round(chunks, fabric, exp_copies, spared=exact)
     ints, shifts, saturated = quantize_round(chunks, exps.agreed, rng)
     sent = exps.known & (exps.counted if withhold_uncounted else ~saturated)
     summed = sum_contributions(ints, shifts, sent & ~fabric.lost("up", sent))
     closed: np.ndarray = summed.count > 0
     delivered = ~fabric.lost("down", np.repeat(closed[None, :], n_workers, axis=0)) & closed[None, :]
     return summed, delivered
+
+
+def fallback_codes(
+    count: np.ndarray,
+    delivered: np.ndarray,
+    n_workers: int,
+    *,
+    renormalize: str = "count",
+    fallback: str = "prev",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk, whether a worker's ``allreduce`` keeps the RESULT's sum and the Fallback code it
+    reports, as :func:`worker_values` (and the transport) decide them from the round's ``count`` (C,)
+    and whether the RESULT reached the worker (``delivered``: (C,) for one worker, (N, C) for N at
+    once). Returns (got, codes), both shaped like ``delivered``."""
+    if renormalize not in ("count", "none"):
+        raise ValueError(f"renormalize must be 'count' or 'none' here, got {renormalize!r}")
+    if fallback not in FALLBACK_POLICIES:
+        raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {fallback!r}")
+    policy = FALLBACK_POLICIES[fallback]
+    arrived = delivered & (count > 0)
+    if renormalize == "none":
+        got = arrived if policy == Fallback.ZERO else arrived & (count == n_workers)
+    else:
+        got = arrived
+    codes = np.where(got, Fallback.NONE, policy).astype(np.int8)
+    if renormalize == "none":
+        codes[..., count < n_workers] = policy
+    return got, codes
 
 
 def worker_values(
@@ -264,22 +301,13 @@ def worker_values(
     chunks (count == N) do; every chunk short of N is marked with the fallback either way.
     Fallback rows: ``prev`` (the worker's last result for the tensor; zeros when None), ``zero``, or
     ``local`` (its own values; required then)."""
-    if renormalize not in ("count", "none"):
-        raise ValueError(f"renormalize must be 'count' or 'none' here, got {renormalize!r}")
-    if fallback not in FALLBACK_POLICIES:
-        raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {fallback!r}")
-    policy = FALLBACK_POLICIES[fallback]
     count = summed.count
-    arrived = delivered & (count > 0)
+    got, codes = fallback_codes(count, delivered, n_workers, renormalize=renormalize, fallback=fallback)
+    policy = FALLBACK_POLICIES[fallback]
     if renormalize == "none":
-        got = arrived if policy == Fallback.ZERO else arrived & (count == n_workers)
         divisor = np.full(len(count), float(n_workers))
     else:
-        got = arrived
         divisor = np.maximum(count, 1).astype(np.float64)
-    codes = np.where(got, Fallback.NONE, policy).astype(np.int8)
-    if renormalize == "none":
-        codes[count < n_workers] = policy
     if policy == Fallback.LOCAL:
         if local is None:
             raise ValueError("fallback='local' needs the worker's own values (local=...)")

@@ -1,4 +1,5 @@
-"""``lta train --quick``: the main job end to end (4 worker processes, a softswitch, 13 runs)."""
+"""``lta train --quick``: the main job end to end (4 worker processes, a softswitch, 13 runs), and the
+sweep the flags ask for (seeds, methods, mechanisms) without training."""
 
 from __future__ import annotations
 
@@ -10,10 +11,20 @@ from importlib import metadata
 import pytest
 
 from hostlib.torch_ext.drift import iid_drift, paper_drift
+from lta import cli
 
-ROW_FIELDS = {"drop", "train_loss", "train_ppl", "val_loss", "val_ppl"}
+ROW_FIELDS = {"drop", "method", "mechanism", "train_loss", "train_ppl", "val_loss", "val_ppl", "seeds"}
+ROW_FIELDS |= {
+    "grad_loss_seen",
+    "param_loss_seen",
+    "timer_flushes",
+    "resend_requests",
+    "resend_requests_per_step",
+}
 CHANGES = {f"{m}_change_pct" for m in ("train_loss", "train_ppl", "val_loss", "val_ppl")}
-DRIFT_FIELDS = {"p", "measured", "sigma2", "paper", "iid", "max_stale_age", "stale_bound"}
+INTERVALS = {f"{m}_change_ci95" for m in ("train_loss", "train_ppl", "val_loss", "val_ppl")}
+DRIFT_FIELDS = {"p", "mechanism", "measured", "sigma2", "paper", "iid", "max_stale_age", "stale_bound"}
+DRIFT_FIELDS |= {"stale_bound_holds"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -21,7 +32,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lta-train")
     proc = subprocess.run(
-        [sys.executable, "-m", "lta.cli", "train", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "lta.cli", "train", "--quick", "--seeds", "0", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -34,23 +45,30 @@ def test_quick_train_writes_every_field(quick_run):
     out, proc = quick_run
     results = json.loads((out / "results.json").read_text())
     drops = [0.0, 0.1, 0.2, 0.3, 0.4]
-    assert [r["drop"] for r in results["rows"]] == drops
-    for row in results["rows"]:
-        assert ROW_FIELDS | CHANGES <= set(row)
+    rows = results["rows"]
+    groups = [("renorm", "none"), ("prev", "none"), ("zero", "none")]  # no --mechanism: plain runs
+    assert [(r["method"], r["mechanism"], r["drop"]) for r in rows] == [
+        (*g, d) for g in groups for d in drops
+    ]
+    for row in rows:
+        assert ROW_FIELDS | CHANGES | INTERVALS <= set(row)
+        assert row["seeds"] == [0]
+        assert all(row[c] is None for c in INTERVALS)  # one seed: no interval
         assert row["train_ppl"] == pytest.approx(2.718281828 ** row["train_loss"], rel=1e-9)
         assert row["val_ppl"] == pytest.approx(2.718281828 ** row["val_loss"], rel=1e-9)
         assert 0.5 < row["val_loss"] < 4.7  # below the uniform guess ln(103) = 4.63: it learned
-    assert all(results["rows"][0][c] == 0.0 for c in CHANGES)
-    for method in ("prev", "zero"):
-        baseline = results["baselines"][method]
-        assert [r["drop"] for r in baseline] == drops
-        assert all(ROW_FIELDS | CHANGES <= set(r) for r in baseline)
+        assert row["resend_requests"] is not None and row["resend_requests"] >= 0
+    lossless = [r for r in rows if r["drop"] == 0]
+    assert all(r[c] == 0.0 for r in lossless for c in CHANGES)
+    assert all(r["grad_loss_seen"] == 0.0 for r in lossless)
+    assert "baselines" not in results  # every method is in rows
     assert [d["p"] for d in results["drift"]] == drops
     for d in results["drift"]:
         assert DRIFT_FIELDS <= set(d)
+        assert d["mechanism"] == "none"
         assert d["paper"] == pytest.approx(paper_drift(d["p"], d["sigma2"]))
         assert d["iid"] == pytest.approx(iid_drift(d["p"], d["sigma2"]))
-        assert d["max_stale_age"] <= d["stale_bound"] + 1
+        assert d["max_stale_age"] <= d["stale_bound"] + 1 and d["stale_bound_holds"] is True
     lossless, lossy = results["drift"][0], results["drift"][-1]
     assert lossless["measured"] == 0.0  # nothing lost: every replica identical
     assert lossy["measured"] > 0.0 and lossy["sigma2"] > 0.0
@@ -62,32 +80,113 @@ def test_quick_train_writes_every_field(quick_run):
 
 def test_quick_train_plots(quick_run):
     out, _ = quick_run
-    for name in ("loss_curves.png", "drift.png"):
+    for name in ("loss_curves.png", "drift.png", "val_ppl_change.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
 
 
 def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(tmp_path):
-    argv = [sys.executable, "-m", "lta.cli", "train", "--quick", "--workers", "3", "--drops", "0.3",
-            "--methods", "renorm", "--steps", "10", "--json", "--out", str(tmp_path)]  # fmt: skip
+    argv = [sys.executable, "-m", "lta.cli", "train", "--quick", "--seeds", "0", "--workers", "3",
+            "--drops", "0.3", "--methods", "renorm", "--mechanism", "none,stale1", "--steps", "10", "--json",
+            "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)  # the whole of stdout is one JSON document
     assert doc["schema"] == "lta.train/1"
     assert doc["lta_version"] == metadata.version("lta")
     assert doc["torch_version"] == metadata.version("torch")
-    assert [r["drop"] for r in doc["rows"]] == [0.0, 0.3]  # 0 is always run: the lossless reference
-    assert [d["p"] for d in doc["drift"]] == [0.0, 0.3]
+    # 0 is always run: the lossless reference of every (method, mechanism) group
+    got = [(r["method"], r["mechanism"], r["drop"]) for r in doc["rows"]]
+    assert got == [
+        ("renorm", "none", 0.0),
+        ("renorm", "none", 0.3),
+        ("renorm", "stale1", 0.0),
+        ("renorm", "stale1", 0.3),
+    ]
+    assert [(d["mechanism"], d["p"]) for d in doc["drift"]] == [("none", 0.0), ("none", 0.3), ("stale1", 0.3)]
     saved = json.loads((tmp_path / "results.json").read_text())
     assert doc["rows"] == saved["rows"]
+    assert [r["name"] for r in saved["runs"]] == ["lossless-s0", "renorm-p0.30-s0", "renorm+stale1-p0.30-s0"]
+    assert saved["config"]["mechanisms"] == ["none", "stale1"] and saved["config"]["seeds"] == [0]
     # the progress (one line per run when stderr is not a terminal) and the files written: stderr
-    assert "run 1/2" in proc.stderr and "run 2/2" in proc.stderr and "results.json" in proc.stderr
+    assert "run 1/3" in proc.stderr and "run 3/3" in proc.stderr and "results.json" in proc.stderr
+
+
+def _sweep(*argv: str):
+    args = cli.build_parser().parse_args(["train", *argv])
+    from lta.train.cli import sweep_from_args
+
+    return sweep_from_args(args)
+
+
+def test_sweep_runs_every_mechanism_on_renorm_and_the_baselines_plain():
+    drops, seeds, mechanisms, specs = _sweep(
+        "--mechanism", "none", "--mechanism", "feedback", "--methods", "renorm,prev", "--drops", "0,0.1",
+        "--seeds", "0,1",
+    )  # fmt: skip
+    assert (drops, seeds, mechanisms) == ([0.0, 0.1], [0, 1], ["none", "feedback"])
+    expected = []
+    for seed in (0, 1):
+        expected += [
+            (f"lossless-s{seed}", "renorm", "none", 0.0, seed),
+            (f"renorm-p0.10-s{seed}", "renorm", "none", 0.1, seed),
+            (f"renorm+feedback-p0.10-s{seed}", "renorm", "feedback", 0.1, seed),
+            (f"prev-p0.10-s{seed}", "prev", "none", 0.1, seed),
+        ]
+    assert [(s.name, s.method, s.mechanism, s.drop, s.seed) for s in specs] == expected
+    assert len({s.job_id for s in specs}) == len(specs)
+    # a comma list is the same as repeating the flag; repeats are run once
+    again = _sweep("--mechanism", "none,feedback", "--mechanism", "feedback", "--methods", "renorm,prev",
+                   "--drops", "0.1", "--seeds", "0,1")  # fmt: skip
+    assert [s.name for s in again[3]] == [s.name for s in specs]
+
+
+def test_sweep_defaults_three_seeds_one_with_quick_and_no_mechanism():
+    drops, seeds, mechanisms, specs = _sweep()
+    assert (drops, seeds, mechanisms) == ([0.0, 0.1, 0.2, 0.3, 0.4], [0, 1, 2], ["none"])
+    assert len(specs) == 3 * (1 + 4 * 3)  # per seed: the 0% run, then 4 drop rates x 3 methods
+    names = [s.name for s in specs]
+    assert len(set(names)) == len(names) and "zero-p0.40-s2" in names and "lossless-s1" in names
+    assert all(s.mechanism == "none" for s in specs)
+    assert _sweep("--quick")[1] == [0]
+    assert _sweep("--quick", "--seeds", "3,4")[1] == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mechanism", "bogus"], "choose from none,feedback,stale1,stale2"),
+        (["--mechanism", "none,bogus"], "--mechanism"),
+        (
+            ["--methods", "prev,zero", "--mechanism", "feedback"],
+            "applies to renorm runs: add renorm to --methods",
+        ),
+    ],
+)
+def test_bad_mechanisms_are_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    assert cli.main(["train", "--quick", "--seeds", "0", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_emulated_stragglers_slow_every_step_they_hit(tmp_path):
     """--straggle-prob 1: every step of every worker sleeps (K-1) x base more; the run records the model."""
     out = tmp_path / "strag"
-    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--steps", "8", "--drops", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lta",
+        "-q",
+        "train",
+        "--quick",
+        "--seeds",
+        "0",
+        "--steps",
+        "8",
+        "--drops",
+        "0",
+    ]
     cmd += ["--straggle-prob", "1", "--straggle-factor", "3", "--straggle-base-ms", "100", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -108,7 +207,7 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
     says so; the loss the workers saw matches the configured mean rate; simulation refuses what it
     does not model in one line."""
     out = tmp_path / "sim"
-    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--simulate-workers", "16"]
+    cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--seeds", "0", "--simulate-workers", "16"]
     cmd += ["--drops", "0.2", "--methods", "renorm", "--optimizer", "sgd", "--loss-model", "ge"]
     cmd += ["--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -123,6 +222,10 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
     )
     lossy = next(r for r in results["rows"] if r["drop"] == 0.2)
     assert abs(lossy["grad_loss_seen"] - 0.2) < 0.05  # 16 workers x 67 chunks x 40 steps, bursty
+    assert lossy["timer_flushes"] is None  # simulated workers have no transport: nothing to count
+    assert lossy["resend_requests"] is not None and lossy["resend_requests_per_step"] is not None
+    title = (out / "table.md").read_text().splitlines()[0]
+    assert "16 simulated workers" in title and "Gilbert-Elliott" in title
     bad = subprocess.run(
         [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "16", "--kill-worker", "1@5"],
         capture_output=True,

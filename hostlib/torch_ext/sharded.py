@@ -14,6 +14,20 @@
 ``critical.py``) marks parameters critical: their gradient chunks come back with every worker counted
 and their shards' broadcasts are delivered (the reliable exchange path), every step.
 
+``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/feedback.py).
+After each reduce the worker reads its own bit in every chunk's RESULT bitmap; where the reduce did
+not count its contribution (lost on the way up, withheld, a RESULT that never came, or a sum its
+allreduce discarded for a fallback) it keeps what it sent for those chunks and adds it to its next
+gradient for them, once. Under renormalization a lost contribution is missing from the mean at step t
+and enters it at t+1: delayed, not dropped, at no extra traffic (on top of renormalization, which
+already stands for it, the expected aggregate is g/(1−p): see hostlib/feedback.py). Critical chunks
+follow the same rule (they come back with every worker counted, so they carry nothing unless a
+critical RESULT came back short). With ``privacy=...`` the residual is added *before* clipping and
+is the clipped value this worker meant to send, without its noise share (the top-up already made up
+for the lost share): every message is still clipped to C, so the accountant's per-step sensitivity
+holds, but clipping may shrink the carried part: under DP the feedback is delayed and possibly scaled
+down, not exact.
+
 The wrapped optimizer's parameter groups are rebound to this worker's shard, so its hyperparameters,
 per-group settings and any LR scheduler attached to it keep working. Exact (equal to the unwrapped
 optimizer at zero loss, up to the codec's rounding) for element-wise optimizers: SGD, Adam(W), RMSprop,
@@ -30,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hostlib.feedback import ResidualFeedback, counted_by_result, feedback_stats
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
@@ -84,6 +99,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         privacy: GaussianPrivacy | None = None,
         critical: CriticalSpec = None,
         module: torch.nn.Module | None = None,
+        feedback: bool = False,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
@@ -137,6 +153,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             critical=self.critical_mask,
         )
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
+        # lost-contribution feedback: what the last reduce did not count of this worker's gradient
+        self.feedback = ResidualFeedback(self.layout.n_chunks, k) if feedback else None
         self.lta_step = 0
         self.grad_chunks = 0
         self.grad_chunks_partial = 0
@@ -154,11 +172,22 @@ class ShardedOptimizer(torch.optim.Optimizer):
         t = self.lta_step
         lo, hi = self.shard
         self.flat.gather_grads()
-        grads = self._grads_host.pull()
+        grads = self._grads_host.pull()  # padded to whole chunks (zeros past numel)
+        sent = grads
+        if self.feedback is not None:
+            self.feedback.add_to(grads.reshape(self.layout.n_chunks, -1))
         if self.privacy is not None:
-            self.privacy.privatize_(grads[: self.flat.numel])
+            if self.feedback is None:
+                self.privacy.privatize_(grads[: self.flat.numel])
+            else:  # carry the clipped contribution, not the noise share (see the module docstring)
+                self.privacy.clip_(grads[: self.flat.numel])
+                sent = grads.copy()
+                self.privacy.add_share_(grads[: self.flat.numel])
         critical = self.critical_mask if self.critical_mask.any() else None
         result = self.worker.allreduce(grads[: self.flat.numel], step=t, key=_GRAD_KEY, critical=critical)
+        if self.feedback is not None:
+            counted = counted_by_result(result.bitmap, result.fallback, self.worker.worker_id)
+            self.feedback.settle(sent, counted)
         if self.privacy is not None:  # only the owned chunks are used here: top up those
             first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
             self.privacy.top_up_(result, step=t, chunks=(int(first), int(last)))
@@ -223,9 +252,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         the wrapped optimizer's state of the owned shard, ``lta_step`` and the chunk counters, the
         parameter exchange (step of every copy held, stale-tracker ages, resend requests, statistics),
         the drift monitor, the transport's stochastic-rounding generator, unit counter and ``prev``
-        fallback, and the layout (``layout_info``) the state belongs to. Copies, not references; only
-        tensors and plain values, so ``torch.load(weights_only=True)`` reads it back. The parameters
-        are the model's: save ``model.state_dict()`` beside it (hostlib/torch_ext/checkpoint.py does)."""
+        fallback, the feedback residuals and counters (``feedback=True``), and the layout
+        (``layout_info``) the state belongs to. Copies, not references; only tensors and plain values,
+        so ``torch.load(weights_only=True)`` reads it back. The parameters are the model's: save
+        ``model.state_dict()`` beside it (hostlib/torch_ext/checkpoint.py does)."""
         return {
             "format": STATE_FORMAT,
             "layout": self.layout_info(),
@@ -236,6 +266,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             "drift": _as_tensors(self.drift.state_dict()),
             "transport": _as_tensors(self.worker.codec_state()),
             "privacy": None if self.privacy is None else asdict(self.privacy.stats),
+            "feedback": None if self.feedback is None else _as_tensors(self.feedback.state_dict()),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -258,6 +289,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise CheckpointMismatch(
                 "the optimizer state was saved for another layout: " + ", ".join(differs)
             )
+        saved_feedback = state_dict.get("feedback")
+        if saved_feedback is not None and self.feedback is None:
+            raise CheckpointMismatch(
+                "the optimizer state was saved with feedback=True: build this one with feedback=True "
+                "(lta train --mechanism feedback), or its carried residuals would be dropped"
+            )
         self.inner.load_state_dict(copy.deepcopy(state_dict["inner"]))
         # torch's load_state_dict builds new group dicts: share them again (schedulers on either object)
         self.param_groups = self.inner.param_groups
@@ -270,6 +307,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.exchange.changed = False
         self.drift.load_state_dict(_as_arrays(state_dict["drift"]))
         self.worker.load_codec_state(_as_arrays(state_dict["transport"]))
+        if self.feedback is not None:  # a state saved without feedback carries nothing
+            if saved_feedback is None:
+                self.feedback.clear()
+            else:
+                self.feedback.load_state_dict(_as_arrays(saved_feedback))
         if self.privacy is not None and state_dict.get("privacy") is not None:
             known = {f.name for f in fields(self.privacy.stats)}
             for name, value in state_dict["privacy"].items():
@@ -288,7 +330,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def drift_stats(self, p: float | None = None) -> dict[str, Any]:
         """What this worker saw: gradient chunks of its shard (partial = renormalized from fewer than N,
         fallback = none arrived), its shard's update variance σ², the drift its receivers should see
-        under Bernoulli(p) param loss (``predicted``, momentum-aware), and the ages of its stale copies."""
+        under Bernoulli(p) param loss (``predicted``, momentum-aware), the ages of its stale copies, and
+        the feedback counters (``hostlib.feedback.feedback_stats``)."""
         out: dict[str, Any] = {
             "step": self.lta_step,
             "grad_chunks": self.grad_chunks,
@@ -300,6 +343,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             "stale": self.exchange.tracker.summary(),
             "exchange": self.exchange.stats.as_dict(),
             "critical": describe(self.critical_mask, self.flat.numel, self.layout.elems_per_chunk),
+            **feedback_stats(self.feedback),  # lost-contribution feedback (zeros without it)
         }
         if p is not None:
             out["predicted_drift"] = self.drift.predicted(p)
@@ -318,6 +362,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         host[: self.flat.numel] = values
         self._params_host.push()
         self.exchange.adopt(lta_step)
+        if self.feedback is not None:  # what this rank's dead process had carried died with it
+            self.feedback.clear()
         lo, hi = self.shard
         self.drift = DriftMonitor(self._params_host.array[lo:hi], self.drift.bound)
         self.lta_step = lta_step

@@ -6,8 +6,14 @@ softswitch to gradients (``up``: GRAD packets) and parameters (``param``: PARAM 
 to lose RESULTs as well. Each rate runs with renormalized aggregation (ours) and with the baselines
 ``prev`` (reuse the last value, no renormalization: what the paper's simulation does) and ``zero``.
 
-Writes to ``--out``: results.json (rows, drift, baselines, per-run curves), table.md, loss_curves.png,
-drift.png. Only this module's ``register`` runs at ``lta`` start-up; torch is imported when training.
+Writes to ``--out``: results.json (rows, drift, per-run curves), table.md, loss_curves.png, drift.png,
+val_ppl_change.png. Only this module's ``register`` runs at ``lta`` start-up; torch is imported when training.
+
+``--mechanism NAME`` (repeatable, or comma-separated): mechanisms beyond Algorithm 1 for the renorm runs,
+each a row of the tables: none (plain Algorithm 1), feedback (lost contributions added to the next
+gradient), stale1 / stale2 (staleness bound S = 1 or 2); prev and zero always run plain. Every seed
+(default 0,1,2; with --quick 0) repeats the whole sweep: the tables give the mean paired change vs 0%
+and its 95% t interval over seeds (lta/train/report.py documents results.json).
 
 ``--metrics-port PORT``: worker r serves Prometheus metrics (``lta_*``, EWMA weight from
 ``TELEMETRY_ALPHA``, default 0.1) on PORT+r; ``lta metrics watch HOST:PORT-LAST`` shows them.
@@ -75,6 +81,46 @@ def _names(allowed: tuple[str, ...]):  # noqa: ANN202
     return parse
 
 
+def _mechanisms(text: str) -> list[str]:
+    from lta.train.experiment import MECHANISMS  # imports torch: only when the flag is given
+
+    return _names(MECHANISMS)(text)
+
+
+def sweep_specs(seeds: list[int], drops: list[float], methods: list[str], mechanisms: list[str]) -> list[Any]:
+    """The runs of a sweep, in order: per seed, the 0% run (renorm, no mechanism: nothing is lost, so it
+    serves every method), then per method, mechanism and drop rate > 0 one run. Mechanisms apply to
+    renorm; prev and zero run plain. Names are unique (checkpoints are kept by name):
+    ``lossless-s0``, ``renorm-p0.10-s0``, ``renorm+feedback-p0.10-s0``, ``prev-p0.10-s0``."""
+    from lta.train.experiment import RunSpec
+
+    specs: list[RunSpec] = []
+    for seed in seeds:
+        specs.append(RunSpec(f"lossless-s{seed}", "renorm", 0.0, seed, len(specs) % 63 + 1))
+        for method in methods:
+            for mechanism in mechanisms if method == "renorm" else ["none"]:
+                group = method if mechanism == "none" else f"{method}+{mechanism}"
+                for drop in sorted(set(drops) - {0.0}):
+                    job_id = len(specs) % 63 + 1
+                    specs.append(
+                        RunSpec(f"{group}-p{drop:.2f}-s{seed}", method, drop, seed, job_id, mechanism)
+                    )
+    return specs
+
+
+def sweep_from_args(args: argparse.Namespace) -> tuple[list[float], list[int], list[str], list[Any]]:
+    """(drop rates with 0 added, seeds, mechanisms, run specs) of ``lta train``'s arguments: seeds default
+    to 0,1,2 (0 with --quick), mechanisms to none; a mechanism without renorm is a usage error."""
+    drops = sorted(set(args.drops) | {0.0})
+    seeds = args.seeds if args.seeds is not None else [0] if args.quick else [0, 1, 2]
+    mechanisms = list(dict.fromkeys(m for given in args.mechanism or [["none"]] for m in given))
+    if mechanisms != ["none"] and "renorm" not in args.methods:
+        raise UsageError(
+            f"--mechanism {','.join(mechanisms)} applies to renorm runs: add renorm to --methods"
+        )
+    return drops, seeds, mechanisms, sweep_specs(seeds, drops, args.methods, mechanisms)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train",
@@ -105,10 +151,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"where loss applies ({', '.join(DIRECTIONS)})",
     )
     p.add_argument(
+        "--mechanism",
+        type=_mechanisms,
+        action="append",
+        metavar="NAME",
+        help="mechanism beyond Algorithm 1 for the renorm runs, one more row each: none, feedback, stale1, "
+        "stale2; repeat the flag or separate with commas (default: none)",
+    )
+    p.add_argument(
         "--seeds",
         type=argtypes.csv_of(argtypes.nonnegative_int, "seeds"),
-        default=[0],
-        help="seeds, comma-separated; each one is a full sweep",
+        help="seeds, comma-separated; each one is a full sweep, paired with its own 0%% run "
+        "(default: 0,1,2; with --quick 0)",
     )
     p.add_argument(
         "--steps", type=argtypes.positive_int, help="training steps per run (default: 300; with --quick 40)"
@@ -234,6 +288,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a worker silent this long is offline and the quorum drops (with --kill-worker; at least "
         "1 s: workers heartbeat every 0.5 s, and a busy machine delays beats)",
     )
+    p.add_argument(
+        "--timed-close",
+        action="store_true",
+        help="close rounds that lost a packet at the transport's deadlines, as on a real network (not "
+        "reproducible; the default closes them by the seeded drop decisions alone: exact runs)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model, few steps: under a minute (for tests)")
     p.add_argument("--json", action="store_true", help="print results.json's rows and drift on stdout")
     p.set_defaults(func=run)
@@ -241,7 +301,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lta.train import report
-    from lta.train.experiment import RunSpec, TrainConfig, config_dict, model_numel, quick_config
+    from lta.train.experiment import TrainConfig, config_dict, model_numel, quick_config
     from lta.train.extras import extras_from_args, privacy_summary
     from lta.train.sweep import RunStopped, WorkerFailed
 
@@ -255,22 +315,17 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.steps:
         overrides["steps"] = args.steps
+    # Exact runs need every lost packet to be shown lost by a later one that arrived (the fence); a
+    # RESULT lost on the way down (--directions ...,down) has no such witness: timers close those runs.
+    if args.timed_close or "down" in args.directions:
+        overrides["exact"] = False
     cfg = TrainConfig(**{**config_dict(cfg), **overrides})
-    drops = sorted(set(args.drops) | {0.0})
-    specs = []
-    for seed in args.seeds:
-        for method in args.methods:
-            for drop in drops:
-                if drop == 0 and method != args.methods[0]:
-                    continue  # nothing is lost at 0%: one run serves every method
-                job_id = len(specs) % 63 + 1
-                name = f"{method}-p{drop:.2f}-s{seed}" if drop else f"lossless-s{seed}"
-                specs.append(RunSpec(name, method if drop else "renorm", drop, seed, job_id))
+    drops, seeds, mechanisms, specs = sweep_from_args(args)
     if args.simulate_workers is not None:
         _check_simulated(args, extras)
     fault = _fault(args, cfg)
     if fault is not None:  # a dead worker must cost deadlines, not 20 s waits: default deadlines at 0% too
-        cfg = TrainConfig(**{**config_dict(cfg), "lossless_wait_ms": 0.0})
+        cfg = TrainConfig(**{**config_dict(cfg), "exact": False})
     checkpoints = _checkpoints(args, cfg, extras)  # before anything starts: a mismatch is one line
     starts = {}
     if checkpoints is not None:
@@ -295,6 +350,9 @@ def run(args: argparse.Namespace) -> int:
 
     who = f"{args.simulate_workers} simulated workers" if args.simulate_workers else f"{args.workers} workers"
     say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {args.out}")
+    if not cfg.exact and fault is None:
+        why = "--timed-close" if args.timed_close else "RESULTs are lost too (down)"
+        say(f"rounds with a lost packet close at deadlines ({why}): runs are not reproducible bit for bit")
     stopped = None
     try:
         with (
@@ -351,8 +409,9 @@ def run(args: argparse.Namespace) -> int:
         "loss_model": args.loss_model,
         "drops": drops,
         "methods": args.methods,
+        "mechanisms": mechanisms,
         "directions": args.directions,
-        "seeds": args.seeds,
+        "seeds": seeds,
         "quick": args.quick,
         "train": config_dict(cfg),
         "model": "char GPT on pydoc_data.topics; AdamW, warmup + cosine; sharded optimizer (Algorithm 1)",
@@ -373,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"privacy: epsilon {eps:.3f} at delta {delta:g} per worker over {cfg.steps} steps (RDP)")
     written = report.write(out, args.out)
     if args.json:
-        emit(SCHEMA, {"rows": out["rows"], "drift": out["drift"], "baselines": out["baselines"]}, indent=1)
+        emit(SCHEMA, {"rows": out["rows"], "drift": out["drift"]}, indent=1)
     else:
         print(report.markdown_table(out))
     say("wrote " + ", ".join(str(p) for p in written))

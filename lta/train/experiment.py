@@ -8,8 +8,8 @@ checkpoints it writes; ``("exit",)`` ends the process. Every run starts from the
 and sees the same batches (seeded by run seed and rank, not by drop rate or method), so runs compare
 paired.
 
-Reproducibility: with the same seeds a run at 0% drop repeats bit for bit, and so does one restored from
-a checkpoint (``TrainConfig.lossless_wait_ms`` says why its deadlines are long).
+Reproducibility: with the same seeds a run repeats bit for bit at any drop rate (exact runs:
+``TrainConfig.exact`` says how), and so does one restored from a checkpoint.
 """
 
 from __future__ import annotations
@@ -55,13 +55,17 @@ class TrainConfig:
     drift_every: int = 10
     val_batches: int = 32
     exp_copies: int = 6  # exponent packets gate a whole reduce: send them often enough to survive 40% loss
-    # At 0% drop nothing is lost, so a deadline can only mistake a late worker (a slow start, a worker
-    # descheduled between two sends: N workers share a few cores) for lost packets and turn its
-    # contribution into a partial reduce or a stale parameter copy, and runs stop repeating bit for
-    # bit. Runs at 0% wait this long instead at every deadline (the transport's sync and lag deadlines
-    # and its RTO, the parameter exchange's collect deadline); runs with loss keep the defaults,
-    # whose job is to not wait for lost packets.
-    lossless_wait_ms: float = 20_000.0  # 0: runs at 0% keep the default deadlines (a fault demo)
+    # Exact runs (TransportConfig.exact): a round closes by the switch's seeded drop decisions alone,
+    # never by a timer, so two runs with the same seed repeat bit for bit at any drop rate and the
+    # loss the workers see is the configured one. With timers, a deadline mistakes a late worker (N
+    # workers share a few cores; one is descheduled between two sends) for lost packets: its
+    # contribution is dropped or its parameter copy goes stale, at 0% too (1.25% of gradients "lost"
+    # in a 0% row before this). Exact runs still arm every deadline (the transport's sync and lag
+    # deadlines and its RTO, the parameter exchange's collect deadline), at exact_wait_ms: a safety
+    # net that TransportStats.flushes_on_timer counts. exact=False: the transport's default deadlines,
+    # as on a real network (the fault demo: a dead worker must cost a deadline, not 20 s).
+    exact: bool = True
+    exact_wait_ms: float = 20_000.0
     optimizer: str = "adamw"  # or "sgd": SGD with momentum 0.9 at sgd_lr, no weight decay
     sgd_lr: float = 0.2  # the best of 0.05..0.5 on the default model (lta/train/simulated.py)
     loss_model: str = "bernoulli"  # or "ge": Gilbert-Elliott bursts at the same mean rate
@@ -95,6 +99,43 @@ class RunSpec:
     drop: float
     seed: int
     job_id: int
+    # What runs on top of plain Algorithm 1 ("none"): see MECHANISMS.
+    mechanism: str = "none"
+
+
+# Mechanisms beyond Algorithm 1 (``lta train --mechanism NAME``), each a row of the table:
+# feedback: lost-contribution feedback (a worker whose contribution to a chunk was lost, by the RESULT's
+#   bitmap, adds it to its next gradient for that chunk: delayed, not dropped; no extra traffic). Its
+#   chunks are divided by N, not renormalized (see aggregation());
+# stale1 / stale2: tight staleness, S = 1 or 2 (the reliable resend of copies older than S).
+MECHANISMS = ("none", "feedback", "stale1", "stale2")
+
+
+@dataclass(frozen=True)
+class MechanismSettings:
+    """What a mechanism sets in the sharded optimizer (the simulated workers read the same)."""
+
+    feedback: bool  # lost-contribution feedback (ShardedOptimizer(feedback=True), hostlib/feedback.py)
+    stale_bound: int  # S: a copy older than S steps is resent reliably, so none is older than S+1
+
+
+def aggregation(spec: RunSpec) -> str:
+    """The METHODS entry a run's reduces use: its method, except under lost-contribution feedback,
+    which divides by N (zero fill). A contribution lost at step t is added at t+1: renormalizing over
+    the survivors as well would count it twice in expectation (E[aggregate] = g/(1-p), measured in
+    tests/test_feedback.py); with sum/N each contribution counts once, late."""
+    return "zero" if spec.mechanism == "feedback" else spec.method
+
+
+def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
+    """``none``: plain Algorithm 1 at ``cfg.stale_bound``; ``feedback``: the same with lost-contribution
+    feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``."""
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    bounds = {"stale1": 1, "stale2": 2}
+    return MechanismSettings(
+        feedback=mechanism == "feedback", stale_bound=bounds.get(mechanism, cfg.stale_bound)
+    )
 
 
 @dataclass(frozen=True)
@@ -107,19 +148,23 @@ class CheckpointPlan:
     stop_after: int | None = None  # end the run after this step, saving a checkpoint there
 
 
-def transport_config(method: str, cfg: TrainConfig, seed: int, *, lossless: bool = False) -> TransportConfig:
-    """The transport of one run; ``lossless`` (0% drop) waits ``cfg.lossless_wait_ms`` for late workers."""
+def transport_config(method: str, cfg: TrainConfig, seed: int) -> TransportConfig:
+    """The transport of one run: exact (``cfg.exact``: fenced reduces, ``cfg.exact_wait_ms`` at every
+    deadline), or with the default deadlines."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
     config = TransportConfig(
         elems_per_packet=cfg.elems_per_packet, exp_copies=cfg.exp_copies, seed=seed, **METHODS[method]
     )
-    if (
-        lossless and cfg.lossless_wait_ms > 0
-    ):  # every wait of the transport: for a late peer, before a FLUSH, at the tail (the RTO)
-        wait = cfg.lossless_wait_ms
+    if cfg.exact:  # every wait of the transport: for a late peer, before a FLUSH, at the tail (the RTO)
+        wait = cfg.exact_wait_ms
         config = replace(
-            config, sync_deadline_ms=wait, lag_deadline_ms=wait, min_deadline_ms=wait, max_deadline_ms=wait
+            config,
+            exact=True,
+            sync_deadline_ms=wait,
+            lag_deadline_ms=wait,
+            min_deadline_ms=wait,
+            max_deadline_ms=wait,
         )
     return config
 
@@ -183,7 +228,7 @@ def worker_main(
                 rank,
                 n_workers,
                 switch_addr,
-                config=transport_config(spec.method, cfg, spec.seed, lossless=spec.drop == 0),
+                config=transport_config(aggregation(spec), cfg, spec.seed),
             ) as worker:
                 run = TrainingRun(worker, corpus, cfg, spec, extras, exporter, plan)
                 events.put(("addr", rank, worker.address))  # ready: model built, checkpoint loaded
@@ -215,7 +260,7 @@ def rejoin(
     paused; ``("resume",)`` then starts all workers at the same step."""
     _, spec, plan, address, handover = command
     corpus = CharCorpus()
-    config = transport_config(spec.method, cfg, spec.seed)
+    config = transport_config(aggregation(spec), cfg, spec.seed)
     with LtaWorker(spec.job_id, rank, n_workers, switch_addr, config=config, bind=tuple(address)) as worker:
         manifest = None if plan is None else read_manifest(plan.directory)
         restore = None  # this rank's last checkpoint, if one was committed: its optimizer shard's state
@@ -251,10 +296,15 @@ class TrainingRun:
         self.model = CharGpt(cfg.gpt(corpus.vocab))
         adamw = make_optimizer(self.model.parameters(), cfg)
         self.privacy = extras.privacy(worker, spec.job_id, spec.seed)
-        patient = spec.drop == 0 and cfg.lossless_wait_ms > 0
-        patience: dict[str, Any] = {"collect_deadline_ms": cfg.lossless_wait_ms} if patient else {}
+        patience: dict[str, Any] = {"collect_deadline_ms": cfg.exact_wait_ms} if cfg.exact else {}
+        settings = mechanism_settings(spec.mechanism, cfg)
         self.opt = ShardedOptimizer(
-            adamw, worker, stale_bound=cfg.stale_bound, privacy=self.privacy, **patience
+            adamw,
+            worker,
+            stale_bound=settings.stale_bound,
+            feedback=settings.feedback,
+            privacy=self.privacy,
+            **patience,
         )
         self.stragglers = extras.straggler_emulator(spec.seed)
         self.telemetry = extras.telemetry(spec.name, rank)
@@ -401,6 +451,8 @@ class TrainingRun:
             "losses": self.losses.tolist(),
             "val_sum": val_sum,
             "val_count": val_count,
+            # what the run's mechanism cost: stats["exchange"] (resend_requests, resends_served: S)
+            # and stats["feedback_*"] (residual chunks carried; no extra packets)
             "stats": opt.drift_stats(spec.drop),
             "transport": self.worker.stats.as_dict(),
             "numel": opt.flat.numel,

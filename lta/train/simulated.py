@@ -19,6 +19,11 @@ softswitch) does, with the drops drawn by hostlib/simulate.py instead of a switc
    keeps its stale copy then; a copy older than the stale bound S after a step is resent reliably with
    the next step's broadcast (exempt from loss), so no copy is ever more than S+1 steps old.
 
+Mechanisms (``RunSpec.mechanism``, ``experiment.mechanism_settings``), as on the real path: ``stale1`` /
+``stale2`` set S; ``feedback`` gives every worker a residual (hostlib/feedback.py, the class the sharded
+optimizer uses): the chunks its own view of the round did not count (its GRAD lost or withheld, its
+RESULT lost, or a sum its method discards) are added to its next gradient for them.
+
 Seeds: the initial weights (``torch.manual_seed(seed)``) and every worker's batches (generator
 ``seed·1000 + rank``) are drawn as the real path draws them; the drop streams depend on the seed,
 direction and worker only (not the drop rate or method), so all methods at one rate see the same losses.
@@ -42,11 +47,28 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from hostlib.dropmodels import DIRECTIONS
-from hostlib.simulate import FabricStreams, loss_policy, simulate_round, worker_values
+from hostlib.feedback import ResidualFeedback, counted_mask, feedback_stats
+from hostlib.simulate import (
+    ChunkRound,
+    FabricStreams,
+    fallback_codes,
+    loss_policy,
+    simulate_round,
+    worker_values,
+)
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.transport import Fallback
-from lta.train.experiment import METHODS, RunSpec, TrainConfig, evaluate, lr_factor, make_optimizer
+from lta.train.experiment import (
+    METHODS,
+    RunSpec,
+    TrainConfig,
+    aggregation,
+    evaluate,
+    lr_factor,
+    make_optimizer,
+    mechanism_settings,
+)
 from lta.train.gpt import CharCorpus, CharGpt
 from lta.train.sweep import RunResult
 
@@ -85,7 +107,7 @@ def run_simulated(
     sgd_lr: float = 0.2,
     momentum: float = 0.9,
     mean_burst: float = 4.0,
-    withhold_uncounted: bool = False,
+    withhold_uncounted: bool = True,
     corpus: CharCorpus | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> SimulatedRunResult:
@@ -98,9 +120,10 @@ def run_simulated(
     ``loss_model``: ``bernoulli`` or ``ge`` (Gilbert–Elliott at the same mean rate, bad spells of
     ``mean_burst`` packets). ``batch_per_worker``: sequences per worker per step (default: the real
     N=4 run's global batch split over ``n_workers``, at least 1). ``withhold_uncounted``: a worker whose
-    exponent proposal was lost withholds the chunk whatever its values (hostlib.simulate.simulate_round;
-    default: only when they would saturate, as the transport does today). ``on_step(step)`` after
-    every step."""
+    exponent proposal was lost withholds the chunk whatever its values, as the transport does (False:
+    only when they would saturate, the transport's rule before issue K; hostlib.simulate.simulate_round).
+    With ``cfg.exact`` (the default) exponent packets are spared, as the real path's exact mode does.
+    ``on_step(step)`` after every step."""
     run = SimulatedRun(
         spec,
         cfg,
@@ -159,7 +182,7 @@ class SimulatedRun:
         sgd_lr: float = 0.2,
         momentum: float = 0.9,
         mean_burst: float = 4.0,
-        withhold_uncounted: bool = False,
+        withhold_uncounted: bool = True,
         corpus: CharCorpus | None = None,
     ) -> None:
         if spec.method not in METHODS:
@@ -171,6 +194,8 @@ class SimulatedRun:
         unknown = set(directions) - set(DIRECTIONS)
         if unknown:
             raise ValueError(f"unknown directions {sorted(unknown)}: use {', '.join(DIRECTIONS)}")
+        settings = mechanism_settings(spec.mechanism, cfg)
+        cfg = replace(cfg, stale_bound=settings.stale_bound)  # the bound every stale copy obeys
         self.spec, self.cfg, self.n_workers = spec, cfg, n_workers
         self.optimizer_name, self.loss_model, self.directions = optimizer, loss_model, tuple(directions)
         self.corpus = corpus or CharCorpus()
@@ -211,6 +236,8 @@ class SimulatedRun:
         self.prev = np.zeros((self.n_chunks, k), dtype=np.float32)  # each owner's last reduce result
         self.withhold_uncounted = withhold_uncounted
         self._grads = np.zeros((n, self.layout.padded), dtype=np.float32)
+        self.feedback = ResidualFeedback(self.n_chunks, k, n) if settings.feedback else None
+        self.last_round: tuple[ChunkRound, np.ndarray] | None = None  # the last reduce: (round, delivered)
 
         # Parameter exchange: chunk ages per receiver, copies requested for a reliable resend.
         self.foreign = self.owners[None, :] != np.arange(n)[:, None]  # (N, C): w receives chunk c
@@ -263,12 +290,24 @@ class SimulatedRun:
     def reduce(self, grads: np.ndarray) -> np.ndarray:
         """The owners' view of one reduce of ``grads`` (N × padded): per chunk, what its owner's
         ``allreduce`` returns under the run's method. Counts what each owner saw, as the sharded
-        optimizer does."""
+        optimizer does. With feedback, ``grads`` (in place) gets each worker's residual first, and the
+        residuals then keep what each worker's own view of the round did not count."""
         n, c, k = self.n_workers, self.n_chunks, self.k
         chunks = grads.reshape(n, c, k)
+        if self.feedback is not None:
+            self.feedback.add_to(chunks)
         summed, delivered = simulate_round(
-            chunks, self.fabric, self.rng, self.cfg.exp_copies, withhold_uncounted=self.withhold_uncounted
+            chunks,
+            self.fabric,
+            self.rng,
+            self.cfg.exp_copies,
+            withhold_uncounted=self.withhold_uncounted,
+            exact=self.cfg.exact,  # exponents spared, as the real path's exact mode does
         )
+        self.last_round = (summed, delivered)
+        if self.feedback is not None:
+            _, codes = fallback_codes(summed.count, delivered, n, **METHODS[aggregation(self.spec)])
+            self.feedback.settle(chunks, counted_mask(summed.contributed, delivered, codes))
         every = np.arange(c)
         values, codes = worker_values(
             summed,
@@ -276,7 +315,7 @@ class SimulatedRun:
             n,
             prev=self.prev,
             local=chunks[self.owners, every],
-            **METHODS[self.spec.method],
+            **METHODS[aggregation(self.spec)],
         )
         self.prev = values
         count = summed.count
@@ -423,6 +462,7 @@ class SimulatedRun:
                             "resend_requests": int(c["resend_requests"][w]),
                             "resends_served": int(c["resends_served"][w]),
                         },
+                        **feedback_stats(self.feedback, w),
                     }
                 }
             )
