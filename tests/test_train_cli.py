@@ -92,7 +92,7 @@ def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)  # the whole of stdout is one JSON document
-    assert doc["schema"] == "lta.train/1"
+    assert doc["schema"] == "lta.train/2"
     assert doc["lta_version"] == metadata.version("lta")
     assert doc["torch_version"] == metadata.version("torch")
     # 0 is always run: the lossless reference of every (method, mechanism) group

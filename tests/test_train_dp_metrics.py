@@ -102,7 +102,7 @@ def test_dp_run_reports_epsilon_and_serves_telemetry(tmp_path):
     assert privacy["epsilon"] == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
     assert (privacy["sigma"], privacy["clip"], privacy["delta"], privacy["steps"]) == (1.0, 1.0, 1e-6, steps)
     assert f"privacy: epsilon {privacy['epsilon']:.3f}" in stderr
-    assert json.loads(stdout)["schema"] == "lta.train/1"
+    assert json.loads(stdout)["schema"] == "lta.train/2"
     for run in results["runs"]:
         for worker in run["workers"]:
             assert worker["privacy"]["clips"] == steps

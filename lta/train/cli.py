@@ -13,7 +13,14 @@ val_ppl_change.png. Only this module's ``register`` runs at ``lta`` start-up; to
 each a row of the tables: none (plain Algorithm 1), feedback (lost contributions added to the next
 gradient), stale1 / stale2 (staleness bound S = 1 or 2); prev and zero always run plain. Every seed
 (default 0,1,2; with --quick 0) repeats the whole sweep: the tables give the mean paired change vs 0%
-and its 95% t interval over seeds (lta/train/report.py documents results.json).
+and its 95% t interval over seeds (lta/train/report.py documents results.json). Feedback runs divide
+each chunk's sum by N rather than renormalize (a lost contribution arrives a step late: renormalizing
+too would count it twice in expectation).
+
+Runs are exact: a round that lost a packet closes by the switch's seeded drop decisions alone, never
+by a timer (each reduce ends with a fence chunk the emulated loss spares: TransportConfig.exact), so
+the same seed gives the same losses bit for bit at any drop rate. ``--timed-close`` uses the
+transport's deadlines instead, as on a real network; so do runs with ``down`` in ``--directions``.
 
 ``--metrics-port PORT``: worker r serves Prometheus metrics (``lta_*``, EWMA weight from
 ``TELEMETRY_ALPHA``, default 0.1) on PORT+r; ``lta metrics watch HOST:PORT-LAST`` shows them.
@@ -48,7 +55,7 @@ from lta.cliparse import LtaRawHelpFormatter, plain_text
 from lta.jsonout import emit
 from lta.progress import is_quiet
 
-SCHEMA = "lta.train/1"
+SCHEMA = "lta.train/2"
 
 
 def _kill(text: str) -> tuple[int, int]:

@@ -4,7 +4,8 @@ Relative changes are paired: each run is compared with the 0% run of the same se
 same batches). A row gives the mean of that change over seeds and the half-width of its 95% Student t
 interval, t(0.975, n-1) * sd / sqrt(n) with the sample standard deviation (null with one seed).
 
-results.json (schema ``lta.train/1``; keys are added, never renamed or removed):
+results.json (schema ``lta.train/2``, since issue K: ``rows`` holds every method and mechanism,
+``baselines`` is gone; from here on keys are added, never renamed or removed):
 
 - ``rows``: one per (method, mechanism, drop rate), in the order of ``experiment.METHODS``, then
   ``experiment.MECHANISMS``, then drop. The 0% run (renorm, no mechanism: nothing is lost, so one run
