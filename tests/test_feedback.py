@@ -165,10 +165,16 @@ def test_sharded_feedback_conserves_a_workers_contributions_through_the_switch(m
 
 
 @pytest.mark.parametrize(
-    "mechanism,feedback,bound",
-    [("none", False, 8), ("feedback", True, 8), ("stale1", False, 1), ("stale2", False, 2)],
+    "mechanism,feedback,bound,retrieve",
+    [
+        ("none", False, 8, False),
+        ("feedback", True, 8, False),
+        ("stale1", False, 1, False),
+        ("stale2", False, 2, False),
+        ("retrieve", False, 8, True),
+    ],
 )
-def test_training_run_builds_the_mechanisms_optimizer(make_cluster, mechanism, feedback, bound):
+def test_training_run_builds_the_mechanisms_optimizer(make_cluster, mechanism, feedback, bound, retrieve):
     from lta.train.experiment import RunSpec, TrainingRun, quick_config
     from lta.train.gpt import CharCorpus
 
@@ -179,7 +185,8 @@ def test_training_run_builds_the_mechanisms_optimizer(make_cluster, mechanism, f
     assert run.opt.exchange.tracker.bound == bound
     assert (run.opt.feedback is not None) == feedback
     assert run.opt.drift_stats()["feedback"] is feedback
-    with pytest.raises(ValueError, match="none, feedback, stale1, stale2"):
+    assert run.opt.exchange.retrieve is retrieve
+    with pytest.raises(ValueError, match="none, feedback, stale1, stale2, retrieve"):
         TrainingRun(cluster.workers[1], CharCorpus(), cfg, RunSpec("m", "renorm", 0.1, 0, 1, "stale3"))
 
 

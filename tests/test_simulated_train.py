@@ -345,12 +345,13 @@ def test_unknown_mechanism_is_refused(corpus):
     from lta.train.experiment import MECHANISMS, mechanism_settings
 
     cfg = quick_config()
-    with pytest.raises(ValueError, match="none, feedback, stale1, stale2"):
+    with pytest.raises(ValueError, match="none, feedback, stale1, stale2, retrieve"):
         SimulatedRun(RunSpec("x", "renorm", 0.1, 0, 1, mechanism="magic"), cfg, 4, corpus=corpus)
     settings = [mechanism_settings(m, cfg) for m in MECHANISMS]
-    assert [(s.feedback, s.stale_bound) for s in settings] == [
-        (False, cfg.stale_bound),
-        (True, cfg.stale_bound),
-        (False, 1),
-        (False, 2),
+    assert [(s.feedback, s.stale_bound, s.retrieve) for s in settings] == [
+        (False, cfg.stale_bound, False),
+        (True, cfg.stale_bound, False),
+        (False, 1, False),
+        (False, 2, False),
+        (False, cfg.stale_bound, True),
     ]

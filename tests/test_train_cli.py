@@ -155,7 +155,7 @@ def test_sweep_defaults_three_seeds_one_with_quick_and_no_mechanism():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--mechanism", "bogus"], "choose from none,feedback,stale1,stale2"),
+        (["--mechanism", "bogus"], "choose from none,feedback,stale1,stale2,retrieve"),
         (["--mechanism", "none,bogus"], "--mechanism"),
         (
             ["--methods", "prev,zero", "--mechanism", "feedback"],

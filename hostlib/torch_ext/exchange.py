@@ -14,6 +14,14 @@ exact runs, ``TransportConfig.exact``, so that the copy's value does not depend 
 receiver waits for every copy it requested before it accounts the next step, so **no copy's age ever
 exceeds S+1**.
 
+**Retrieval within the step** (``retrieve=True``): broadcasts stay lossy, but a receiver does not
+account a step before it holds every foreign chunk of it: once an owner's end marker is in, the chunks
+of that owner still missing were lost, and the receiver asks for them (PARAM_REQ); the owner answers at
+once, reliably (CRITICAL), from inside a reduce or ``collect``. No copy is ever stale; the cost is one
+resend per lost copy (``resend_requests`` counts the chunks asked for) and the wait for it. The values
+served are the owner's step-t values whenever it answers: it cannot step again before this receiver
+has finished ``collect`` (its next reduce needs this receiver's gradient).
+
 **Critical chunks** (``critical=``, LTP's hybrid: see hostlib/torch_ext/critical.py) are delivered, not
 just tried: the owner sends them CRITICAL every step, and a receiver does not account a step before
 it holds every critical chunk of it. Under real loss, where the flag protects nothing, the receiver asks
@@ -50,7 +58,7 @@ class ExchangeStats:
     chunks_expected: int = 0  # foreign chunks summed over steps
     chunks_fresh: int = 0  # ... of which this step's copy arrived in time
     late_copies: int = 0  # copies that arrived after their step was accounted
-    resend_requests: int = 0  # chunks this receiver asked for reliably (age past the bound)
+    resend_requests: int = 0  # chunks this receiver asked for reliably (age past the bound; retrieve: lost)
     resends_served: int = 0  # chunks this owner resent reliably on request
     markers_missed: int = 0  # an owner's end marker did not come before the deadline
     critical_requests: int = 0  # critical (or required) chunks this receiver asked for again
@@ -77,6 +85,7 @@ class ParamExchange:
         deadline_ms: float = 200.0,
         resend_timeout_s: float = 30.0,
         critical: np.ndarray | None = None,
+        retrieve: bool = False,
     ) -> None:
         k = worker.config.elems_per_packet
         if layout.elems_per_chunk != k:
@@ -111,6 +120,8 @@ class ParamExchange:
         self.critical = critical.copy()
         self.critical_foreign = self.foreign[self.critical[self.foreign]]
         self._all_critical_step = -1  # the step of the last publish(critical=True)
+        self.retrieve = retrieve
+        self._asked = np.zeros(layout.n_chunks, dtype=bool)  # retrieval: asked for this step already
         worker.param_responder = self._respond
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -196,7 +207,7 @@ class ParamExchange:
         ids = np.fromiter(requests, dtype=np.int64, count=len(requests))
         ids = ids[ids < self.layout.n_chunks]
         ids = ids[self.layout.owners[ids] == self.worker.worker_id]
-        if self._all_critical_step != self._published_step:
+        if self._all_critical_step != self._published_step and not self.retrieve:
             ids = ids[self.critical[ids]]
         if len(ids):
             requests.difference_update(ids.tolist())
@@ -223,11 +234,13 @@ class ParamExchange:
         t0 = time.perf_counter()
         deadline, give_up = t0 + self.deadline_s, t0 + self.resend_timeout_s
         last_request = t0
-        required = self.foreign if require_all else self.critical_foreign
         last_required_request = -np.inf
         # Exact runs (TransportConfig.exact) serve requests only when they publish: a copy resent from
         # inside collect holds this step's values or the next one's, depending on when the request came.
-        serve = not self.worker.config.exact
+        # Retrieval's requests are all for this step, whose values are the same whenever served.
+        serve = self.retrieve or not self.worker.config.exact
+        required = self.foreign if require_all or self.retrieve else self.critical_foreign
+        self._asked[:] = False
         while True:
             self._absorb()
             if serve:
@@ -260,6 +273,9 @@ class ParamExchange:
                 if len(ask):
                     self.worker.request_params(ask, step=step)
                     self.stats.critical_requests += len(ask)
+                    if self.retrieve:  # the cost of retrieval: each lost copy asked for once
+                        self.stats.resend_requests += int(np.count_nonzero(~self._asked[ask]))
+                        self._asked[ask] = True
                     last_required_request = now
             if now >= give_up:
                 missing = awaiting if len(awaiting) else self.foreign[self.held_step[self.foreign] < step]

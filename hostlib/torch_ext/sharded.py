@@ -14,13 +14,18 @@
 ``critical.py``) marks parameters critical: their gradient chunks come back with every worker counted
 and their shards' broadcasts are delivered (the reliable exchange path), every step.
 
+``ShardedOptimizer(opt, worker, retrieve=True)``: parameter copies lost on the way are asked for and
+resent within the step (ParamExchange's retrieval): no stale copies, one resend per lost copy.
+
 ``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/feedback.py).
 After each reduce the worker reads its own bit in every chunk's RESULT bitmap; where the reduce did
 not count its contribution (lost on the way up, withheld, a RESULT that never came, or a sum its
 allreduce discarded for a fallback) it keeps what it sent for those chunks and adds it to its next
-gradient for them, once. Under renormalization a lost contribution is missing from the mean at step t
-and enters it at t+1: delayed, not dropped, at no extra traffic (on top of renormalization, which
-already stands for it, the expected aggregate is g/(1−p): see hostlib/feedback.py). Critical chunks
+gradient for them, once: a lost contribution is missing from the aggregate at step t and enters it at
+t+1, delayed, not dropped, at no extra traffic. Pair it with a transport that divides by N
+(``renormalize="none"``, ``fallback="zero"``), as ``lta train --mechanism feedback`` does: on top of
+renormalization, which already stands for the lost contribution, the expected aggregate would be
+g/(1−p) (hostlib/feedback.py). Critical chunks
 follow the same rule (they come back with every worker counted, so they carry nothing unless a
 critical RESULT came back short). With ``privacy=...`` the residual is added *before* clipping and
 is the clipped value this worker meant to send, without its noise share (the top-up already made up
@@ -100,6 +105,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         critical: CriticalSpec = None,
         module: torch.nn.Module | None = None,
         feedback: bool = False,
+        retrieve: bool = False,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
@@ -151,6 +157,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             deadline_ms=collect_deadline_ms,
             resend_timeout_s=resend_timeout_s,
             critical=self.critical_mask,
+            retrieve=retrieve,
         )
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
         # lost-contribution feedback: what the last reduce did not count of this worker's gradient

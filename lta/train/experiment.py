@@ -107,8 +107,10 @@ class RunSpec:
 # feedback: lost-contribution feedback (a worker whose contribution to a chunk was lost, by the RESULT's
 #   bitmap, adds it to its next gradient for that chunk: delayed, not dropped; no extra traffic). Its
 #   chunks are divided by N, not renormalized (see aggregation());
-# stale1 / stale2: tight staleness, S = 1 or 2 (the reliable resend of copies older than S).
-MECHANISMS = ("none", "feedback", "stale1", "stale2")
+# stale1 / stale2: tight staleness, S = 1 or 2 (the reliable resend of copies older than S);
+# retrieve: a parameter copy lost on the way is asked for and resent within the step (no stale copy;
+#   one resend per lost copy, ParamExchange's retrieval).
+MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve")
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class MechanismSettings:
 
     feedback: bool  # lost-contribution feedback (ShardedOptimizer(feedback=True), hostlib/feedback.py)
     stale_bound: int  # S: a copy older than S steps is resent reliably, so none is older than S+1
+    retrieve: bool = False  # lost parameter copies resent within the step (ShardedOptimizer(retrieve=True))
 
 
 def aggregation(spec: RunSpec) -> str:
@@ -129,12 +132,15 @@ def aggregation(spec: RunSpec) -> str:
 
 def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
     """``none``: plain Algorithm 1 at ``cfg.stale_bound``; ``feedback``: the same with lost-contribution
-    feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``."""
+    feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``; ``retrieve``: lost
+    parameter copies asked for and resent within the step."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     bounds = {"stale1": 1, "stale2": 2}
     return MechanismSettings(
-        feedback=mechanism == "feedback", stale_bound=bounds.get(mechanism, cfg.stale_bound)
+        feedback=mechanism == "feedback",
+        stale_bound=bounds.get(mechanism, cfg.stale_bound),
+        retrieve=mechanism == "retrieve",
     )
 
 
@@ -303,6 +309,7 @@ class TrainingRun:
             worker,
             stale_bound=settings.stale_bound,
             feedback=settings.feedback,
+            retrieve=settings.retrieve,
             privacy=self.privacy,
             **patience,
         )

@@ -22,7 +22,9 @@ softswitch) does, with the drops drawn by hostlib/simulate.py instead of a switc
 Mechanisms (``RunSpec.mechanism``, ``experiment.mechanism_settings``), as on the real path: ``stale1`` /
 ``stale2`` set S; ``feedback`` gives every worker a residual (hostlib/feedback.py, the class the sharded
 optimizer uses): the chunks its own view of the round did not count (its GRAD lost or withheld, its
-RESULT lost, or a sum its method discards) are added to its next gradient for them.
+RESULT lost, or a sum its method discards) are added to its next gradient for them, and its chunks are
+divided by N (experiment.aggregation); ``retrieve`` resends every lost parameter copy within the step
+(counted in ``resend_requests``), so no copy is stale.
 
 Seeds: the initial weights (``torch.manual_seed(seed)``) and every worker's batches (generator
 ``seed·1000 + rank``) are drawn as the real path draws them; the drop streams depend on the seed,
@@ -237,6 +239,7 @@ class SimulatedRun:
         self.withhold_uncounted = withhold_uncounted
         self._grads = np.zeros((n, self.layout.padded), dtype=np.float32)
         self.feedback = ResidualFeedback(self.n_chunks, k, n) if settings.feedback else None
+        self.retrieve = settings.retrieve  # lost parameter copies resent within the step
         self.last_round: tuple[ChunkRound, np.ndarray] | None = None  # the last reduce: (round, delivered)
 
         # Parameter exchange: chunk ages per receiver, copies requested for a reliable resend.
@@ -337,6 +340,11 @@ class SimulatedRun:
         lossy = self.foreign & ~self.requested  # requested copies go reliably (critical: never dropped)
         served = self.foreign & self.requested
         fresh = self.foreign & ~self.fabric.lost("param", lossy)
+        retrieved = np.zeros_like(fresh)
+        if self.retrieve:  # every lost copy is asked for and resent (reliably) within the step
+            retrieved = self.foreign & ~fresh
+            fresh = fresh | retrieved
+            served = served | retrieved
         np.copyto(self._replica_rows, self._owned_rows[None], where=(fresh | ~self.foreign)[:, :, None])
         self.age[self.foreign] += 1
         self.age[fresh] = 0
@@ -348,7 +356,7 @@ class SimulatedRun:
         )
         self.counters["chunks_expected"] += self.foreign.sum(axis=1)
         self.counters["chunks_fresh"] += fresh.sum(axis=1)
-        self.counters["resend_requests"] += overdue.sum(axis=1)
+        self.counters["resend_requests"] += overdue.sum(axis=1) + retrieved.sum(axis=1)
         np.maximum(self.counters["max_age_seen"], self.age.max(axis=1), out=self.counters["max_age_seen"])
         return fresh
 
