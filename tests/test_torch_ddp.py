@@ -82,7 +82,11 @@ def _hook_rank(rank: int, world: int, store_path: str) -> dict:
         DDP(copy.deepcopy(base), bucket_cap_mb=0.01),
         DDP(copy.deepcopy(base), bucket_cap_mb=0.01),
     )
-    session = join_job(dist.PrefixStore("hook", store), rank, world, LtaOptions(job_id=1))
+    # Lossless: only a timer could close a round short, mistaking a rank descheduled for a moment (two
+    # ranks and the switch share 2 cores) for a lost packet. A late exponent proposal costs the whole
+    # bucket (the rank withholds it whatever its values), so give late ranks seconds, not 200 ms.
+    patient = TransportConfig(sync_deadline_ms=5000.0, lag_deadline_ms=5000.0)
+    session = join_job(dist.PrefixStore("hook", store), rank, world, LtaOptions(job_id=1, transport=patient))
     direct.register_comm_hook(LtaHookState(session.worker), lta_hook)
     staged.register_comm_hook(LtaHookState(session.worker, force_host_staging=True), lta_hook)
     x = torch.randn(32, 20, generator=torch.Generator().manual_seed(rank))
