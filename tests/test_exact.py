@@ -146,9 +146,9 @@ def test_param_drops_do_not_depend_on_how_senders_interleave(batched):
 
 def test_lta_train_quick_is_exact_at_any_drop_rate():
     """``lta train --quick``'s worker processes through the softswitch: at 0% nothing is lost; at 20% on
-    gradients and parameters, two runs with the same seed give every worker the same loss at every
-    step, bit for bit, the loss the workers saw is the configured rate within sampling error, and no
-    round was closed by a timer."""
+    gradients and parameters, two runs with the same seed and job id give every worker the same
+    loss at every step, bit for bit, a run of another method loses exactly the same gradient packets, the loss
+    the workers saw is the configured rate within sampling error, and no round closed by a timer."""
     from dataclasses import replace
 
     from lta.train.experiment import RunSpec, quick_config
@@ -159,9 +159,14 @@ def test_lta_train_quick_is_exact_at_any_drop_rate():
     with LocalCluster(4, cfg) as cluster:
         clean = cluster.run(RunSpec("clean", "renorm", 0.0, 4, 2), ("up", "param"))
         first = cluster.run(lossy, ("up", "param"))
-        second = cluster.run(lossy, ("up", "param"))  # the same job: the same drop streams
+        second = cluster.run(lossy, ("up", "param"))
+        prev = cluster.run(RunSpec("prev", "prev", 0.2, 4, 1), ("up", "param"))  # one job id per seed
     assert first.worker_curves == second.worker_curves
     assert first.val_loss == second.val_loss
+    # Another method of the same seed and job id (as lta train gives) meets the same gradient drops.
+    for a, b in zip(first.workers, prev.workers, strict=True):
+        for key in ("grad_chunks", "grad_contributions"):
+            assert a["stats"][key] == b["stats"][key]
     for run, p in ((clean, 0.0), (first, 0.2)):
         stats = [w["stats"] for w in run.workers]
         assert all(w["transport"]["flushes_on_timer"] == 0 for w in run.workers)

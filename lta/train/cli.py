@@ -99,17 +99,20 @@ def sweep_specs(seeds: list[int], drops: list[float], methods: list[str], mechan
     """The runs of a sweep, in order: per seed, the 0% run (renorm, no mechanism: nothing is lost, so it
     serves every method), then per method, mechanism and drop rate > 0 one run. Mechanisms apply to
     renorm; prev and zero run plain. Names are unique (checkpoints are kept by name):
-    ``lossless-s0``, ``renorm-p0.10-s0``, ``renorm+feedback-p0.10-s0``, ``prev-p0.10-s0``."""
+    ``lossless-s0``, ``renorm-p0.10-s0``, ``renorm+feedback-p0.10-s0``, ``prev-p0.10-s0``. Every run of
+    a seed has the same job id (runs go one at a time): the switch seeds its drop streams and the
+    workers their stochastic rounding by it, so every method and mechanism of a seed meets the same
+    drop decisions and rounding, whatever else the sweep holds."""
     from lta.train.experiment import RunSpec
 
     specs: list[RunSpec] = []
     for seed in seeds:
-        specs.append(RunSpec(f"lossless-s{seed}", "renorm", 0.0, seed, len(specs) % 63 + 1))
+        job_id = seed % 63 + 1
+        specs.append(RunSpec(f"lossless-s{seed}", "renorm", 0.0, seed, job_id))
         for method in methods:
             for mechanism in mechanisms if method == "renorm" else ["none"]:
                 group = method if mechanism == "none" else f"{method}+{mechanism}"
                 for drop in sorted(set(drops) - {0.0}):
-                    job_id = len(specs) % 63 + 1
                     specs.append(
                         RunSpec(f"{group}-p{drop:.2f}-s{seed}", method, drop, seed, job_id, mechanism)
                     )
