@@ -137,7 +137,9 @@ def test_fallback_policies(make_cluster):
             2,
             fallback=policy,
             job_id={"zero": 1, "local": 2, "prev": 3}[policy],
-            sync_deadline_ms=30,
+            # Long enough that the lossless first round never flushes out a late thread's exponent (it
+            # would then withhold its whole contribution, and prev would not be the mean).
+            sync_deadline_ms=500,
             max_flushes=1,
         )
         first = [np.full(100, 1.0, np.float32), np.full(100, 3.0, np.float32)]
