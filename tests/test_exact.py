@@ -9,11 +9,10 @@ import pytest
 
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, VERSION, Op, batch_rows, empty_batch
-from hostlib.transport import Fallback, LtaWorker, TransportConfig
+from hostlib.transport import Fallback
 from softswitch.batch import port_key
 from softswitch.pipeline import JobConfig, SoftSwitch
-from softswitch.server import SoftSwitchServer
-from tests.conftest import check_mean_over_bitmap, run_workers
+from tests.conftest import check_mean_over_bitmap
 from tests.test_softswitch_batch import pack
 
 K = 64
@@ -50,45 +49,37 @@ def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
     assert cluster.workers[1].stats.withheld_chunks == withheld_reduces * 21
 
 
-def _exact_run(seed: int, loss: float, steps: int = 6) -> tuple[list[list[np.ndarray]], list, list]:
-    """Four workers, exact mode, up loss: every reduce's results, and the transports' stats."""
-    switch = SoftSwitch(seed=seed)
-    server = SoftSwitchServer(switch).start()
-    cfg = TransportConfig(
-        elems_per_packet=K,
+def _exact_run(make_cluster, seed: int, loss: float, steps: int = 6) -> tuple[list[list], list]:
+    """Four workers on a fresh switch, exact mode, up loss: every reduce's results, the transports' stats."""
+    wait = 20_000
+    cluster = make_cluster(
+        4,
+        up=loss,
         seed=seed,
+        elems_per_packet=K,
         exact=True,
-        sync_deadline_ms=20_000,
-        lag_deadline_ms=20_000,
-        min_deadline_ms=20_000,
-        max_deadline_ms=20_000,
+        sync_deadline_ms=wait,
+        lag_deadline_ms=wait,
+        min_deadline_ms=wait,
+        max_deadline_ms=wait,
     )
-    workers = [LtaWorker(1, w, 4, server.address, config=cfg) for w in range(4)]
-    try:
-        switch.add_job(JobConfig(1, [w.address for w in workers], elems_per_packet=K))
-        switch.set_drop_policy(1, "up", DropPolicy(p=loss))
-        rng = np.random.default_rng(seed)
-        outs, all_inputs = [], []
-        for step in range(steps):
-            inputs = _inputs(rng, 4, 40 * K + 9, [1.0, 3.0, 0.5, 2.0])
-            results = run_workers(workers, lambda w, i, x=inputs, s=step: w.allreduce(x[i], step=s))
-            check_mean_over_bitmap(results, inputs, K)
-            outs.append(results)
-            all_inputs.append(inputs)
-        return outs, [w.stats for w in workers], all_inputs
-    finally:
-        for w in workers:
-            w.close()
-        server.stop()
+    rng = np.random.default_rng(seed)
+    outs = []
+    for step in range(steps):
+        inputs = _inputs(rng, 4, 40 * K + 9, [1.0, 3.0, 0.5, 2.0])
+        results = cluster.reduce_all(inputs, step=step)
+        check_mean_over_bitmap(results, inputs, K)
+        outs.append(results)
+    return outs, [w.stats for w in cluster.workers]
 
 
-def test_exact_rounds_close_by_the_drop_policy_alone():
+def test_exact_rounds_close_by_the_drop_policy_alone(make_cluster):
     """With 20 s deadlines a timer could only fire after 20 s: the reduces finish (the fence shows every
     lost packet at once), no FLUSH is sent on a timer's word, the counts follow the loss law, and a
     second run with the same seed returns the same bits."""
     loss = 0.25
-    first, stats, _ = _exact_run(seed=3, loss=loss)
-    again, _, _ = _exact_run(seed=3, loss=loss)
+    first, stats = _exact_run(make_cluster, seed=3, loss=loss)
+    again, _ = _exact_run(make_cluster, seed=3, loss=loss)
     for a_step, b_step in zip(first, again, strict=True):
         for a, b in zip(a_step, b_step, strict=True):
             assert np.array_equal(a.values, b.values)

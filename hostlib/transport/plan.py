@@ -67,7 +67,6 @@ class ReducePlan:
         self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
         self.own_exp = np.zeros(c, dtype=bool)  # ... and this worker's proposal was counted in it
         self.quantized = np.zeros(c, dtype=bool)
-        self.withheld = np.zeros(c, dtype=bool)  # own proposal not counted: nothing sent (see worker)
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
@@ -109,10 +108,13 @@ class ReducePlan:
         proposals: np.ndarray,
         n_workers: int,
         critical: np.ndarray | None = None,
+        *,
+        exponents_critical: bool = False,
     ) -> None:
         """Start a reduce whose first unit is global unit ``base``; ``header`` holds the fields every
         packet of this worker carries (version, job_id, worker_id, step); ``critical``: the critical
-        chunk mask (:func:`critical_chunks`), or None."""
+        chunk mask (:func:`critical_chunks`), or None; ``exponents_critical``: every exponent unit is
+        critical, whatever its chunks (exact mode: TransportConfig.exact)."""
         k = self.k
         self.base = base
         g = base + np.arange(self.units, dtype=np.int64)
@@ -133,10 +135,12 @@ class ReducePlan:
         self.any_critical = bool(self.critical.any())
         self.critical_unit[self.exp_units :] = self.critical
         # An exponent unit is critical when any chunk it covers is: a proposal lost to a FLUSH could
-        # leave a worker's values over the agreed exponent, and it would withhold that chunk.
+        # leave a worker's values over the agreed exponent, and it would withhold that chunk. In exact
+        # mode every one is (a lost one would block its data units, and no later unit could show it lost).
         padded_crit = np.zeros(self.exp_units * k, dtype=bool)
         padded_crit[: self.chunks_count] = self.critical
-        self.critical_unit[: self.exp_units] = padded_crit.reshape(self.exp_units, k).any(axis=1)
+        covers_critical = padded_crit.reshape(self.exp_units, k).any(axis=1)
+        self.critical_unit[: self.exp_units] = covers_critical | exponents_critical
         e = self.exp_batch
         exp_flags = int(Flag.MAX | Flag.CRITICAL), int(Flag.MAX)
         e["flags"] = np.where(self.critical_unit[: self.exp_units], *exp_flags)
@@ -161,7 +165,7 @@ class ReducePlan:
         self.closed_early = 0
         self.lt_at = self.hard_close_at = math.inf
         self.rx_batches = []
-        for flags in (self.has_exp, self.exp_known, self.own_exp, self.quantized, self.withheld):
+        for flags in (self.has_exp, self.exp_known, self.own_exp, self.quantized):
             flags[:] = False
         self.state[:] = PENDING
         self.synced = False
@@ -170,6 +174,12 @@ class ReducePlan:
         self.frontier = np.full(n_workers, -1, dtype=np.int64)
         self.fast_flushed_to = 0
         self.all_sent = False
+
+    @property
+    def withheld(self) -> np.ndarray:
+        """Chunks this worker quantized but did not send: its exponent proposal was not counted in the
+        agreed exponent (see LtaWorker._quantize_ahead)."""
+        return self.quantized & ~self.own_exp
 
     def advance_low(self) -> None:
         """Move ``low`` past the settled prefix."""

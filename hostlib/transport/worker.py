@@ -288,10 +288,16 @@ class LtaWorker:
             chunks *= np.float32(weight)
         proposals = codec.exponent_proposals(chunks)
         self._header["step"] = step
-        plan.reset(self._next_unit, self._slots, self._header, weight, proposals, self.n_workers, mask)
-        if exact:  # a lost exponent would block its data units, and no later unit could show it lost
-            plan.critical_unit[: plan.exp_units] = True
-            plan.exp_batch["flags"] |= _CRITICAL
+        plan.reset(
+            self._next_unit,
+            self._slots,
+            self._header,
+            weight,
+            proposals,
+            self.n_workers,
+            mask,
+            exponents_critical=exact,
+        )
         self._next_unit += plan.units
         self._start_pacing()
         plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
@@ -326,7 +332,7 @@ class LtaWorker:
             count=np.where(done, plan.count[c], 0),
             bitmap=np.where(done, plan.bitmap[c], np.uint64(0)),
             fallback=fallback[c],
-            withheld=plan.withheld[c].copy(),
+            withheld=plan.withheld[c],
             saturated=(plan.result_flags[c] & Flag.SATURATED).astype(bool),
             shift=plan.shift[c].copy(),
             elapsed_s=elapsed,
@@ -566,8 +572,7 @@ class LtaWorker:
         d["flags"][sel] = np.where(plan.critical[sel], _CRITICAL, 0) | np.where(
             saturated & counted, _SATURATED, 0
         )
-        plan.withheld[sel] = ~counted
-        plan.has_exp[sel] = counted
+        plan.has_exp[sel] = counted  # the others are withheld (ReducePlan.withheld)
         plan.quantized[sel] = True
 
     def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
