@@ -175,8 +175,9 @@ def test_lta_train_quick_is_exact_at_any_drop_rate():
 
 def test_retrieval_keeps_every_parameter_copy_fresh_at_one_resend_per_lost_copy(corpus=None):
     """``--mechanism retrieve`` on worker processes at 30% param loss: no copy is ever stale (every
-    foreign chunk is this step's at every step), and the receivers asked for about 30% of the copies,
-    once each; on the simulated path the same."""
+    foreign chunk is this step's at every step); the simulated receivers ask for each lost copy (30%),
+    the real ones for at most that: an owner's resend reaches every receiver, so one that lost the same
+    copy and had not asked yet gets it too."""
     from dataclasses import replace
 
     from lta.train.experiment import RunSpec, quick_config
@@ -196,5 +197,9 @@ def test_retrieval_keeps_every_parameter_copy_fresh_at_one_resend_per_lost_copy(
         assert sum(s["exchange"]["chunks_fresh"] for s in stats) == expected
         assert all(s["stale"]["max_age_seen"] == 0 for s in stats)
         # Each copy is lost (and asked for) independently with p.
-        assert abs(asked / expected - p) < 4 * np.sqrt(p * (1 - p) / expected), asked / expected
+        sigma = 4 * np.sqrt(p * (1 - p) / expected)
+        if run is sim:
+            assert abs(asked / expected - p) < sigma, asked / expected
+        else:
+            assert 0 < asked / expected < p + sigma, asked / expected
     assert all(w["transport"]["flushes_on_timer"] == 0 for w in real.workers)

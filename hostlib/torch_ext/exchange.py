@@ -17,8 +17,9 @@ exceeds S+1**.
 **Retrieval within the step** (``retrieve=True``): broadcasts stay lossy, but a receiver does not
 account a step before it holds every foreign chunk of it: once an owner's end marker is in, the chunks
 of that owner still missing were lost, and the receiver asks for them (PARAM_REQ); the owner answers at
-once, reliably (CRITICAL), from inside a reduce or ``collect``. No copy is ever stale; the cost is one
-resend per lost copy (``resend_requests`` counts the chunks asked for) and the wait for it. The values
+once, reliably (CRITICAL), from inside a reduce or ``collect``. No copy is ever stale; the cost is at
+most one resend per lost copy (``resend_requests`` counts the chunks asked for; a resend reaches every
+receiver, so one ask may serve several) and the wait for it. The values
 served are the owner's step-t values whenever it answers: it cannot step again before this receiver
 has finished ``collect`` (its next reduce needs this receiver's gradient).
 
