@@ -15,6 +15,7 @@ import pytest
 
 from hostlib.dropmodels import NO_LOSS, DropPolicy, DropStream
 from hostlib.protocol import HEADER_BYTES, INT32_MIN, MAX_JOBS, Flag, Op, make_packet
+from softswitch import batch as batch_module
 from softswitch.batch import NO_KEY, key_address, port_key
 from softswitch.pipeline import JobConfig, SoftSwitch
 
@@ -406,14 +407,31 @@ def assert_same(packets: list[tuple[bytes, object]], specs: list[Spec], sizes: l
 
 
 # ---- the differential tests ---------------------------------------------------------------------------
-@pytest.fixture(params=["auto", "waves", "steps"])
+_HYBRID_MINIMA = (batch_module._VECTOR_MIN_PACKETS, batch_module._VECTOR_MIN_PACKETS_BIG_ROWS)
+
+
+@pytest.fixture(autouse=True)
+def _always_vectorized(monkeypatch):
+    """process_batch runs batches below a few dozen packets through the per-packet reference itself
+    (faster there); these tests check the vectorized pass, so it runs every batch here, whatever its size
+    (the ``hybrid`` slot path puts the real thresholds back)."""
+    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS", 0)
+    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS_BIG_ROWS", 0)
+
+
+@pytest.fixture(params=["auto", "waves", "steps", "hybrid"])
 def slot_path(request, monkeypatch):
     """How process_batch runs GRAD/FLUSH: as it chooses (one pass for plain rounds, vectorized waves,
     small waves packet by packet), or forced through vectorized waves only, or packet by packet only; so
-    each path is checked against the reference on its own."""
+    each path is checked against the reference on its own. ``hybrid``: as it chooses, small batches
+    through the reference included (the production setting)."""
     from softswitch import batch
 
-    if request.param != "auto":
+    if request.param == "hybrid":
+        small, big = _HYBRID_MINIMA
+        monkeypatch.setattr(batch, "_VECTOR_MIN_PACKETS", small)
+        monkeypatch.setattr(batch, "_VECTOR_MIN_PACKETS_BIG_ROWS", big)
+    elif request.param != "auto":
         monkeypatch.setattr(batch.BatchEngine, "_simple_groups", lambda self, job, order, *args: order)
         monkeypatch.setattr(batch, "_SMALL_WAVE", 0 if request.param == "waves" else 1 << 30)
     return request.param
@@ -438,6 +456,31 @@ def test_random_mix_as_one_batch(seed, slot_path):
 def test_random_mix_one_packet_per_batch():
     packets = MixGenerator(MIXED, 77).packets(600)
     assert_same(packets, MIXED, [1] * len(packets), 3)
+
+
+def test_hybrid_runs_small_batches_one_by_one_and_large_ones_vectorized(monkeypatch):
+    """With the production thresholds a batch below them goes through the reference packet by packet,
+    one at or above them through the vectorized pass; both give the reference's outcome."""
+    small, big = _HYBRID_MINIMA
+    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS", small)
+    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS_BIG_ROWS", big)
+    calls = {"one_by_one": 0, "vectorized": 0}
+    one_by_one, slot_events = batch_module.BatchEngine._one_by_one, batch_module.BatchEngine._slot_events
+
+    def count_one(self, *args):
+        calls["one_by_one"] += 1
+        return one_by_one(self, *args)
+
+    def count_vector(self, *args):
+        calls["vectorized"] += 1
+        return slot_events(self, *args)
+
+    monkeypatch.setattr(batch_module.BatchEngine, "_one_by_one", count_one)
+    monkeypatch.setattr(batch_module.BatchEngine, "_slot_events", count_vector)
+    packets = MixGenerator(MIXED, 78).packets(1200)
+    sizes = [1, small - 1, small, 3 * small] * (len(packets) // (5 * small) + 1)
+    assert_same(packets, MIXED, sizes, 4)
+    assert calls["one_by_one"] > 0 and calls["vectorized"] > 0, calls
 
 
 def test_single_hot_slot_many_occurrences_per_batch(slot_path):

@@ -21,6 +21,7 @@ from tests.test_softswitch_batch import (
     MixGenerator,
     RoundGenerator,
     Spec,
+    _always_vectorized,  # noqa: F401 (autouse: every batch through the vectorized pass)
     assert_same,
     random_sizes,
     steady_stream,
