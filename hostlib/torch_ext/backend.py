@@ -103,10 +103,9 @@ class ProcessGroupLta(dist.ProcessGroup):
                     self._staging.clear()
                 self._staging[key] = mirror
         # The key names the tensor for the `prev` fallback: DDP reuses its bucket buffers every step.
-        result = self.worker.allreduce(mirror.pull(), step=self.lossy_calls, key=("pg", *key))
+        host = mirror.pull()  # reduced in place: pull() left no copy in flight that reads it
+        self.worker.allreduce(host, step=self.lossy_calls, key=("pg", *key), out=host)
         self.lossy_calls += 1
-        host = mirror.writable()
-        host[:] = result.values
         if scale != 1.0:
             host *= scale
         mirror.push()

@@ -56,7 +56,8 @@ class HookStats:
 
 class LtaHookState:
     """What :func:`lta_hook` keeps between calls (the PowerSGD-state pattern): the worker, the step
-    counter, each bucket's previous reduced values, staging buffers and statistics."""
+    counter, staging buffers and statistics (each bucket's previous reduced values, for the ``prev``
+    fallback, are the worker's)."""
 
     def __init__(
         self,
@@ -74,7 +75,6 @@ class LtaHookState:
         self.collect_deadline_ms = collect_deadline_ms
         self.force_host_staging = force_host_staging
         self.step = 0
-        self.prev: dict[tuple[int, int], torch.Tensor] = {}  # (bucket index, numel) -> last reduced values
         self.stats = HookStats()
         self._staging: dict[tuple[int, int], HostMirror] = {}
         self._module: torch.nn.Module | None = None
@@ -100,12 +100,12 @@ class LtaHookState:
         if mirror is None or mirror.tensor.data_ptr() != buffer.data_ptr():
             mirror = self._staging[key] = HostMirror(buffer, force_staging=self.force_host_staging)
         host = mirror.pull()
+        # Reduced in place: the result is written straight into the host array (unstaged, the bucket's
+        # own memory); pull() left no copy in flight that could still read it.
         result = self.worker.allreduce(
-            host, step=self.step, key=("ddp-bucket", *key), critical=critical or None
+            host, step=self.step, key=("ddp-bucket", *key), critical=critical or None, out=host
         )
-        mirror.writable()[:] = result.values  # unstaged, this array is the bucket's own memory
         mirror.push()
-        self.prev[key] = torch.from_numpy(result.values)
         self._count(result.count, result.fallback)
         if critical:
             self.stats.chunks_critical += int(result.critical.sum())

@@ -245,7 +245,14 @@ class LtaWorker:
             log.warning(message)
 
     def allreduce(
-        self, x: Any, *, step: int = 0, key: Any = None, weight: int = 1, critical: Any = None
+        self,
+        x: Any,
+        *,
+        step: int = 0,
+        key: Any = None,
+        weight: int = 1,
+        critical: Any = None,
+        out: np.ndarray | None = None,
     ) -> ReduceResult:
         """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
 
@@ -265,10 +272,27 @@ class LtaWorker:
         FLUSHes them, so every worker of the job must mark the same chunks (as it passes the same
         lengths). They are flushed like the rest only when a peer looks dead, or after
         ``config.critical_max_resends`` resends (the slot may have moved on: see the config), and given
-        up at ``reduce_timeout_s``; ``stats.critical_*`` counts what happened to them."""
+        up at ``reduce_timeout_s``; ``stats.critical_*`` counts what happened to them.
+
+        ``out``: a C-contiguous float32 array of ``x``'s size to write the result into (it may be ``x``'s
+        own memory: the input is read before anything is written); ``ReduceResult.values`` is then
+        ``out`` itself, flattened. Without it every call returns a new array. Reusing one buffer saves a
+        fresh allocation (and its page faults) per reduce."""
         t0 = time.perf_counter()
         local = _as_float32(x)
         n = local.size
+        if out is not None:
+            if not (
+                isinstance(out, np.ndarray)
+                and out.dtype == np.float32
+                and out.size == n
+                and out.flags.c_contiguous
+                and out.flags.writeable
+            ):
+                raise ValueError(
+                    f"out must be a writable C-contiguous float32 array of {n} values, got "
+                    f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}"
+                )
         k = self.config.elems_per_packet
         exact = self.config.exact
         n_chunks = max(1, -(-n // k))
@@ -312,16 +336,26 @@ class LtaWorker:
             got = arrived if self._fallback == Fallback.ZERO else complete
         else:
             got = arrived
-        out = plan.out
+        rows = plan.out
         missing = ~got
         fallback = np.where(got, Fallback.NONE, self._fallback).astype(np.int8)
         if renorm == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
             fallback[plan.count < self.n_workers] = self._fallback
         key = n if key is None else key
         if missing.any():
-            out[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, chunks)
-        values = out.reshape(-1)[:n].copy()
-        self._prev[key] = values
+            rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, chunks)
+        if out is None:
+            values = rows.reshape(-1)[:n].copy()
+            if self._fallback == Fallback.PREV:
+                self._prev[key] = values
+        else:
+            values = out if out.ndim == 1 else out.reshape(-1)
+            values[:] = rows.reshape(-1)[:n]
+            if self._fallback == Fallback.PREV:  # a copy the caller cannot overwrite, reused
+                kept = self._prev.get(key)
+                if kept is None or kept.size != n:
+                    kept = self._prev[key] = np.empty(n, dtype=np.float32)
+                kept[:] = values
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         self._check_health(got_nothing, plan.chunks_count)

@@ -106,14 +106,17 @@ _RECV_SLICE_S = 0.05  # a sender's longest single wait for replies (then it chec
 
 def lta_bench_worker(worker: LtaWorker, rank: int, n_values: int, iters: int, warmup: int) -> dict:
     x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
+    y = np.empty_like(x)  # reduced in place, as gloo's all_reduce(y) and DDP's buckets are
     for i in range(warmup):
-        worker.allreduce(x, step=i)
+        y[:] = x
+        worker.allreduce(y, step=i, out=y)
     packets0, flushes0 = worker.stats.packets_sent, worker.stats.flushes_sent
     times = []
     counts = []
     for i in range(iters):
+        y[:] = x
         t0 = time.perf_counter()
-        r = worker.allreduce(x, step=warmup + i)
+        r = worker.allreduce(y, step=warmup + i, out=y)
         times.append(time.perf_counter() - t0)
         counts.append(float(r.count.mean()))
     return {

@@ -1,0 +1,85 @@
+"""``LtaWorker.allreduce(x, out=buf)``: the result is written into the caller's buffer (even ``x``'s own
+memory), equals what a call without ``out`` returns, and the ``prev`` fallback keeps its own copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hostlib.dropmodels import DropPolicy
+from hostlib.transport import Fallback
+from tests.conftest import run_workers
+
+K = 64
+LENGTH = 9 * K + 13
+
+
+def _inputs(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(LENGTH).astype(np.float32) for _ in range(n)]
+
+
+def test_out_buffer_holds_what_a_fresh_result_holds(make_cluster):
+    """Two clusters with the same seed and the same exact loss pattern reduce the same inputs, one into
+    fresh arrays, one into reused caller buffers and one in place (out is x): bit-identical results."""
+    n, steps = 3, 4
+    runs = []
+    for mode in ("fresh", "buffer", "in_place"):
+        cluster = make_cluster(n, up=0.2, elems_per_packet=K, seed=3, exact=True, job_id=7)
+        buffers = [np.full(LENGTH, np.nan, dtype=np.float32) for _ in range(n)]
+        got = []
+        for step in range(steps):
+            inputs = _inputs(n, step)
+
+            def body(w, i, inputs=inputs, step=step, mode=mode, buffers=buffers):
+                if mode == "fresh":
+                    return w.allreduce(inputs[i], step=step).values
+                target = buffers[i] if mode == "buffer" else inputs[i]
+                r = w.allreduce(inputs[i], step=step, out=target)
+                assert r.values is target  # the caller's own array, no copy
+                return target.copy()
+
+            got.append(run_workers(cluster.workers, body))
+        runs.append(got)
+    fresh, buffered, in_place = runs
+    for step in range(steps):
+        for w in range(n):
+            np.testing.assert_array_equal(buffered[step][w], fresh[step][w])
+            np.testing.assert_array_equal(in_place[step][w], fresh[step][w])
+
+
+def test_prev_fallback_keeps_its_own_copy_of_an_out_buffer(make_cluster):
+    """After a reduce into a caller's buffer, the caller overwrites the buffer; a reduce that loses every
+    GRAD falls back to the previous result, which must be the reduced values, not what the caller wrote."""
+    n = 2
+    cluster = make_cluster(n, elems_per_packet=K, seed=1, exact=True, fallback="prev")
+    inputs = _inputs(n, 0)
+    buffers = [np.empty(LENGTH, dtype=np.float32) for _ in range(n)]
+    first = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=0, out=buffers[i]))
+    reduced = [r.values.copy() for r in first]
+    expected = np.mean(np.stack(inputs).astype(np.float64), axis=0)
+    for values in reduced:
+        assert np.max(np.abs(values - expected)) < 1e-3
+    for b in buffers:
+        b[:] = 1234.5  # the caller reuses its buffer (DDP writes the next step's gradients into it)
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0))
+    second = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=1, out=buffers[i]))
+    for r, values in zip(second, reduced, strict=True):
+        assert np.all(r.fallback == Fallback.PREV)
+        np.testing.assert_array_equal(r.values, values)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.empty(LENGTH - 1, dtype=np.float32),  # wrong size
+        np.empty(LENGTH, dtype=np.float64),  # wrong dtype
+        np.empty(2 * LENGTH, dtype=np.float32)[::2],  # not contiguous
+    ],
+)
+def test_a_bad_out_buffer_is_refused_before_anything_is_sent(make_cluster, bad):
+    cluster = make_cluster(1, elems_per_packet=K)
+    w = cluster.workers[0]
+    with pytest.raises(ValueError, match="out must be"):
+        w.allreduce(np.ones(LENGTH, dtype=np.float32), out=bad)
+    assert w.stats.packets_sent == 0
