@@ -5,7 +5,7 @@
  * message headers at rows of those buffers and run the system calls with the GIL released.
  *
  *   recv_batch(fd, data, lens_out, keys_out, max_n, timeout_ms, stats, scratch) -> n
- *   send_batch(fd, data, lens, keys, n, stall_ms, stats) -> sent
+ *   send_batch(fd, data, lens, keys, n, stall_ms, stats[, index]) -> sent
  *   scratch_bytes(n) -> size of a recv scratch buffer for n rows
  *
  * data is a 2-D buffer of bytes whose rows are contiguous (strides[1] == 1); its row stride may be
@@ -374,14 +374,17 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     int fd;
     Py_ssize_t n;
     double stall_ms;
-    PyObject *data_obj, *lens_obj, *keys_obj, *stats_obj;
-    if (!PyArg_ParseTuple(args, "iOOOndO:send_batch", &fd, &data_obj, &lens_obj, &keys_obj, &n, &stall_ms,
-                          &stats_obj))
+    PyObject *data_obj, *lens_obj, *keys_obj, *stats_obj, *index_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "iOOOndO|O:send_batch", &fd, &data_obj, &lens_obj, &keys_obj, &n, &stall_ms,
+                          &stats_obj, &index_obj))
         return NULL;
 
     Py_buffer data;
     Py_ssize_t rows, width, stride;
-    ints_arg lens, keys;
+    ints_arg lens, keys, index;
+    index.held = 0;
+    index.is_scalar = 0;
+    int has_index = index_obj != Py_None;
     if (get_rows(data_obj, &data, 0, &rows, &width, &stride) < 0)
         return NULL;
     if (get_ints_arg(lens_obj, &lens, n, 1, "lens") < 0) {
@@ -395,11 +398,18 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
         PyBuffer_Release(&data);
         return NULL;
     }
+    if (has_index && get_ints_arg(index_obj, &index, n, 0, "index") < 0) {
+        release_ints_arg(&index);
+        release_ints_arg(&keys);
+        release_ints_arg(&lens);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
 
     PyObject *result = NULL;
     struct mmsghdr *msgs = NULL;
     slot_t *slots = NULL;
-    if (n < 0 || n > rows) {
+    if (n < 0 || (!has_index && n > rows)) {
         PyErr_Format(PyExc_ValueError, "n=%zd but data has %zd rows", n, rows);
         goto done;
     }
@@ -415,7 +425,15 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
                          (long long)key);
             goto done;
         }
-        if (lens.is_scalar && keys.is_scalar)
+        if (has_index) {
+            int64_t row = ints_arg_at(&index, i);
+            if (row < 0 || row >= rows) {
+                PyErr_Format(PyExc_ValueError, "datagram %zd: row %lld outside 0..%zd", i, (long long)row,
+                             rows - 1);
+                goto done;
+            }
+        }
+        if (lens.is_scalar && keys.is_scalar && (!has_index || index.is_scalar))
             break;
     }
     if (n == 0) {
@@ -446,7 +464,8 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
             for (Py_ssize_t i = chunk_start; i < chunk_end; i++) {
                 slot_t *s = &slots[i - chunk_start];
                 int64_t key = ints_arg_at(&keys, i);
-                s->iov.iov_base = (void *)(base + i * stride);
+                Py_ssize_t row = has_index ? (Py_ssize_t)ints_arg_at(&index, i) : i;
+                s->iov.iov_base = (void *)(base + row * stride);
                 s->iov.iov_len = (size_t)ints_arg_at(&lens, i);
                 s->addr.sin_family = AF_INET;
                 s->addr.sin_port = htons((uint16_t)(key & 0xFFFF));
@@ -531,6 +550,7 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(msgs);
     PyMem_Free(slots);
+    release_ints_arg(&index);
     release_ints_arg(&keys);
     release_ints_arg(&lens);
     PyBuffer_Release(&data);
@@ -546,8 +566,9 @@ static PyMethodDef methods[] = {
      "and timeout_ms != 0, poll once for up to timeout_ms (-1: no limit) and try again. Writes each\n"
      "datagram's length and source address key. ECONNREFUSED is skipped. Returns the count (may be 0)."},
     {"send_batch", send_batch, METH_VARARGS,
-     "send_batch(fd, data, lens, keys, n, stall_ms, stats) -> sent\n\n"
-     "Send rows 0..n-1 of data (sendmmsg); lens and keys are int arrays or one int for every row. No room\n"
+     "send_batch(fd, data, lens, keys, n, stall_ms, stats[, index]) -> sent\n\n"
+     "Send n datagrams (sendmmsg): datagram i is row index[i] of data (row i without index; rows may\n"
+     "repeat: replicas need no copies); lens and keys are int arrays or one int for every row. No room\n"
      "(EAGAIN/ENOBUFS) is waited out for up to stall_ms without progress, then the datagram is given up;\n"
      "per-datagram errors (unreachable, too big) count as send errors. Returns the number sent."},
     {"scratch_bytes", scratch_bytes, METH_O, "scratch_bytes(n) -> bytes of a recv scratch buffer for n rows"},

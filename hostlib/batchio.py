@@ -653,32 +653,56 @@ class BatchSocket:
 
     # --- send --------------------------------------------------------------------------------------
 
-    def send(self, data: np.ndarray, lens: np.ndarray | int, keys: np.ndarray | int) -> int:
+    def send(
+        self,
+        data: np.ndarray,
+        lens: np.ndarray | int,
+        keys: np.ndarray | int,
+        index: np.ndarray | None = None,
+    ) -> int:
         """Send row i of ``data`` (its first ``lens[i]`` bytes) to ``keys[i]`` for every row; returns the
         number sent.
 
         ``data`` is (m, width) uint8 with contiguous rows (any row stride); ``lens`` and ``keys`` are one
-        int for every row or one per row. Where the socket has no room (EAGAIN/ENOBUFS) it waits; after
+        int for every row or one per row. ``index`` (int64, one per datagram) sends datagram i from row
+        ``index[i]`` instead, so one row goes to several receivers without copies; ``lens`` and ``keys``
+        are then per datagram. Where the socket has no room (EAGAIN/ENOBUFS) it waits; after
         ``stall_timeout_s`` without progress it gives the datagram up, and until something goes out again
         gives each further one a single try. Datagrams refused by the network (unreachable, too big) are
         given up too; both count in ``stats.send_errors``. Raises only for errors of the socket itself.
         """
         data = _as_rows(data)
-        m = data.shape[0]
+        m = data.shape[0] if index is None else len(index)
         if m == 0:
             return 0
         lens = _as_ints(lens, m, "lens", int32_ok=True)
         keys = _as_ints(keys, m, "keys", int32_ok=False)
+        rows: np.ndarray | None = None
+        if index is not None:
+            rows = np.ascontiguousarray(index, dtype=np.int64)
+            if rows.ndim != 1:
+                raise ValueError(f"index must be a 1-D array of row numbers, got shape {rows.shape}")
         if self.io == "mmsg-c":
             return _cext.send_batch(
-                self._fd, data, lens, keys, m, self.stall_timeout_s * 1000.0, self.stats.counts
+                self._fd, data, lens, keys, m, self.stall_timeout_s * 1000.0, self.stats.counts, rows
             )
         _check_ranges(lens, keys, data.shape[1])
+        if rows is not None:
+            lo, hi = int(rows.min()), int(rows.max())
+            if lo < 0 or hi >= data.shape[0]:
+                raise ValueError(f"index rows must be in 0..{data.shape[0] - 1}, got {lo}..{hi}")
         if self.io == "mmsg-ctypes":
-            return self._send_ctypes(data, lens, keys, m)
-        return self._send_plain(data, lens, keys, m)
+            return self._send_ctypes(data, lens, keys, m, rows)
+        return self._send_plain(data, lens, keys, m, rows)
 
-    def _send_ctypes(self, data: np.ndarray, lens: np.ndarray | int, keys: np.ndarray | int, m: int) -> int:
+    def _send_ctypes(
+        self,
+        data: np.ndarray,
+        lens: np.ndarray | int,
+        keys: np.ndarray | int,
+        m: int,
+        rows: np.ndarray | None = None,
+    ) -> int:
         vec = self._tx_vec
         if vec is None or len(vec.idx) < min(m, _MAX_VLEN):
             vec = self._tx_vec = _MsgVec(max(min(m, _MAX_VLEN), 16))
@@ -699,7 +723,12 @@ class BatchSocket:
         for start in range(0, m, _MAX_VLEN):
             c = min(m - start, _MAX_VLEN)
             first = (base + start * stride, stride)
-            if filled[0] != first or filled[1] < c:
+            if rows is not None:  # datagram i from row rows[i]: the bases change with every call
+                iov_base = vec.iov_base[:c]
+                np.multiply(rows[start : start + c].astype(np.uintp), stride, out=iov_base)
+                iov_base += base
+                filled[0] = None
+            elif filled[0] != first or filled[1] < c:
                 iov_base = vec.iov_base[:c]
                 np.multiply(vec.idx[:c], stride, out=iov_base)
                 iov_base += first[0]
@@ -719,9 +748,17 @@ class BatchSocket:
             sent += self._drive(c, attempt, progress)
         return sent
 
-    def _send_plain(self, data: np.ndarray, lens: np.ndarray | int, keys: np.ndarray | int, m: int) -> int:
+    def _send_plain(
+        self,
+        data: np.ndarray,
+        lens: np.ndarray | int,
+        keys: np.ndarray | int,
+        m: int,
+        rows: np.ndarray | None = None,
+    ) -> int:
         sendto = self.sock.sendto
         stride = data.strides[0]
+        row_of = range(m) if rows is None else rows.tolist()
         len_list = [lens] * m if isinstance(lens, int) else lens.tolist()
         if isinstance(keys, int):
             addrs = [self._addr_of(keys)] * m
@@ -732,12 +769,13 @@ class BatchSocket:
             flat = data.reshape(-1).data
 
             def payload(i: int) -> Any:
-                return flat[i * stride : i * stride + len_list[i]]
+                r = row_of[i]
+                return flat[r * stride : r * stride + len_list[i]]
 
         else:
 
             def payload(i: int) -> Any:
-                return data[i, : len_list[i]]
+                return data[row_of[i], : len_list[i]]
 
         def attempt(off: int, end: int) -> tuple[int, int, int]:
             for i in range(off, end):

@@ -111,20 +111,34 @@ def worker_keys(workers: Iterable[Any]) -> np.ndarray:
 
 
 class OutBatch:
-    """Packets to send: row i of ``data`` holds ``lens[i]`` bytes for port key ``egress[i]``; ``m`` rows.
-    The arrays are views of buffers the next :meth:`SoftSwitch.process_batch` call reuses."""
+    """``m`` packets to send: packet i is the first ``lens[i]`` bytes of row ``index[i]`` of ``data`` (row i
+    when ``index`` is None), for port key ``egress[i]``. With big rows the replicas of one RESULT share
+    its row (``index`` repeats it): no copy per receiver. The arrays are views of buffers the next
+    :meth:`SoftSwitch.process_batch` call reuses."""
 
-    __slots__ = ("data", "lens", "egress", "m")
+    __slots__ = ("data", "lens", "egress", "m", "index")
 
-    def __init__(self, data: np.ndarray, lens: np.ndarray, egress: np.ndarray, m: int) -> None:
-        self.data, self.lens, self.egress, self.m = data, lens, egress, m
+    def __init__(
+        self,
+        data: np.ndarray,
+        lens: np.ndarray,
+        egress: np.ndarray,
+        m: int,
+        index: np.ndarray | None = None,
+    ) -> None:
+        self.data, self.lens, self.egress, self.m, self.index = data, lens, egress, m, index
 
     def __len__(self) -> int:
         return self.m
 
+    def row(self, i: int) -> np.ndarray:
+        """Packet i's bytes (a view)."""
+        r = i if self.index is None else int(self.index[i])
+        return self.data[r, : self.lens[i]]
+
     def packets(self) -> list[tuple[int, bytes]]:
         """The packets as (egress key, bytes) pairs (for tests and tools; copies)."""
-        return [(int(k), self.data[i, : self.lens[i]].tobytes()) for i, k in enumerate(self.egress)]
+        return [(int(k), self.row(i).tobytes()) for i, k in enumerate(self.egress[: self.m])]
 
 
 class _Emissions:
@@ -156,6 +170,8 @@ class BatchEngine:
         self._out_data = np.zeros((0, HEADER_BYTES), dtype=np.uint8)
         self._out_lens = np.zeros(0, dtype=np.int64)
         self._out_egress = np.zeros(0, dtype=np.int64)
+        self._out_index = np.zeros(0, dtype=np.int64)
+        self._shared_rows: np.ndarray | None = None  # the RESULT rows replicas point at (big rows)
         # The workers' ports by key and back, for batches run one packet at a time (_one_by_one).
         self._port_of: dict[int, Any] = {}
         self._key_of: dict[Any, int] = {}
@@ -262,10 +278,11 @@ class BatchEngine:
             events = np.flatnonzero(ok) if len(jobs_hit) == 1 else np.flatnonzero(ok & (row == job_id))
             if len(events):
                 self._slot_events(job, events, hdr, op, slot, data, n, cnt, em)
+        self._shared_rows = None
         m = self._emit(em, cnt)
         for j, c in zip(*np.nonzero(cnt), strict=True):
             sw._counters[j][c] += int(cnt[j, c])
-        return self._output(m)
+        return self._output(m, self._shared_rows)
 
     def _up_policy(
         self,
@@ -721,10 +738,11 @@ class BatchEngine:
                 rep_job = rep_job[keep]
         m = len(rep_event)
         self._reserve(m)
-        if rows.shape[1] >= _ROW_LOOP_BYTES:  # big rows: a plain copy per replica beats np.take's gather
-            out = self._out_data
-            for i, event in enumerate(rep_event.tolist()):
-                out[i] = rows[event]
+        # Big rows: the replicas point at their RESULT's row (OutBatch.index), no copies; small rows are
+        # gathered into the output rows (one np.take beats the indexed send's bookkeeping there).
+        self._shared_rows = rows if rows.shape[1] >= _ROW_LOOP_BYTES else None
+        if self._shared_rows is not None:
+            self._out_index[:m] = rep_event
         else:
             np.take(rows, rep_event, axis=0, out=self._out_data[:m])
         np.take(lens, rep_event, out=self._out_lens[:m])
@@ -742,6 +760,7 @@ class BatchEngine:
             self._out_data = np.zeros((cap, self._stride), dtype=np.uint8)
             self._out_lens = np.zeros(cap, dtype=np.int64)
             self._out_egress = np.zeros(cap, dtype=np.int64)
+            self._out_index = np.zeros(cap, dtype=np.int64)
 
     def _one_by_one(
         self, sw: SoftSwitch, data: np.ndarray, length: np.ndarray, port: np.ndarray, n: int
@@ -754,16 +773,27 @@ class BatchEngine:
             # A key of no worker matches no worker of any job (drop_bad_worker), as in the vector pass.
             out += sw._process(memoryview(data[i, :size]), self._port_of.get(key, _NO_PORT))
         m = len(out)
-        if m:
-            self._reserve(m)
-            rows, lens, egress = self._out_data, self._out_lens, self._out_egress
-            for j, (to, packet) in enumerate(out):
-                rows[j, : len(packet)] = np.frombuffer(packet, dtype=np.uint8)
-                lens[j] = len(packet)
-                egress[j] = self._key_of[to]
-        return self._output(m)
+        if not m:
+            return self._output(0)
+        self._reserve(m)
+        rows, lens, egress, index = self._out_data, self._out_lens, self._out_egress, self._out_index
+        # The reference hands every receiver of a RESULT the same bytes object: one row for all of them.
+        last: bytes | None = None
+        r = -1
+        for j, (to, packet) in enumerate(out):
+            if packet is not last:
+                r += 1
+                rows[r, : len(packet)] = np.frombuffer(packet, dtype=np.uint8)
+                last = packet
+            index[j] = r
+            lens[j] = len(packet)
+            egress[j] = self._key_of[to]
+        shared = r + 1 < m
+        return OutBatch(rows[: r + 1], lens[:m], egress[:m], m, index[:m] if shared else None)
 
-    def _output(self, m: int) -> OutBatch:
+    def _output(self, m: int, shared: np.ndarray | None = None) -> OutBatch:
+        if shared is not None:
+            return OutBatch(shared, self._out_lens[:m], self._out_egress[:m], m, self._out_index[:m])
         return OutBatch(self._out_data[:m], self._out_lens[:m], self._out_egress[:m], m)
 
 

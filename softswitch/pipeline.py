@@ -384,7 +384,7 @@ class SoftSwitch:
             weight,
             bitmap,
         )
-        packet = header + slots.acc[s].astype(">i4").tobytes()
+        packet = b"".join((header, slots.acc[s].astype(">i4").data))  # one copy into the packet
         out: Egress = []
         for r in receivers:
             if job.drops("down", r):

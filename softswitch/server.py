@@ -111,7 +111,11 @@ class SoftSwitchServer(BackgroundServer):
                 continue
             out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
             if out.m:
-                sent = self.batch.send(out.data[: out.m], out.lens[: out.m], out.egress[: out.m])
+                m = out.m
+                if out.index is None:
+                    sent = self.batch.send(out.data[:m], out.lens[:m], out.egress[:m])
+                else:  # replicas share their RESULT's row
+                    sent = self.batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
                 # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
                 # as on a wire; the worker's deadlines recover it.
-                self.send_errors += out.m - sent
+                self.send_errors += m - sent

@@ -146,6 +146,30 @@ def test_broadcast_row_and_bytes_input(mode: str, udp) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_index_sends_rows_again_without_copies(mode: str, udp) -> None:
+    """index[i] names the row datagram i comes from: rows repeat (replicas), skip, come out of order;
+    lens and keys are per datagram; every datagram goes whole, in order, from a row-strided view too."""
+    tx, a, b = BatchSocket(udp(), mode), BatchSocket(udp(), mode), BatchSocket(udp(), mode)
+    big = payloads([900] * 8, 900, seed=5)
+    data = big[::2, :600]  # 4 rows of 600 bytes, 1800 bytes apart
+    index = np.array([2, 2, 0, 3, 0, 2, 1], dtype=np.int64)
+    lens = np.array([600, 600, 17, 300, 17, 1, 0], dtype=np.int64)
+    keys = np.array([key_of(a), key_of(b), key_of(a), key_of(b), key_of(b), key_of(a), key_of(a)])
+    assert tx.send(data, lens, keys, index=index) == len(index)
+    rx = RxBatch(8, 1024)
+    sent = [(data[r, : lens[i]].tobytes(), int(keys[i])) for i, r in enumerate(index)]
+    want_a = [(payload, key_of(tx)) for payload, key in sent if key == key_of(a)]
+    want_b = [(payload, key_of(tx)) for payload, key in sent if key == key_of(b)]
+    assert recv_all(a, rx, len(want_a)) == want_a
+    assert recv_all(b, rx, len(want_b)) == want_b
+    assert tx.stats.packets_sent == len(index)
+    for bad in ([0, 4, 1, 1, 1, 1, 1], [-1, 0, 0, 0, 0, 0, 0]):  # a row outside data: nothing sent
+        with pytest.raises(ValueError, match="row"):
+            tx.send(data, lens, keys, index=np.array(bad))
+    assert tx.stats.packets_sent == len(index)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_recv_timeout_returns_zero(mode: str, udp) -> None:
     bs = BatchSocket(udp(), mode)
     rx = RxBatch(4, 292)

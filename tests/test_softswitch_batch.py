@@ -361,7 +361,11 @@ def run_batched(
             buf_data[n:] = 0xEE  # stale rows must not matter
             res = sw.process_batch(buf_data, buf_lens, buf_ingress, n=n) if n else None
         if res is not None:
-            assert res.m == len(res.data) == len(res.lens) == len(res.egress)
+            assert res.m == len(res.lens) == len(res.egress)
+            if res.index is None:
+                assert len(res.data) == res.m
+            else:  # replicas share rows: every packet's row exists
+                assert len(res.index) == res.m and res.index.max() < len(res.data)
             out.extend(res.packets())
         start = stop
     assert start == len(packets)
