@@ -7,9 +7,17 @@ daemon never loads it, and the rest of the torch layer depends only on the host 
 
 from __future__ import annotations
 
+import sys
+
 from hostlib.dropmodels import DropPolicy
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
+
+# The switch thread shares the GIL with this rank's training and its own LTA worker. Python hands the GIL
+# to a waiting thread only every sys.getswitchinterval() (5 ms by default), so a batch of packets that
+# reached the switch while the worker ran Python could wait that long: every round trip of the rank's
+# peers too. While the switch runs, the interval is this (restored on stop).
+SWITCH_INTERVAL_S = 0.0005
 
 
 class EmbeddedSwitch:
@@ -18,6 +26,8 @@ class EmbeddedSwitch:
     def __init__(self, seed: int, listen: tuple[str, int]) -> None:
         self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen).start()
         self.address: tuple[str, int] = self.server.address
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL_S))
 
     @property
     def switch(self) -> SoftSwitch:
@@ -44,3 +54,4 @@ class EmbeddedSwitch:
 
     def stop(self) -> None:
         self.server.stop()
+        sys.setswitchinterval(self._interval)
