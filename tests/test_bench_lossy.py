@@ -7,10 +7,12 @@ times must respect the link. No timing of our own speed is asserted: it depends 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lta.bench import lossy
@@ -27,6 +29,7 @@ from lta.bench.lossy import (
     summarize_system,
     tbf_burst_bytes,
     tbf_limit_bytes,
+    window_for_rate,
 )
 from lta.cli import build_parser, main
 from mininet_topos.netns import leftovers
@@ -56,6 +59,47 @@ def test_link_limits_count_every_header():
     assert gloo_wire_bytes(1 << 20, 2, 9000) == (1 << 20) + 118 * 66 + 59 * 66
     # 4 ranks move 2(N-1)/N = 1.5 times the tensor
     assert gloo_wire_bytes(1 << 20, 4, 9000) > 1.5 * (1 << 20)
+
+
+def _reduce_result(inputs, k, count, bitmap, shift, rng):
+    """A ReduceResult whose chunks hold the mean of their contributors (by ``bitmap``) plus noise
+    within a quarter of the codec's bound, as a correct transport would return."""
+    from hostlib.transport import ReduceResult
+
+    n = inputs.shape[1]
+    values = np.zeros(n, dtype=np.float32)
+    for c in range(len(count)):
+        lo, hi = c * k, min((c + 1) * k, n)
+        who = [w for w in range(inputs.shape[0]) if int(bitmap[c]) >> w & 1]
+        if count[c]:
+            mean = inputs[who, lo:hi].astype(np.float64).mean(axis=0)
+            values[lo:hi] = mean + rng.uniform(-0.25, 0.25, hi - lo) * 2.0 ** -float(shift[c])
+    chunks = len(count)
+    return ReduceResult(values=values, count=count, bitmap=bitmap, fallback=np.zeros(chunks, np.int8),
+                        withheld=np.zeros(chunks, bool), saturated=np.zeros(chunks, bool), shift=shift,
+                        elapsed_s=0.0)  # fmt: skip
+
+
+def test_check_reduce_agrees_with_the_chunk_by_chunk_check():
+    from hostlib.verify import check_result
+
+    rng = np.random.default_rng(3)
+    workers, k, chunks = 3, 16, 12
+    inputs = rng.standard_normal((workers, k * chunks - 5)).astype(np.float32)  # a short last chunk
+    means = inputs.astype(np.float64).mean(axis=0)
+    shift = rng.integers(10, 20, chunks).astype(np.int32)
+    for full_share in (1.0, 0.5):
+        count = np.where(rng.random(chunks) < full_share, 3, rng.integers(0, 3, chunks)).astype(np.int64)
+        bitmap = np.array([(1 << w) - 1 for w in count], dtype=np.uint64)  # the first `count` workers
+        result = _reduce_result(inputs, k, count, bitmap, shift, rng)
+        checked, worst = lossy.check_reduce(result, inputs, means, k)
+        assert (checked, worst) == pytest.approx(check_result(result, inputs, k))
+        assert checked == np.count_nonzero(count) and 0 < worst < 1
+        # one value of a full chunk off by twice the codec's bound fails both checks
+        full = int(np.flatnonzero(count == 3)[-1])
+        result.values[full * k] += 2 * 2.0 ** -float(shift[full])
+        assert lossy.check_reduce(result, inputs, means, k)[1] > 1
+        assert check_result(result, inputs, k)[1] > 1
 
 
 # ---- --rate ---------------------------------------------------------------------------------------
@@ -127,9 +171,52 @@ def test_link_limits_and_deadline_floor_at_1_gbit():
     assert gloo["link_limit_ms"] == pytest.approx(8.482064)
     assert gloo["p50_ms"] == pytest.approx(12.0) and gloo["max_ms"] == pytest.approx(13.0)
     assert link_limit_ms(1_075_100, cfg.rate_mbit) == pytest.approx(8.6008)
-    # the FLUSH deadline floor: 16 frames of 8270 bytes at 1 Gbit/s (1.05856 ms) + 1 ms
-    assert cfg.deadline_ms == pytest.approx(2.05856)
+    # the window: a frame of 8270 bytes takes 66.16 us at 1 Gbit/s; 2 ms hold 30.2 of them -> 31, + 1
+    assert cfg.units_in_flight == 32
+    # the FLUSH deadline floor: 32 frames at 1 Gbit/s (2.11712 ms) + 1 ms
+    assert cfg.deadline_ms == pytest.approx(3.11712)
     assert deadline_floor_ms(2048, 16, 200.0) == pytest.approx(16 * 8270 * 8 / 200e6 * 1e3 + 1)
+    # an explicit window wins, and sets the floor
+    assert LossyConfig(rate_mbit=1000.0, window=16).deadline_ms == pytest.approx(2.05856)
+
+
+@pytest.mark.parametrize(
+    ("rate_mbit", "frames_in_2_ms"),
+    [
+        (200.0, 6.05),  # 2 ms / 0.3308 ms per frame
+        (1000.0, 30.23),  # 2 ms / 66.16 us
+        (2500.0, 75.57),
+        (100.0, 3.02),
+        (8.0, 0.24),  # a frame takes 8.27 ms: one in flight, plus the next
+    ],
+)
+def test_window_is_the_links_frames_in_a_2_ms_round_trip_plus_one(rate_mbit, frames_in_2_ms):
+    frame_ms = 8270 * 8 / (rate_mbit * 1e6) * 1e3
+    assert 2.0 / frame_ms == pytest.approx(frames_in_2_ms, abs=0.01)
+    expected = int(frames_in_2_ms) + 2  # rounded up, plus the frame being serialized
+    assert window_for_rate(rate_mbit, 2048) == expected
+    assert LossyConfig(rate_mbit=rate_mbit).units_in_flight == expected
+    # smaller frames (MTU 1500: K=256, 1102-byte frames): more of them in the same 2 ms
+    assert window_for_rate(rate_mbit, 256) == math.ceil(2.0 / (1102 * 8 / (rate_mbit * 1e6) * 1e3)) + 1
+
+
+def test_softswitch_runs_at_a_higher_priority_than_the_workers(tmp_path):
+    launched: list[list[str]] = []
+
+    class _Net:
+        aggregator = "agg"
+
+        def run_in(self, host, argv, **popen_kwargs):  # records the command, starts a stand-in
+            launched.append(list(argv))
+            script = "import time; print('listening', flush=True); time.sleep(30)"
+            return subprocess.Popen([sys.executable, "-c", script], **popen_kwargs)
+
+    with lossy.softswitch_in(_Net(), LossyConfig(), ["10.0.0.1:41000"], "10.0.0.9:4000", tmp_path) as switch:
+        assert switch.poll() is None
+    (argv,) = launched
+    assert argv[:3] == ["nice", "-n", "-10"] and argv[4:7] == ["-m", "lta.cli", "softswitch"]
+    # the workers' command lines carry no nice: they compete alike with gloo's
+    assert lossy._worker_argv("lta-worker", LossyConfig(), 0)[0] == sys.executable
 
 
 def test_tbf_bucket_holds_a_millisecond_and_two_jumbo_frames():
@@ -274,7 +361,7 @@ def test_one_gbit_point_is_limited_by_the_link():
     config = json.loads(stdout)["config"]
     assert config["rate_mbit"] == 1000.0 and config["rate"] == "1 Gbit/s"
     assert config["tbf_burst_bytes"] == 125_000 and config["mtu"] == 9000
-    assert config["min_deadline_ms"] == pytest.approx(2.05856)
+    assert config["window"] == 32 and config["min_deadline_ms"] == pytest.approx(3.11712)
     # progress went to stderr (each phase logged with -v), not into the JSON
     assert "gloo 20/20" in stderr and "lta 20/20" in stderr
     (point,) = json.loads(stdout)["points"]

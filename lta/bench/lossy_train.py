@@ -212,8 +212,8 @@ def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Pa
     addrs = [f"{h.ip}:{bench_lossy.WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
     switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
     with bench_lossy.softswitch_in(net, lossy, addrs, switch_addr, workdir):
-        extra = ["--switch", switch_addr, "--elems-per-packet", str(lossy.k), "--window", str(lossy.window),
-                 "--min-deadline-ms", f"{lossy.deadline_ms:g}",
+        extra = ["--switch", switch_addr, "--elems-per-packet", str(lossy.k),
+                 "--window", str(lossy.units_in_flight), "--min-deadline-ms", f"{lossy.deadline_ms:g}",
                  "--rebroadcast-every", str(cfg.rebroadcast_every)]  # fmt: skip
         argvs = [
             (h, _train_argv("lta", cfg, r, master, "--bind", addrs[r], *extra))
@@ -260,7 +260,7 @@ def bench_lossy_train(
             "rate_mbit": lossy.rate_mbit,
             "mtu": lossy.mtu,
             "elems_per_packet": lossy.k,
-            "window": lossy.window,
+            "window": lossy.units_in_flight,
             "min_deadline_ms": lossy.deadline_ms,
             "steps": cfg.steps,
             "lr": cfg.lr,

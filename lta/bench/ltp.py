@@ -268,7 +268,7 @@ def experiment_critical(cfg: LtpConfig, workdir: Path, progress: Progress) -> di
     with cfg.links.network(loss, 2 * cfg.rounds * cfg.links.worker_timeout_s(loss) + 60) as net:
 
         def one_run(name: str, flags: list[str]) -> list[dict[str, Any]]:
-            return run_lta(net, cfg, loss, workdir, cfg.links.window, flags, progress, name)
+            return run_lta(net, cfg, loss, workdir, cfg.links.units_in_flight, flags, progress, name)
 
         runs = in_rounds(cfg, variants, one_run, progress, f"critical at loss {loss:g}")
     for name, _ in variants:
@@ -351,7 +351,7 @@ def experiment_early_close(cfg: LtpConfig, workdir: Path, progress: Progress) ->
             def one_run(
                 name: str, flags: list[str], net: Any = net, loss: float = loss
             ) -> list[dict[str, Any]]:
-                return run_lta(net, cfg, loss, workdir, cfg.links.window, flags, progress, name)
+                return run_lta(net, cfg, loss, workdir, cfg.links.units_in_flight, flags, progress, name)
 
             runs = in_rounds(cfg, variants, one_run, progress, f"early close at loss {loss:g}")
         for name, _ in variants:
@@ -388,7 +388,7 @@ def bench_ltp(cfg: LtpConfig, progress: Progress | None = None) -> dict[str, Any
             "elems_per_packet": links.k,
             "iters": links.iters,
             "warmup": links.warmup,
-            "window": links.window,
+            "window": links.units_in_flight,
             "pace_window": cfg.pace_window,
             "min_deadline_ms": cfg.deadline_ms,
             "tbf_burst_bytes": links.tbf_burst,
