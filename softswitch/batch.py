@@ -176,14 +176,12 @@ class BatchEngine:
         self._out_lens = np.zeros(0, dtype=np.int64)
         self._out_egress = np.zeros(0, dtype=np.int64)
         self._out_index = np.zeros(0, dtype=np.int64)
-        self._shared_rows: np.ndarray | None = None  # the RESULT rows replicas point at (big rows)
         # The workers' ports by key and back, for batches run one packet at a time (_one_by_one).
         self._port_of: dict[int, Any] = {}
         self._key_of: dict[Any, int] = {}
-        # Batches below this many packets run through the per-packet reference instead (see run);
-        # None: by the row size. Tests set 0 to run every batch vectorized.
-        self.vector_min: int | None = None
-        self._auto_vector_min = _VECTOR_MIN_PACKETS
+        # Batches below this many packets run through the per-packet reference instead (see run), by
+        # the widest job's rows (set_jobs).
+        self._vector_min = _VECTOR_MIN_PACKETS
 
     def set_jobs(self, jobs: Mapping[int, _Job]) -> None:
         """Rebuild the lookup tables after a job was added or removed."""
@@ -204,7 +202,7 @@ class BatchEngine:
                     self._port_of[key], self._key_of[port] = port, key
             self._stride = max(self._stride, HEADER_BYTES + 4 * cfg.elems_per_packet)
         big = self._stride - HEADER_BYTES >= _ROW_LOOP_BYTES
-        self._auto_vector_min = _VECTOR_MIN_PACKETS_BIG_ROWS if big else _VECTOR_MIN_PACKETS
+        self._vector_min = _VECTOR_MIN_PACKETS_BIG_ROWS if big else _VECTOR_MIN_PACKETS
 
     # ---- the batch ------------------------------------------------------------------------------
     def run(
@@ -229,7 +227,7 @@ class BatchEngine:
             data = np.ascontiguousarray(data[:n])
         length = np.minimum(np.asarray(lens[:n], dtype=np.int64), data.shape[1])
         port = np.asarray(ingress[:n], dtype=np.int64)
-        if n < (self._auto_vector_min if self.vector_min is None else self.vector_min):
+        if n < self._vector_min:
             return self._one_by_one(sw, data, length, port, n)
         hdr = data[:n, :HEADER_BYTES].view(HEADER_DTYPE)[:, 0]
         cnt = np.zeros((MAX_JOBS, _NC), dtype=np.int64)
@@ -283,11 +281,10 @@ class BatchEngine:
             events = np.flatnonzero(ok) if len(jobs_hit) == 1 else np.flatnonzero(ok & (row == job_id))
             if len(events):
                 self._slot_events(job, events, hdr, op, slot, data, n, cnt, em)
-        self._shared_rows = None
-        m = self._emit(em, cnt)
+        m, shared = self._emit(em, cnt)
         for j, c in zip(*np.nonzero(cnt), strict=True):
             sw._counters[j][c] += int(cnt[j, c])
-        return self._output(m, self._shared_rows)
+        return self._output(m, shared)
 
     def _up_policy(
         self,
@@ -674,11 +671,12 @@ class BatchEngine:
             emitted.append((last[full], np.zeros(n_full, dtype=bool), st[full], bm[full], closed_acc))
         return rest
 
-    def _emit(self, em: _Emissions, cnt: np.ndarray) -> int:
+    def _emit(self, em: _Emissions, cnt: np.ndarray) -> tuple[int, np.ndarray | None]:
         """Expand the emitting events into replicas in arrival order, apply the down policy per receiver
-        in that order, and write the packets into the output buffers. Returns their number."""
+        in that order, and write the packets into the output buffers. Returns their number and, with big
+        rows, the RESULT rows the replicas point at (``_out_index``); None when they were copied."""
         if not em.idx:
-            return 0
+            return 0, None
         if len(em.idx) == 1:
             idx, job, kind, worker, nrep, rows, lens = (
                 em.idx[0],
@@ -745,8 +743,8 @@ class BatchEngine:
         self._reserve(m)
         # Big rows: the replicas point at their RESULT's row (OutBatch.index), no copies; small rows are
         # gathered into the output rows (one np.take beats the indexed send's bookkeeping there).
-        self._shared_rows = rows if rows.shape[1] >= _ROW_LOOP_BYTES else None
-        if self._shared_rows is not None:
+        shared = rows if rows.shape[1] >= _ROW_LOOP_BYTES else None
+        if shared is not None:
             self._out_index[:m] = rep_event
         else:
             np.take(rows, rep_event, axis=0, out=self._out_data[:m])
@@ -757,7 +755,7 @@ class BatchEngine:
         else:
             _tally(cnt, rep_job, "tx_packets")
             self._out_egress[:m] = self._keys[rep_job, rep_receiver]
-        return m
+        return m, shared
 
     def _reserve(self, m: int) -> None:
         if len(self._out_data) < m or self._out_data.shape[1] != self._stride:
@@ -771,7 +769,7 @@ class BatchEngine:
         self, sw: SoftSwitch, data: np.ndarray, length: np.ndarray, port: np.ndarray, n: int
     ) -> OutBatch:
         """A small batch: each packet through the per-packet reference (``SoftSwitch._process``), the
-        packets it emits written into the output rows. Below ``vector_min`` packets this is faster than
+        packets it emits written into the output rows. Below ``_vector_min`` packets this is faster than
         the vectorized pass, whose few hundred numpy calls cost about as much as tens of packets."""
         out: list[tuple[Any, bytes]] = []
         for i, (size, key) in enumerate(zip(length.tolist(), port.tolist(), strict=True)):
