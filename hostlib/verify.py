@@ -17,11 +17,41 @@ def seeded_input(seed: int, round_: int, worker: int, elems: int) -> np.ndarray:
     return np.random.default_rng([seed, round_, worker]).standard_normal(elems).astype(np.float32)
 
 
-def check_result(result: ReduceResult, inputs: np.ndarray, elems_per_packet: int) -> tuple[int, float]:
+def check_result(
+    result: ReduceResult, inputs: np.ndarray, elems_per_packet: int, mean_all: np.ndarray | None = None
+) -> tuple[int, float]:
     """(chunks checked, worst |error| / tolerance) over the chunks renormalized from a RESULT.
-    ``inputs`` is (workers, values). A worst ratio below 1 passes."""
+    ``inputs`` is (workers, values). A worst ratio below 1 passes.
+
+    The chunks every worker contributed to (the usual case) are compared in one vectorized pass against
+    the mean over all workers: ``mean_all`` (float64, ``inputs.astype(np.float64).mean(axis=0)``; pass
+    it when the same inputs are checked many times), computed here when absent. The others go chunk by
+    chunk (:func:`check_chunks`, the reference). The chunk loop alone took ~4 ms per 1 MiB allreduce, on
+    the core the next allreduce needs (lta bench lossy at 1 Gbit/s: p50 17.2-18.5 ms with it, 16.5
+    with the vectorized pass, 15.1 without any check)."""
+    n_workers, n = inputs.shape
+    k = elems_per_packet
+    full = (result.count == n_workers) & (result.bitmap == np.uint64((1 << n_workers) - 1))
     checked, worst = 0, 0.0
-    for c in np.flatnonzero(result.count > 0):
+    if full.any():  # every value at once (no gathers), then the worst of each full chunk
+        if mean_all is None:
+            mean_all = inputs.astype(np.float64).mean(axis=0)
+        shift = np.repeat(result.shift.astype(np.float64), k)[:n]
+        tolerance = np.exp2(-shift) + np.spacing(np.abs(mean_all).astype(np.float32)) / 2
+        ratio = np.abs(result.values - mean_all) / tolerance
+        worst = float(np.maximum.reduceat(ratio, np.arange(0, n, k))[full].max())
+        checked = int(np.count_nonzero(full))
+    rest, rest_worst = check_chunks(result, inputs, k, np.flatnonzero((result.count > 0) & ~full))
+    return checked + rest, max(worst, rest_worst)
+
+
+def check_chunks(
+    result: ReduceResult, inputs: np.ndarray, elems_per_packet: int, chunks: np.ndarray
+) -> tuple[int, float]:
+    """:func:`check_result` for the given ``chunks``, one at a time against the mean of the contributors
+    named in each chunk's bitmap."""
+    checked, worst = 0, 0.0
+    for c in chunks.tolist():
         contributors = result.contributors(int(c))
         lo, hi = c * elems_per_packet, min((c + 1) * elems_per_packet, inputs.shape[1])
         expected = inputs[contributors, lo:hi].astype(np.float64).mean(axis=0)

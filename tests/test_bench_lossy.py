@@ -80,8 +80,8 @@ def _reduce_result(inputs, k, count, bitmap, shift, rng):
                         elapsed_s=0.0)  # fmt: skip
 
 
-def test_check_reduce_agrees_with_the_chunk_by_chunk_check():
-    from hostlib.verify import check_result
+def test_vectorized_result_check_agrees_with_the_chunk_by_chunk_check():
+    from hostlib.verify import check_chunks, check_result
 
     rng = np.random.default_rng(3)
     workers, k, chunks = 3, 16, 12
@@ -92,14 +92,16 @@ def test_check_reduce_agrees_with_the_chunk_by_chunk_check():
         count = np.where(rng.random(chunks) < full_share, 3, rng.integers(0, 3, chunks)).astype(np.int64)
         bitmap = np.array([(1 << w) - 1 for w in count], dtype=np.uint64)  # the first `count` workers
         result = _reduce_result(inputs, k, count, bitmap, shift, rng)
-        checked, worst = lossy.check_reduce(result, inputs, means, k)
-        assert (checked, worst) == pytest.approx(check_result(result, inputs, k))
+        every = np.flatnonzero(count > 0)
+        checked, worst = check_result(result, inputs, k, mean_all=means)
+        assert (checked, worst) == pytest.approx(check_chunks(result, inputs, k, every))
+        assert (checked, worst) == pytest.approx(check_result(result, inputs, k))  # mean computed inside
         assert checked == np.count_nonzero(count) and 0 < worst < 1
         # one value of a full chunk off by twice the codec's bound fails both checks
         full = int(np.flatnonzero(count == 3)[-1])
         result.values[full * k] += 2 * 2.0 ** -float(shift[full])
-        assert lossy.check_reduce(result, inputs, means, k)[1] > 1
-        assert check_result(result, inputs, k)[1] > 1
+        assert check_result(result, inputs, k, mean_all=means)[1] > 1
+        assert check_chunks(result, inputs, k, every)[1] > 1
 
 
 # ---- --rate ---------------------------------------------------------------------------------------
