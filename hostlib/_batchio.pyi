@@ -3,6 +3,8 @@ import numpy as np
 
 STAT_COUNT: int
 MAX_VLEN: int
+GSO_MAX_BYTES: int
+GRO_BUF_BYTES: int
 
 def recv_batch(
     fd: int,
@@ -26,3 +28,29 @@ def send_batch(
     /,
 ) -> int: ...
 def scratch_bytes(n: int, /) -> int: ...
+def send_gso(
+    fd: int,
+    data: np.ndarray,
+    lens: np.ndarray | int,
+    keys: np.ndarray | int,
+    n: int,
+    stall_ms: float,
+    stats: np.ndarray,
+    index: np.ndarray | None,
+    max_segs: int,
+    /,
+) -> tuple[int, int]: ...
+def recv_gro(
+    fd: int,
+    data: np.ndarray,
+    lens_out: np.ndarray,
+    keys_out: np.ndarray,
+    max_n: int,
+    timeout_ms: int,
+    stats: np.ndarray,
+    staging: np.ndarray,
+    /,
+) -> int: ...
+def gro_staging_bytes(messages: int, /) -> int: ...
+def gro_staging_init(buf: np.ndarray, messages: int, /) -> None: ...
+def gro_pending(staging: np.ndarray, /) -> bool: ...

@@ -6,8 +6,16 @@
 as integer keys, ``(IPv4 address << 16) | port`` (``addr_key`` / ``key_addr``), so that a batch's
 addresses are one int64 array, not a list of tuples.
 
-Three interchangeable paths (``IO_MODES``), all with the same results:
+Four interchangeable paths (``IO_MODES``), all with the same results:
 
+``gso-c``
+    segmentation offload, through the C extension: equal-size datagrams to one destination leave as one
+    ``sendmmsg`` message carrying ``UDP_SEGMENT`` (up to 64 or 128 datagrams, probed), which the kernel or
+    the NIC cuts into datagrams; the socket has ``UDP_GRO`` set, so the kernel hands a train of datagrams
+    from one source over as one buffer, which the extension cuts back into rows by its segment size. On
+    loopback a train stays one buffer from sender to receiver. Where the kernel refuses (no ``UDP_GRO``:
+    the socket starts as ``mmsg-c``; a GSO send refused with EINVAL/EIO: the socket sends ``mmsg-c`` from
+    then on), ``io`` names the path taken and ``io_note`` says why.
 ``mmsg-c``
     the C extension ``hostlib._batchio`` (``hostlib/_batchio.c``, built by ``pip install -e .`` when a
     compiler is there): Linux ``recvmmsg``/``sendmmsg`` with the message headers filled in C, GIL released.
@@ -43,7 +51,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-IO_MODES = ("mmsg-c", "mmsg-ctypes", "plain")
+IO_MODES = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
 # Default order, fastest first. `python -m lta.bench.batchio_micro`, loopback, 292-byte datagrams, 2-core
 # x86_64 VM, microseconds per datagram send / recv:
 #   64 per call:      mmsg-c 2.7 / 0.89   mmsg-ctypes 2.7 / 1.0   plain 4.0 / 2.1
@@ -52,7 +60,7 @@ IO_MODES = ("mmsg-c", "mmsg-ctypes", "plain")
 # Sending is mostly the kernel's loopback path, so the modes differ less there. ctypes matches C from about
 # 16 datagrams per call, but its numpy column writes cost ~7-10 us more per call, so with only a few
 # datagrams per call plain beats it; it stays second because batches are the point of this module.
-_PREFERENCE = ("mmsg-c", "mmsg-ctypes", "plain")
+_PREFERENCE = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
 ENV_VAR = "LTA_IO"
 MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
 DEFAULT_STALL_TIMEOUT_S = 1.0  # send: how long "no room in the socket" is waited out before giving up
@@ -116,6 +124,8 @@ _STAT_FIELDS = (
     "send_errors",
     "recv_truncated",
     "send_waits",
+    "gso_trains_sent",
+    "gro_trains_received",
 )
 (
     _SYSCALLS_SEND,
@@ -125,6 +135,8 @@ _STAT_FIELDS = (
     _SEND_ERRORS,
     _RECV_TRUNCATED,
     _SEND_WAITS,
+    _GSO_TRAINS_SENT,
+    _GRO_TRAINS_RECEIVED,
 ) = range(len(_STAT_FIELDS))
 
 
@@ -139,7 +151,8 @@ class BatchStats:
     syscalls_* count recv/send system calls (polls and sleeps not included); send_errors counts datagrams
     given up (unreachable, too big, or no room for the stall timeout); recv_truncated counts datagrams
     longer than an ``RxBatch`` row (the mmsg paths only: ``recvfrom_into`` does not tell); send_waits
-    counts waits for room in the socket or the device queue.
+    counts waits for room in the socket or the device queue; gso_trains_sent / gro_trains_received count
+    GSO messages of two or more datagrams sent and coalesced buffers of two or more received (``gso-c``).
     """
 
     __slots__ = ("counts", "py")
@@ -152,6 +165,8 @@ class BatchStats:
     send_errors = _counter(_SEND_ERRORS)
     recv_truncated = _counter(_RECV_TRUNCATED)
     send_waits = _counter(_SEND_WAITS)
+    gso_trains_sent = _counter(_GSO_TRAINS_SENT)
+    gro_trains_received = _counter(_GRO_TRAINS_RECEIVED)
 
     def __init__(self) -> None:
         self.counts = np.zeros(len(_STAT_FIELDS), dtype=np.int64)
@@ -273,11 +288,55 @@ _recvmmsg, _sendmmsg, _CTYPES_MISSING = _load_libc()
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 _MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0x20)
 
-_MISSING = {"mmsg-c": _CEXT_MISSING, "mmsg-ctypes": _CTYPES_MISSING, "plain": ""}
+_MISSING = {"gso-c": _CEXT_MISSING, "mmsg-c": _CEXT_MISSING, "mmsg-ctypes": _CTYPES_MISSING, "plain": ""}
+
+SOL_UDP = getattr(socket, "SOL_UDP", 17)
+UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
+UDP_GRO = getattr(socket, "UDP_GRO", 104)
+_GSO_SEGMENT_LIMITS = (128, 64)  # UDP_MAX_SEGMENTS: 64 before Linux 6.x raised it to 128
+GRO_MESSAGES = 128  # coalesced buffers (64 KiB each) taken per recvmmsg on a gso-c socket
+_gso_probed: list[int] = []  # [segments per GSO message] once probed; [0] where the kernel has no GSO/GRO
+
+
+def gso_max_segments() -> int:
+    """How many datagrams one GSO message may carry on this kernel (128 or 64), 0 where UDP GSO/GRO is
+    missing. Probed once, on loopback: a ``UDP_GRO`` socket and one GSO message of that many segments."""
+    if not _gso_probed:
+        _gso_probed.append(_probe_gso())
+        if not _gso_probed[0] and not _MISSING["gso-c"]:
+            _MISSING["gso-c"] = "the kernel refuses UDP_SEGMENT or UDP_GRO on loopback"
+    return _gso_probed[0]
+
+
+def _probe_gso() -> int:
+    if _cext is None or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
+        ):
+            rx.bind(("127.0.0.1", 0))
+            rx.setsockopt(SOL_UDP, UDP_GRO, 1)
+            for segs in _GSO_SEGMENT_LIMITS:
+                try:
+                    tx.sendmsg(
+                        [bytes(8 * segs)],
+                        [(SOL_UDP, UDP_SEGMENT, (8).to_bytes(2, sys.byteorder))],
+                        0,
+                        rx.getsockname(),
+                    )
+                except OSError:
+                    continue
+                return segs
+    except OSError:
+        return 0
+    return 0
 
 
 def available_modes() -> tuple[str, ...]:
     """The I/O modes that work here, in the default order (the first is what ``BatchSocket`` picks)."""
+    gso_max_segments()
     return tuple(m for m in _PREFERENCE if not _MISSING[m])
 
 
@@ -290,6 +349,8 @@ def _resolve_io(io: str | None) -> str:
         return available_modes()[0]
     if io not in IO_MODES:
         raise ValueError(f"{source}{io!r} is not an I/O mode; expected one of {', '.join(IO_MODES)} or auto")
+    if io == "gso-c":
+        gso_max_segments()
     if _MISSING[io]:
         raise ValueError(f"{source}{io}: this I/O mode is not available here: {_MISSING[io]}")
     return io
@@ -485,10 +546,24 @@ class BatchSocket:
         if sock.family != socket.AF_INET or sock.type != socket.SOCK_DGRAM:
             raise ValueError("BatchSocket needs an AF_INET SOCK_DGRAM (IPv4 UDP) socket")
         self.io: str = _resolve_io(io)
+        self.io_note = ""  # why io is not what was asked for (the kernel refused GSO or GRO), or ""
         self.sock = sock
         sock.setblocking(False)
         self._fd = sock.fileno()
         self.stats = BatchStats()
+        self._gro: np.ndarray | None = None
+        self._gso_segs = 0
+        if self.io == "gso-c":
+            try:
+                sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+            except OSError as exc:
+                self.io = "mmsg-c"
+                self.io_note = f"UDP_GRO refused ({os.strerror(exc.errno or 0)}): mmsg-c"
+                log.warning("BatchSocket: %s", self.io_note)
+            else:
+                self._gso_segs = gso_max_segments()
+                self._gro = np.zeros(_cext.gro_staging_bytes(GRO_MESSAGES), dtype=np.uint8)
+                _cext.gro_staging_init(self._gro, GRO_MESSAGES)
         self.stall_timeout_s = stall_timeout_s
         self._rpoll = select.poll()
         self._rpoll.register(self._fd, select.POLLIN)
@@ -498,6 +573,7 @@ class BatchSocket:
         self._key_cache: dict[tuple[str, int], int] = {}
         self._addr_cache: dict[int, tuple[str, int]] = {}
         self._recv_once: Callable[[RxBatch, int], int] = {
+            "gso-c": self._recv_gro,
             "mmsg-c": self._recv_c,
             "mmsg-ctypes": self._recv_ctypes,
             "plain": self._recv_plain,
@@ -545,6 +621,17 @@ class BatchSocket:
             if left <= 0:
                 return 0
             wait = _wait_ms(left)
+
+    @property
+    def pending(self) -> bool:
+        """Whether datagrams already taken from the kernel wait for the next ``recv`` (``gso-c`` only: a
+        coalesced buffer larger than the rows left): poll the socket only when this is False."""
+        return self._gro is not None and bool(_cext.gro_pending(self._gro))
+
+    def _recv_gro(self, rx: RxBatch, wait_ms: int) -> int:
+        return _cext.recv_gro(
+            self._fd, rx._data, rx._lens, rx._keys, rx._data.shape[0], wait_ms, self.stats.counts, self._gro
+        )
 
     def _recv_c(self, rx: RxBatch, wait_ms: int) -> int:
         scratch = rx._scratch if rx._scratch is not None else rx._c_scratch()
@@ -682,6 +769,25 @@ class BatchSocket:
             rows = np.ascontiguousarray(index, dtype=np.int64)
             if rows.ndim != 1:
                 raise ValueError(f"index must be a 1-D array of row numbers, got shape {rows.shape}")
+        if self.io == "gso-c":
+            sent, refused = _cext.send_gso(
+                self._fd,
+                data,
+                lens,
+                keys,
+                m,
+                self.stall_timeout_s * 1000.0,
+                self.stats.counts,
+                rows,
+                self._gso_segs,
+            )
+            if refused:
+                self.io = "mmsg-c"
+                self.io_note = (
+                    f"GSO refused by the kernel ({os.strerror(refused)}): sending mmsg-c, receiving GRO"
+                )
+                log.warning("BatchSocket fd=%d: %s", self._fd, self.io_note)
+            return int(sent)
         if self.io == "mmsg-c":
             return _cext.send_batch(
                 self._fd, data, lens, keys, m, self.stall_timeout_s * 1000.0, self.stats.counts, rows

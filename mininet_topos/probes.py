@@ -25,18 +25,22 @@ def _addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def udp_sink(port: int, timeout_s: float, expect: int) -> dict[str, float]:
-    """Count datagrams until ``expect`` arrived or ``timeout_s`` passed without one."""
+def udp_sink(port: int, timeout_s: float, expect: int, seqs: bool = False) -> dict[str, Any]:
+    """Count datagrams until ``expect`` arrived or ``timeout_s`` passed without one. ``seqs``: the datagrams
+    carry their number in their first 4 bytes (big-endian, as ``udp-blast --gso`` sends them); report the
+    lengths of the runs of consecutive numbers in 0..expect-1 that never arrived."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     sock.bind(("0.0.0.0", port))
     sock.settimeout(timeout_s)
     print("ready", flush=True)
     received = nbytes = 0
+    seen: set[int] = set()
+    buf = bytearray(65536)
     first = last = time.monotonic()
     while received < expect:
         try:
-            n = len(sock.recv(65536))
+            n = sock.recv_into(buf)
         except TimeoutError:
             break
         last = time.monotonic()
@@ -44,15 +48,49 @@ def udp_sink(port: int, timeout_s: float, expect: int) -> dict[str, float]:
             first = last
         received += 1
         nbytes += n
-    return {"received": received, "bytes": nbytes, "seconds": last - first}
+        if seqs and n >= 4:
+            seen.add(int.from_bytes(buf[:4], "big"))
+    result: dict[str, Any] = {"received": received, "bytes": nbytes, "seconds": last - first}
+    if seqs:
+        runs: list[int] = []
+        run = 0
+        for i in range(expect):
+            if i in seen:
+                if run:
+                    runs.append(run)
+                run = 0
+            else:
+                run += 1
+        if run:
+            runs.append(run)
+        result["lost_runs"] = runs
+    return result
 
 
-def udp_blast(dst: tuple[str, int], count: int, size: int, pps: float) -> dict[str, float]:
-    """Send ``count`` datagrams of ``size`` bytes, paced to ``pps`` (0: as fast as possible)."""
+def udp_blast(dst: tuple[str, int], count: int, size: int, pps: float, gso: int = 0) -> dict[str, float]:
+    """Send ``count`` datagrams of ``size`` bytes, paced to ``pps`` (0: as fast as possible). ``gso``: send
+    them as UDP GSO trains of that many datagrams (one ``sendmsg`` with ``UDP_SEGMENT`` each), every
+    datagram numbered in its first 4 bytes, so a sink can tell which were lost."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.connect(dst)
     payload = bytes(size)
     start = time.monotonic()
+    if gso:
+        size = max(size, 4)
+        segment = [(getattr(socket, "SOL_UDP", 17), getattr(socket, "UDP_SEGMENT", 103),
+                    size.to_bytes(2, sys.byteorder))]  # fmt: skip
+        trains = 0
+        for first in range(0, count, gso):
+            if pps:
+                ahead = start + first / pps - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+            train = b"".join(
+                i.to_bytes(4, "big") + bytes(size - 4) for i in range(first, min(count, first + gso))
+            )
+            sock.sendmsg([train], segment)
+            trains += 1
+        return {"sent": count, "trains": trains, "seconds": time.monotonic() - start}
     for i in range(count):
         if pps:
             ahead = start + i / pps - time.monotonic()
@@ -135,11 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--expect", type=int, required=True)
     p.add_argument("--timeout", type=float, default=2.0, help="seconds without a datagram before stopping")
+    p.add_argument("--seqs", action="store_true", help="report the runs of numbered datagrams lost")
     p = sub.add_parser("udp-blast")
     p.add_argument("--dst", type=_addr, required=True, help="IP:PORT")
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--pps", type=float, default=0.0)
+    p.add_argument("--gso", type=int, default=0, help="send GSO trains of this many datagrams")
     p = sub.add_parser("tcp-sink")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--timeout", type=float, default=10.0)
@@ -147,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dst", type=_addr, required=True, help="IP:PORT")
     p.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
+    result: dict[str, Any]
     if args.probe == "udp-sink":
-        result = udp_sink(args.port, args.timeout, args.expect)
+        result = udp_sink(args.port, args.timeout, args.expect, args.seqs)
     elif args.probe == "udp-blast":
-        result = udp_blast(args.dst, args.count, args.size, args.pps)
+        result = udp_blast(args.dst, args.count, args.size, args.pps, args.gso)
     elif args.probe == "tcp-sink":
         result = tcp_sink(args.port, args.timeout)
     else:

@@ -18,8 +18,18 @@ from lta.bench import allreduce
 from lta.bench.allreduce import RawSpec, lta_datagrams_per_reduce, run_raw
 
 REPO = Path(__file__).resolve().parents[1]
-IO_PATHS = ("mmsg-c", "mmsg-ctypes", "plain")
-TOP_KEYS = {"config", "lta", "gloo", "raw", "io", "ratio_gloo_over_lta_p50", "ratio_lta_over_raw_pps"}
+IO_PATHS = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
+TOP_KEYS = {
+    "config",
+    "lta",
+    "gloo",
+    "raw",
+    "raw_gso",
+    "io",
+    "ratio_gloo_over_lta_p50",
+    "ratio_lta_over_raw_pps",
+    "ratio_lta_over_raw_gso_pps",
+}
 LTA_KEYS = {"p50_ms", "p99_ms", "mean_ms", "pps", "busbw_gbps", "mean_count", "flushes_per_reduce"}
 GLOO_KEYS = {"p50_ms", "p99_ms", "mean_ms", "busbw_gbps"}
 RAW_KEYS = {"p50_ms", "pps"}
@@ -80,6 +90,13 @@ def test_one_short_run_reports_every_key():
     assert out["ratio_lta_over_raw_pps"] == pytest.approx(out["lta"]["pps"] / out["raw"]["pps"])
     # raw echoes as many datagrams per reduce as an lta worker sends when nothing is lost
     assert out["raw"]["datagrams_per_reduce"] == 264
+    assert out["raw"]["io"] == ("mmsg-c" if "mmsg-c" in available_modes() else available_modes()[0])
+    if "gso-c" in available_modes():  # the kernel's best: the same datagrams in GSO/GRO trains
+        assert RAW_KEYS <= out["raw_gso"].keys() and out["raw_gso"]["io"] == "gso-c"
+        assert out["raw_gso"]["datagrams_per_reduce"] == 264 and out["raw_gso"]["lost"] == 0
+        assert out["ratio_lta_over_raw_gso_pps"] == pytest.approx(out["lta"]["pps"] / out["raw_gso"]["pps"])
+    else:
+        assert out["raw_gso"] is None and out["ratio_lta_over_raw_gso_pps"] is None
     assert out["lta"]["packets_per_reduce"] >= 264
     assert "lta" in run.stderr and "raw" in run.stderr  # progress went to stderr
 
@@ -89,6 +106,7 @@ def test_io_flag_forces_the_path_of_lta_and_raw():
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout)
     assert out["io"] == "plain" and out["raw"]["io"] == "plain"
+    assert out["raw_gso"] is None or out["raw_gso"]["io"] == "gso-c"  # the baseline keeps its path
     assert out["config"]["io_requested"] == "plain"
 
 

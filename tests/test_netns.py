@@ -120,6 +120,35 @@ def test_nftables_rule_drops_its_fraction_of_udp_per_direction() -> None:
     assert counters.seen_down == n and counters.dropped_down == lost_down
 
 
+@needs_netns
+def test_gso_trains_lose_single_datagrams_on_a_lossy_link() -> None:
+    """LTA sends UDP GSO trains (64 datagrams in one skb). The harness segments before the loss rule
+    (gso_max_segs 1 on the sending veth), so a 10% link loses datagrams one by one, as a wire would: the
+    loss rate and the lengths of lost runs are Bernoulli's, not multiples of a train."""
+    n, p, train = 12800, 0.10, 64
+    spec = LinkSpec(rate_mbit=None, loss_up=p, loss_down=0.0)
+    with NetnsNetwork(1, spec, loss_backend="nftables") as net:
+        h0, agg = net.workers[0], net.aggregator
+        sink = probe_argv("udp-sink", "--port", 9000, "--expect", n, "--timeout", 1.0, "--seqs")
+        blast = probe_argv("udp-blast", "--dst", f"{agg.ip}:9000", "--count", n, "--size", 1000,
+                           "--pps", 20000, "--gso", train)  # fmt: skip
+        got, sent = run_pair(_launcher(net, agg), sink, _launcher(net, h0), blast)
+        counters = net.loss_counters(h0)
+    assert sent["trains"] == n // train
+    lost = n - got["received"]
+    lo, hi = _binomial_bounds(n, p)
+    assert lo <= lost <= hi, f"{lost}/{n} lost, expected 10% ({lo:.0f}..{hi:.0f})"
+    assert counters.seen_up == n and counters.dropped_up == lost  # the rule saw datagrams, not trains
+    runs = got["lost_runs"]
+    assert sum(runs) == lost
+    # Bernoulli: a lost run has length L with probability (1-p) p^(L-1): mean 1/(1-p) = 1.11, and runs of
+    # 8 or more have probability p^7 = 1e-7 each. A lost train would be a run of 64.
+    assert max(runs) < 8, f"longest lost run {max(runs)}: whole trains were dropped"
+    singles = sum(1 for r in runs if r == 1) / len(runs)
+    half = Z * math.sqrt(p * (1 - p) / len(runs))
+    assert abs(singles - (1 - p)) <= half, f"{singles:.3f} of lost runs are single datagrams, expected 0.90"
+
+
 def _tcp_counters(net: NetnsNetwork, host) -> dict[str, int]:
     rows = [line.split() for line in net.check(host, ["cat", "/proc/net/snmp"]).splitlines()]
     names, values = [r for r in rows if r[0] == "Tcp:"]

@@ -1,9 +1,10 @@
 """A worker's packet I/O: one UDP socket to its switch, many datagrams per system call.
 
 Received packets land as rows of one preallocated buffer (``rx.data``) that the worker parses with
-numpy; sends take rows of the plan's packet buffers as they are. :mod:`hostlib.batchio` picks
-``recvmmsg``/``sendmmsg`` where the platform has them and falls back to one call per packet otherwise
-(``mode`` says which; ``LTA_IO=plain`` forces the fallback).
+numpy; sends take rows of the plan's packet buffers as they are. :mod:`hostlib.batchio` picks UDP
+segmentation offload (GSO trains out, GRO buffers in) where the kernel has it, ``recvmmsg``/``sendmmsg``
+where it does not, and one call per packet where neither exists (``mode`` says which; ``LTA_IO=`` forces
+one).
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ class WorkerIO:
         except BaseException:
             self.sock.close()
             raise
-        self.mode = self.batch.io
         self.switch_key = addr_key(switch_addr)
         # A few bytes more than a packet, so a longer datagram shows up as a wrong length (ignored).
         self.rx = RxBatch.within(_RX_BUFFER_BYTES, packet_bytes + 4)
+
+    @property
+    def mode(self) -> str:
+        """The packet I/O path in use (it can change once: a kernel that refuses GSO turns gso-c into
+        mmsg-c, and ``batch.io_note`` says why)."""
+        return self.batch.io
 
     def send_rows(self, rows: np.ndarray) -> int:
         """Send each row (a whole packet) to the switch; returns how many went out."""

@@ -1,7 +1,7 @@
 """``lta bench allreduce``: lta against torch.distributed gloo and against the kernel's own limit, all
 measured in the same run on the same machine.
 
-Three measurements per (workers, MiB) pair:
+Four measurements per (workers, MiB) pair:
 
 ``lta``
     N worker processes reduce through a softswitch on loopback (:func:`lta.launch.run_job`).
@@ -12,7 +12,11 @@ Three measurements per (workers, MiB) pair:
     sender processes each send their reduce's datagram count through :class:`hostlib.batchio.BatchSocket`
     in windows of lta's size, and one echo server (a thread of this process, where the softswitch runs
     too) sends every datagram straight back to its sender. That is what the kernel and the batched I/O
-    allow here; ``ratio_lta_over_raw_pps`` says how much of it lta reaches.
+    allow with one datagram per message (``recvmmsg``/``sendmmsg``, the ``mmsg-c`` path);
+    ``ratio_lta_over_raw_pps`` says how much of it lta reaches.
+``raw_gso``
+    the same echo with UDP segmentation offload on both ends (``gso-c``: GSO trains out, GRO buffers in),
+    the kernel's best here; ``ratio_lta_over_raw_gso_pps``. Absent (null) where the kernel has no UDP GSO.
 
 busbw follows nccl-tests: ``algbw = bytes / time`` and ``busbw = algbw · 2(N-1)/N`` (the ring
 allreduce factor) for both systems, so ``ratio_busbw`` is simply gloo's mean time over lta's. With
@@ -538,19 +542,31 @@ def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progre
         gloo_times = run_gloo(n, n_values, opts.iters, opts.warmup)
     gloo = summarize(gloo_times, n_bytes, n)
 
-    raw_spec = RawSpec(
-        n_datagrams=lta_datagrams_per_reduce(n_values, k, transport.exp_copies),
-        packet_bytes=packet_bytes(k),
-        iters=opts.iters,
-        warmup=opts.warmup,
-        io=opts.io,
-        window=transport.window,
-        buffer_bytes=transport.socket_buffer_bytes,
-    )
-    with phase("raw"):
-        raw = run_raw(n, raw_spec)
-    if raw["timeouts"]:
-        log.warning("raw: %d iterations gave up waiting for echoes", raw["timeouts"])
+    modes = available_modes()
+    raws: dict[str, dict | None] = {}
+    # raw: the path --io forces, else one datagram per message; raw_gso: always GSO/GRO trains.
+    for name, io_mode in (("raw", opts.io or "mmsg-c"), ("raw_gso", "gso-c")):
+        if io_mode not in modes:  # no C extension: raw is the best path there is; no GSO: no raw_gso
+            io_mode = modes[0] if name == "raw" else ""
+        if not io_mode:
+            raws[name] = None
+            continue
+        raw_spec = RawSpec(
+            n_datagrams=lta_datagrams_per_reduce(n_values, k, transport.exp_copies),
+            packet_bytes=packet_bytes(k),
+            iters=opts.iters,
+            warmup=opts.warmup,
+            io=io_mode,
+            window=transport.window,
+            buffer_bytes=transport.socket_buffer_bytes,
+        )
+        with phase(name):
+            result = run_raw(n, raw_spec)
+        if result["timeouts"]:
+            log.warning("%s: %d iterations gave up waiting for echoes", name, result["timeouts"])
+        raws[name] = {key: result[key] for key in RAW_KEYS}
+    raw, raw_gso = raws["raw"], raws["raw_gso"]
+    assert raw is not None
 
     return {
         "config": {
@@ -570,10 +586,12 @@ def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progre
         },
         "lta": {key: lta[key] for key in LTA_KEYS},
         "gloo": {key: gloo[key] for key in GLOO_KEYS},
-        "raw": {key: raw[key] for key in RAW_KEYS},
+        "raw": raw,
+        "raw_gso": raw_gso,
         "io": io,
         "ratio_gloo_over_lta_p50": _ratio(gloo["p50_ms"], lta["p50_ms"]),
         "ratio_lta_over_raw_pps": _ratio(lta["pps"], raw["pps"]),
+        "ratio_lta_over_raw_gso_pps": None if raw_gso is None else _ratio(lta["pps"], raw_gso["pps"]),
         "ratio_busbw": _ratio(lta["busbw_gbps"], gloo["busbw_gbps"]),
     }
 
