@@ -20,5 +20,6 @@ setup(
     ext_modules=[
         Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
         Extension("hostlib._codec", ["hostlib/_codec.c"], optional=True),
+        Extension("softswitch._swcore", ["softswitch/_swcore.c"], optional=True),
     ],
 )

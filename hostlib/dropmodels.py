@@ -78,9 +78,12 @@ class DropStream:
         self._buf = np.empty(0, dtype=np.float64)
         self._pos = 0
         self.bad = False
+        self._peeked: np.ndarray | None = None  # GE states of the last peek(), for advance()
+        self.used = 0  # uniforms consumed so far: with the seed, where the stream stands
 
     def _take(self, k: int) -> np.ndarray:
         """The next ``k`` uniforms of the stream."""
+        self.used += k
         pos, buf = self._pos, self._buf
         if pos + k <= len(buf):
             self._pos = pos + k
@@ -100,6 +103,7 @@ class DropStream:
         else:
             u = self._buf[self._pos : self._pos + self._per]
             self._pos += self._per
+            self.used += self._per
         if self._per == 1:
             return bool(u[0] < pol.p)
         move, lose = float(u[0]), float(u[1])
@@ -110,16 +114,41 @@ class DropStream:
             self.bad = True
         return lose < (pol.loss_bad if self.bad else pol.loss_good)
 
-    def drop_many(self, n: int) -> np.ndarray:
-        """Decide for ``n`` packets at once (boolean array): exactly the next ``n`` calls of :meth:`drop`."""
+    def peek(self, n: int) -> np.ndarray:
+        """The next ``n`` decisions (uint8, 1 = drop) without consuming them: :meth:`advance` then consumes
+        the first k of them, as ``drop_many(k)`` would (the batched switch peeks a batch's worth and takes
+        what its packets used)."""
+        need = n * self._per
+        if self._pos + need > len(self._buf):  # the same uniforms, in fixed blocks, as _take would draw
+            blocks = -(-(self._pos + need - len(self._buf)) // _BLOCK)
+            rest = self._buf[self._pos :]
+            self._buf = np.concatenate([rest, *(self._rng.random(_BLOCK) for _ in range(blocks))])
+            self._pos = 0
+        u = self._buf[self._pos : self._pos + need]
         pol = self.policy
-        if n <= 0:
-            return np.zeros(0, dtype=bool)
         if self._per == 1:
-            return self._take(n) < pol.p
-        u = self._take(2 * n).reshape(n, 2)
-        to_bad = u[:, 0] < pol.p  # the move a good state makes
-        to_good = u[:, 0] < pol.r  # the move a bad state makes
+            self._peeked = None
+            return (u < pol.p).view(np.uint8)
+        bad = self._ge_states(u.reshape(n, 2)[:, 0], self.bad)
+        self._peeked = bad
+        return (u.reshape(n, 2)[:, 1] < np.where(bad, pol.loss_bad, pol.loss_good)).view(np.uint8)
+
+    def advance(self, k: int) -> None:
+        """Consume the first ``k`` decisions of the last :meth:`peek`."""
+        if k <= 0:
+            return
+        self._pos += k * self._per
+        self.used += k * self._per
+        if self._per == 2:
+            assert self._peeked is not None and k <= len(self._peeked), "advance() past what peek() saw"
+            self.bad = bool(self._peeked[k - 1])
+
+    def _ge_states(self, move: np.ndarray, bad0: bool) -> np.ndarray:
+        """Gilbert–Elliott: the state (True = bad) after each packet's transition, from state ``bad0``."""
+        pol = self.policy
+        n = len(move)
+        to_bad = move < pol.p  # the move a good state makes
+        to_good = move < pol.r  # the move a bad state makes
         # Per packet the new state is a function of the old one: "set" (bad if to_bad, whatever the old
         # state) when to_bad != to_good, "flip" when both, "keep" when neither. So the state after packet i
         # is the value of the last set at or before i, flipped once per flip since then.
@@ -128,8 +157,18 @@ class DropStream:
         last = np.maximum.accumulate(np.where(is_set, np.arange(n), -1))
         seen = last >= 0
         at = np.where(seen, last, 0)
-        base = np.where(seen, to_bad[at], self.bad)
+        base = np.where(seen, to_bad[at], bad0)
         flips_before = np.where(seen, flips[at], 0)
-        bad = base ^ ((flips - flips_before) & 1).astype(bool)
+        return base ^ ((flips - flips_before) & 1).astype(bool)
+
+    def drop_many(self, n: int) -> np.ndarray:
+        """Decide for ``n`` packets at once (boolean array): exactly the next ``n`` calls of :meth:`drop`."""
+        pol = self.policy
+        if n <= 0:
+            return np.zeros(0, dtype=bool)
+        if self._per == 1:
+            return self._take(n) < pol.p
+        u = self._take(2 * n).reshape(n, 2)
+        bad = self._ge_states(u[:, 0], self.bad)
         self.bad = bool(bad[-1])
         return u[:, 1] < np.where(bad, pol.loss_bad, pol.loss_good)

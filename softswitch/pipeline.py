@@ -141,7 +141,7 @@ class SoftSwitch:
         self.seed = seed
         self.jobs: dict[int, _Job] = {}
         # counters[job_id][branch]; row 0 collects packets of no known job.
-        self._counters = [[0] * len(COUNTERS) for _ in range(MAX_JOBS)]
+        self._counters = np.zeros((MAX_JOBS, len(COUNTERS)), dtype=np.int64)
         # WORKER_COUNTER: packets per (job, worker) that passed the worker check (liveness).
         self._worker_rx = np.zeros((MAX_JOBS, MAX_WORKERS), dtype=np.int64)
         self._lock = threading.Lock()
@@ -156,7 +156,7 @@ class SoftSwitch:
             if cfg.job_id in self.jobs:
                 raise ValueError(f"job {cfg.job_id} exists; remove it first (lta ctl job rm {cfg.job_id})")
             self.jobs[cfg.job_id] = _Job(cfg, self.seed)
-            self._counters[cfg.job_id] = [0] * len(COUNTERS)
+            self._counters[cfg.job_id] = 0
             self._worker_rx[cfg.job_id] = 0
             self._batch.set_jobs(self.jobs)
 
@@ -172,8 +172,9 @@ class SoftSwitch:
             job = self.jobs[job_id]
             job.slots = _Slots(job.cfg.pool_size, job.cfg.elems_per_packet)
             job.streams.clear()
-            self._counters[job_id] = [0] * len(COUNTERS)
+            self._counters[job_id] = 0
             self._worker_rx[job_id] = 0
+            self._batch.set_jobs(self.jobs)
 
     def set_quorum(self, job_id: int, quorum: int) -> None:
         """Change a running job's quorum (liveness: lowered while workers are offline, restored when they
@@ -184,7 +185,8 @@ class SoftSwitch:
                 raise KeyError(f"no job {job_id} on this switch")
             if not 1 <= quorum <= job.cfg.n_workers:
                 raise ValueError(f"quorum must be in 1..{job.cfg.n_workers}, got {quorum}")
-            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)  # the batch engine reads job.cfg per run
+            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)
+            self._batch.set_jobs(self.jobs)
 
     def set_drop_policy(
         self, job_id: int, direction: str, policy: DropPolicy | None, worker: int | None = None
@@ -203,10 +205,11 @@ class SoftSwitch:
                 job.policies.pop((direction, worker), None)
             else:
                 job.policies[(direction, worker)] = policy
+            self._batch.set_jobs(self.jobs)
 
     def read_counters(self, job_id: int) -> dict[str, int]:
         with self._lock:
-            return dict(zip(COUNTERS, self._counters[job_id], strict=True))
+            return dict(zip(COUNTERS, self._counters[job_id].tolist(), strict=True))
 
     def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
         """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
@@ -250,15 +253,15 @@ class SoftSwitch:
         that disagree), dropped before the LTA checks by the raw-port front end: nothing in it is
         trusted, so it counts on index 0 (``rx_packets`` and ``drop_malformed``), as in the P4 program."""
         with self._lock:
-            self._counters[0][_C["rx_packets"]] += 1
+            self._counters[0, _C["rx_packets"]] += 1
             self._count(0, "drop_malformed")
 
     def _count(self, job_id: int, name: str) -> None:
-        self._counters[job_id][_C[name]] += 1
+        self._counters[job_id, _C[name]] += 1
 
     def _process(self, data: bytes | memoryview, ingress: Port) -> Egress:
         if len(data) < HEADER_BYTES:
-            self._counters[0][_C["rx_packets"]] += 1
+            self._counters[0, _C["rx_packets"]] += 1
             self._count(0, "drop_malformed")
             return []
         (version, op, flags, exp, job_id, w, _count, s, nelem, q, step, chunk, weight, _bitmap) = (
@@ -266,7 +269,7 @@ class SoftSwitch:
         )
         job = self.jobs.get(job_id)
         row = job_id if job is not None else 0
-        self._counters[row][_C["rx_packets"]] += 1
+        self._counters[row, _C["rx_packets"]] += 1
         if version != VERSION or op not in _VALID_OPS or op == _RESULT:
             self._count(row, "drop_malformed")
             return []

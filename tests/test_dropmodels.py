@@ -40,3 +40,32 @@ def test_policy_validation_names_the_problem():
         DropPolicy(p=1.5)
     with pytest.raises(ValueError, match="unknown drop policy keys"):
         DropPolicy.from_dict({"model": "bernoulli", "prob": 0.1})
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [DropPolicy(p=0.3), DropPolicy("gilbert_elliott", p=0.05, r=0.3, loss_good=0.02, loss_bad=0.8)],
+    ids=["bernoulli", "gilbert_elliott"],
+)
+def test_peek_then_advance_gives_the_sequential_decisions(policy):
+    """The batched switch peeks at a batch's worth of decisions and consumes what its packets used: that
+    must be exactly the sequence of one drop() per packet, across block boundaries (4096 uniforms)."""
+    sequential = DropStream(policy, seed=11)
+    expected = [sequential.drop() for _ in range(20000)]
+    stream = DropStream(policy, seed=11)
+    rng = np.random.default_rng(3)
+    got: list[bool] = []
+    while len(got) < len(expected):
+        want = int(rng.integers(1, 3000))
+        peeked = stream.peek(want)
+        assert peeked.dtype == np.uint8 and len(peeked) == want
+        again = stream.peek(want)  # peeking consumes nothing
+        assert np.array_equal(peeked, again)
+        used = int(rng.integers(0, want + 1))
+        got += [bool(d) for d in peeked[:used]]
+        stream.advance(used)
+        if rng.random() < 0.2:  # interleaved with the per-packet path
+            got.append(stream.drop())
+    n = len(expected)
+    assert got[:n] == expected
+    assert sum(got[:n]) > 0.01 * n  # the streams do drop

@@ -384,7 +384,7 @@ def state(sw: SoftSwitch) -> dict:
     counters = [sw.read_counters(j) for j in range(MAX_JOBS)]
     jobs = {}
     for job_id, job in sw.jobs.items():
-        streams = {key: (s._pos, len(s._buf), s.bad) for key, s in job.streams.items()}
+        streams = {key: (s.used, s.bad) for key, s in job.streams.items()}  # with the seed: its future
         slots = job.slots
         jobs[job_id] = (
             slots.regs.tobytes(),
@@ -411,34 +411,33 @@ def assert_same(packets: list[tuple[bytes, object]], specs: list[Spec], sizes: l
 
 
 # ---- the differential tests ---------------------------------------------------------------------------
-_HYBRID_MINIMA = (batch_module._VECTOR_MIN_PACKETS, batch_module._VECTOR_MIN_PACKETS_BIG_ROWS)
-
-
-@pytest.fixture(autouse=True)
-def _always_vectorized(monkeypatch):
-    """process_batch runs batches below a few dozen packets through the per-packet reference itself
-    (faster there); these tests check the vectorized pass, so it runs every batch here, whatever its size
-    (the ``hybrid`` slot path puts the real thresholds back)."""
-    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS", 0)
-    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS_BIG_ROWS", 0)
-
-
-@pytest.fixture(params=["auto", "waves", "steps", "hybrid"])
+@pytest.fixture(params=["native", "reference"])
 def slot_path(request, monkeypatch):
-    """How process_batch runs GRAD/FLUSH: as it chooses (one pass for plain rounds, vectorized waves,
-    small waves packet by packet), or forced through vectorized waves only, or packet by packet only; so
-    each path is checked against the reference on its own. ``hybrid``: as it chooses, small batches
-    through the reference included (the production setting)."""
-    from softswitch import batch
-
-    if request.param == "hybrid":
-        small, big = _HYBRID_MINIMA
-        monkeypatch.setattr(batch, "_VECTOR_MIN_PACKETS", small)
-        monkeypatch.setattr(batch, "_VECTOR_MIN_PACKETS_BIG_ROWS", big)
-    elif request.param != "auto":
-        monkeypatch.setattr(batch.BatchEngine, "_simple_groups", lambda self, job, order, *args: order)
-        monkeypatch.setattr(batch, "_SMALL_WAVE", 0 if request.param == "waves" else 1 << 30)
+    """Which engine runs process_batch: the compiled one (softswitch/_swcore.c), or the fallback where it
+    is not built (every packet through the per-packet reference, as on a machine without a compiler)."""
+    if request.param == "native":
+        if batch_module._swcore is None:
+            pytest.skip("softswitch._swcore is not built here")
+    else:
+        monkeypatch.setattr(batch_module, "_swcore", None)
     return request.param
+
+
+def test_the_native_engine_is_built_and_used(monkeypatch):
+    """pip install builds softswitch._swcore where a compiler exists (as here, and in CI): process_batch
+    must run it, not fall back to the reference."""
+    assert batch_module.ENGINE == "native" and batch_module._swcore is not None
+    calls = []
+    run = batch_module._swcore.run
+
+    def counting(*args):
+        calls.append(args[3])
+        return run(*args)
+
+    monkeypatch.setattr(batch_module._swcore, "run", counting)
+    packets = MixGenerator(MIXED, 79).packets(300)
+    assert_same(packets, MIXED, [100, 200], 4)
+    assert calls == [100, 200]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -460,31 +459,6 @@ def test_random_mix_as_one_batch(seed, slot_path):
 def test_random_mix_one_packet_per_batch():
     packets = MixGenerator(MIXED, 77).packets(600)
     assert_same(packets, MIXED, [1] * len(packets), 3)
-
-
-def test_hybrid_runs_small_batches_one_by_one_and_large_ones_vectorized(monkeypatch):
-    """With the production thresholds a batch below them goes through the reference packet by packet,
-    one at or above them through the vectorized pass; both give the reference's outcome."""
-    small, big = _HYBRID_MINIMA
-    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS", small)
-    monkeypatch.setattr(batch_module, "_VECTOR_MIN_PACKETS_BIG_ROWS", big)
-    calls = {"one_by_one": 0, "vectorized": 0}
-    one_by_one, slot_events = batch_module.BatchEngine._one_by_one, batch_module.BatchEngine._slot_events
-
-    def count_one(self, *args):
-        calls["one_by_one"] += 1
-        return one_by_one(self, *args)
-
-    def count_vector(self, *args):
-        calls["vectorized"] += 1
-        return slot_events(self, *args)
-
-    monkeypatch.setattr(batch_module.BatchEngine, "_one_by_one", count_one)
-    monkeypatch.setattr(batch_module.BatchEngine, "_slot_events", count_vector)
-    packets = MixGenerator(MIXED, 78).packets(1200)
-    sizes = [1, small - 1, small, 3 * small] * (len(packets) // (5 * small) + 1)
-    assert_same(packets, MIXED, sizes, 4)
-    assert calls["one_by_one"] > 0 and calls["vectorized"] > 0, calls
 
 
 def test_single_hot_slot_many_occurrences_per_batch(slot_path):
@@ -538,26 +512,13 @@ ROUND_SPECS = [
 
 
 @pytest.mark.parametrize("spec", ROUND_SPECS, ids=lambda spec: f"job{spec.job_id}")
-def test_rounds_match_through_both_the_one_pass_path_and_the_waves(spec, monkeypatch):
-    from softswitch.batch import BatchEngine
-
-    seen = {"one_pass": 0, "waves": 0}
-    one_pass = BatchEngine._simple_groups
-
-    def counting(self, job, order, *args):
-        rest = one_pass(self, job, order, *args)
-        seen["one_pass"] += len(order) - len(rest)
-        seen["waves"] += len(rest)
-        return rest
-
-    monkeypatch.setattr(BatchEngine, "_simple_groups", counting)
+def test_rounds_match_in_random_batches(spec, slot_path):
     units, low, high = {1: (900, 8, 240), 2: (60, 16, 160), 3: (1400, 16, 700)}[spec.job_id]
     packets = RoundGenerator(spec, seed=spec.job_id).packets(units)
     rng = np.random.default_rng(spec.job_id)
     final = assert_same(packets, [spec], random_sizes(rng, len(packets), low, high), 7)
-    # Both paths carried packets (job 1's batches span several rounds of a slot, job 2's rounds close
-    # before all 64 workers sent, job 3 is mostly plain rounds), and rounds closed.
-    assert seen["one_pass"] > 100 and seen["waves"] > 100, seen
+    # Rounds closed (job 1's batches span several rounds of a slot, job 2's rounds close before all 64
+    # workers sent, job 3 is mostly plain rounds under its drop policies).
     assert final["counters"][spec.job_id]["result_quorum"] > units // 5
 
 
@@ -593,11 +554,11 @@ def test_one_batch_runs_rounds_of_one_slot_in_order():
     ]
     out = sw.process_batch(*pack(packets))
     assert list(out.egress) == [10, 11, 12, 12, 10, 11, 12, 10]
-    acc1 = np.frombuffer(out.data[0, HEADER_BYTES : HEADER_BYTES + 4 * K].tobytes(), dtype=">i4")
+    acc1 = np.frombuffer(out.row(0)[HEADER_BYTES : HEADER_BYTES + 4 * K].tobytes(), dtype=">i4")
     assert list(acc1) == [INT32_MIN, 2, 2, 7]
-    assert out.data[3, 2] & Flag.RETX and out.data[7, 2] & Flag.RETX and not out.data[4, 2] & Flag.RETX
-    acc2 = np.frombuffer(out.data[4, HEADER_BYTES : HEADER_BYTES + 4 * K].tobytes(), dtype=">i4")
-    assert list(acc2) == [9, 9, 9, 9] and out.data[4, 7] == 1  # count 1
+    assert out.row(3)[2] & Flag.RETX and out.row(7)[2] & Flag.RETX and not out.row(4)[2] & Flag.RETX
+    acc2 = np.frombuffer(out.row(4)[HEADER_BYTES : HEADER_BYTES + 4 * K].tobytes(), dtype=">i4")
+    assert list(acc2) == [9, 9, 9, 9] and out.row(4)[7] == 1  # count 1
     c = sw.read_counters(1)
     expected = dict(rx_packets=9, grad_start=2, grad_add=2, grad_dup=1, grad_late_resend=1, result_quorum=1)
     expected.update(flush_partial=1, flush_stale=1, flush_resend=1, tx_packets=8)
@@ -618,11 +579,11 @@ def test_max_round_and_several_jobs_with_different_k_in_one_batch():
     out = sw.process_batch(*pack(packets))
     assert out.m == 3 and list(out.lens) == [HEADER_BYTES + 256, HEADER_BYTES + 16, HEADER_BYTES + 16]
     assert key_address(out.egress[0]) == ("127.0.0.1", 9000) and list(out.egress[1:]) == [10, 11]
-    assert list(np.frombuffer(out.data[0, HEADER_BYTES : HEADER_BYTES + 256].tobytes(), ">i4")) == list(
+    assert list(np.frombuffer(out.row(0)[HEADER_BYTES : HEADER_BYTES + 256].tobytes(), ">i4")) == list(
         range(64)
     )
-    acc = np.frombuffer(out.data[1, HEADER_BYTES : HEADER_BYTES + 16].tobytes(), ">i4")
-    assert list(acc) == [4, -5, 3, INT32_MIN] and out.data[1, 2] & Flag.MAX
+    acc = np.frombuffer(out.row(1)[HEADER_BYTES : HEADER_BYTES + 16].tobytes(), ">i4")
+    assert list(acc) == [4, -5, 3, INT32_MIN] and out.row(1)[2] & Flag.MAX
 
 
 def test_edge_shapes_empty_short_only_and_buffer_growth():
