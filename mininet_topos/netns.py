@@ -33,6 +33,7 @@ kills the processes started in the namespaces by PID and deletes the namespaces 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -79,9 +80,17 @@ class Host:
     dev: str = HOST_DEV
 
 
+NETNS_TOOLS = ("ip", "tc", "nft")  # iproute2 (namespaces, veth, tbf) and nftables (loss)
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         raise PermissionError("network namespaces need root: run as root (e.g. sudo .venv/bin/lta ...)")
+
+
+def missing_tools() -> list[str]:
+    """Which of the programs the namespace harness runs are not installed."""
+    return [tool for tool in NETNS_TOOLS if shutil.which(tool) is None]
 
 
 def run_checked(argv: Sequence[str], stdin: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> str:

@@ -93,8 +93,8 @@ def worker_keys(workers: Iterable[Any]) -> np.ndarray:
 
 class OutBatch:
     """``m`` packets to send: packet i is the first ``lens[i]`` bytes of row ``index[i]`` of ``data`` (row i
-    when ``index`` is None), for port key ``egress[i]``. With big rows the replicas of one RESULT share
-    its row (``index`` repeats it): no copy per receiver. The arrays are views of buffers the next
+    when ``index`` is None), for port key ``egress[i]``. The replicas of one RESULT share its row (``index``
+    repeats it): no copy per receiver. The arrays are views of buffers the next
     :meth:`SoftSwitch.process_batch` call reuses."""
 
     __slots__ = ("data", "lens", "egress", "m", "index")

@@ -7,7 +7,8 @@ state machine, and the P4 program is tested against it.
 
 Per packet the work is one struct unpack, a few comparisons and one numpy add over the K payload
 values: no per-element Python. That per-packet path is the reference; ``process_batch`` runs whole
-batches vectorized (:mod:`softswitch.batch`) with exactly its outcome, packet for packet.
+batches through the native engine (:mod:`softswitch.batch`, ``softswitch/_swcore.c``) with exactly its
+outcome, packet for packet.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class SoftSwitch:
         # WORKER_COUNTER: packets per (job, worker) that passed the worker check (liveness).
         self._worker_rx = np.zeros((MAX_JOBS, MAX_WORKERS), dtype=np.int64)
         self._lock = threading.Lock()
-        self._batch = BatchEngine()  # the vectorized pipeline behind process_batch, with its buffers
+        self._batch = BatchEngine()  # the native engine's tables and buffers, behind process_batch
         # Emulated loss spares CRITICAL packets (the contract). Tests set False to emulate a real network,
         # where the flag protects nothing, and check that the hosts' resends deliver critical data anyway.
         self.spare_critical = True
@@ -237,7 +238,7 @@ class SoftSwitch:
     def process_batch(
         self, data: np.ndarray, lens: np.ndarray, ingress: np.ndarray, n: int | None = None
     ) -> OutBatch:
-        """Run ``n`` packets (default ``len(lens)``) through the pipeline at once, vectorized.
+        """Run ``n`` packets (default ``len(lens)``) through the pipeline at once, in the native engine.
 
         ``data`` is (cap, stride) uint8, row i holding packet i's bytes (its first ``lens[i]`` are valid);
         ``ingress`` holds the port keys (:func:`softswitch.batch.port_key`) the packets came from. The

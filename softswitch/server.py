@@ -4,9 +4,10 @@ Runs in a background thread (``SoftSwitchServer.start()``, what tests and ``lta 
 foreground (``lta softswitch --listen HOST:PORT``). Workers are identified by their UDP source address,
 which plays the role of the ingress port (as an int key, ``hostlib.batchio.addr_key``).
 
-Each wake-up takes every queued datagram in one system call (``recvmmsg`` where available, see
-:mod:`hostlib.batchio`), runs them through :meth:`SoftSwitch.process_batch` as one batch, and sends the
-replies in one call: the per-packet cost is the kernel's and numpy's, not Python's.
+Each wake-up takes every queued datagram in one system call (GRO trains cut into rows, or ``recvmmsg``; see
+:mod:`hostlib.batchio`), runs them through :meth:`SoftSwitch.process_batch` as one batch (the native engine),
+and sends the replies in one call, each destination's as GSO trains: the per-packet cost is the kernel's
+and C's, not Python's.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class SoftSwitchServer(BackgroundServer):
             self.sock.close()
             raise OSError(f"softswitch cannot listen on {listen[0]}:{listen[1]}: {exc.strerror}") from exc
         self.batch = BatchSocket(self.sock, io)
-        self.io = self.batch.io  # the packet I/O path in use (mmsg-c, mmsg-ctypes or plain)
+        self.io = self.batch.io  # the packet I/O path in use (gso-c, mmsg-c, mmsg-ctypes or plain)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.send_errors = 0
         super().__init__()

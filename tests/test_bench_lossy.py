@@ -151,6 +151,22 @@ def test_bad_rate_stops_the_cli_in_one_line_before_any_namespace(monkeypatch, ca
     assert lossy.config_from_args(build_parser().parse_args(["bench", "lossy"])).rate_mbit == 200.0
 
 
+def test_missing_nft_or_tc_is_one_line_before_any_namespace(monkeypatch, capsys):
+    """Without nftables or tc the command says what to install, in one line, and builds nothing."""
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("built a network without its tools")
+
+    monkeypatch.setattr(lossy, "bench_lossy", must_not_run)
+    monkeypatch.setattr("mininet_topos.netns.require_root", lambda: None)
+    monkeypatch.setattr("mininet_topos.netns.shutil.which", lambda tool: None if tool in ("nft", "tc") else "/x")
+    assert main(["bench", "lossy", "--iters", "20"]) == 1
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert "tc, nft" in line and "apt-get install -y iproute2 nftables" in line
+    assert captured.out == ""
+
+
 def test_rates_read_back_in_their_unit():
     assert [format_rate(r) for r in (1000.0, 2500.0, 200.0, 0.5)] == [
         "1 Gbit/s",

@@ -935,13 +935,19 @@ def config_from_args(args: argparse.Namespace) -> LossyConfig:
 
 
 def require_root_or_say() -> None:
-    """Namespaces need root: a one-line user error otherwise."""
-    from mininet_topos.netns import require_root
+    """Namespaces need root, iproute2 and nftables: a one-line user error otherwise (not a traceback from
+    inside ``ip netns exec``)."""
+    from mininet_topos.netns import missing_tools, require_root
 
     try:
         require_root()
     except PermissionError as exc:
         raise LtaError(str(exc)) from None
+    missing = missing_tools()
+    if missing:
+        raise LtaError(
+            f"lta bench lossy needs {', '.join(missing)} (not installed): apt-get install -y iproute2 nftables"
+        )
 
 
 def run_cli(args: argparse.Namespace) -> int:
