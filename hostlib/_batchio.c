@@ -7,7 +7,7 @@
  *   recv_batch(fd, data, lens_out, keys_out, max_n, timeout_ms, stats, scratch) -> n
  *   send_batch(fd, data, lens, keys, n, stall_ms, stats[, index]) -> sent
  *   scratch_bytes(n) -> size of a recv scratch buffer for n rows
- *   send_gso(fd, data, lens, keys, n, stall_ms, stats, index, max_segs) -> (sent, refused_errno)
+ *   send_gso(fd, data, lens, keys, n, stall_ms, stats, index, max_segs[, trains]) -> (sent, refused_errno)
  *   recv_gro(fd, data, lens_out, keys_out, max_n, timeout_ms, stats, staging) -> n
  *   gro_staging_bytes(messages) -> size of a GRO staging buffer
  *
@@ -649,19 +649,19 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     int fd, max_segs;
     Py_ssize_t n;
     double stall_ms;
-    PyObject *data_obj, *lens_obj, *keys_obj, *stats_obj, *index_obj;
-    if (!PyArg_ParseTuple(args, "iOOOndOOi:send_gso", &fd, &data_obj, &lens_obj, &keys_obj, &n, &stall_ms,
-                          &stats_obj, &index_obj, &max_segs))
+    PyObject *data_obj, *lens_obj, *keys_obj, *stats_obj, *index_obj, *trains_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "iOOOndOOi|O:send_gso", &fd, &data_obj, &lens_obj, &keys_obj, &n, &stall_ms,
+                          &stats_obj, &index_obj, &max_segs, &trains_obj))
         return NULL;
     if (max_segs < 1)
         max_segs = 1;
 
     Py_buffer data;
     Py_ssize_t rows, width, stride;
-    ints_arg lens, keys, index;
-    index.held = 0;
-    index.is_scalar = 0;
-    int has_index = index_obj != Py_None;
+    ints_arg lens, keys, index, trains;
+    index.held = trains.held = 0;
+    index.is_scalar = trains.is_scalar = 0;
+    int has_index = index_obj != Py_None, has_trains = trains_obj != Py_None;
     if (get_rows(data_obj, &data, 0, &rows, &width, &stride) < 0)
         return NULL;
     if (get_ints_arg(lens_obj, &lens, n, 1, "lens") < 0) {
@@ -676,6 +676,14 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (has_index && get_ints_arg(index_obj, &index, n, 0, "index") < 0) {
+        release_ints_arg(&index);
+        release_ints_arg(&keys);
+        release_ints_arg(&lens);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (has_trains && get_ints_arg(trains_obj, &trains, n, 0, "trains") < 0) {
+        release_ints_arg(&trains);
         release_ints_arg(&index);
         release_ints_arg(&keys);
         release_ints_arg(&lens);
@@ -755,7 +763,8 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
             struct iovec *v = &iov[p];
             while (p + k < n && k < cap_segs) {
                 Py_ssize_t dk = order[p + k];
-                if (k && (ints_arg_at(&keys, dk) != key || (Py_ssize_t)ints_arg_at(&lens, dk) != seg))
+                if (k && (ints_arg_at(&keys, dk) != key || (Py_ssize_t)ints_arg_at(&lens, dk) != seg ||
+                          (has_trains && ints_arg_at(&trains, dk) != ints_arg_at(&trains, d))))
                     break;
                 Py_ssize_t row = has_index ? (Py_ssize_t)ints_arg_at(&index, dk) : dk;
                 v[k].iov_base = (void *)(base + row * stride);
@@ -885,6 +894,7 @@ done:
     PyMem_Free(msgs);
     PyMem_Free(gm);
     PyMem_Free(iov);
+    release_ints_arg(&trains);
     release_ints_arg(&index);
     release_ints_arg(&keys);
     release_ints_arg(&lens);
@@ -1164,9 +1174,10 @@ static PyMethodDef methods[] = {
      "per-datagram errors (unreachable, too big) count as send errors. Returns the number sent."},
     {"scratch_bytes", scratch_bytes, METH_O, "scratch_bytes(n) -> bytes of a recv scratch buffer for n rows"},
     {"send_gso", send_gso, METH_VARARGS,
-     "send_gso(fd, data, lens, keys, n, stall_ms, stats, index, max_segs) -> (sent, refused_errno)\n\n"
+     "send_gso(fd, data, lens, keys, n, stall_ms, stats, index, max_segs[, trains]) -> (sent, refused_errno)\n\n"
      "As send_batch, but datagrams to one destination with one length leave as GSO messages of up to\n"
-     "max_segs datagrams (UDP_SEGMENT); each destination's datagrams keep their order. If the kernel refuses\n"
+     "max_segs datagrams (UDP_SEGMENT); each destination's datagrams keep their order; a message never\n"
+     "holds datagrams of two different trains[] values. If the kernel refuses\n"
      "segmentation (EINVAL/EIO), the rest go one datagram per message and refused_errno says why."},
     {"recv_gro", recv_gro, METH_VARARGS,
      "recv_gro(fd, data, lens_out, keys_out, max_n, timeout_ms, stats, staging) -> n\n\n"

@@ -38,6 +38,7 @@ def send_gso(
     stats: np.ndarray,
     index: np.ndarray | None,
     max_segs: int,
+    trains: np.ndarray | None = None,
     /,
 ) -> tuple[int, int]: ...
 def recv_gro(

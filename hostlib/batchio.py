@@ -541,7 +541,12 @@ class BatchSocket:
     """A bound IPv4 UDP socket that receives into ``RxBatch`` rows and sends byte matrices, in batches."""
 
     def __init__(
-        self, sock: socket.socket, io: str | None = None, *, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+        self,
+        sock: socket.socket,
+        io: str | None = None,
+        *,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        gro: bool = True,
     ) -> None:
         if sock.family != socket.AF_INET or sock.type != socket.SOCK_DGRAM:
             raise ValueError("BatchSocket needs an AF_INET SOCK_DGRAM (IPv4 UDP) socket")
@@ -553,7 +558,7 @@ class BatchSocket:
         self.stats = BatchStats()
         self._gro: np.ndarray | None = None
         self._gso_segs = 0
-        if self.io == "gso-c":
+        if self.io == "gso-c" and gro:
             try:
                 sock.setsockopt(SOL_UDP, UDP_GRO, 1)
             except OSError as exc:
@@ -572,8 +577,10 @@ class BatchSocket:
         self._tx_vec: _MsgVec | None = None
         self._key_cache: dict[tuple[str, int], int] = {}
         self._addr_cache: dict[int, tuple[str, int]] = {}
+        if self.io == "gso-c" and not gro:  # sends GSO trains, receives one datagram per message
+            self._gso_segs = gso_max_segments()
         self._recv_once: Callable[[RxBatch, int], int] = {
-            "gso-c": self._recv_gro,
+            "gso-c": self._recv_gro if self._gro is not None else self._recv_c,
             "mmsg-c": self._recv_c,
             "mmsg-ctypes": self._recv_ctypes,
             "plain": self._recv_plain,
@@ -746,9 +753,14 @@ class BatchSocket:
         lens: np.ndarray | int,
         keys: np.ndarray | int,
         index: np.ndarray | None = None,
+        trains: np.ndarray | None = None,
     ) -> int:
         """Send row i of ``data`` (its first ``lens[i]`` bytes) to ``keys[i]`` for every row; returns the
         number sent.
+
+        ``trains`` (int64, one per datagram; ``gso-c`` only, ignored elsewhere): a GSO train never holds
+        datagrams of two different values, so a receiver that steers whole trains by their first datagram
+        (a sharded softswitch, :mod:`softswitch.shards`) sees each train's datagrams belong together.
 
         ``data`` is (m, width) uint8 with contiguous rows (any row stride); ``lens`` and ``keys`` are one
         int for every row or one per row. ``index`` (int64, one per datagram) sends datagram i from row
@@ -780,6 +792,7 @@ class BatchSocket:
                 self.stats.counts,
                 rows,
                 self._gso_segs,
+                None if trains is None else _as_ints(trains, m, "trains", int32_ok=False),
             )
             if refused:
                 self.io = "mmsg-c"

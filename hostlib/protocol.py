@@ -30,6 +30,11 @@ INT32_MIN = -(2**31)
 # and every worker gets the RESULT; every later one is answered by a unicast resend. An answer proves
 # that the switch runs, knows the job, and maps this worker id to this sender's address.
 PROBE_SEQ = 2**32 - 1
+# UDP GSO trains (several datagrams sent as one message, see hostlib/batchio.py) never mix slots of two
+# blocks of 2**SLOT_BLOCK_BITS consecutive slots: a receiver that steers a whole train by its first datagram
+# (the sharded softswitch gives block (slot >> SLOT_BLOCK_BITS) mod N to shard i) still gets every
+# datagram of a slot on the shard that owns it. 128 = the longest train the kernel sends.
+SLOT_BLOCK_BITS = 7
 # The switch's Ethernet address where it answers ARP itself (softswitch raw ports, Mininet demos);
 # locally administered, "LTA" in ASCII.
 SWITCH_MAC = "02:4c:54:41:00:01"

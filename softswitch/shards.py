@@ -11,9 +11,15 @@ state and need no locks between them. The steering is done by the kernel:
   datagram to the socket whose index the program returns::
 
       ldh [8]          ; A = slot (big-endian u16 at offset 8 of the LTA header)
+      rsh #7           ; A = the slot's block of 128 (SLOT_BLOCK_BITS)
       and #N-1         ; (N a power of two), else: mod #N
-      ret a            ; socket index = slot % N
+      ret a            ; socket index = (slot >> 7) % N
 
+  Blocks, not single slots: a worker sends UDP GSO trains (up to 128 datagrams in one message), which
+  loopback delivers whole and the kernel steers by their first datagram; a worker's train never spans two
+  blocks (``hostlib.transport.io``), so every datagram of a slot reaches the shard that owns it. The shard
+  sockets do not set ``UDP_GRO`` (they still send trains): a NIC's GRO could join the end of one train to
+  the start of the next. A job's pool should hold 128·N slots or more, or some shards get no work.
   A datagram too short to hold the slot makes the load fail, the program return 0, and shard 0 drop it
   as malformed. The mapping is stable: it depends on the slot only, never on the sender or a hash.
 * Each shard process gets its socket (the fd is passed at spawn), serves on it and sends its replies
@@ -52,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.batchio import BatchSocket
+from hostlib.protocol import HEADER_DTYPE, SLOT_BLOCK_BITS
 from softswitch.config import load_switch
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
@@ -59,13 +66,14 @@ from softswitch.server import SoftSwitchServer
 log = logging.getLogger(__name__)
 
 SO_ATTACH_REUSEPORT_CBPF = getattr(socket, "SO_ATTACH_REUSEPORT_CBPF", 51)  # <asm-generic/socket.h>
-SLOT_OFFSET = 8  # byte offset of the big-endian u16 slot in the LTA header (docs/protocol.md)
+SLOT_OFFSET = HEADER_DTYPE.fields["slot"][1]  # byte offset of the big-endian u16 slot in the LTA header
 MAX_SHARDS = 64
 
 # Classic BPF opcodes (<linux/filter.h>).
 _BPF_LD_H_ABS = 0x00 | 0x08 | 0x20  # BPF_LD | BPF_H | BPF_ABS
 _BPF_ALU_AND_K = 0x04 | 0x50 | 0x00  # BPF_ALU | BPF_AND | BPF_K
 _BPF_ALU_MOD_K = 0x04 | 0x90 | 0x00  # BPF_ALU | BPF_MOD | BPF_K
+_BPF_ALU_RSH_K = 0x04 | 0x70 | 0x00  # BPF_ALU | BPF_RSH | BPF_K
 _BPF_RET_A = 0x06 | 0x10  # BPF_RET | BPF_A
 
 _READY_TIMEOUT_S = 60.0  # a shard imports numpy and loads the config before it is ready
@@ -83,18 +91,19 @@ class _SockFilter(ctypes.Structure):
 
 
 def steering_program(n_shards: int) -> list[tuple[int, int, int, int]]:
-    """The classic BPF program ``slot % n_shards`` as (code, jt, jf, k) instructions."""
+    """The classic BPF program ``(slot >> SLOT_BLOCK_BITS) % n_shards`` as (code, jt, jf, k) instructions."""
     if not 1 <= n_shards <= MAX_SHARDS:
         raise ValueError(f"shards must be in 1..{MAX_SHARDS}, got {n_shards}")
     if n_shards & (n_shards - 1) == 0:
         reduce = (_BPF_ALU_AND_K, 0, 0, n_shards - 1)
     else:
         reduce = (_BPF_ALU_MOD_K, 0, 0, n_shards)
-    return [(_BPF_LD_H_ABS, 0, 0, SLOT_OFFSET), reduce, (_BPF_RET_A, 0, 0, 0)]
+    block = (_BPF_ALU_RSH_K, 0, 0, SLOT_BLOCK_BITS)
+    return [(_BPF_LD_H_ABS, 0, 0, SLOT_OFFSET), block, reduce, (_BPF_RET_A, 0, 0, 0)]
 
 
 def attach_steering(sock: socket.socket, n_shards: int) -> None:
-    """Attach ``slot % n_shards`` to the reuseport group of ``sock`` (any member; it applies to all)."""
+    """Attach the steering program to the reuseport group of ``sock`` (any member; it applies to all)."""
     insns = steering_program(n_shards)
     prog = (_SockFilter * len(insns))(*(_SockFilter(*i) for i in insns))
     fprog = struct.pack("@HP", len(insns), ctypes.addressof(prog))  # struct sock_fprog
@@ -109,7 +118,7 @@ def shard_sockets(
 ) -> list[socket.socket]:
     """N UDP sockets in one reuseport group on ``listen`` (port 0: one free port for all), bound in order
     so that socket i has group index i, with the steering program attached: socket i receives exactly
-    the datagrams whose slot % N == i."""
+    the datagrams whose (slot >> SLOT_BLOCK_BITS) % N == i."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError("sharding needs SO_REUSEPORT (Linux)")
     steering_program(n_shards)  # validates n_shards
@@ -151,7 +160,7 @@ class _ShardServer(SoftSwitchServer):
         # SoftSwitchServer.__init__ creates and binds its own socket, so its attributes are set here.
         self.switch = switch
         self.sock = sock
-        self.batch = BatchSocket(sock, io)
+        self.batch = BatchSocket(sock, io, gro=False)  # see the module docstring: steering needs no GRO
         self.io = self.batch.io
         self.address = sock.getsockname()
         self._stop = threading.Event()

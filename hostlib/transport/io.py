@@ -14,8 +14,10 @@ import socket
 import numpy as np
 
 from hostlib.batchio import BatchSocket, RxBatch, addr_key
+from hostlib.protocol import HEADER_DTYPE, SLOT_BLOCK_BITS
 
 _RX_BUFFER_BYTES = 4 << 20  # received rows kept per call: 1024 small packets, 64 jumbo ones
+_SLOT = HEADER_DTYPE.fields["slot"][1]  # byte offset of the big-endian u16 slot
 
 
 class WorkerIO:
@@ -47,10 +49,15 @@ class WorkerIO:
         return self.batch.io
 
     def send_rows(self, rows: np.ndarray) -> int:
-        """Send each row (a whole packet) to the switch; returns how many went out."""
+        """Send each row (a whole packet) to the switch; returns how many went out. GSO trains never span
+        two slot blocks (``SLOT_BLOCK_BITS``), so a sharded switch can steer a whole train."""
         if not len(rows):
             return 0
-        return self.batch.send(rows, rows.shape[1], self.switch_key)
+        trains = None
+        if self.batch.io == "gso-c":
+            hi = rows[:, _SLOT].astype(np.int64)
+            trains = (hi << 8 | rows[:, _SLOT + 1]) >> SLOT_BLOCK_BITS
+        return self.batch.send(rows, rows.shape[1], self.switch_key, trains=trains)
 
     def recv(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for packets, then take what is queued (rows 0..n-1 of ``rx``)."""
