@@ -103,6 +103,10 @@ HEADER_FIELDS: tuple[tuple[str, str], ...] = (
 HEADER_DTYPE = np.dtype([(n, t) for n, t in HEADER_FIELDS])
 HEADER_BYTES = HEADER_DTYPE.itemsize  # 36
 HEADER_BITS = {n: np.dtype(t).itemsize * 8 for n, t in HEADER_FIELDS}
+# field -> its byte offset in the header (the sum of the sizes before it)
+HEADER_OFFSETS: dict[str, int] = {
+    name: sum(HEADER_BITS[n] // 8 for n, _ in HEADER_FIELDS[:i]) for i, (name, _) in enumerate(HEADER_FIELDS)
+}
 # The same layout as a struct.Struct, for the per-packet path (one unpack is cheaper than numpy there).
 _STRUCT_CODES = {"u1": "B", "i1": "b", ">u2": "H", ">u4": "I", ">u8": "Q"}
 HEADER_STRUCT = struct.Struct(">" + "".join(_STRUCT_CODES[t] for _, t in HEADER_FIELDS))

@@ -31,9 +31,10 @@ from hostlib.batchio import addr_key, key_addr
 from hostlib.dropmodels import DIRECTIONS, DropStream
 from hostlib.protocol import (
     COUNTERS,
+    HEADER_BITS,
     HEADER_BYTES,
-    HEADER_DTYPE,
     HEADER_FIELDS,
+    HEADER_OFFSETS,
     MAX_JOBS,
     MAX_WORKERS,
     VERSION,
@@ -292,8 +293,8 @@ def _configure() -> None:
     for op in Op:
         valid[int(op)] = 1
     _swcore.configure(
-        tuple(HEADER_DTYPE.fields[name][1] for name in names),
-        tuple(HEADER_DTYPE.fields[name][0].itemsize for name in names),
+        tuple(HEADER_OFFSETS[name] for name in names),
+        tuple(HEADER_BITS[name] // 8 for name in names),
         HEADER_BYTES,
         VERSION,
         MAX_JOBS,

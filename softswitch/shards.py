@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.batchio import BatchSocket
-from hostlib.protocol import HEADER_DTYPE, SLOT_BLOCK_BITS
+from hostlib.protocol import HEADER_OFFSETS, SLOT_BLOCK_BITS
 from softswitch.config import load_switch
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
@@ -66,7 +66,7 @@ from softswitch.server import SoftSwitchServer
 log = logging.getLogger(__name__)
 
 SO_ATTACH_REUSEPORT_CBPF = getattr(socket, "SO_ATTACH_REUSEPORT_CBPF", 51)  # <asm-generic/socket.h>
-SLOT_OFFSET = HEADER_DTYPE.fields["slot"][1]  # byte offset of the big-endian u16 slot in the LTA header
+SLOT_OFFSET = HEADER_OFFSETS["slot"]  # byte offset of the big-endian u16 slot in the LTA header
 MAX_SHARDS = 64
 
 # Classic BPF opcodes (<linux/filter.h>).

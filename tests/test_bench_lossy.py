@@ -159,7 +159,8 @@ def test_missing_nft_or_tc_is_one_line_before_any_namespace(monkeypatch, capsys)
 
     monkeypatch.setattr(lossy, "bench_lossy", must_not_run)
     monkeypatch.setattr("mininet_topos.netns.require_root", lambda: None)
-    monkeypatch.setattr("mininet_topos.netns.shutil.which", lambda tool: None if tool in ("nft", "tc") else "/x")
+    absent = ("nft", "tc")
+    monkeypatch.setattr("mininet_topos.netns.shutil.which", lambda tool: None if tool in absent else "/x")
     assert main(["bench", "lossy", "--iters", "20"]) == 1
     captured = capsys.readouterr()
     (line,) = captured.err.strip().splitlines()

@@ -94,3 +94,11 @@ def test_header_unpack_rejects_short_data():
 
     with pytest.raises(ValueError, match="36 bytes"):
         protocol.Header.unpack(b"\x01\x02")
+
+
+def test_header_offsets_are_the_dtypes():
+    """HEADER_OFFSETS (what the native switch engine and the shard steering read) against numpy's layout."""
+    from hostlib.protocol import HEADER_DTYPE, HEADER_OFFSETS
+
+    assert HEADER_OFFSETS == {name: HEADER_DTYPE.fields[name][1] for name in HEADER_DTYPE.names}
+    assert HEADER_OFFSETS["slot"] == 8 and HEADER_OFFSETS["bitmap"] == 28

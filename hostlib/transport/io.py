@@ -14,10 +14,10 @@ import socket
 import numpy as np
 
 from hostlib.batchio import BatchSocket, RxBatch, addr_key
-from hostlib.protocol import HEADER_DTYPE, SLOT_BLOCK_BITS
+from hostlib.protocol import HEADER_OFFSETS, SLOT_BLOCK_BITS
 
 _RX_BUFFER_BYTES = 4 << 20  # received rows kept per call: 1024 small packets, 64 jumbo ones
-_SLOT = HEADER_DTYPE.fields["slot"][1]  # byte offset of the big-endian u16 slot
+_SLOT = HEADER_OFFSETS["slot"]  # byte offset of the big-endian u16 slot
 
 
 class WorkerIO:

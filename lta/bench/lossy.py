@@ -946,7 +946,8 @@ def require_root_or_say() -> None:
     missing = missing_tools()
     if missing:
         raise LtaError(
-            f"lta bench lossy needs {', '.join(missing)} (not installed): apt-get install -y iproute2 nftables"
+            f"lta bench lossy needs {', '.join(missing)} (not installed): "
+            "apt-get install -y iproute2 nftables"
         )
 
 
