@@ -153,7 +153,9 @@ def test_a_paced_worker_never_outruns_its_bucket(make_cluster):
 
 
 def test_a_learning_worker_paces_at_what_comes_back(make_cluster):
-    cluster = make_cluster(2, pace_learn=True, sync_deadline_ms=300, min_deadline_ms=50)
+    # A window of 64 units: the RESULTs of a reduce come back over several round trips, so every reduce
+    # gives a sample (a reduce whose RESULTs all land in one receive gives none, by design).
+    cluster = make_cluster(2, pace_learn=True, sync_deadline_ms=300, min_deadline_ms=50, window=64)
     rng = np.random.default_rng(1)
     inputs = [rng.standard_normal(400 * K).astype(np.float32) for _ in range(2)]
     for step in range(3):

@@ -32,7 +32,7 @@ FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fall
 class TransportConfig:
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET  # K
     pool_size: int = 512  # P, must equal the job's pool size on the switch; slot P-1 is the probe's
-    window: int | None = None  # units in flight; None: as many as the socket buffers hold
+    window: int | None = None  # units in flight; None: as many as the socket buffers hold, up to P-1
     # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
     # workers reach a reduce at different times (skew), and flushing then would throw their data away.
     sync_deadline_ms: float = 200.0

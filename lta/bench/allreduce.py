@@ -142,7 +142,7 @@ def lta_datagrams_per_reduce(n_values: int, elems_per_packet: int, exp_copies: i
 def lta_window(rcvbuf: int, pkt_bytes: int, config: TransportConfig) -> int:
     """The window LtaWorker keeps for a socket whose SO_RCVBUF reads ``rcvbuf`` (Linux doubles it)."""
     fit = max(2, rcvbuf // 2 // (pkt_bytes + 64))
-    return min(config.window or min(fit, 256), config.data_slots)
+    return min(config.window or fit, config.data_slots)
 
 
 # ---------------------------------------------------------------------------------------------------
