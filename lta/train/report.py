@@ -63,7 +63,7 @@ DRIFT_NOTE = (
     "without a bug: the paper's proof lets a stale copy lag one step only, i.i.d. updates give "
     "2p/(1−p²)σ², and AdamW's updates are correlated from step to step, so a copy that missed k "
     "broadcasts lags about k updates: up to 2p/(1−p)²σ² for identical updates. The staleness bound S "
-    "caps the lag. \"from history\" is the drift that the owners' own update history predicts."
+    'caps the lag. "from history" is the drift that the owners\' own update history predicts.'
 )
 DRIFT_CAPTION = (
     "The paper's line assumes a copy lags one step. AdamW's updates are correlated, so a copy that missed k\n"
