@@ -38,7 +38,7 @@ class LtaRawHelpFormatter(LtaHelpFormatter, argparse.RawDescriptionHelpFormatter
     """:class:`LtaHelpFormatter` that keeps the description's own line breaks (module docstrings)."""
 
 
-_PROG = "_lta_prog"  # namespace attribute: the prog of the innermost parser that ran
+_PROG = "command_prog"  # namespace attribute: the innermost (sub)command parsed, "lta ctl job add"
 
 
 class LtaArgumentParser(argparse.ArgumentParser):
@@ -57,10 +57,10 @@ class LtaArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """argparse's, except that arguments left over are blamed on the subcommand that was parsing
-        them (``lta ctl stats: error: unrecognized arguments: 1``), not on ``lta``."""
+        them (``lta ctl stats: error: unrecognized arguments: 1``), not on ``lta``. The namespace's
+        ``command_prog`` names that subcommand, for errors raised later."""
         namespace, extras = self.parse_known_args(args, namespace)
         prog = getattr(namespace, _PROG, self.prog)
-        delattr(namespace, _PROG)
         if extras:
             line = " ".join(f"unrecognized arguments: {' '.join(extras)}".split())
             self.exit(2, f"{prog}: error: {line} (see {prog} --help)\n")

@@ -163,9 +163,7 @@ def test_unrecognized_arguments_are_blamed_on_their_subcommand(argv, prog, capsy
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == (
-        f"{prog}: error: unrecognized arguments: {argv[-1]} (see {prog} --help)\n"
-    )
+    assert captured.err == (f"{prog}: error: unrecognized arguments: {argv[-1]} (see {prog} --help)\n")
 
 
 # ---- 7, 8: lta demo refuses what cannot work while parsing, before any process starts ------------------
@@ -251,3 +249,47 @@ def test_liveness_event_is_reported_once(with_receiver, caplog):
         assert received == events and warnings == []
     else:  # nobody else reports it: the log does, once
         assert len(warnings) == 1 and "offline" in warnings[0].getMessage()
+
+
+# ---- 9: help and messages ------------------------------------------------------------------------------
+def _commands(parser, path=()):
+    import argparse
+
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_no_help_page_shows_restructuredtext(capsys):
+    pages = 0
+    for path in _commands(cli.build_parser()):
+        assert cli.main([*path, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "``" not in out, f"lta {' '.join(path)} --help"
+        pages += 1
+    assert pages > 20  # every subcommand and sub-subcommand was visited
+
+
+def test_ctl_help_sentences_are_whole_and_say_jobs_file(capsys):
+    assert cli.main(["ctl", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "lower the quorum while they are; restore it when they send again" in text
+    assert "lower the job's quorum while they are offline" in text
+    assert cli.main(["ctl", "apply", "/nonexistent/jobs.toml"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "lta ctl apply: error: no jobs file /nonexistent/jobs.toml; see `lta ctl apply --help` for an example\n"
+    )
+
+
+def test_bmv2_absence_points_at_building_from_source(monkeypatch):
+    import shutil
+
+    from controlplane.bmv2 import bmv2_missing
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # a machine without BMv2
+    reason = bmv2_missing()
+    assert "p4lang's sources" in reason and "README" in reason and "package" not in reason
