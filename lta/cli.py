@@ -5,7 +5,8 @@ It is also the one error front: :func:`main` turns a user error (:class:`hostlib
 into one line on stderr, ``lta COMMAND: error: MESSAGE`` (the innermost subcommand, ``lta ctl
 apply: error: ...``; ``lta: error: ...`` before a command is known), and that error's exit status;
 a bad command line into one line from the parser, in the same form (exit 2, see :mod:`lta.cliparse`);
-Ctrl-C into a quiet exit 130 and a closed stdout (``lta ... | head``) into a quiet exit 141. Anything else is a bug and keeps its traceback.
+Ctrl-C into a quiet exit 130 and a closed stdout (``lta ... | head``) into a quiet exit 141. Anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
