@@ -291,3 +291,51 @@ def test_bmv2_absence_points_at_building_from_source(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)  # a machine without BMv2
     reason = bmv2_missing()
     assert "p4lang's sources" in reason and "README" in reason and "package" not in reason
+
+
+# ---- 3: stock code against a running softswitch: the health error names LTA_BIND_PORT_BASE -------------
+def _join_external(switch_address, bind_port_base: int):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hostlib.torch_ext.rendezvous import LtaOptions, join_job
+    from hostlib.transport import TransportConfig
+
+    options = LtaOptions(
+        switch=switch_address,
+        bind_port_base=bind_port_base,
+        transport=TransportConfig(elems_per_packet=64, health_timeout_s=0.5),
+    )
+    return join_job(dist.HashStore(), 0, 1, options, timeout=timedelta(seconds=10))
+
+
+def test_health_error_with_a_random_worker_port_says_how_to_fix_it():
+    from hostlib.errors import HealthCheckError
+    from softswitch.pipeline import JobConfig, SoftSwitch
+    from softswitch.server import SoftSwitchServer
+
+    switch = SoftSwitch()
+    server = SoftSwitchServer(switch).start()
+    try:
+        # a jobs file's guess at worker 0's address, which a random bind cannot match
+        switch.add_job(JobConfig(1, [("127.0.0.1", 1)], elems_per_packet=64))
+        with pytest.raises(HealthCheckError) as info:
+            _join_external(server.address, 0)
+        message = str(info.value)
+        assert "did not answer" in message and "LTA_BIND_PORT_BASE=B" in message
+        assert "docs/jobs_file.md" in message
+        # with fixed ports the address is the user's own choice: no advice about random ports
+        with pytest.raises(HealthCheckError) as info:
+            _join_external(server.address, _free_udp_port())
+        assert "did not answer" in str(info.value) and "LTA_BIND_PORT_BASE=B" not in str(info.value)
+    finally:
+        server.stop()
+
+
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
