@@ -339,3 +339,61 @@ def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- 5: lta ps --config: the jobs file's layout, reader and messages -------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_documented_parameter_server_file_parses(tmp_path):
+    import re
+
+    from softswitch.ps.config import load_ps_config
+
+    doc = (REPO / "docs" / "jobs_file.md").read_text()
+    section = doc.split("## Parameter-server jobs", 1)[1]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)
+    (tmp_path / "ps.toml").write_text(block)
+    seed, (job,) = load_ps_config(tmp_path / "ps.toml")
+    assert seed == 0 and job.job_id == 1 and job.n_workers == 4 and job.rule == "trimmed_mean"
+    assert (job.lr, job.momentum, job.window, job.f, job.trim_ratio) == (0.05, 0.9, 4, 1, 0.25)
+    assert job.staleness.adaptive and job.staleness.max_staleness == 5
+    (drop,) = job.drops
+    assert (drop.direction, drop.policy.p, drop.worker) == ("up", 0.1, 0)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[[jbos]]\njob_id = 1\nworkers = 2\n", "unknown table [[jbos]] (did you mean [[jobs]]?)"),
+        (
+            "[[jobs]]\njob_id = 1\nworkers = 2\n[[jobs.dorp]]\np = 0.1\n",
+            "jobs[0]: unknown table [[jobs.dorp]] (did you mean [[jobs.drop]]?)",
+        ),
+        ("[[jobs]]\njob_id = 1\nworkers = 2\nmdoe = 'sync'\n", "unknown key 'mdoe' (did you mean 'mode'?)"),
+        (
+            "[[jobs]]\njob_id = 1\nworkers = 2\nquorum = 1\n",
+            "jobs[0]: 'quorum' belongs to the switch's jobs file (lta softswitch, lta ctl apply)",
+        ),
+        (
+            "[[switches]]\nname = 's1'\n[[jobs]]\njob_id = 1\nworkers = 2\n",
+            "the top level: 'switches' belongs to the switch's jobs file",
+        ),
+        (
+            "[[jobs]]\njob_id = 1\nworkers = 2\n[[jobs.drop]]\ndirection = 'param'\np = 0.1\n",
+            "jobs[0].drop[0]: direction must be one of up, down for a parameter server",
+        ),
+        (
+            "[[jobs]]\njob_id = 1\nworkers = 2\n[[jobs.drop]]\ndirection = 'up'\np = 1.5\n",
+            "jobs[0].drop[0]: p must be a probability in [0, 1], got 1.5",  # the jobs file's words
+        ),
+        ("[[jobs]]\njob_id = 1\nworkers = 2\nlr = 'fast'\n", 'jobs[0]: lr must be a number, got "fast"'),
+    ],
+)
+def test_ps_config_errors_are_the_jobs_files(tmp_path, text, message, capsys):
+    path = tmp_path / "ps.toml"
+    path.write_text(text)
+    assert cli.main(["ps", "--config", str(path)]) == 2  # a bad jobs file is refused like a bad flag
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"lta ps: error: {path}: ")
+    assert message in err, err

@@ -53,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="UDP address workers send to; port 0: a free one, printed on stderr",
     )
-    p.add_argument("--config", help="TOML file of jobs (see softswitch/ps/config.py); excludes the job flags")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="jobs file (TOML; docs/jobs_file.md, 'Parameter-server jobs'); excludes the job flags",
+    )
     p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seeds the emulated loss")
     p.add_argument(
         "--stats-every",
