@@ -397,3 +397,13 @@ def test_ps_config_errors_are_the_jobs_files(tmp_path, text, message, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"lta ps: error: {path}: ")
     assert message in err, err
+
+
+# ---- 7: exit codes as the README states them --------------------------------------------------------
+def test_malformed_jobs_file_exits_2_before_serving(tmp_path, capsys):
+    bad = tmp_path / "jobs.toml"
+    bad.write_text("[[jobs]]\njob_id = 1\nquroum = 2\nworkers = ['127.0.0.1:41000']\n")
+    assert cli.main(["softswitch", "--listen", "127.0.0.1:0", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown key 'quroum' (did you mean 'quorum'?)" in err
+    assert "listening" not in err  # refused before binding anything
