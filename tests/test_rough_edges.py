@@ -407,3 +407,15 @@ def test_malformed_jobs_file_exits_2_before_serving(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown key 'quroum' (did you mean 'quorum'?)" in err
     assert "listening" not in err  # refused before binding anything
+
+
+def test_a_sweep_stopped_on_purpose_does_not_need_an_empty_out(tmp_path, monkeypatch):
+    # --stop-after writes checkpoints, never results: an --out holding results is no reason to refuse
+    monkeypatch.setattr("lta.train.sweep.LocalCluster", _no_cluster)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    argv = ["train", "--quick", "--out", str(out), "--checkpoint-dir", str(tmp_path / "ck")]
+    with pytest.raises(Started):
+        cli.main([*argv, "--checkpoint-every", "5", "--stop-after", "10"])
+    assert (out / "results.json").read_text() == "{}"

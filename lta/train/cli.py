@@ -362,7 +362,8 @@ def run(args: argparse.Namespace) -> int:
             starts[spec.name] = checkpoints.start(
                 spec, steps=cfg.steps, world_size=args.workers, numel=numel, k=cfg.elems_per_packet
             )
-    args.out = check_out(args.out, quick=args.quick, overwrite=args.overwrite)  # the last check
+    if args.stop_after is None:  # a sweep stopped on purpose writes checkpoints only, no results
+        args.out = check_out(args.out, quick=args.quick, overwrite=args.overwrite)  # the last check
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -378,7 +379,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(text, markup=False, highlight=False, soft_wrap=True)  # paths stay whole
 
     who = f"{args.simulate_workers} simulated workers" if args.simulate_workers else f"{args.workers} workers"
-    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {args.out}")
+    where = args.out if args.stop_after is None else f"checkpoints only, until step {args.stop_after}"
+    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {where}")
     if not cfg.exact and fault is None:
         why = "--timed-close" if args.timed_close else "RESULTs are lost too (down)"
         say(f"rounds with a lost packet close at deadlines ({why}): runs are not reproducible bit for bit")
