@@ -57,7 +57,10 @@ def lta_of(frame: bytes) -> tuple[bytes, Ether] | None:
 def bmv2_missing() -> str | None:
     """Why BMv2 cannot run here, or None when it can."""
     if shutil.which("simple_switch_grpc") is None:
-        return "simple_switch_grpc is not on PATH (install p4lang's p4lang-bmv2 package)"
+        return (
+            "simple_switch_grpc is not on PATH (build BMv2 with PI from p4lang's sources: "
+            "README, 'BMv2 and p4c')"
+        )
     if os.geteuid() != 0:
         return "BMv2 on veth pairs needs root"
     if shutil.which("ip") is None:

@@ -8,7 +8,8 @@ lta ctl job rm 1 | job reset 1 | job ls
 lta ctl drop set 1 up bernoulli --p 0.05 [--worker 2]
 lta ctl stats [--job 1] [--all] [--json]   per-job counters, one per branch of the switch contract
 lta ctl watch [--interval 1]          counter rates, refreshed
-lta ctl liveness 1 [--timeout 3]      mark silent workers offline, lower the quorum while they are
+lta ctl liveness 1 [--timeout 3]      mark silent workers offline and lower the quorum while they
+                                      are; restore it when they send again
 
 Talking to a switch needs the p4rt extra: pip install 'lta[p4rt]'.
 """
@@ -73,7 +74,9 @@ def _help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
 
 
 def register(subparsers: Any) -> None:
-    ctl = _parser(subparsers, "ctl", help="configure LTA switches over P4Runtime", description=__doc__)
+    ctl = _parser(
+        subparsers, "ctl", help="configure LTA switches over P4Runtime", description=_plain(__doc__)
+    )
     ctl.add_argument(
         "--target",
         type=argtypes.address_text,
@@ -216,7 +219,7 @@ def register(subparsers: Any) -> None:
     live = _parser(
         sub,
         "liveness",
-        help="mark silent workers offline and lower the job's quorum while they are",
+        help="mark silent workers offline and lower the job's quorum while they are offline",
         description="Watch one job's per-worker packet counters (workers heartbeat every 0.5 s by\n"
         "default). A worker whose counter has not moved for --timeout seconds is offline: the job's\n"
         "quorum becomes min(--quorum, live workers), so the others stop waiting for it at every\n"

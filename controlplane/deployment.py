@@ -112,7 +112,7 @@ def parse(
 
 def load(path: Path, target: str = DEFAULT_TARGET, device_id: int = 0) -> Deployment:
     if not path.exists():
-        raise ConfigError(f"no deployment file {path}; see `lta ctl apply --help` for an example")
+        raise ConfigError(f"no jobs file {path}; see `lta ctl apply --help` for an example")
     return from_jobs(load_jobs(path), target, device_id)
 
 

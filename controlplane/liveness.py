@@ -117,8 +117,10 @@ class LivenessMonitor:
             out = [LivenessEvent(now, self.job_id, w, state, quorum, silent) for w, state, silent in events]
             self.events.extend(out)
         for event in out:
-            log.warning("%s", event.describe())
-            if self.on_event is not None:
+            if self.on_event is None:  # nobody reports events: the log does (a warning, on stderr)
+                log.warning("%s", event.describe())
+            else:  # the receiver reports it (lta ctl liveness prints it): once is enough
+                log.info("%s", event.describe())
                 self.on_event(event)
         return out
 

@@ -72,10 +72,32 @@ def address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` to listen on: like ``address``, and port 0 asks the system for a free port."""
+    host, sep, port = text.rpartition(":")
+    if sep and host and port.isdigit() and int(port) == 0:
+        return host, 0
+    return address(text)
+
+
+def listen_address_text(text: str) -> str:
+    """Like ``listen_address`` but keeps the text."""
+    listen_address(text)
+    return text
+
+
 def address_text(text: str) -> str:
     """Like ``address`` but keeps the text (for options passed on as strings)."""
     address(text)
     return text
+
+
+def loss_below_one(text: str) -> float:
+    """A drop probability in [0, 1): at 1 nothing would ever be aggregated (``--loss`` of demo, bench)."""
+    p = probability(text)
+    if p >= 1.0:
+        raise argparse.ArgumentTypeError(f"loss must be in [0, 1): at {text} nothing is aggregated")
+    return p
 
 
 workers = int_range(1, MAX_WORKERS, "worker count")

@@ -176,27 +176,38 @@ class JobFile:
 
 def load_jobs(path: str | Path) -> JobFile:
     """Read and check a jobs file; every problem is a :class:`ConfigError` naming the file."""
+    return parse_jobs(read_text(path), str(path))
+
+
+def read_text(path: str | Path, what: str = "jobs file") -> str:
+    """A config file's text; a missing or unreadable file is a :class:`ConfigError` naming it (the
+    softswitch's and the parameter server's jobs files are read alike)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"jobs file {path} does not exist") from None
+        raise ConfigError(f"{what} {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read jobs file {path}: {exc}") from None
-    return parse_jobs(text, str(path))
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML text as a dict; a syntax error is a :class:`ConfigError` naming ``source``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
 
 
 def parse_jobs(text: str, source: str = "<jobs file>") -> JobFile:
     """Check a jobs file's text against the schema (module docstring) and return it as dataclasses."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return _Reader(source).document(doc)
+    return TableReader(source).document(parse_toml(text, source))
 
 
-class _Reader:
-    """Checks one parsed document; ``where`` strings name tables as paths (``jobs[0].workers[1]``)."""
+class TableReader:
+    """Checks one parsed document; ``where`` strings name tables as paths (``jobs[0].workers[1]``).
+    The generic checks (keys, integers, strings, numbers, drop tables) also read the parameter
+    server's jobs (``softswitch/ps/config.py``), so both files answer a mistake in the same words."""
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -239,6 +250,23 @@ class _Reader:
         value = table[key]
         if not isinstance(value, str):
             raise self.fail(where, f"{key} must be a string, got {_toml_value(value)}")
+        return value
+
+    def number(self, where: str, table: dict[str, Any], key: str) -> float | None:
+        """``table[key]`` as a float (an integer is accepted); None when the key is absent."""
+        if key not in table:
+            return None
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(where, f"{key} must be a number, got {_toml_value(value)}")
+        return float(value)
+
+    def boolean(self, where: str, table: dict[str, Any], key: str) -> bool | None:
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, bool):
+            raise self.fail(where, f"{key} must be true or false, got {_toml_value(value)}")
         return value
 
     def probability(self, where: str, key: str, value: Any) -> float:

@@ -2,10 +2,11 @@
 through a ``register(subparsers)`` function; this file only lists those modules.
 
 It is also the one error front: :func:`main` turns a user error (:class:`hostlib.errors.LtaError`)
-into one line on stderr, ``lta COMMAND: error: MESSAGE`` (``lta: error: ...`` before a command is
-known), and that error's exit status; a bad command line into one line from the parser, in the same
-form (exit 2, see :mod:`lta.cliparse`); Ctrl-C into a quiet exit 130 and a closed stdout
-(``lta ... | head``) into a quiet exit 141. Anything else is a bug and keeps its traceback.
+into one line on stderr, ``lta COMMAND: error: MESSAGE`` (the innermost subcommand, ``lta ctl
+apply: error: ...``; ``lta: error: ...`` before a command is known), and that error's exit status;
+a bad command line into one line from the parser, in the same form (exit 2, see :mod:`lta.cliparse`);
+Ctrl-C into a quiet exit 130 and a closed stdout (``lta ... | head``) into a quiet exit 141. Anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _run(argv: list[str] | None, prog: list[str]) -> int:
     except SystemExit as exc:  # --help, --version, or a bad command line (already reported, one line)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if args.command:
-        prog[0] = f"lta {args.command}"
+        prog[0] = getattr(args, "command_prog", f"lta {args.command}")  # the innermost: "lta ctl apply"
     try:
         level = level_from(args.log_verbose, args.log_quiet, os.environ.get("LTA_LOG"))
     except ValueError as exc:

@@ -38,12 +38,33 @@ class LtaRawHelpFormatter(LtaHelpFormatter, argparse.RawDescriptionHelpFormatter
     """:class:`LtaHelpFormatter` that keeps the description's own line breaks (module docstrings)."""
 
 
+_PROG = "command_prog"  # namespace attribute: the innermost (sub)command parsed, "lta ctl job add"
+
+
 class LtaArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` with :class:`LtaHelpFormatter` by default and one-line errors."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", LtaHelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        # The innermost (sub)command parses first and its namespace is copied outwards: it names itself.
+        if not hasattr(namespace, _PROG):
+            setattr(namespace, _PROG, self.prog)
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, except that arguments left over are blamed on the subcommand that was parsing
+        them (``lta ctl stats: error: unrecognized arguments: 1``), not on ``lta``. The namespace's
+        ``command_prog`` names that subcommand, for errors raised later."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        prog = getattr(namespace, _PROG, self.prog)
+        if extras:
+            line = " ".join(f"unrecognized arguments: {' '.join(extras)}".split())
+            self.exit(2, f"{prog}: error: {line} (see {prog} --help)\n")
+        return namespace
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())  # argparse's messages are one line; keep it so

@@ -13,6 +13,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
+from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.verify import check_result, seeded_input
@@ -52,13 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rounds", type=argtypes.positive_int, default=10, help="reduces per worker")
     p.add_argument(
-        "--loss", type=argtypes.probability, default=0.1, help="drop probability of GRAD packets (up), 0..1"
+        "--loss",
+        type=argtypes.loss_below_one,
+        default=0.1,
+        help="drop probability of GRAD packets (up), [0, 1)",
     )
     p.add_argument(
         "--down-loss",
-        type=argtypes.probability,
+        type=argtypes.loss_below_one,
         default=0.0,
-        help="drop probability of RESULT replicas, 0..1",
+        help="drop probability of RESULT replicas, [0, 1)",
     )
     p.add_argument(
         "--fallback",
@@ -77,8 +81,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def memory_needed(workers: int, n_values: int) -> int:
+    """Bytes the demo holds at once, about: every worker regenerates every worker's input to check its
+    result (``workers`` arrays), beside its own input, result and transport buffers (4 more)."""
+    return workers * (workers + 4) * n_values * 4
+
+
+def memory_available() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(workers: int, mib: float, n_values: int) -> None:
+    """Refuse, before any process starts, a size this machine cannot hold (one line, not a MemoryError
+    in every worker)."""
+    need, have = memory_needed(workers, n_values), memory_available()
+    if have is not None and need > have:
+        gib = 1 << 30
+        raise UsageError(
+            f"--mib {mib:g} with {workers} workers needs about {need / gib:.1f} GiB (each worker checks "
+            f"every worker's input) and {have / gib:.1f} GiB is available: lower --mib or --workers"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     n_values = max(1, int(args.mib * (1 << 20) / 4))
+    check_fits(args.workers, args.mib, n_values)
     spec = JobSpec(
         n_workers=args.workers,
         transport=TransportConfig(
@@ -114,12 +149,14 @@ def _print_tables(args, results, counters, wall, ok) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
+    # 12 columns, 122 characters: a narrower console (a pipe's 80) would fold the headers ("max err/bound")
+    console = Console(width=max(Console().width, 130))
     console.print(
         f"[bold]lta demo[/]: {args.workers} workers, {args.mib} MiB x {args.rounds} rounds, "
         f"up loss {args.loss:.0%}, down loss {args.down_loss:.0%}, fallback {args.fallback}"
     )
-    table = Table(
+    table = Table()
+    for header in (
         "worker",
         "chunks",
         "full",
@@ -132,7 +169,8 @@ def _print_tables(args, results, counters, wall, ok) -> None:
         "p50 ms",
         "p99 ms",
         "max err/bound",
-    )
+    ):
+        table.add_column(header, no_wrap=True)
     for rank, r in enumerate(results):
         s = r["stats"]
         table.add_row(
@@ -151,7 +189,7 @@ def _print_tables(args, results, counters, wall, ok) -> None:
         )
     console.print(table)
     shown = {k: v for k, v in counters.items() if v}
-    console.print("switch counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    console.print("switch counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), soft_wrap=True)
     verdict = (
         "[green]every chunk equals the mean over its bitmap (within the codec bound)[/]"
         if ok

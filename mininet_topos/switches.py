@@ -39,9 +39,12 @@ def free_tcp_port() -> int:
 def bmv2_problem() -> str | None:
     """Why the BMv2 switch cannot run here, or None."""
     if shutil.which("simple_switch_grpc") is None:
-        return "simple_switch_grpc is not on PATH: install p4lang's p4lang-bmv2 package (see README)"
+        return (
+            "simple_switch_grpc is not on PATH: build BMv2 with PI from p4lang's sources "
+            "(README, 'BMv2 and p4c')"
+        )
     if not BMV2_JSON_PATH.exists():
-        return f"{BMV2_JSON_PATH} is missing: compile p4/v1model with p4c-bm2-ss (p4lang-p4c package)"
+        return f"{BMV2_JSON_PATH} is missing: compile p4/v1model with p4c-bm2-ss (p4/README.md)"
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 
 from hostlib import argtypes
@@ -18,6 +19,12 @@ from softswitch.server import SoftSwitchServer
 # Nothing here imports gRPC at import time: `lta --help` works without the p4rt extra.
 
 
+def status(line: str) -> None:
+    """A line about the daemon (where it listens), on stderr: stdout carries the stats JSON only, so
+    ``lta softswitch --stats-every 5 | jq`` reads nothing else."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "softswitch",
@@ -27,12 +34,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--listen",
-        type=argtypes.address,
+        type=argtypes.listen_address,
         default=("127.0.0.1", LTA_PORT),
         metavar="HOST:PORT",
-        help=f"UDP address workers send to (default: 127.0.0.1:{LTA_PORT})",
+        help=f"UDP address workers send to; port 0: a free one, printed on stderr "
+        f"(default: 127.0.0.1:{LTA_PORT})",
     )
-    p.add_argument("--config", metavar="FILE", help="jobs file (TOML): jobs, workers and drop policies")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="jobs file (TOML): jobs, workers and drop policies (docs/jobs_file.md)",
+    )
     p.add_argument(
         "--p4runtime",
         type=argtypes.address_text,
@@ -81,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "--shards N > 1 cannot be combined with --p4runtime (P4Runtime would configure one shard)"
         )
+    if args.shards > 1 and args.listen[1] == 0:
+        raise UsageError("--shards N > 1 share one UDP port: name it (--listen HOST:PORT, PORT > 0)")
     job_file = load_jobs(args.config) if args.config else JobFile("<none>")
     jobs = softswitch_jobs(job_file)
     if args.shards > 1:
@@ -103,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise job_file.error("[[jobs]]", str(exc)) from None
         host, port = server.address
-        print(f"softswitch listening on {host}:{port} with jobs {sorted(switch.jobs)}", flush=True)
+        status(f"softswitch listening on {host}:{port} with jobs {sorted(switch.jobs)}")
         if p4rt is not None:
-            print(f"P4Runtime on {args.p4runtime} with LTA's pipeline loaded", flush=True)
+            status(f"P4Runtime on {args.p4runtime} with LTA's pipeline loaded")
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         server.start()
@@ -132,7 +146,7 @@ def run_sharded(args: argparse.Namespace) -> int:
             raise LtaError(str(exc)) from None
         host, port = sharded.address or args.listen
         shards = f"{args.shards} shards, pids {sharded.pids}"
-        print(f"softswitch listening on {host}:{port} with jobs {sharded.jobs} ({shards})", flush=True)
+        status(f"softswitch listening on {host}:{port} with jobs {sharded.jobs} ({shards})")
         signal.signal(signal.SIGTERM, lambda *_: sharded.done.set())
         while not sharded.done.wait(args.stats_every or 3600):
             if args.stats_every:

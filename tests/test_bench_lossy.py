@@ -227,7 +227,7 @@ def test_softswitch_runs_at_a_higher_priority_than_the_workers(tmp_path):
 
         def run_in(self, host, argv, **popen_kwargs):  # records the command, starts a stand-in
             launched.append(list(argv))
-            script = "import time; print('listening', flush=True); time.sleep(30)"
+            script = "import sys, time; print('listening', file=sys.stderr, flush=True); time.sleep(30)"
             return subprocess.Popen([sys.executable, "-c", script], **popen_kwargs)
 
     with lossy.softswitch_in(_Net(), LossyConfig(), ["10.0.0.1:41000"], "10.0.0.9:4000", tmp_path) as switch:

@@ -47,7 +47,10 @@ def _missing() -> str | None:
     if reason:
         return reason
     if not BMV2_JSON_PATH.exists() and shutil.which("p4c-bm2-ss") is None:
-        return "p4/build/lta.json is not compiled and p4c-bm2-ss is not on PATH (install p4lang-p4c)"
+        return (
+            "p4/build/lta.json is not compiled and p4c-bm2-ss is not on PATH (build p4c from p4lang's "
+            "sources: README, 'BMv2 and p4c')"
+        )
     return None
 
 

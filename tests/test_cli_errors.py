@@ -366,7 +366,7 @@ def test_help_shows_defaults_and_no_rst_markup(capsys):
     assert cli.main(["demo", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "worker processes, 1..64 (default: 4)" in text
-    assert "drop probability of GRAD packets (up), 0..1 (default: 0.1)" in text
+    assert "drop probability of GRAD packets (up), [0, 1) (default: 0.1)" in text
 
 
 # ---- logging ---------------------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ def test_cli_errors_are_one_line_and_nonzero(softswitch, capsys):
     assert lta(["ctl", "--target", target, "drop", "set", "4", "up", "bernoulli", "--p", "0.1"]) == 2
     assert "no job 4" in one_line_error(capsys)
     assert lta(["ctl", "--target", target, "apply", "/nonexistent.toml"]) == 2
-    assert "no deployment file" in one_line_error(capsys)
+    assert "no jobs file" in one_line_error(capsys)
     # Ranges are checked while parsing: one line, exit 2, nothing sent.
     for argv, message in (
         (["job", "add", "64", "--port", "1"], "job id must be 1..63, got 64"),

@@ -15,7 +15,10 @@ COMPILER = shutil.which("p4c-bm2-ss")
 
 pytestmark = [
     pytest.mark.bmv2,
-    pytest.mark.skipif(COMPILER is None, reason="p4c-bm2-ss is not on PATH (install p4lang's p4lang-p4c)"),
+    pytest.mark.skipif(
+        COMPILER is None,
+        reason="p4c-bm2-ss is not on PATH (build p4c from p4lang's sources: README, 'BMv2 and p4c')",
+    ),
 ]
 
 

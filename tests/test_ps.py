@@ -539,7 +539,7 @@ def test_config_file_builds_the_jobs():
         ),
         ({"job_id": 1, "workers": 2, "rule": "mean", "f": 1}, "mean tolerates no Byzantine worker"),
         ({"job_id": 1, "workers": 2, "window_size": 3}, "window_size must be in 1..2"),
-        ({"job_id": 1, "workers": 2, "lr": "fast"}, "lr must be a float"),
+        ({"job_id": 1, "workers": 2, "lr": "fast"}, "lr must be a number"),
         ({"workers": 2}, "job_id = N is missing"),
     ],
 )

@@ -123,7 +123,7 @@ def test_lta_ps_daemon_serves_workers_and_reports_stats():
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        assert "listening" in proc.stdout.readline()
+        assert "listening" in proc.stderr.readline()
         x, y, w_best = linear_problem(d=20)
         clients = train_workers(
             ("127.0.0.1", port), 2, x, y, 60, config=PsClientConfig(elems_per_packet=16), job_id=4

@@ -25,7 +25,7 @@ def free_udp_port() -> int:
 def start_daemon(switch_port: int, *args: str) -> subprocess.Popen:
     """`lta softswitch` in its own process, listening on 127.0.0.1:switch_port."""
     argv = [sys.executable, "-m", "lta.cli", "softswitch", "--listen", f"127.0.0.1:{switch_port}", *args]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_daemon_from_config_file_aggregates(tmp_path):
@@ -38,7 +38,7 @@ def test_daemon_from_config_file_aggregates(tmp_path):
     )
     proc = start_daemon(switch_port, "--config", str(cfg))
     try:
-        assert "listening" in proc.stdout.readline()
+        assert "listening" in proc.stderr.readline()
         config = TransportConfig(sync_deadline_ms=1000)
         workers = [
             LtaWorker(5, w, 3, ("127.0.0.1", switch_port), config=config, bind=("127.0.0.1", p))
@@ -80,8 +80,8 @@ def test_daemon_configured_over_p4runtime_by_the_control_plane():
     switch_port = free_udp_port()
     proc = start_daemon(switch_port, "--p4runtime", f"127.0.0.1:{p4rt_port}")
     try:
-        assert "listening" in proc.stdout.readline()
-        assert "P4Runtime" in proc.stdout.readline()
+        assert "listening" in proc.stderr.readline()
+        assert "P4Runtime" in proc.stderr.readline()
         config = TransportConfig(sync_deadline_ms=1000)
         workers = [LtaWorker(2, w, 2, ("127.0.0.1", switch_port), config=config) for w in range(2)]
         with LtaSwitch.connect(f"127.0.0.1:{p4rt_port}") as ctl:
@@ -145,8 +145,8 @@ workers = ["127.0.0.1:{ports[2]}"]
     proc = start_daemon(switch_port, "--config", str(cfg), "--p4runtime", f"127.0.0.1:{p4rt_port}")
     ctl = ["ctl", "--target", f"127.0.0.1:{p4rt_port}"]
     try:
-        assert "with jobs [5, 7]" in proc.stdout.readline()
-        assert "P4Runtime" in proc.stdout.readline()
+        assert "with jobs [5, 7]" in proc.stderr.readline()
+        assert "P4Runtime" in proc.stderr.readline()
         assert lta([*ctl, "job", "ls", "--json"]) == 0
         listing = json.loads(capsys.readouterr().out)
         # As the file says; fields left out are worker w's defaults (port w + 1, mac 02:00:00:00:00:(w+1)).
@@ -205,8 +205,8 @@ def test_occupied_udp_and_p4runtime_ports_are_refused():
     switch_port, p4rt_port, other_port = free_udp_port(), free_tcp_port(), free_udp_port()
     first = start_daemon(switch_port, "--p4runtime", f"127.0.0.1:{p4rt_port}")
     try:
-        assert "listening" in first.stdout.readline()
-        assert "P4Runtime" in first.stdout.readline()
+        assert "listening" in first.stderr.readline()
+        assert "P4Runtime" in first.stderr.readline()
         proc = lta_softswitch("--listen", f"127.0.0.1:{switch_port}")
         assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{switch_port}" in one_line(proc)
         proc = lta_softswitch("--listen", f"127.0.0.1:{switch_port}", "--shards", "2")

@@ -174,7 +174,7 @@ def test_two_shard_daemon_reduces_end_to_end(tmp_path):
     cfg = write_config(tmp_path / "switch.toml", [("127.0.0.1", p) for p in ports], pool_size=pool)
     proc = start_daemon(switch_port, "--config", cfg, "--shards", "2", "--stats-every", "0.2")
     try:
-        assert "listening" in proc.stdout.readline()
+        assert "listening" in proc.stderr.readline()
         config = TransportConfig(elems_per_packet=K, pool_size=pool, sync_deadline_ms=1000)
         workers = [
             LtaWorker(JOB, w, 2, ("127.0.0.1", switch_port), config=config, bind=("127.0.0.1", p))

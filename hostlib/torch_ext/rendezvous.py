@@ -44,10 +44,16 @@ from datetime import timedelta
 from typing import Any
 
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.errors import HealthCheckError
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
 SELF_HOSTED_LISTEN = ("127.0.0.1", 0)  # loopback, any port
+_FIXED_PORTS_HINT = (
+    "This rank bound port {port}, one the system chose (LTA_BIND_PORT_BASE is unset): a jobs file "
+    "cannot name it. Set LTA_BIND_PORT_BASE=B (and LTA_BIND_HOST) so that rank r binds B + r, and list "
+    'worker r as "HOST:B+r" in the switch\'s jobs file (docs/jobs_file.md)'
+)
 _DEFAULT_STEP_DEADLINE_S = TransportConfig.reduce_timeout_s
 
 
@@ -203,6 +209,7 @@ def join_job(
             "(set LTA_BIND_HOST / LTA_BIND_PORT_BASE)"
         ) from exc
     host, port = worker.address
+    worker_port = port
     store.set(_key(options, f"worker{rank}"), f"{host}:{port}")
     if rank == 0:
         addresses = [parse_address(store.get(_key(options, f"worker{r}")).decode()) for r in range(world)]
@@ -226,6 +233,13 @@ def join_job(
     if transport.health_timeout_s > 0:
         try:
             worker.check_switch()
+        except HealthCheckError as exc:
+            session.close()
+            if embedded is None and not options.bind_port_base and options.register_job is None:
+                # The usual cause with a switch configured from a jobs file: the file cannot know a port
+                # the system picked at random. Say how to make the ports known.
+                raise HealthCheckError(f"{exc}. {_FIXED_PORTS_HINT.format(port=worker_port)}") from None
+            raise
         except BaseException:
             session.close()
             raise

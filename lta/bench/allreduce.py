@@ -470,12 +470,7 @@ def mib_size(text: str) -> float:
     return mib
 
 
-def grad_loss(text: str) -> float:
-    """``--loss``: a drop probability below 1 (at 1 nothing would be aggregated to measure)."""
-    p = argtypes.probability(text)
-    if p >= 1.0:
-        raise argparse.ArgumentTypeError(f"loss must be in [0, 1): at {text} nothing is aggregated")
-    return p
+grad_loss = argtypes.loss_below_one  # ``--loss``: at 1 nothing would be aggregated to measure
 
 
 def parse_options(args: argparse.Namespace) -> BenchOptions:

@@ -63,7 +63,6 @@ import logging
 import math
 import os
 import re
-import select
 import selectors
 import subprocess
 import sys
@@ -663,7 +662,8 @@ def softswitch_in(
     nice -10). The workers and gloo keep nice 0, so the two systems' hosts compete alike.
 
     Its stderr goes to ``workdir/softswitch.log``, not a pipe: nobody reads a pipe during the run, and
-    a daemon that logged 64 KiB into one over a long run would block."""
+    a daemon that logged 64 KiB into one over a long run would block. It is ready once its "listening"
+    line is there (the daemon writes it to stderr: its stdout is for stats only)."""
     config = workdir / "softswitch.toml"
     config.write_text(softswitch_toml(cfg, worker_addrs))
     log_path = workdir / "softswitch.log"
@@ -672,18 +672,18 @@ def softswitch_in(
             net.aggregator,
             [*SWITCH_NICE_ARGV, sys.executable, "-m", "lta.cli", "softswitch", "--listen", listen, "--config",
              str(config)],
-            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=stderr, text=True, cwd=REPO,
         )  # fmt: skip
-    assert switch.stdout is not None
-    ready, _, _ = select.select([switch.stdout], [], [], START_TIMEOUT_S)
-    line = switch.stdout.readline() if ready else "(nothing)"
-    if "listening" not in line:
-        switch.kill()
-        switch.wait(timeout=10)
-        raise RuntimeError(
-            f"softswitch did not start in {net.aggregator.netns}: printed {line!r}; "
-            f"{log_path.read_text(errors='replace')[-3000:]}"
-        )
+    give_up = time.monotonic() + START_TIMEOUT_S
+    while "listening" not in log_path.read_text(errors="replace"):
+        if switch.poll() is not None or time.monotonic() > give_up:
+            switch.kill()
+            switch.wait(timeout=10)
+            raise RuntimeError(
+                f"softswitch did not start in {net.aggregator.netns} within {START_TIMEOUT_S:g} s: "
+                f"{log_path.read_text(errors='replace')[-3000:] or '(it printed nothing)'}"
+            )
+        time.sleep(0.05)
     try:
         yield switch
     finally:

@@ -43,6 +43,8 @@ a resumed run) so runs can be compared. Details: lta/train/resume.py.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,10 +55,16 @@ from hostlib.dropmodels import DIRECTIONS
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_WORKERS
 from lta.cliparse import LtaRawHelpFormatter, plain_text
-from lta.jsonout import emit
+from lta.jsonout import document, emit
 from lta.progress import is_quiet
 
 SCHEMA = "lta.train/2"
+DEFAULT_OUT = "lta-train"
+DEFAULT_OUT_QUICK = "lta-train-quick"  # so that a quick try never replaces a full sweep's results
+# What a finished sweep leaves in --out (report.write): their presence marks an earlier sweep.
+OUTPUT_FILES = ("results.json", "table.md", "loss_curves.png", "drift.png", "val_ppl_change.png")
+
+log = logging.getLogger(__name__)
 
 
 def _kill(text: str) -> tuple[int, int]:
@@ -139,7 +147,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=plain_text(__doc__),
         formatter_class=LtaRawHelpFormatter,
     )
-    p.add_argument("--out", type=Path, default=Path("lta-train"), help="output folder")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder (default: lta-train, with --quick lta-train-quick); one that holds an earlier "
+        "sweep's results is refused unless --overwrite",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results an earlier sweep left in --out"
+    )
     p.add_argument(
         "--workers",
         type=argtypes.int_range(3, MAX_WORKERS, "worker count"),
@@ -345,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
             starts[spec.name] = checkpoints.start(
                 spec, steps=cfg.steps, world_size=args.workers, numel=numel, k=cfg.elems_per_packet
             )
+    if args.stop_after is None:  # a sweep stopped on purpose writes checkpoints only, no results
+        args.out = check_out(args.out, quick=args.quick, overwrite=args.overwrite)  # the last check
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -357,18 +376,22 @@ def run(args: argparse.Namespace) -> int:
 
     def say(text: str) -> None:
         if not quiet:
-            console.print(text, markup=False, highlight=False)
+            console.print(text, markup=False, highlight=False, soft_wrap=True)  # paths stay whole
 
     who = f"{args.simulate_workers} simulated workers" if args.simulate_workers else f"{args.workers} workers"
-    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {args.out}")
+    where = args.out if args.stop_after is None else f"checkpoints only, until step {args.stop_after}"
+    say(f"lta train: {len(specs)} runs of {cfg.steps} steps, {who}, writing to {where}")
     if not cfg.exact and fault is None:
         why = "--timed-close" if args.timed_close else "RESULTs are lost too (down)"
         say(f"rounds with a lost packet close at deadlines ({why}): runs are not reproducible bit for bit")
     stopped = None
+    # Live bars on a terminal only: elsewhere (a log file) rich would print the whole table of runs once
+    # more at the end, beside the one line per run written below.
+    bars = console.is_terminal and not quiet
     try:
         with (
             _cluster(args, cfg, extras) as cluster,
-            Progress(*columns, console=console, transient=False, disable=quiet) as progress,
+            Progress(*columns, console=console, transient=False, disable=not bars) as progress,
         ):
             overall = progress.add_task("runs", total=len(specs))
             for spec in specs:
@@ -435,7 +458,8 @@ def run(args: argparse.Namespace) -> int:
         config["fault"] = vars(fault)
     if checkpoints is not None:
         config["checkpoints"] = {"dir": str(checkpoints.root), "every": args.checkpoint_every}
-    out = report.build_results(results, config, time.perf_counter() - t0)
+    # results.json leads with the header every --json document has (lta.jsonout): schema and versions
+    out = document(SCHEMA, report.build_results(results, config, time.perf_counter() - t0))
     privacy = privacy_summary(extras, cfg.steps)
     if privacy is not None:
         out["privacy"] = privacy
@@ -448,6 +472,32 @@ def run(args: argparse.Namespace) -> int:
         print(report.markdown_table(out))
     say("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def check_out(out: Path | None, *, quick: bool, overwrite: bool) -> Path:
+    """The folder ``lta train`` writes to, made now, so that a sweep never trains for an hour and then
+    finds it cannot write: ``out`` None is the default (``lta-train``, with --quick ``lta-train-quick``).
+    A file there, a folder that cannot be made or written, or one that holds an earlier sweep's results
+    (without ``overwrite``) is a :class:`UsageError`."""
+    if out is None:
+        out = Path(DEFAULT_OUT_QUICK if quick else DEFAULT_OUT)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: name a folder for the results (new or empty)")
+    earlier = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if earlier and not overwrite:
+        raise UsageError(
+            f"--out {out} already holds the results of an earlier sweep ({', '.join(earlier)}): name "
+            f"another folder with --out DIR, or add --overwrite to replace them"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot make the folder: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: the folder is not writable")
+    if earlier:
+        log.warning("replacing the results of an earlier sweep in %s (--overwrite)", out)
+    return out
 
 
 def _cluster(args: argparse.Namespace, cfg: Any, extras: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 
 from hostlib import argtypes, robust
@@ -45,8 +46,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SGD with momentum to the gradients workers push, and serves parameters (docs/protocol.md, "
         "'Parameter-server mode'). One job from the flags, or the jobs of --config FILE.",
     )
-    p.add_argument("--listen", type=argtypes.address_text, default=f"127.0.0.1:{LTA_PORT}", help="HOST:PORT")
-    p.add_argument("--config", help="TOML file of jobs (see softswitch/ps/config.py); excludes the job flags")
+    p.add_argument(
+        "--listen",
+        type=argtypes.listen_address_text,
+        default=f"127.0.0.1:{LTA_PORT}",
+        metavar="HOST:PORT",
+        help="UDP address workers send to; port 0: a free one, printed on stderr",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="jobs file (TOML; docs/jobs_file.md, 'Parameter-server jobs'); excludes the job flags",
+    )
     p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seeds the emulated loss")
     p.add_argument(
         "--stats-every",
@@ -157,7 +168,12 @@ def run(args: argparse.Namespace) -> int:
         server.add_job(cfg)
     listen_host, listen_port = server.address
     described = ", ".join(f"{c.job_id} ({c.mode}, {c.n_workers} workers)" for c in jobs)
-    print(f"parameter server listening on {listen_host}:{listen_port} with jobs {described}", flush=True)
+    # stderr: stdout carries the stats JSON only (lta ps ... | jq)
+    print(
+        f"parameter server listening on {listen_host}:{listen_port} with jobs {described}",
+        file=sys.stderr,
+        flush=True,
+    )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     server.start()
@@ -165,9 +181,7 @@ def run(args: argparse.Namespace) -> int:
         while not done.wait(args.stats_every or 3600):
             if args.stats_every:
                 print(json.dumps(server.stats()), flush=True)
-    except KeyboardInterrupt:
-        pass
-    finally:
+    finally:  # SIGTERM (exit 0) or Ctrl-C (KeyboardInterrupt: lta exits 130): the final stats either way
         server.stop()
         print(json.dumps(server.stats()), flush=True)
     return 0

@@ -1,48 +1,16 @@
-"""Parameter-server jobs: their settings, and the TOML file ``lta ps --config FILE`` reads::
+"""Parameter-server jobs: their settings, and the jobs file ``lta ps --config FILE`` reads.
 
-    seed = 0                          # optional: seeds the emulated-loss decisions (a run replays)
-
-    [[jobs]]
-    job_id = 1
-    workers = 4                       # a count (each worker's address is learned from its first
-                                      # packet) or addresses: ["127.0.0.1:41001", ...]
-    mode = "sync"                     # sync | async
-    elems_per_packet = 64             # K: lanes per packet; workers must use the same
-    n_params = 2848                   # optional: refuse an INIT of another size
-    lr = 0.05                         # used when a push carries no learning rate
-    momentum = 0.9                    # SGD with momentum: v = momentum·v + g; p -= lr·v
-    compression = "none"              # none | fp16 | int8 (alias quantize) | topk: how pushes are encoded
-    # sync: a step is applied once window_size workers finished their push, or max_wait_s after the
-    # window's first packet, with a rule over the contributions that arrived
-    window_size = 4                   # optional, default: all workers
-    max_wait_s = 1.0
-    rule = "trimmed_mean"             # mean | trimmed_mean | median | krum | multi_krum | bulyan
-    f = 1                             # optional: Byzantine workers to tolerate (default: what n allows)
-    trim_ratio = 0.25                 # trimmed_mean: share cut on each side
-    multi_krum_m = 2                  # optional: rows Multi-Krum averages (default n - f)
-    fallback = "median"               # too few arrived for the rule: median | mean | refuse
-    # async: every accepted push is applied at once; staleness = global step - the push's step
-    max_staleness = 5
-    adaptive_staleness = true         # per-worker bounds max_staleness / speed, clamped to
-    min_staleness = 1                 # [min_staleness, max_staleness x max_staleness_multiplier]
-    max_staleness_multiplier = 10.0
-    ewma_alpha = 0.2                  # smoothing of the submission intervals
-
-    [[jobs.drop]]                     # emulated loss, as for the softswitch
-    direction = "up"                  # up = PUSH by sender; down = PARAM by receiver
-    model = "bernoulli"               # or gilbert_elliott (p, r, loss_good, loss_bad)
-    p = 0.1
-    worker = 0                        # optional: this worker only
-
-Every key is checked: an unknown one or a value out of range is a :class:`~hostlib.errors.ConfigError`
-naming the file, the table and the key.
+The file's schema, with every key, is in docs/jobs_file.md ("Parameter-server jobs"): the switch's jobs
+file layout (``seed``, ``[[jobs]]``, ``[[jobs.drop]]``) with the parameter server's job keys
+(``JOB_KEYS``, one ``lta ps`` flag each). It is checked with the jobs file's reader
+(:class:`hostlib.jobconfig.TableReader`): an unknown key or a value of the wrong type or out of range is
+a :class:`~hostlib.errors.ConfigError` naming the file, the table and the key, in the same words and
+with the same "did you mean" as for the switch's file.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +18,7 @@ from typing import Any
 from hostlib import robust
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import ConfigError, UsageError
+from hostlib.jobconfig import TableReader, parse_toml, read_text
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, parse_address
 from hostlib.ps_wire import check_k, codec_of
 from softswitch.ps.staleness import StalenessConfig
@@ -82,7 +51,8 @@ JOB_KEYS = (  # a job table's keys; `lta ps` has one flag for each (drop: --drop
     "ewma_alpha",
     "drop",
 )
-_DROP_KEYS = ("direction", "model", "worker", "p", "r", "loss_good", "loss_bad")
+# Keys of the switch's jobs file (hostlib/jobconfig.py) that a parameter server has no use for.
+_SWITCH_ONLY_KEYS = {"": ("switches",), "jobs": ("quorum", "pool_size", "slot_base", "switch")}
 
 
 @dataclass(frozen=True)
@@ -177,68 +147,52 @@ class PsJobConfig:
 
 
 def load_ps_config(path: str | Path) -> tuple[int, list[PsJobConfig]]:
-    """``(seed, jobs)`` of a parameter-server file; every problem is a ConfigError naming the file."""
-    path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"parameter-server config {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read parameter-server config {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_ps_config(doc, str(path))
+    """``(seed, jobs)`` of a parameter-server jobs file; every problem is a ConfigError naming the file."""
+    source = str(path)
+    return parse_ps_config(parse_toml(read_text(path, "parameter-server jobs file"), source), source)
 
 
-def parse_ps_config(doc: dict[str, Any], source: str = "<ps config>") -> tuple[int, list[PsJobConfig]]:
-    def fail(where: str, message: str) -> ConfigError:
-        return ConfigError(f"{source}: {where}: {message}")
-
-    _only_keys(doc, _TOP_KEYS, "the top level", fail)
-    seed = doc.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise fail("the top level", f"seed must be an integer >= 0, got {seed!r}")
-    tables = doc.get("jobs", [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise fail("the top level", "jobs must be written as [[jobs]] tables")
+def parse_ps_config(doc: dict[str, Any], source: str = "<ps jobs file>") -> tuple[int, list[PsJobConfig]]:
+    """Check a parsed parameter-server jobs file with the jobs file's reader (same messages, same
+    "did you mean") and return its seed and jobs."""
+    reader = TableReader(source)
+    top = "the top level"
+    _only_keys(reader, top, doc, _TOP_KEYS, "")
+    seed = reader.integer(top, doc, "seed", 0, 2**63 - 1) or 0
     jobs: list[PsJobConfig] = []
-    for i, table in enumerate(tables):
+    for i, table in enumerate(reader.tables(top, doc, "jobs", "")):
         where = f"jobs[{i}]"
-        _only_keys(table, JOB_KEYS, where, fail)
+        _only_keys(reader, where, table, JOB_KEYS, "jobs")
         try:
-            job = _job(table, where, fail)
+            job = _job(reader, table, where)
         except ConfigError:
             raise
         except (TypeError, ValueError) as exc:
-            raise fail(where, str(exc)) from None
+            raise reader.fail(where, str(exc)) from None
         if any(j.job_id == job.job_id for j in jobs):
-            raise fail(where, f"job_id {job.job_id} appears twice")
+            raise reader.fail(where, f"job_id {job.job_id} appears twice")
         jobs.append(job)
     return seed, jobs
 
 
-def _only_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str, fail: Any) -> None:
+def _only_keys(
+    reader: TableReader, where: str, table: dict[str, Any], allowed: tuple[str, ...], path: str
+) -> None:
+    """The jobs file's key check, and a word for a key of the switch's jobs file given here."""
     for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise fail(where, f"unknown key {key!r}{hint}; allowed: {', '.join(allowed)}")
+        if key in _SWITCH_ONLY_KEYS.get(path, ()):
+            raise reader.fail(
+                where,
+                f"{key!r} belongs to the switch's jobs file (lta softswitch, lta ctl apply), not to a "
+                f"parameter server's (docs/jobs_file.md, 'Parameter-server jobs')",
+            )
+    reader.only_keys(where, table, allowed, path)
 
 
-def _typed(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, fail: Any) -> Any:
-    value = table[key]
-    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not ok:
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise fail(where, f"{key} must be a {name}, got {value!r}")
-    return value
-
-
-def _job(table: dict[str, Any], where: str, fail: Any) -> PsJobConfig:
-    if "job_id" not in table:
-        raise fail(where, "job_id = N is missing")
+def _job(reader: TableReader, table: dict[str, Any], where: str) -> PsJobConfig:
+    job_id = reader.integer(where, table, "job_id", 1, MAX_JOBS - 1)
+    if job_id is None:
+        raise reader.fail(where, "job_id = N is missing")
     raw_workers = table.get("workers")
     addresses: tuple[tuple[str, int], ...] | None = None
     if isinstance(raw_workers, int) and not isinstance(raw_workers, bool):
@@ -246,57 +200,43 @@ def _job(table: dict[str, Any], where: str, fail: Any) -> PsJobConfig:
     elif isinstance(raw_workers, list) and raw_workers and all(isinstance(a, str) for a in raw_workers):
         addresses = tuple(parse_address(a) for a in raw_workers)
         if len(set(addresses)) != len(addresses):
-            raise fail(where, "two workers have the same address")
+            raise reader.fail(where, "two workers have the same address")
         n_workers = len(addresses)
     else:
-        raise fail(where, 'workers must be a count (workers = 4) or addresses (workers = ["IP:PORT", ...])')
+        raise reader.fail(
+            where, 'workers must be a count (workers = 4) or addresses (workers = ["IP:PORT", ...])'
+        )
     kw: dict[str, Any] = {}
-    for key, kind in (
-        ("mode", str),
-        ("elems_per_packet", int),
-        ("n_params", int),
-        ("lr", float),
-        ("momentum", float),
-        ("compression", str),
-        ("window_size", int),
-        ("max_wait_s", float),
-        ("rule", str),
-        ("f", int),
-        ("trim_ratio", float),
-        ("multi_krum_m", int),
-        ("fallback", str),
-    ):
-        if key in table:
-            kw[key] = _typed(table, key, kind, where, fail)
-    stale: dict[str, Any] = {}
-    for key, name, kind in (
-        ("max_staleness", "max_staleness", int),
-        ("adaptive_staleness", "adaptive", bool),
-        ("min_staleness", "min_staleness", int),
-        ("max_staleness_multiplier", "max_staleness_multiplier", float),
-        ("ewma_alpha", "ewma_alpha", float),
-    ):
-        if key in table:
-            stale[name] = _typed(table, key, kind, where, fail)
+    for key in ("mode", "compression", "rule", "fallback"):
+        kw[key] = reader.string(where, table, key)
+    for key in ("elems_per_packet", "n_params", "window_size", "f", "multi_krum_m"):
+        kw[key] = reader.integer(where, table, key, 0)
+    for key in ("lr", "momentum", "max_wait_s", "trim_ratio"):
+        kw[key] = reader.number(where, table, key)
+    stale = {
+        "max_staleness": reader.integer(where, table, "max_staleness", 0),
+        "adaptive": reader.boolean(where, table, "adaptive_staleness"),
+        "min_staleness": reader.integer(where, table, "min_staleness", 0),
+        "max_staleness_multiplier": reader.number(where, table, "max_staleness_multiplier"),
+        "ewma_alpha": reader.number(where, table, "ewma_alpha"),
+    }
     drops = []
-    raw_drops = table.get("drop", [])
-    if not isinstance(raw_drops, list) or not all(isinstance(d, dict) for d in raw_drops):
-        raise fail(where, "drop must be written as [[jobs.drop]] tables")
-    for d, spec in enumerate(raw_drops):
+    for d, spec in enumerate(reader.tables(where, table, "drop", "jobs")):
         dwhere = f"{where}.drop[{d}]"
-        _only_keys(spec, _DROP_KEYS, dwhere, fail)
-        direction = spec.get("direction", "up")
-        worker = spec.get("worker")
-        try:
-            policy = DropPolicy.from_dict(spec)
-        except (TypeError, ValueError) as exc:
-            raise fail(dwhere, str(exc)) from None
-        drops.append(PsDrop(direction, policy, worker))
+        entry = reader.drop(dwhere, spec, n_workers)  # the jobs file's drop table, checked alike
+        if entry.direction not in PS_DIRECTIONS:
+            raise reader.fail(
+                dwhere,
+                f"direction must be one of {', '.join(PS_DIRECTIONS)} for a parameter server "
+                f"(up = PUSH, down = PARAM), got {entry.direction!r}",
+            )
+        if entry.policy is not None:  # model = "none": no loss
+            drops.append(PsDrop(entry.direction, entry.policy, entry.worker))
     return PsJobConfig(
-        job_id=_typed(table, "job_id", int, where, fail),
+        job_id=job_id,
         n_workers=n_workers,
         workers=addresses,
-        staleness=StalenessConfig(**stale),
+        staleness=StalenessConfig(**{k: v for k, v in stale.items() if v is not None}),
         drops=tuple(drops),
-        **kw,
+        **{k: v for k, v in kw.items() if v is not None},
     )
