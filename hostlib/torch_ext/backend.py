@@ -67,6 +67,7 @@ class CollectiveStats:
     contributions: int = 0
     chunks_partial: int = 0  # renormalized from 0 < count < N
     chunks_fallback: int = 0  # no aggregate: the fallback
+    resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
     lossy_s: float = 0.0
 
     def count(self, result: ReduceResult, n_workers: int, first: int, last: int) -> None:
@@ -160,7 +161,6 @@ class ProcessGroupLta(dist.ProcessGroup):
                 chunks_fresh=totals.chunks_fresh,
                 stale_copies=totals.stale_copies,
                 max_age=totals.max_age,
-                resyncs=totals.resyncs,
                 markers_missed=totals.markers_missed,
                 loss_seen=1.0 - totals.chunks_fresh / max(1, totals.chunks_expected),
                 stale_bound=self.gatherer.stale_bound,
@@ -275,8 +275,12 @@ class ProcessGroupLta(dist.ProcessGroup):
                 stats.lossy_calls += 1
                 stats.lossy_s += time.perf_counter() - t0
                 return _completed([output])
-        self.reliable._allgather_base(output, input, opts).wait()
-        self.gatherer.refresh(key, _host_float32(output))
+            stats.resyncs += 1
+            self.reliable._allgather_base(output, input, opts).wait()
+            self.gatherer.refresh(key, _host_float32(output), after_gather=True)
+        else:
+            self.reliable._allgather_base(output, input, opts).wait()
+            self.gatherer.refresh(key, _host_float32(output))
         stats.reliable_calls += 1
         return _completed([output])
 

@@ -98,9 +98,10 @@ class StaleGather:
         """True once ``key`` has been gathered (reliably) at least once: its next call may be lossy."""
         return key in self._copies
 
-    def refresh(self, key: Any, gathered: np.ndarray) -> None:
-        """Record a reliable gather of ``key`` (its first call, or a resync that :meth:`gather` asked
-        for): ``gathered`` holds every rank's shard, end to end (N·m values). Every copy is then fresh."""
+    def refresh(self, key: Any, gathered: np.ndarray, *, after_gather: bool = False) -> None:
+        """Record a reliable gather of ``key``: its first call, or (``after_gather``) the call that
+        :meth:`gather` just tried, made reliable because some rank's copy would have been older than S.
+        ``gathered`` holds every rank's shard, end to end (N·m values). Every copy is then fresh."""
         n = self.worker.n_workers
         values = np.asarray(gathered, dtype=np.float32).reshape(-1)
         if values.size % n:
@@ -119,8 +120,11 @@ class StaleGather:
             self._copies[key] = copies
         flat = copies.rows.reshape(n, -1)
         flat[:, :m] = values.reshape(n, m)
-        copies.held[:] = copies.calls
-        copies.calls += 1
+        if after_gather:
+            copies.held[:] = copies.calls - 1
+        else:
+            copies.held[:] = copies.calls
+            copies.calls += 1
 
     def gather(self, key: Any, shard: np.ndarray) -> tuple[np.ndarray, GatherOutcome]:
         """Publish this rank's ``shard`` of ``key`` and collect the others' (a known key only).
@@ -157,8 +161,7 @@ class StaleGather:
             resync=max_age > self.stale_bound,
             wait_s=wait_s,
         )
-        if not outcome.resync:  # else refresh() counts this call
-            copies.calls += 1
+        copies.calls += 1
         self.totals.add(outcome)
         return copies.rows.reshape(n, -1)[:, :m].reshape(-1), outcome
 
