@@ -68,6 +68,9 @@ class CollectiveStats:
     chunks_partial: int = 0  # renormalized from 0 < count < N
     chunks_fallback: int = 0  # no aggregate: the fallback
     resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
+    # reduce-scatter: chunks whose RESULT reached this rank (every chunk: RESULTs are multicast), against
+    # ``chunks``, the ones it keeps (an owner-only RESULT would send it those alone)
+    chunks_received: int = 0
     lossy_s: float = 0.0
 
     def count(self, result: ReduceResult, n_workers: int, first: int, last: int) -> None:
@@ -226,7 +229,9 @@ class ProcessGroupLta(dist.ProcessGroup):
         self.lossy_calls += 1
         lo, hi = self._rank * m, (self._rank + 1) * m
         k = self.worker.config.elems_per_packet
-        self.stats["reduce_scatter"].count(result, self._world, lo // k, -(-hi // k))
+        stats = self.stats["reduce_scatter"]
+        stats.count(result, self._world, lo // k, -(-hi // k))
+        stats.chunks_received += len(result.count)
         mine = result.values[lo:hi]
         if op == dist.ReduceOp.SUM:
             mine = mine * np.float32(self._world)
@@ -241,7 +246,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         )
         if not lossy:
             stats.reliable_calls += 1
-            return self.reliable._reduce_scatter_base(output, input, opts)
+            return self.reliable._reduce_scatter_base(output, input, opts)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         self._reduce_scatter_lossy(output, input, opts.reduceOp)
         stats.lossy_calls += 1
@@ -264,7 +269,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         )
         if not eligible:
             stats.reliable_calls += 1
-            return self.reliable._allgather_base(output, input, opts)
+            return self.reliable._allgather_base(output, input, opts)  # type: ignore[attr-defined]
         assert self.gatherer is not None
         t0 = time.perf_counter()
         key = self.keys.key("all_gather", input.numel(), input.dtype)
@@ -276,10 +281,10 @@ class ProcessGroupLta(dist.ProcessGroup):
                 stats.lossy_s += time.perf_counter() - t0
                 return _completed([output])
             stats.resyncs += 1
-            self.reliable._allgather_base(output, input, opts).wait()
+            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
             self.gatherer.refresh(key, _host_float32(output), after_gather=True)
         else:
-            self.reliable._allgather_base(output, input, opts).wait()
+            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
             self.gatherer.refresh(key, _host_float32(output))
         stats.reliable_calls += 1
         return _completed([output])
@@ -288,7 +293,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         """True on every rank when ``flag`` is on some rank (one reliable 1-value allreduce)."""
         votes = torch.tensor([int(flag)], dtype=torch.int32)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
         self.reliable.allreduce([votes], opts).wait()  # type: ignore[attr-defined]
         return bool(votes.item())
 

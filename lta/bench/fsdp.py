@@ -122,13 +122,15 @@ def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
     rs = [results[r]["collectives"]["reduce_scatter"] for r in range(world)]
     ag = [results[r]["collectives"]["all_gather"] for r in range(world)]
     chunks = sum(s["chunks"] for s in rs)
-    # every RS chunk's RESULT reaches every rank; an owner-only RESULT would reach one
-    multicast = sum(s["lossy_calls"] for s in rs[:1])
     return {
         "grad_loss_seen": 1.0 - sum(s["contributions"] for s in rs) / (world * chunks) if chunks else 0.0,
         "grad_chunks_fallback": sum(s["chunks_fallback"] for s in rs),
-        "rs_lossy_calls": multicast,
-        "rs_result_packets": {"received_per_rank": chunks, "owner_only_per_rank": chunks // world},
+        "rs_lossy_calls": rs[0]["lossy_calls"],
+        # every chunk's RESULT is multicast to every rank; an owner-only RESULT would reach its owner alone
+        "rs_result_packets": {
+            "received_per_rank": rs[0]["chunks_received"],
+            "owner_only_per_rank": rs[0]["chunks"],
+        },
         "param_copies": sum(s["chunks"] for s in ag),
         "param_loss_seen": 1.0 - sum(s["chunks_fresh"] for s in ag) / max(1, sum(s["chunks"] for s in ag)),
         "stale_copies": sum(s["stale_copies"] for s in ag),
