@@ -326,3 +326,20 @@ def test_lossy_all_gather_keeps_previous_copies_never_older_than_s(fsdp_runs):
         assert stats["reliable_calls"] == 2 + 2 + stats["resyncs"]  # first calls, ints, tiny, resyncs
         assert res["tiny"] == [float(w) for w in range(world) for _ in range(4)]
     assert stale > 20  # copies were lost and the previous ones handed out
+
+
+# ---- the setting ------------------------------------------------------------------------------------------
+def test_lossy_ops_and_stale_bound_come_from_the_environment_and_refuse_typos():
+    from hostlib.torch_ext.rendezvous import LtaOptions
+
+    assert LtaOptions.from_env({}).lossy_ops == {"allreduce", "reduce_scatter"}
+    assert LtaOptions.from_env({}).stale_bound == 8
+    chosen = LtaOptions.from_env({"LTA_LOSSY_OPS": " all_gather, reduce_scatter ", "LTA_STALE_BOUND": "3"})
+    assert chosen.lossy_ops == {"all_gather", "reduce_scatter"} and chosen.stale_bound == 3
+    assert LtaOptions.from_env({"LTA_LOSSY_OPS": "none"}).lossy_ops == frozenset()
+    with pytest.raises(ValueError, match=r"unknown collective\(s\) \['allgather'\]"):
+        LtaOptions.from_env({"LTA_LOSSY_OPS": "allreduce,allgather"})
+    with pytest.raises(ValueError, match="stale_bound"):
+        LtaOptions.from_env({"LTA_STALE_BOUND": "0"})
+    with pytest.raises(ValueError, match="unknown collective"):
+        LtaOptions(lossy_ops=frozenset({"broadcast"}))

@@ -20,6 +20,7 @@ keys first appear, the same on every rank because every rank makes the same call
 from __future__ import annotations
 
 import math
+import select
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,9 +176,12 @@ class StaleGather:
             self._absorb(copies, gen, t)
             if np.all(self._marker_step[others] >= gen):
                 return time.perf_counter() - t0, 0
-            if time.perf_counter() >= deadline:
-                return time.perf_counter() - t0, int(np.sum(self._marker_step[others] < gen))
-            self.worker.poll(0.001)
+            now = time.perf_counter()
+            if now >= deadline:
+                return now - t0, int(np.sum(self._marker_step[others] < gen))
+            readable, _, _ = select.select([self.worker.sock], [], [], min(0.01, deadline - now))
+            if readable:
+                self.worker.poll(0.0)
 
     def _absorb(self, copies: _Copies, gen: int, t: int) -> None:
         inbox = self.worker.param_inbox
