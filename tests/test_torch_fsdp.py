@@ -140,6 +140,8 @@ def _fsdp_rank(rank: int, world: int, tmp: str) -> dict:
     from torch.distributed.checkpoint import load, save
     from torch.distributed.device_mesh import init_device_mesh
 
+    from hostlib.torch_ext import lta_stats
+
     out: dict = {}
     for backend in ("gloo", "lta"):
         _init(backend, rank, world, f"{tmp}/store-{backend}")
@@ -150,6 +152,7 @@ def _fsdp_rank(rank: int, world: int, tmp: str) -> dict:
             pg = dist.group.WORLD
             out["group_name"] = pg.group_name
             out["stats"] = pg.collective_stats()
+            out["lta_stats"] = sorted(lta_stats()["collectives"])  # the public view of the same rows
             # DTensor: the sharded weight gathers back to what every rank holds
             weight = model[2].weight
             out["dtensor_sum"] = float(weight.full_tensor().sum())
@@ -191,6 +194,7 @@ def test_fsdp2_on_lta_equals_gloo_and_device_mesh_dtensor_dcp_work(fsdp_runs):
     assert len(lta) == 20 and gloo[-1] < 0.8 * gloo[0]  # it trains
     np.testing.assert_allclose(lta, gloo, rtol=1e-3)
     for r in results:
+        assert r["lta_stats"] == ["all_gather", "allreduce", "reduce_scatter"]
         stats = r["stats"]
         # gradients and parameters went through the switch, after each key's first (reliable) gather
         assert stats["reduce_scatter"]["lossy_calls"] >= 19 * 3
