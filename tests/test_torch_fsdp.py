@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hostlib import codec
 
 K = 64  # small packets: every layer below is many chunks, so its gathers and reduce-scatters go lossy
+EXACT = {"LTA_EXACT_MS": "2000"}  # rounds close by the drop policy only: exact however ranks are scheduled
 ALL_LOSSY = "allreduce,reduce_scatter,all_gather"
 WORLD = 2
 RS_CALLS, RS_NUMEL = 8, WORLD * 16 * K
@@ -182,7 +183,7 @@ def _fsdp_rank(rank: int, world: int, tmp: str) -> dict:
 def fsdp_runs(tmp_path_factory) -> list:
     """One spawn of WORLD ranks for the tests below: FSDP2 with gloo, then with lta (DTensor, new_group,
     checkpoint), then reduce-scatters and all-gathers on a new lta group under emulated loss."""
-    env = {"LTA_ELEMS_PER_PACKET": str(K), "LTA_LOSSY_OPS": ALL_LOSSY}
+    env = {"LTA_ELEMS_PER_PACKET": str(K), "LTA_LOSSY_OPS": ALL_LOSSY, **EXACT}
     return spawn(_fsdp_rank, WORLD, tmp_path_factory.mktemp("fsdp"), env)
 
 
@@ -224,7 +225,7 @@ def _hsdp_rank(rank: int, world: int, tmp: str) -> dict:
 
 
 def test_hsdp_on_a_2d_mesh_equals_one_process_training(tmp_path):
-    env = {"LTA_ELEMS_PER_PACKET": str(K), "LTA_LOSSY_OPS": ALL_LOSSY}
+    env = {"LTA_ELEMS_PER_PACKET": str(K), "LTA_LOSSY_OPS": ALL_LOSSY, **EXACT}
     results = spawn(_hsdp_rank, 4, tmp_path, env)
     # gloo's HSDP equals this too (the 1-D test compares with gloo itself); 4 more ranks cost 20 s here
     expected = _train_one_process(4, HSDP_STEPS)
@@ -347,3 +348,6 @@ def test_lossy_ops_and_stale_bound_come_from_the_environment_and_refuse_typos():
         LtaOptions.from_env({"LTA_STALE_BOUND": "0"})
     with pytest.raises(ValueError, match="unknown collective"):
         LtaOptions(lossy_ops=frozenset({"broadcast"}))
+    exact = LtaOptions.from_env({"LTA_EXACT_MS": "1500"}).transport
+    assert exact.exact and exact.min_deadline_ms == exact.max_deadline_ms == exact.sync_deadline_ms == 1500
+    assert not LtaOptions.from_env({}).transport.exact

@@ -26,6 +26,10 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_LOSSY_OPS`` | the group's collectives that go through the switch (below) | allreduce,reduce_scatter |
 | ``LTA_STALE_BOUND`` | S: no all-gather copy older than S calls of its key (then a resync) | 8 |
 
+``LTA_EXACT_MS=W`` (self-hosted, emulated loss): no round is closed by a timer, only by the softswitch's
+seeded drop decisions (``TransportConfig.exact``); every transport deadline is W ms, a safety net. Runs
+then match a lossless reference however the ranks are scheduled (tests on a loaded machine use it).
+
 ``LTA_LOSSY_OPS`` is a comma list of ``allreduce``, ``reduce_scatter``, ``all_gather``, or ``none``.
 
 In code, ``LtaOptions(quorum=Q)`` closes every round once Q workers contributed (the self-hosted switch,
@@ -162,6 +166,18 @@ class LtaOptions:
             health_timeout_s=float(number("LTA_HEALTH_TIMEOUT", 5.0, float)),
             on_unhealthy=env.get("LTA_ON_UNHEALTHY", "raise"),
         )
+        exact_ms = number("LTA_EXACT_MS", 0.0, float)
+        if exact_ms < 0:
+            raise ValueError(f"LTA_EXACT_MS={exact_ms} must be >= 0 (0: off)")
+        if exact_ms:  # rounds close by the drop policy's decisions, never by a timer (TransportConfig.exact)
+            transport = replace(
+                transport,
+                exact=True,
+                sync_deadline_ms=exact_ms,
+                lag_deadline_ms=exact_ms,
+                min_deadline_ms=exact_ms,
+                max_deadline_ms=exact_ms,
+            )
         drop = {}
         for direction in DIRECTIONS:
             p = number(f"LTA_DROP_{direction.upper()}", 0.0, float)
