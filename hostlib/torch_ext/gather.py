@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import select
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,6 @@ class GatherTotals:
     markers_missed: int = 0
     resyncs: int = 0
     wait_s: float = 0.0
-    ages: list[int] = field(default_factory=list)  # max age per lossy call (the last 1000)
 
     def add(self, outcome: GatherOutcome) -> None:
         self.calls += 1
@@ -77,7 +76,6 @@ class GatherTotals:
         self.markers_missed += outcome.markers_missed
         self.resyncs += int(outcome.resync)
         self.wait_s += outcome.wait_s
-        self.ages = [*self.ages[-999:], outcome.max_age]
 
 
 class StaleGather:
