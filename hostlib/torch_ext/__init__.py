@@ -29,6 +29,8 @@ _EXPORTS = {
     "LtaOptions": "hostlib.torch_ext.rendezvous",
     "join_job": "hostlib.torch_ext.rendezvous",
     "ProcessGroupLta": "hostlib.torch_ext.backend",
+    "StaleGather": "hostlib.torch_ext.gather",
+    "step_boundary": "hostlib.torch_ext.callkeys",
     "lta_stats": "hostlib.torch_ext.health",
     "should_commit": "hostlib.torch_ext.health",
     "step_healthy": "hostlib.torch_ext.health",

@@ -1,30 +1,39 @@
-"""``init_process_group("lta")``: a torch.distributed backend whose allreduce goes through the switch.
+"""``init_process_group("lta")``: a torch.distributed backend whose gradients go through the switch.
 
     dist.init_process_group("lta")     # switch and job from LTA_* variables (see rendezvous.py)
-    model = DistributedDataParallel(model)
+    model = DistributedDataParallel(model)          # or FSDP2: fully_shard(layer, mesh=init_device_mesh(...))
 
 No LTA import is needed: the installed package declares torch's ``torch.backends`` entry point
 (``entry.py``), so ``import torch`` registers "lta"; ``import hostlib.torch_ext`` registers it too.
 
-What goes where:
+What goes where (``LtaOptions.lossy_ops``, ``LTA_LOSSY_OPS``; default ``allreduce,reduce_scatter``):
 
-- **allreduce of a floating-point tensor with SUM or AVG** (DDP's gradient buckets) is *lossy*: reduced
-  through the switch, renormalized by the arrival count per chunk. AVG returns that mean; SUM returns
-  ``mean × world_size``, the unbiased estimate of the sum (DDP divides each bucket by the world size
-  before a SUM allreduce, so a bucket comes back as the mean gradient of the workers that arrived).
-  Tensors with fewer than ``reliable_below`` values (default: one packet, K) take the reliable path:
-  they are control values (loss scalars, counters), not gradients.
-- **everything else** — broadcast, allgather, barrier, reduce_scatter, integer or MIN/MAX/PRODUCT
-  allreduce, send/recv — is *reliable*: a gloo process group built on the same store. Those carry
-  parameters and control values where a loss would be a silent error.
+- **allreduce of a floating-point tensor with SUM or AVG** (DDP's gradient buckets, HSDP's replicate
+  dimension) is *lossy*: reduced through the switch, renormalized by the arrival count per chunk. AVG
+  returns that mean; SUM returns ``mean × world_size``, the unbiased estimate of the sum (DDP divides each
+  bucket by the world size before a SUM allreduce, so a bucket comes back as the mean gradient of the
+  workers that arrived). Tensors with fewer than ``reliable_below`` values (default: one packet, K) take
+  the reliable path: they are control values (loss scalars, counters), not gradients.
+- **reduce_scatter** (FSDP2's gradients), same conditions: the whole input is reduced through the switch
+  (RESULTs are multicast) and each rank keeps its renormalized part.
+- **all_gather** (FSDP2's parameters; only when named in ``lossy_ops``): shards go as PARAM broadcasts; a
+  lost chunk leaves this rank's previous copy of the same call key, never older than S calls
+  (``gather.py``, ``callkeys.py``).
+- **everything else** — broadcast, barrier, send/recv, all_to_all, the coalesced collectives, integer or
+  MIN/MAX/PRODUCT allreduce — is *reliable*: a gloo process group built on the same store, registered as
+  this group's backend so that DeviceMesh, DTensor and distributed checkpoint find it.
 
 ``LtaOptions`` can be passed as ``init_process_group("lta", pg_options=LtaOptions(...))``.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import asdict, dataclass
 from datetime import timedelta
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -32,12 +41,17 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from hostlib.torch_ext import entry
+from hostlib.torch_ext.callkeys import CallKeys
+from hostlib.torch_ext.gather import StaleGather
 from hostlib.torch_ext.rendezvous import LtaOptions, LtaSession, join_job
 from hostlib.torch_ext.staging import HostMirror
+from hostlib.transport import ReduceResult
 
 BACKEND_NAME = entry.BACKEND_NAME
 _LOSSY_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 _MAX_STAGING_BUFFERS = 64  # pinned host buffers kept for device tensors (DDP reuses a few buckets)
+# float32 travels as is; half types widen to float32 exactly. float64 would lose precision: reliable.
+_GATHER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _completed(result: object) -> dist.Work:
@@ -46,8 +60,48 @@ def _completed(result: object) -> dist.Work:
     return _create_work_from_future(future)
 
 
+@dataclass
+class CollectiveStats:
+    """One collective's running totals on this rank. ``chunks``/``contributions`` are over the chunks this
+    rank uses (its own part of a reduce-scatter): loss seen = 1 - contributions / (N · chunks)."""
+
+    calls: int = 0
+    lossy_calls: int = 0
+    reliable_calls: int = 0  # not eligible (dtype, op, size), not enabled, or a key's first gather
+    chunks: int = 0
+    contributions: int = 0
+    chunks_partial: int = 0  # renormalized from 0 < count < N
+    chunks_fallback: int = 0  # no aggregate: the fallback
+    resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
+    # reduce-scatter: chunks whose RESULT reached this rank (every chunk: RESULTs are multicast), against
+    # ``chunks``, the ones it keeps (an owner-only RESULT would send it those alone)
+    chunks_received: int = 0
+    lossy_s: float = 0.0
+
+    def count(self, result: ReduceResult, n_workers: int, first: int, last: int) -> None:
+        count = result.count[first:last]
+        self.chunks += len(count)
+        self.contributions += int(count.sum())
+        self.chunks_partial += int(np.sum((count > 0) & (count < n_workers)))
+        self.chunks_fallback += int(np.sum(result.fallback[first:last] != 0))
+
+
+def _host_float32(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 numpy copy (or view, for a contiguous float32 CPU tensor) of ``tensor``'s values."""
+    flat = tensor.detach().reshape(-1)
+    if flat.device.type != "cpu" or flat.dtype != torch.float32:
+        flat = flat.to(device="cpu", dtype=torch.float32)
+    return flat.numpy()
+
+
 class ProcessGroupLta(dist.ProcessGroup):
-    """Lossy, renormalized allreduce through an LTA switch; reliable collectives through gloo."""
+    """Lossy, renormalized allreduce and reduce-scatter and a lossy all-gather with stale copies through an
+    LTA switch (``LtaOptions.lossy_ops``); everything else through gloo.
+
+    The gloo group is also registered as this group's backend for CPU and CUDA tensors, so the group has a
+    name and a backend the way torch's own groups do (DeviceMesh, DTensor, FSDP2 and torch.distributed
+    .checkpoint look them up), and any collective this class does not override runs reliably there.
+    ``lossy=False`` (a sub-group on an external switch, a group of one) keeps every collective reliable."""
 
     def __init__(
         self,
@@ -58,41 +112,95 @@ class ProcessGroupLta(dist.ProcessGroup):
         options: LtaOptions | None = None,
         *,
         reliable_below: int | None = None,
+        lossy: bool = True,
     ) -> None:
         super().__init__(rank, world)  # type: ignore[call-arg]
         self.options = options or LtaOptions.from_env()
         self._rank, self._world = rank, world
         self.reliable = dist.ProcessGroupGloo(dist.PrefixStore("lta-reliable", store), rank, world, timeout)
-        self.session: LtaSession = join_job(
-            dist.PrefixStore("lta-job", store), rank, world, self.options, timeout
-        )
-        self.worker = self.session.worker
-        k = self.worker.config.elems_per_packet
+        for device in entry.DEVICES:
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, self.reliable)
+        self.session: LtaSession | None = None
+        self.lossy_ops: frozenset[str] = frozenset()
+        if lossy and world > 1:
+            self.session = join_job(dist.PrefixStore("lta-job", store), rank, world, self.options, timeout)
+            self.lossy_ops = self.options.lossy_ops
+        self.worker = self.session.worker if self.session is not None else None
+        k = self.worker.config.elems_per_packet if self.worker is not None else 1
         self.reliable_below = k if reliable_below is None else reliable_below
         self.lossy_calls = 0
+        self.last_reduce: ReduceResult | None = None  # the last lossy reduce's per-chunk result
+        self.keys = CallKeys()
+        self.stats = {op: CollectiveStats() for op in ("allreduce", "reduce_scatter", "all_gather")}
+        self.gatherer: StaleGather | None = None
+        if self.worker is not None:
+            self.gatherer = StaleGather(self.worker, stale_bound=self.options.stale_bound)
         self._staging: dict[tuple[int, int], HostMirror] = {}
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND_NAME
 
+    def set_lossy_ops(self, ops: Any, *, stale_bound: int | None = None) -> None:
+        """Choose which collectives go through the switch (every rank must choose the same, at the same
+        point); ``stale_bound`` sets the lossy all-gather's S."""
+        chosen = LtaOptions(lossy_ops=frozenset(ops), stale_bound=stale_bound or self.options.stale_bound)
+        if self.worker is None and chosen.lossy_ops:
+            raise ValueError(
+                "this lta group has no switch job (a sub-group on an external switch, or one rank)"
+            )
+        self.lossy_ops = chosen.lossy_ops
+        if self.gatherer is not None:
+            self.gatherer.stale_bound = chosen.stale_bound
+
+    def collective_stats(self) -> dict[str, dict[str, Any]]:
+        """Per collective: calls (lossy, reliable), chunks and loss seen, and for the all-gather the stale
+        copies handed out, the oldest copy's age (max_age, in calls of its key) and the resyncs."""
+        out: dict[str, dict[str, Any]] = {}
+        n = self._world
+        for op, stats in self.stats.items():
+            row: dict[str, Any] = asdict(stats)
+            row["loss_seen"] = 1.0 - stats.contributions / (n * stats.chunks) if stats.chunks else 0.0
+            out[op] = row
+        if self.gatherer is not None:
+            totals = self.gatherer.totals
+            gather = out["all_gather"]
+            gather.update(
+                chunks=totals.chunks_expected,
+                chunks_fresh=totals.chunks_fresh,
+                stale_copies=totals.stale_copies,
+                max_age=totals.max_age,
+                markers_missed=totals.markers_missed,
+                loss_seen=1.0 - totals.chunks_fresh / max(1, totals.chunks_expected),
+                stale_bound=self.gatherer.stale_bound,
+            )
+        return out
+
     # ---- lossy ---------------------------------------------------------------------------------------
-    def _is_lossy(self, tensors: list[torch.Tensor], op: dist.ReduceOp) -> bool:
+    def _is_lossy(self, tensors: list[torch.Tensor], op: dist.ReduceOp, name: str = "allreduce") -> bool:
         return (
-            any(op == lossy for lossy in _LOSSY_OPS)
+            name in self.lossy_ops
+            and any(op == lossy for lossy in _LOSSY_OPS)
             and all(t.is_floating_point() for t in tensors)
             and all(t.numel() >= self.reliable_below for t in tensors)
         )
 
     # torch calls a backend's allreduce as (tensors, opts) only; the stub's other overloads are the API's.
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
+        stats = self.stats["allreduce"]
+        stats.calls += 1
         if not self._is_lossy(tensors, opts.reduceOp):
+            stats.reliable_calls += 1
             return self.reliable.allreduce(tensors, opts)  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
         scale = float(self._world) if opts.reduceOp == dist.ReduceOp.SUM else 1.0
         for tensor in tensors:
             self._reduce_in_place(tensor, scale)
+        stats.lossy_calls += 1
+        stats.lossy_s += time.perf_counter() - t0
         return _completed(tensors)
 
     def _reduce_in_place(self, tensor: torch.Tensor, scale: float) -> None:
+        assert self.worker is not None  # _is_lossy: lossy ops exist only with a worker
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
         key = (flat.data_ptr(), flat.numel())
         mirror = self._staging.get(key)
@@ -104,7 +212,9 @@ class ProcessGroupLta(dist.ProcessGroup):
                 self._staging[key] = mirror
         # The key names the tensor for the `prev` fallback: DDP reuses its bucket buffers every step.
         host = mirror.pull()  # reduced in place: pull() left no copy in flight that reads it
-        self.worker.allreduce(host, step=self.lossy_calls, key=("pg", *key), out=host)
+        result = self.worker.allreduce(host, step=self.lossy_calls, key=("pg", *key), out=host)
+        self.last_reduce = result
+        self.stats["allreduce"].count(result, self._world, 0, len(result.count))
         self.lossy_calls += 1
         if scale != 1.0:
             host *= scale
@@ -112,18 +222,116 @@ class ProcessGroupLta(dist.ProcessGroup):
         if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
             tensor.copy_(flat.view_as(tensor))
 
+    def _reduce_scatter_lossy(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:  # noqa: A002
+        """Every chunk of ``input`` summed in the switch with its arrival count and renormalized; this rank
+        keeps its part. The switch multicasts every RESULT (the P4 program has no owner-only RESULT), so
+        each rank receives N times what it keeps and drops the rest."""
+        assert self.worker is not None
+        m = output.numel()
+        key = self.keys.key("reduce_scatter", input.numel(), input.dtype)
+        result = self.worker.allreduce(_host_float32(input), step=self.lossy_calls, key=key)
+        self.last_reduce = result
+        self.lossy_calls += 1
+        lo, hi = self._rank * m, (self._rank + 1) * m
+        k = self.worker.config.elems_per_packet
+        stats = self.stats["reduce_scatter"]
+        stats.count(result, self._world, lo // k, -(-hi // k))
+        stats.chunks_received += len(result.count)
+        mine = result.values[lo:hi]
+        if op == dist.ReduceOp.SUM:
+            mine = mine * np.float32(self._world)
+        output.copy_(torch.from_numpy(mine).view(output.shape))
+
+    def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        stats = self.stats["reduce_scatter"]
+        stats.calls += 1
+        lossy = (
+            self._is_lossy([input], opts.reduceOp, "reduce_scatter")
+            and input.numel() == output.numel() * self._world
+        )
+        if not lossy:
+            stats.reliable_calls += 1
+            return self.reliable._reduce_scatter_base(output, input, opts)  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        self._reduce_scatter_lossy(output, input, opts.reduceOp)
+        stats.lossy_calls += 1
+        stats.lossy_s += time.perf_counter() - t0
+        return _completed([output])
+
+    def _all_gather(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
+        """Lossy where enabled, for float32/bfloat16/float16 shards of at least ``reliable_below`` values:
+        a lost shard copy leaves this rank's previous copy (same call key), never older than S calls;
+        a key's first call, and any call where some rank's copy would be older, is reliable."""
+        stats = self.stats["all_gather"]
+        stats.calls += 1
+        eligible = (
+            "all_gather" in self.lossy_ops
+            and self.gatherer is not None
+            and input.dtype in _GATHER_DTYPES
+            and output.dtype == input.dtype
+            and input.numel() >= self.reliable_below
+            and output.numel() == input.numel() * self._world
+        )
+        if not eligible:
+            stats.reliable_calls += 1
+            return self.reliable._allgather_base(output, input, opts)  # type: ignore[attr-defined]
+        assert self.gatherer is not None
+        t0 = time.perf_counter()
+        key = self.keys.key("all_gather", input.numel(), input.dtype)
+        if self.gatherer.known(key):
+            values, outcome = self.gatherer.gather(key, _host_float32(input))
+            if not self._anyone(outcome.resync):
+                output.copy_(torch.from_numpy(values).view(output.shape))
+                stats.lossy_calls += 1
+                stats.lossy_s += time.perf_counter() - t0
+                return _completed([output])
+            stats.resyncs += 1
+            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
+            self.gatherer.refresh(key, _host_float32(output), after_gather=True)
+        else:
+            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
+            self.gatherer.refresh(key, _host_float32(output))
+        stats.reliable_calls += 1
+        return _completed([output])
+
+    def _anyone(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is on some rank (one reliable 1-value allreduce)."""
+        votes = torch.tensor([int(flag)], dtype=torch.int32)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
+        self.reliable.allreduce([votes], opts).wait()  # type: ignore[attr-defined]
+        return bool(votes.item())
+
+    # FSDP2 and dist.all_gather_into_tensor / reduce_scatter_tensor call these (torch >= 2.13 names, and
+    # the older ones); DTensor's functional collectives call the coalesced forms.
+    def all_gather_single(self, output, input, opts):  # noqa: A002, ANN001, ANN201
+        return self._all_gather(output, input, opts)
+
+    def _allgather_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
+        return self._all_gather(output, input, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts):  # noqa: ANN001, ANN201
+        for output, input in zip(outputs, inputs, strict=True):  # noqa: A001
+            self._all_gather(output, input, opts).wait()
+        return _completed(outputs)
+
+    def reduce_scatter_single(self, output, input, opts):  # noqa: A002, ANN001, ANN201
+        return self._reduce_scatter(output, input, opts)
+
+    def _reduce_scatter_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
+        return self._reduce_scatter(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):  # noqa: ANN001, ANN201
+        for output, input in zip(outputs, inputs, strict=True):  # noqa: A001
+            self._reduce_scatter(output, input, opts).wait()
+        return _completed(outputs)
+
     # ---- reliable (gloo) -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts):  # noqa: ANN001, ANN201 (signatures are torch's)
         return self.reliable.broadcast(tensors, opts)
 
     def allgather(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
         return self.reliable.allgather(output_tensors, input_tensors, opts)
-
-    def _allgather_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
-        return self.reliable._allgather_base(output, input, opts)
-
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts):  # noqa: ANN001, ANN201
-        return self.reliable.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     def allreduce_coalesced(self, tensors, opts):  # noqa: ANN001, ANN201
         return self.reliable.allreduce_coalesced(tensors, opts)
@@ -140,9 +348,6 @@ class ProcessGroupLta(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
         return self.reliable.reduce_scatter(output_tensors, input_tensors, opts)
 
-    def _reduce_scatter_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
-        return self.reliable._reduce_scatter_base(output, input, opts)
-
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):  # noqa: A002, ANN001, ANN201
         return self.reliable.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
@@ -156,7 +361,8 @@ class ProcessGroupLta(dist.ProcessGroup):
         return self.reliable.barrier(opts)
 
     def shutdown(self) -> None:
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
 
 
 def _create(
@@ -166,12 +372,18 @@ def _create(
         raise TypeError(
             f"init_process_group('lta', pg_options=...) takes LtaOptions, got {type(pg_options).__name__}"
         )
+    options = pg_options or LtaOptions.from_env()
+    # A sub-group (dist.new_group, a DeviceMesh dimension) is a job of its own: self-hosted, on a softswitch
+    # its rank 0 hosts; on an external switch it would need a job id and addresses configured there, so it
+    # stays reliable (the default group keeps the switch).
+    sub_group = dist.is_initialized()
     return ProcessGroupLta(
         backend_options.store,
         backend_options.group_rank,
         backend_options.group_size,
         backend_options.timeout,
-        pg_options,
+        options,
+        lossy=not (sub_group and options.switch is not None),
     )
 
 

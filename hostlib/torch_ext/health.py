@@ -51,11 +51,18 @@ def _worker_of(group: Any = None) -> LtaWorker:
 
 def lta_stats(group: Any = None) -> dict[str, Any]:
     """The worker's running totals (``TransportStats.as_dict()``) plus its health: chunks full,
-    partial, empty or without RESULT, fallbacks used, packets, reduce times (p50/p99)."""
+    partial, empty or without RESULT, fallbacks used, packets, reduce times (p50/p99). For an lta
+    process group, ``collectives`` has one row per collective (allreduce, reduce_scatter, all_gather):
+    calls lossy and reliable, chunks, loss seen, and for the all-gather the stale copies handed out,
+    the oldest copy's age (``max_age``, calls of its key, never above ``stale_bound``) and resyncs."""
     worker = _worker_of(group)
     out = worker.stats.as_dict()
     out["healthy"] = worker.healthy
     out["last_nothing_fraction"] = worker.last_nothing_fraction
+    source = dist.group.WORLD if group is None else group
+    per_collective = getattr(source, "collective_stats", None)
+    if per_collective is not None:
+        out["collectives"] = per_collective()
     return out
 
 

@@ -23,6 +23,14 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
 | ``LTA_HEALTH_TIMEOUT`` | seconds to wait for the switch to answer the join probe (0: skip) | 5 |
 | ``LTA_ON_UNHEALTHY`` | reduces that keep getting nothing: ``raise``, ``warn`` or ``ignore`` | raise |
+| ``LTA_LOSSY_OPS`` | the group's collectives that go through the switch (below) | allreduce,reduce_scatter |
+| ``LTA_STALE_BOUND`` | S: no all-gather copy older than S calls of its key (then a resync) | 8 |
+
+``LTA_EXACT_MS=W`` (self-hosted, emulated loss): no round is closed by a timer, only by the softswitch's
+seeded drop decisions (``TransportConfig.exact``); every transport deadline is W ms, a safety net. Runs
+then match a lossless reference however the ranks are scheduled (tests on a loaded machine use it).
+
+``LTA_LOSSY_OPS`` is a comma list of ``allreduce``, ``reduce_scatter``, ``all_gather``, or ``none``.
 
 In code, ``LtaOptions(quorum=Q)`` closes every round once Q workers contributed (the self-hosted switch,
 or ``register_job``; an external switch keeps the quorum it was configured with), and
@@ -54,6 +62,22 @@ _FIXED_PORTS_HINT = (
     "cannot name it. Set LTA_BIND_PORT_BASE=B (and LTA_BIND_HOST) so that rank r binds B + r, and list "
     'worker r as "HOST:B+r" in the switch\'s jobs file (docs/jobs_file.md)'
 )
+LOSSY_OPS = ("allreduce", "reduce_scatter", "all_gather")  # the collectives that may go through the switch
+DEFAULT_LOSSY_OPS = frozenset({"allreduce", "reduce_scatter"})  # gradients; parameters stay reliable
+
+
+def parse_lossy_ops(text: str) -> frozenset[str]:
+    """``"allreduce,reduce_scatter"`` -> that set; ``"none"`` or ``""`` -> none; ValueError on a typo."""
+    names = {part.strip() for part in text.split(",") if part.strip()} - {"none"}
+    unknown = names - set(LOSSY_OPS)
+    if unknown:
+        raise ValueError(
+            f"LTA_LOSSY_OPS: unknown collective(s) {sorted(unknown)}; choose among {', '.join(LOSSY_OPS)} "
+            "(comma separated) or none"
+        )
+    return frozenset(names)
+
+
 _DEFAULT_STEP_DEADLINE_S = TransportConfig.reduce_timeout_s
 
 
@@ -92,8 +116,16 @@ class LtaOptions:
     quorum: int | None = None  # close a round at this count (None: all workers)
     window_size: int | None = None  # seed 003's name for quorum
     max_wait_s: float | None = None  # seed 003's name for the step deadline, transport.reduce_timeout_s
+    # The process group's collectives that go through the switch (the others: reliable, over gloo).
+    lossy_ops: frozenset[str] = DEFAULT_LOSSY_OPS
+    stale_bound: int = 8  # S of the lossy all-gather: no copy older than S calls of its key
 
     def __post_init__(self) -> None:
+        self.lossy_ops = frozenset(self.lossy_ops)
+        if not self.lossy_ops <= set(LOSSY_OPS):
+            parse_lossy_ops(",".join(self.lossy_ops))  # raises with the names
+        if self.stale_bound < 1:
+            raise ValueError(f"stale_bound (S) must be >= 1 call, got {self.stale_bound}")
         self.quorum = self.window_size = _one_of("quorum", self.quorum, "window_size", self.window_size)
         if self.quorum is not None and self.quorum < 1:
             raise ValueError(f"quorum (window_size) must be >= 1 worker, got {self.quorum}")
@@ -140,6 +172,18 @@ class LtaOptions:
             health_timeout_s=float(number("LTA_HEALTH_TIMEOUT", 5.0, float)),
             on_unhealthy=env.get("LTA_ON_UNHEALTHY", "raise"),
         )
+        exact_ms = number("LTA_EXACT_MS", 0.0, float)
+        if exact_ms < 0:
+            raise ValueError(f"LTA_EXACT_MS={exact_ms} must be >= 0 (0: off)")
+        if exact_ms:  # rounds close by the drop policy's decisions, never by a timer (TransportConfig.exact)
+            transport = replace(
+                transport,
+                exact=True,
+                sync_deadline_ms=exact_ms,
+                lag_deadline_ms=exact_ms,
+                min_deadline_ms=exact_ms,
+                max_deadline_ms=exact_ms,
+            )
         drop = {}
         for direction in DIRECTIONS:
             p = number(f"LTA_DROP_{direction.upper()}", 0.0, float)
@@ -153,6 +197,8 @@ class LtaOptions:
             transport=transport,
             drop=drop,
             seed=seed,
+            lossy_ops=parse_lossy_ops(env.get("LTA_LOSSY_OPS", ",".join(sorted(DEFAULT_LOSSY_OPS)))),
+            stale_bound=int(number("LTA_STALE_BOUND", 8)),
         )
 
 

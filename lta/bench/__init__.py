@@ -10,6 +10,7 @@ from lta.bench import (
     byzantine,
     compression,
     ddp,
+    fsdp,
     lossy,
     lossy_train,
     ltp,
@@ -26,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run on the same machine. Progress goes to stderr, results to stdout (--json: one document).",
     )
     sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (allreduce, ddp, scaling, lossy, lossy_train, byzantine, async_ps, compression, stragglers):
+    benches = (allreduce, ddp, fsdp, scaling, lossy, lossy_train, byzantine, async_ps, compression)
+    benches += (stragglers,)
+    for module in benches:
         module.register(sub)
     ltp.register(sub)

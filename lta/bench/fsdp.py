@@ -1,0 +1,207 @@
+"""``lta bench fsdp``: stock FSDP2 (``fully_shard`` on every layer of an MLP of about 4.2M parameters, on a
+1-D DeviceMesh) on N ranks on loopback, in the same run: with ``init_process_group("gloo")``; with
+``init_process_group("lta")`` and ``LTA_LOSSY_OPS=allreduce,reduce_scatter,all_gather`` at 0% emulated
+loss; with lta's default setting (gradients lossy, parameters reliable) at 0%; and with all three lossy at
+``--loss`` (default 10%) emulated loss of gradients (GRAD packets) and parameters (PARAM replicas).
+Reports step-time percentiles, the loss curve's end, and per collective what lta saw: loss, stale
+parameter copies, their largest age (never above S) and resyncs.
+
+The reduce-scatter's RESULTs are multicast (the switch has no owner-only RESULT): every rank receives the
+RESULT of every chunk and keeps its own part. ``rs_result_packets`` says how many RESULT packets a rank
+received for reduce-scatters and how many an owner-only RESULT would have sent it."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from hostlib import argtypes
+from hostlib.errors import LtaError
+from lta.bench.allreduce import free_tcp_port
+from lta.jsonout import emit
+from lta.launch import running
+from lta.progress import Status
+
+SCHEMA = "lta.bench.fsdp/1"
+
+WIDTH, IN_FEATURES = 1024, 1024  # 1024 -> 4 x 1024 -> 10: 4.2M parameters
+ALL_LOSSY = "allreduce,reduce_scatter,all_gather"
+
+
+def fsdp_worker(
+    backend: str, env: dict[str, str], rank: int, world: int, port: int, steps: int, warmup: int, queue: Any
+) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for name in [v for v in os.environ if v.startswith("LTA_")]:
+        del os.environ[name]
+    os.environ.update(env)
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = [torch.nn.Linear(IN_FEATURES, WIDTH), torch.nn.ReLU()]
+        for _ in range(3):
+            layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+        params = sum(p.numel() for p in model.parameters())
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        gen = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(32, IN_FEATURES, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+        times, losses = [], []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+        out: dict[str, Any] = {"times_s": times, "losses": losses, "params": params}
+        if backend == "lta":
+            pg = dist.group.WORLD
+            out["collectives"] = pg.collective_stats()
+            out["packets_received"] = pg.worker.stats.packets_received
+        dist.destroy_process_group()
+        queue.put((rank, out))
+    except LtaError as exc:
+        queue.put((rank, {"error": str(exc), "user_error": True}))
+    except BaseException as exc:
+        queue.put((rank, {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def run_variant(
+    backend: str, env: dict[str, str], world: int, steps: int, warmup: int, timeout_s: float = 900.0
+) -> dict:
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_tcp_port()
+    procs = [
+        ctx.Process(
+            target=fsdp_worker, args=(backend, env, r, world, port, steps, warmup, queue), daemon=True
+        )
+        for r in range(world)
+    ]
+    with running(procs, join_s=10):
+        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
+    errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
+    if errors:
+        user = all(v.get("user_error") for v in results.values() if "error" in v)
+        raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
+    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    losses = np.mean(np.array([results[r]["losses"] for r in range(world)]), axis=0)  # over ranks
+    out: dict[str, Any] = {
+        "p50_ms": float(np.percentile(step, 50) * 1e3),
+        "p99_ms": float(np.percentile(step, 99) * 1e3),
+        "mean_ms": float(step.mean() * 1e3),
+        "first_loss": float(losses[0]),
+        "final_loss": float(losses[-1]),
+        "params": results[0]["params"],
+    }
+    if backend == "lta":
+        out["collectives"] = {r: results[r]["collectives"] for r in range(world)}
+        out["summary"] = _summary(results, world)
+    return out
+
+
+def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
+    """What the ranks saw, combined: gradient loss seen, parameter copies lost, stale copies, max age."""
+    rs = [results[r]["collectives"]["reduce_scatter"] for r in range(world)]
+    ag = [results[r]["collectives"]["all_gather"] for r in range(world)]
+    chunks = sum(s["chunks"] for s in rs)
+    copies = sum(s["chunks"] for s in ag)
+    return {
+        "grad_loss_seen": 1.0 - sum(s["contributions"] for s in rs) / (world * chunks) if chunks else 0.0,
+        "grad_chunks_fallback": sum(s["chunks_fallback"] for s in rs),
+        "rs_lossy_calls": rs[0]["lossy_calls"],
+        # every chunk's RESULT is multicast to every rank; an owner-only RESULT would reach its owner alone
+        "rs_result_packets": {
+            "received_per_rank": rs[0]["chunks_received"],
+            "owner_only_per_rank": rs[0]["chunks"],
+        },
+        "param_copies": copies,
+        "param_loss_seen": 1.0 - sum(s["chunks_fresh"] for s in ag) / copies if copies else 0.0,
+        "stale_copies": sum(s["stale_copies"] for s in ag),
+        "max_age": max(s["max_age"] for s in ag),
+        "stale_bound": ag[0]["stale_bound"],
+        "resyncs": ag[0]["resyncs"],
+        "ag_lossy_calls": ag[0]["lossy_calls"],
+        "ag_reliable_calls": ag[0]["reliable_calls"],
+    }
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fsdp",
+        help="stock FSDP2 on a DeviceMesh: lta (0%% and lossy) vs gloo, same run",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
+    p.add_argument("--steps", type=argtypes.positive_int, default=30, help="timed training steps per run")
+    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed steps first")
+    p.add_argument(
+        "--loss", type=argtypes.probability, default=0.1, help="emulated loss of GRAD and PARAM packets"
+    )
+    p.add_argument("--stale-bound", type=argtypes.positive_int, default=8, help="S of the lossy all-gather")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = {
+        "workers": args.workers,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "loss": args.loss,
+        "stale_bound": args.stale_bound,
+        "lossy_ops": ALL_LOSSY,
+    }
+    lossy_env = {"LTA_LOSSY_OPS": ALL_LOSSY, "LTA_STALE_BOUND": str(args.stale_bound)}
+    variants = {
+        "gloo": ("gloo", {}),
+        "lta": ("lta", lossy_env),
+        "lta_grads_only": ("lta", {"LTA_LOSSY_OPS": "allreduce,reduce_scatter"}),  # the default setting
+        "lta_lossy": ("lta", {**lossy_env, "LTA_DROP_UP": str(args.loss), "LTA_DROP_PARAM": str(args.loss)}),
+    }
+    out: dict[str, Any] = {"config": config}
+    title = f"lta bench fsdp: {args.workers} ranks, {args.steps} steps: gloo, lta, lta {args.loss:.0%} loss"
+    with Status(title) as status:
+        for name, (backend, env) in variants.items():
+            status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
+            out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup)
+    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_grads_only_over_gloo_p50"] = out["lta_grads_only"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
+    if args.json:
+        emit(SCHEMA, out)
+        return 0
+    print(f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
+    for name in variants:
+        r = out[name]
+        print(
+            f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+            f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
+        )
+        if "summary" in r:
+            s = r["summary"]
+            print(
+                f"                 gradients: loss seen {s['grad_loss_seen']:.3f}; parameters: copies lost "
+                f"{s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age {s['max_age']} "
+                f"(S={s['stale_bound']}), resyncs {s['resyncs']}"
+            )
+    print(f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f} (all three collectives lossy)")
+    return 0
