@@ -74,9 +74,10 @@ class SlotReuse:
         # follow it at once. Two workers held by a dead third one used to part here: the first to stop
         # waiting ran on alone, the other, still held, only ever reached units the first had flushed.
         newest = np.where(self._peers, self.sent, -1)
-        for w in np.flatnonzero(self._peers & ~self._excused):
-            if np.delete(newest, w).max() > self.settled[w] + self.data_slots:
-                self._excused[w] = True
+        top = int(np.argmax(newest))
+        others = np.full(len(newest), newest[top])  # the newest unit of any peer but w itself
+        others[top] = np.delete(newest, top).max(initial=-1)
+        self._excused |= self._peers & (others > self.settled + self.data_slots)
 
     def limit(self) -> tuple[int, np.ndarray]:
         """The first global unit this worker may not send yet, and the peers that hold it there (a bool

@@ -518,9 +518,11 @@ class LtaWorker:
             if self._peer_wait_since < give_up_at:  # held by the peers alone: see _peer_limit
                 wait = min(wait, self._peer_wait_since + dl.peer_hold_s(plan) - now)
             was_synced = plan.synced
+            result_batches = len(plan.rx_batches)
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
-            self.reuse.saw(plan.base, plan.frontier)
+            if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+                self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
