@@ -36,6 +36,9 @@ class Deadlines:
         self.presumed_dead = 0
         self._absent_window = 0
         self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
+        # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
+        self.flush_srtt_ms: float | None = None
+        self.flush_rttvar_ms = 0.0
         self.adaptive = config.early_close_theta is not None  # per-unit deadlines (see unit_wait_s)
         # Ranks are staggered (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually
         # saves the others'.
@@ -74,6 +77,34 @@ class Deadlines:
             self.rttvar_ms = 0.75 * self.rttvar_ms + 0.25 * abs(self.srtt_ms - ms)
             self.srtt_ms = 0.875 * self.srtt_ms + 0.125 * ms
         self._update_rto()
+
+    def flush_sample(self, ms: float) -> None:
+        """One FLUSH round trip: from a FLUSH to its answer (the partial RESULT it closed, or the stored
+        one resent). The RTO's samples time a GRAD until the round closes, which waits for the slowest
+        peer: a peer held up by its own recovery made them hundreds of ms on loopback at 20% down loss,
+        and every lost FLUSH answer then cost a doubled RTO of that. A FLUSH is answered by the switch at
+        once, so its retry waits for this round trip, not for peers."""
+        if self.flush_srtt_ms is None:
+            self.flush_srtt_ms, self.flush_rttvar_ms = ms, ms / 2
+        else:
+            self.flush_rttvar_ms = 0.75 * self.flush_rttvar_ms + 0.25 * abs(self.flush_srtt_ms - ms)
+            self.flush_srtt_ms = 0.875 * self.flush_srtt_ms + 0.125 * ms
+
+    def flush_rto_s(self) -> float:
+        """How long a FLUSH waits for its answer before the next one: ``flush_srtt + 4·flush_rttvar``
+        (the RTO until a FLUSH was answered), clamped like the RTO."""
+        if self.flush_srtt_ms is None:
+            return self.rto_s()
+        cfg = self.config
+        ms = self.flush_srtt_ms + 4 * self.flush_rttvar_ms
+        return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
+
+    def peer_hold_s(self, plan: ReducePlan) -> float:
+        """How long a worker with nothing in flight waits for news of a peer that holds its next unit
+        (reuse.py): the first deadline (the peer may be late to this reduce) plus the time a peer with
+        this worker's FLUSH round trip takes to give a unit up (every FLUSH of its backoff unanswered)."""
+        give_up = self.flush_rto_s() * 1.5 * ((2 << self.config.max_flushes) - 1)
+        return self.first_wait_s(plan) + give_up
 
     def track_absent(self, bitmaps: np.ndarray) -> None:
         """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
@@ -154,7 +185,7 @@ class Deadlines:
             first = np.full(len(units), first_s)
         if tail and plan.frame_s > 0 and not self.early_close:
             first += self.peer_lag_s(plan, units)
-        base_s = np.where(flushes > 0, self.rto_s(), first)
+        base_s = np.where(flushes > 0, self.flush_rto_s(), first)
         at = start + base_s * self._stagger * np.left_shift(1, flushes)
         crit = self.resending(plan, units)
         if crit.any():
@@ -181,9 +212,10 @@ class Deadlines:
         units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
         if not units.size:
             return
-        # The others wait one smoothed RTT for the designated FLUSH's RESULT, then flush themselves:
+        # The others wait one FLUSH round trip for the designated FLUSH's RESULT, then flush themselves:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
-        srtt_s = max(self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
+        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
+        srtt_s = max(srtt_ms, 1.0) / 1000.0
         at = np.where(units % self.n_workers == self.worker_id, now, now + srtt_s)
         # A critical unit is resent, not flushed, and any worker's GRAD may be the lost one: every
         # worker resends its own at once (a duplicate costs one packet; the switch drops it).

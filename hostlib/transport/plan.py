@@ -71,6 +71,7 @@ class ReducePlan:
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
         self.flushes = np.zeros(self.units, dtype=np.int64)
+        self.flushed_at = np.zeros(self.units, dtype=np.float64)  # when the last FLUSH went
         self.probes = np.zeros(self.units, dtype=np.int64)
         self.deadline_at = np.full(self.units, np.inf, dtype=np.float64)
         # Critical data (LTP): units resent until every worker is counted, never FLUSHed (deadlines.py).

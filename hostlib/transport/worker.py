@@ -14,6 +14,7 @@ are resent until every worker is counted and never FLUSHed; a token bucket *pace
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import time
 from typing import Any
@@ -42,6 +43,7 @@ from hostlib.transport.io import WorkerIO
 from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
 from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
 from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
+from hostlib.transport.reuse import SlotReuse
 
 _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
@@ -94,6 +96,11 @@ class LtaWorker:
         self._plans: dict[int, ReducePlan] = {}
         self._prev: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(self.config, worker_id, n_workers)
+        self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # Since when only the peers' progress holds this worker's next unit, nothing of its own in flight
+        # (_peer_limit); inf while it is not so held. Kept across reduces: a worker held at every reduce
+        # by a dead peer must not start its wait afresh each time.
+        self._peer_wait_since = math.inf
         self.stats = TransportStats(io=self.io.mode)
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
@@ -469,6 +476,7 @@ class LtaWorker:
     def load_codec_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]
         self._next_unit = int(state["next_unit"])
+        self.reuse.restart_at(self._next_unit)
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
 
     # ---- the unit engine -----------------------------------------------------------------------
@@ -507,9 +515,14 @@ class LtaWorker:
                 wait = min(wait, self.pacer.wait_s(now))
             if self.early is not None and not plan.closing:
                 wait = min(wait, (plan.lt_at if plan.all_sent else plan.hard_close_at) - now)
+            if self._peer_wait_since < give_up_at:  # held by the peers alone: see _peer_limit
+                wait = min(wait, self._peer_wait_since + dl.peer_hold_s(plan) - now)
             was_synced = plan.synced
+            result_batches = len(plan.rx_batches)
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
+            if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+                self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
@@ -528,15 +541,17 @@ class LtaWorker:
         """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
         round settled, its exponent known. Quantizes the chunks it needs (a block ahead) just before.
         Returns True when the pacer held back units the window would have let go."""
-        state, k, p = plan.state, self.config.elems_per_packet, self._slots
+        state, k = plan.state, self.config.elems_per_packet
         u0 = plan.next_unit
-        room = self.window - int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
+        in_flight = int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
+        room = self.window - in_flight
         if room <= 0 or u0 >= plan.units:
             return False
-        units = np.arange(u0, min(plan.units, u0 + room))
+        # A slot's next round starts only once this worker (own span) and every live peer are done with
+        # the round before it (reuse.py): a peer that lost its RESULT can still ask for the stored copy.
+        hi = min(plan.units, u0 + room, plan.low + self.reuse.span, self._peer_limit(plan, in_flight))
+        units = np.arange(u0, max(u0, hi))
         blocked = np.zeros(len(units), dtype=bool)
-        reuse = units >= p
-        blocked[reuse] = state[units[reuse] - p] < DONE  # the slot's previous round is still open
         data = units >= plan.exp_units
         blocked[data] |= state[(units[data] - plan.exp_units) // k] < DONE  # exponent not settled
         if blocked.any():
@@ -577,6 +592,27 @@ class LtaWorker:
             plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
         self.deadlines.arm(plan, units, now)
         return paced_out
+
+    def _peer_limit(self, plan: ReducePlan, in_flight: int) -> int:
+        """The first unit of ``plan`` the peers' progress does not let go yet (reuse.py). When it holds
+        this worker with nothing of its own in flight, the wait is bounded: after ``Deadlines.peer_hold_s``
+        without news, the peers that hold it are excused until their bits show up again."""
+        first, holders = self.reuse.limit()
+        local = first - plan.base
+        if local > plan.next_unit or in_flight:
+            self._peer_wait_since = math.inf
+            return local
+        now = time.perf_counter()
+        if self._peer_wait_since == math.inf:
+            self._peer_wait_since = now
+        elif now >= self._peer_wait_since + self.deadlines.peer_hold_s(plan):
+            log.debug("worker %d: no news of peers %s past unit %d; going on", self.worker_id,
+                      np.flatnonzero(holders).tolist(), first)  # fmt: skip
+            self.reuse.excuse(holders)
+            self._peer_wait_since = math.inf
+            first, _ = self.reuse.limit()
+            local = first - plan.base
+        return local
 
     def _quantize_ahead(self, plan: ReducePlan, c0: int, c1: int) -> None:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
@@ -676,6 +712,7 @@ class LtaWorker:
         rows = batch_rows(self._flush_batch)[:n]
         for _ in range(self.config.flush_copies):
             self._send(rows)
+        plan.flushed_at[units] = time.perf_counter()
         self.stats.flushes_sent += n
 
     def _send(self, rows: np.ndarray) -> None:
@@ -762,10 +799,12 @@ class LtaWorker:
         bitmap = hdr["bitmap"][rows].astype(np.uint64)
         retx = (flags & _RETX) != 0
         self.stats.results_retx += int(retx.sum())
-        # A clean answer is an RTT sample. So is a resent, complete one: the round had closed before our
-        # FLUSH (the FLUSH was spurious), and the wait we saw is what the RTO must cover.
+        # A clean answer is an RTT sample. So is a complete multicast that answers a FLUSHed unit: a round
+        # closes complete by its last GRAD alone, so the FLUSH was spurious and the wait we saw is what
+        # the RTO must cover. A unicast resend (RETX) never is: the multicast went first on the same path,
+        # so it was lost, and the wait measured the recovery (srtt grew 5-30x at 1-20% down loss).
         # A resent critical GRAD leaves it unknown which copy was answered (Karn): no sample.
-        clean = (prior == IN_FLIGHT) & ((plan.flushes[u] == 0) | (retx & (count == n_workers)))
+        clean = (prior == IN_FLIGHT) & ~retx & ((plan.flushes[u] == 0) | (count == n_workers))
         clean &= plan.retx[u] == 0
         if clean.any():
             rtt_ms = (time.perf_counter() - plan.sent_at[u[clean]]) * 1000.0
@@ -773,6 +812,15 @@ class LtaWorker:
             # Python-level checks cost more than the selection on a batch of a few hundred.
             mid = len(rtt_ms) // 2
             self.deadlines.rtt_sample(float(np.partition(rtt_ms, mid)[mid]), float(rtt_ms.min()))
+        # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
+        # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
+        # the FLUSH on the way and times nothing.
+        answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
+        answered &= retx | (hdr["worker_id"][rows] == self.worker_id)
+        if answered.any():
+            flush_ms = (time.perf_counter() - plan.flushed_at[u[answered]]) * 1000.0
+            mid = len(flush_ms) // 2
+            self.deadlines.flush_sample(float(np.partition(flush_ms, mid)[mid]))
         self.deadlines.track_absent(bitmap)
         plan.full_units += int(np.count_nonzero(count == n_workers))
         if plan.any_critical:

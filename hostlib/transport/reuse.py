@@ -1,0 +1,94 @@
+"""When a worker may start the next round of a slot: only once every live peer is provably done with the
+round before it, so a peer that lost that round's RESULT can still get the switch's stored copy.
+
+A slot keeps one round (docs/protocol.md): once unit ``g`` of the job starts round ``q + 1`` of slot
+``g mod D``, the switch drops FLUSHes and GRADs of round ``q`` (unit ``g - D``) as stale, and a worker
+that lost that RESULT can only give the unit up. Without a rule, a peer that got the RESULT reaches unit
+``g`` about two windows later; the worker that lost it asks after one round trip, and when its FLUSH or
+the answer is lost too (two copies at 20% down loss: 4%), the peer wins the race. The chunk was then
+lost for good, the peer waited on a timer for the worker's blocked next GRAD of the slot, and at high
+loss the workers drifted a whole reduce apart (issue 22: "100% no aggregate").
+
+Two rules close the race, with ``D`` data slots, ``S = D - D // 2`` and ``A = D // 2`` (``S + A = D``):
+
+* **own span**: a worker sends unit ``g`` only once its own units up to ``g - S`` are settled (answered
+  or given up); every worker of the job uses the same ``S`` (it depends on the pool size alone);
+* **peers**: a worker sends unit ``g`` only once every live peer ``w`` has provably settled unit
+  ``g - D``. Worker ``w``'s bit in the RESULT of unit ``v`` proves it sent ``v`` (the switch counted it),
+  hence, by its own span, settled every unit up to ``v - S``; and its bit in any RESULT of a reduce
+  proves it settled every unit of the reduces before (a worker finishes a reduce before it starts the
+  next). So unit ``g`` may go once ``w``'s bit has shown up at unit ``g - A`` or later.
+
+A RESULT reaches every worker about one round trip after its unit was sent, so the peer rule lets a
+worker keep about ``A`` units in flight (the window is no larger in practice: 255 of the 511 data slots),
+and the span gives a worker that lost a RESULT ``S`` units of its own pipeline to recover it before it
+stalls. A worker that has nothing in flight and is held only by this rule waits a bounded time for news
+of its peers (``Deadlines.peer_hold_s``: long enough for a peer to give a unit up), then goes on without
+the ones that hold it until they show progress again: a dead peer costs that one wait, a peer that far
+behind falls back for the chunks it loses, as before.
+The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not apply
+here: a peer held up by its recovery for a few hundred ms misses that many RESULTs, and a leader that
+stopped waiting for it ran on ahead for good, its GRADs always arriving at closed rounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_NO_LIMIT = int(np.iinfo(np.int64).max)
+
+
+class SlotReuse:
+    """The two rules above for one worker: what each peer has provably settled (global unit indices)."""
+
+    def __init__(self, data_slots: int, worker_id: int, n_workers: int) -> None:
+        self.data_slots = data_slots
+        self.ahead = data_slots // 2  # A: units past a peer's newest counted GRAD this worker may send
+        self.span = data_slots - self.ahead  # S: own units in flight lie within S of the oldest unsettled
+        self.worker_id = worker_id
+        # settled[w]: every unit of the job up to this global index is settled at worker w (-1: none known).
+        self.settled = np.full(n_workers, -1, dtype=np.int64)
+        self.sent = np.full(n_workers, -1, dtype=np.int64)  # the newest unit whose RESULT had w's bit
+        self._peers = np.ones(n_workers, dtype=bool)
+        self._peers[worker_id] = False
+        self._excused = np.zeros(n_workers, dtype=bool)  # not waited for until they show progress
+
+    def restart_at(self, next_unit: int) -> None:
+        """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are
+        taken to have settled every unit before it, as they had when the state was saved."""
+        np.maximum(self.settled, next_unit - 1, out=self.settled)
+
+    def saw(self, base: int, frontier: np.ndarray) -> None:
+        """Learn from a reduce starting at global unit ``base`` whose RESULTs showed worker ``w``'s bit at
+        local unit ``frontier[w]`` at the latest (-1: not yet). A peer excused by :meth:`excuse` is
+        waited for again once it shows progress."""
+        seen = frontier >= 0
+        if not seen.any():
+            return
+        np.maximum(self.sent, np.where(seen, base + frontier, -1), out=self.sent)
+        proven = np.where(seen, np.maximum(base - 1, base + frontier - self.span), -1)
+        if self._excused.any():  # waited for again once its own bit shows progress
+            self._excused &= proven <= self.settled
+        np.maximum(self.settled, proven, out=self.settled)
+        # A peer whose GRAD went past where w holds this worker stopped waiting for w (or knew more of w):
+        # follow it at once. Two workers held by a dead third one used to part here: the first to stop
+        # waiting ran on alone, the other, still held, only ever reached units the first had flushed.
+        newest = np.where(self._peers, self.sent, -1)
+        top = int(np.argmax(newest))
+        others = np.full(len(newest), newest[top])  # the newest unit of any peer but w itself
+        others[top] = np.delete(newest, top).max(initial=-1)
+        self._excused |= self._peers & (others > self.settled + self.data_slots)
+
+    def limit(self) -> tuple[int, np.ndarray]:
+        """The first global unit this worker may not send yet, and the peers that hold it there (a bool
+        mask)."""
+        alive = self._peers & ~self._excused
+        if not alive.any():
+            return _NO_LIMIT, alive
+        bound = self.settled + self.data_slots + 1
+        first = int(bound[alive].min())
+        return first, alive & (bound == first)
+
+    def excuse(self, peers: np.ndarray) -> None:
+        """Stop waiting for ``peers`` until they show progress (:meth:`saw`)."""
+        self._excused |= peers

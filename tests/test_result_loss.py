@@ -1,0 +1,149 @@
+"""Lost RESULTs (issue 22): a worker that lost the RESULT of a round gets the switch's stored copy back
+(its FLUSH or GRAD is answered with a unicast resend), so every worker ends a reduce with the same
+aggregate; no peer moves the slot to its next round while that copy may still be asked for."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
+from hostlib.transport import Fallback, LtaWorker, TransportConfig
+from hostlib.transport.reuse import SlotReuse
+from tests.conftest import check_mean_over_bitmap
+
+K = 16
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lost_results_are_recovered_before_their_slot_moves_on(make_cluster, n):
+    """Down loss only, a pool of 15 data slots (every slot carries a new round every 15 units): each
+    worker loses a fifth of its RESULT replicas. Every chunk must come back on every worker (none falls
+    back), the same RESULT on all of them (count, bitmap and values identical), and equal to numpy's mean
+    over its bitmap. Before the fix a peer's next GRAD for the slot often reached the switch before the
+    lossy worker's FLUSH, which was then stale: the chunk was lost for good (units_overtaken)."""
+    cluster = make_cluster(
+        n,
+        down=0.2,
+        seed=7,
+        elems_per_packet=K,
+        pool_size=16,
+        exact=True,
+        # Long waits for late peers (threads on a loaded machine): recovery must not depend on timers.
+        sync_deadline_ms=5000,
+        lag_deadline_ms=5000,
+        min_deadline_ms=300,
+        max_deadline_ms=2000,
+    )
+    rng = np.random.default_rng(n)
+    for step in range(3):
+        inputs = [rng.standard_normal(100 * K + 3).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step)
+        for r in results:
+            assert np.all(r.count > 0), f"step {step}: {np.count_nonzero(r.count == 0)} chunks without RESULT"
+        for r in results[1:]:
+            np.testing.assert_array_equal(r.count, results[0].count)
+            np.testing.assert_array_equal(r.bitmap, results[0].bitmap)
+            np.testing.assert_array_equal(r.values, results[0].values)
+        assert check_mean_over_bitmap(results, inputs, K) == n * 101
+    stats = [w.stats for w in cluster.workers]
+    assert sum(s.units_overtaken for s in stats) == 0
+    assert sum(s.results_retx for s in stats) > 0  # RESULTs were lost and resent
+    assert cluster.switch.read_counters(cluster.job_id)["flush_stale"] == 0
+
+
+def test_slot_reuse_waits_for_proof_that_every_peer_is_done_with_the_slot():
+    """Hand-worked: D = 15 data slots, so S = 8 and A = 7. Worker 0 may send unit g once each peer has
+    provably settled g - 15: its bit at unit v proves it settled v - 8 (its own span), and any bit of a
+    reduce proves it settled every unit before that reduce."""
+    reuse = SlotReuse(15, worker_id=0, n_workers=3)
+    assert (reuse.span, reuse.ahead) == (8, 7)
+    first, holders = reuse.limit()
+    assert first == 15 and holders.tolist() == [False, True, True]  # units 0..14: no slot reused yet
+    # A reduce starting at global unit 100: worker 1's bit seen up to local unit 12, worker 2's up to 3.
+    reuse.saw(100, np.array([30, 12, 3]))
+    assert reuse.settled.tolist() == [122, 104, 99]  # 100 + 30 - 8, 100 + 12 - 8, all before 100
+    first, holders = reuse.limit()
+    assert first == 99 + 15 + 1 and holders.tolist() == [False, False, True]
+    reuse.saw(100, np.array([30, 12, 14]))  # worker 2 catches up (settled 106): worker 1 holds now
+    first, holders = reuse.limit()
+    assert first == 104 + 16 and holders.tolist() == [False, True, False]
+
+
+def test_a_peer_that_went_on_is_followed_and_an_excused_peer_is_waited_for_again():
+    reuse = SlotReuse(15, worker_id=0, n_workers=3)
+    reuse.saw(0, np.array([5, 5, 5]))  # everyone's bit at unit 5: settled through -1 (5 - 8 < 0)
+    assert reuse.limit()[0] == 15
+    # Worker 1's GRAD of unit 30 was counted: it went past unit 15 = where worker 2 holds us (settled
+    # -1 + 15 + 1), so it stopped waiting for worker 2: follow it. Worker 1 itself proved settled 22.
+    reuse.saw(0, np.array([5, 30, 5]))
+    first, holders = reuse.limit()
+    assert first == 22 + 16 and holders.tolist() == [False, True, False]
+    # Worker 2 shows its bit again (unit 36; not past worker 1's hold at 22 + 16): waited for again, from
+    # what that proves (28).
+    reuse.saw(0, np.array([40, 30, 36]))
+    assert reuse.settled.tolist()[1:] == [22, 28]
+    first, holders = reuse.limit()
+    assert first == 22 + 16 and holders.tolist() == [False, True, False]
+    reuse.excuse(holders)
+    assert reuse.limit()[0] == 28 + 16
+    # A restored worker takes its peers to have settled every unit before its own next unit.
+    fresh = SlotReuse(15, worker_id=1, n_workers=2)
+    fresh.restart_at(1000)
+    assert fresh.limit()[0] == 999 + 16
+
+
+def test_a_resent_result_times_the_flush_not_the_round_trip():
+    """A hand-played switch: it answers the exponent unit at once (a clean RTT sample), never multicasts
+    the data unit's RESULT, and answers the worker's FLUSH of it with the stored RESULT (RETX) after
+    ``delay``. That answer measured the recovery (the worker's deadline plus the delay), not the path:
+    srtt must not move; the FLUSH round trip (FLUSH to answer) is ``delay`` plus the local hops."""
+    delay = 0.05
+    switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    switch.bind(("127.0.0.1", 0))
+    switch.settimeout(10.0)
+    # The next FLUSH would go 2 x 100 ms after the first: after the answer, so the sample is unambiguous.
+    cfg = TransportConfig(elems_per_packet=K, heartbeat_interval_s=0, min_deadline_ms=100)
+    with switch, LtaWorker(1, 0, 2, switch.getsockname(), config=cfg) as worker:
+        seen: dict[str, object] = {}
+
+        def play() -> None:
+            def recv(op: Op) -> tuple[np.ndarray, tuple]:
+                while True:
+                    data, addr = switch.recvfrom(65536)
+                    pkt = np.frombuffer(data, dtype=np.uint8).copy()
+                    if pkt[1] == op:
+                        return pkt, addr
+
+            def answer(pkt: np.ndarray, addr: tuple, flags: int, count: int) -> None:
+                hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+                hdr["op"], hdr["flags"], hdr["count"], hdr["bitmap"] = int(Op.RESULT), flags, count, 0b11
+                if not flags & Flag.MAX:  # a sum of two equal contributions
+                    payload = pkt[HEADER_BYTES:].view(">i4")
+                    payload *= 2
+                switch.sendto(pkt.tobytes(), addr)
+
+            exp, addr = recv(Op.GRAD)  # the exponent unit (its two copies): the proposal is the max
+            answer(exp, addr, int(Flag.MAX), 2)
+            data, _ = recv(Op.GRAD)
+            while data[:HEADER_BYTES].view(HEADER_DTYPE)["flags"][0] & Flag.MAX:  # the second copy
+                data, _ = recv(Op.GRAD)
+            recv(Op.FLUSH)
+            seen["srtt_ms"] = worker.srtt_ms
+            time.sleep(delay)
+            answer(data, addr, int(Flag.RETX), 2)  # the stored RESULT of a complete round, resent
+
+        player = threading.Thread(target=play)
+        player.start()
+        x = np.linspace(-1, 1, K, dtype=np.float32)
+        result = worker.allreduce(x)
+        player.join(timeout=10)
+        assert result.count.tolist() == [2] and result.fallback.tolist() == [Fallback.NONE]
+        assert np.allclose(result.values, x, atol=1e-6)
+        assert worker.stats.results_retx == 1
+        assert seen["srtt_ms"] is not None and worker.srtt_ms == seen["srtt_ms"]
+        assert delay * 1000 <= worker.deadlines.flush_srtt_ms < delay * 1000 + 50
