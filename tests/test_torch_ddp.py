@@ -84,8 +84,9 @@ def _hook_rank(rank: int, world: int, store_path: str) -> dict:
     )
     # Lossless: only a timer could close a round short, mistaking a rank descheduled for a moment (two
     # ranks and the switch share 2 cores) for a lost packet. A late exponent proposal costs the whole
-    # bucket (the rank withholds it whatever its values), so give late ranks seconds, not 200 ms.
-    patient = TransportConfig(sync_deadline_ms=5000.0, lag_deadline_ms=5000.0)
+    # bucket (the rank withholds it whatever its values), so give late ranks seconds, not 200 ms. The
+    # tail of a reduce waits one RTO (min..max_deadline_ms), not the lag deadline: seconds there too.
+    patient = TransportConfig(**{f"{name}_deadline_ms": 5000.0 for name in ("sync", "lag", "min", "max")})
     session = join_job(dist.PrefixStore("hook", store), rank, world, LtaOptions(job_id=1, transport=patient))
     direct.register_comm_hook(LtaHookState(session.worker), lta_hook)
     staged.register_comm_hook(LtaHookState(session.worker, force_host_staging=True), lta_hook)
