@@ -8,12 +8,17 @@ script produces today. Run it after changing ``hostlib/protocol.py``::
     .venv/bin/python p4/gen_p4.py          # rewrite p4/v1model/*.gen.p4
     .venv/bin/python p4/gen_p4.py --check  # exit 1 if the checked-in files are stale
 
+After compiling ``p4/build`` (p4/build/README.md), ``--record-build`` writes the SHA-256 of every source the
+build was made from into ``p4/build/lta.sources.sha256``; ``tests/test_p4_sources.py`` compares it with
+the sources everywhere (without p4c), so a source change without a rebuild fails the tests.
+
 (``p4/`` is deliberately not a Python package: it would shadow the ``p4`` package of p4runtime.)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from hostlib.protocol import (
 )
 
 V1MODEL_DIR = Path(__file__).resolve().parent / "v1model"
+BUILD_HASHES = Path(__file__).resolve().parent / "build" / "lta.sources.sha256"
 ELEMS = DEFAULT_ELEMS_PER_PACKET
 # Counters the egress pipeline counts (per replica); every other counter is counted in ingress.
 EGRESS_COUNTERS = ("drop_policy_down", "drop_policy_param", "tx_packets")
@@ -190,10 +196,29 @@ def stale_files(directory: Path = V1MODEL_DIR) -> list[str]:
     ]
 
 
+def source_hashes(directory: Path = V1MODEL_DIR) -> str:
+    """``sha256sum``-style lines for every P4 source of the v1model program, sorted by path: what
+    ``p4/build`` is compiled from."""
+    root = directory.parent.parent
+    return "".join(
+        f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(root).as_posix()}\n"
+        for path in sorted(directory.glob("*.p4"))
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    parser.add_argument(
+        "--record-build",
+        action="store_true",
+        help="after compiling p4/build: record the sources' SHA-256 in p4/build/lta.sources.sha256",
+    )
     args = parser.parse_args(argv)
+    if args.record_build:
+        BUILD_HASHES.write_text(source_hashes())
+        print(f"wrote p4/build/{BUILD_HASHES.name}")
+        return 0
     if args.check:
         stale = stale_files()
         for name in stale:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import itertools
+import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -176,18 +178,18 @@ def test_recv_timeout_returns_zero(mode: str, udp) -> None:
     assert bs.recv(rx) == 0
     t0 = time.monotonic()
     assert bs.recv(rx, timeout_s=0.1) == 0
-    waited = time.monotonic() - t0
-    assert 0.09 <= waited < 1.0
+    assert time.monotonic() - t0 >= 0.09  # it waited (no upper bound: a loaded machine may add any delay)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_recv_wakes_on_arrival(mode: str, udp) -> None:
     bs, tx = BatchSocket(udp(), mode), udp()
     rx = RxBatch(4, 292)
-    tx.sendto(b"x" * 10, bs.sock.getsockname())
+    # The datagram is sent once recv is waiting: recv must return it, not wait out its 60 s timeout.
+    threading.Timer(0.05, tx.sendto, (b"x" * 10, bs.sock.getsockname())).start()
     t0 = time.monotonic()
-    assert bs.recv(rx, timeout_s=5.0) == 1
-    assert time.monotonic() - t0 < 1.0
+    assert bs.recv(rx, timeout_s=60.0) == 1
+    assert time.monotonic() - t0 < 30.0  # half the timeout: woken by the arrival
     assert rx.row(0).tobytes() == b"x" * 10
 
 
@@ -283,13 +285,18 @@ def test_oversized_datagram_is_counted_not_raised(mode: str, udp) -> None:
     ]
 
 
+def _error_pending(sock: socket.socket, timeout_s: float = 5.0) -> None:
+    """Wait until the ICMP error reached the socket: a pending error makes it readable (POLLERR)."""
+    select.select([sock], [], [], timeout_s)
+
+
 def _icmp_errors_reported() -> bool:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.bind(("127.0.0.1", 0))
         s.connect(key_addr(closed_port_key()))
         s.send(b"x")
-        time.sleep(0.02)
+        _error_pending(s)
         return s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
     finally:
         s.close()
@@ -309,12 +316,12 @@ def test_connection_refused_is_swallowed(mode: str, udp) -> None:
     row = np.frombuffer(b"ping", dtype=np.uint8)
 
     bs.send(row, 4, dead)
-    time.sleep(0.02)
+    _error_pending(raw)
     assert bs.recv(rx, timeout_s=0.05) == 0  # ECONNREFUSED pending: swallowed
     assert raw.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
 
     bs.send(row, 4, dead)
-    time.sleep(0.02)
+    _error_pending(raw)
     peer.send(row, 4, key_of(bs))  # (the connected socket only takes datagrams from `dead`)
     assert bs.send(np.stack([row, row]), 4, key_of(peer)) >= 1  # the first may carry the pending error
     assert bs.stats.send_errors + bs.stats.packets_sent >= 3
@@ -408,6 +415,7 @@ def test_send_gives_up_after_stall(udp) -> None:
 
     t0 = time.monotonic()
     assert bs._drive(5, no_room, batchio._Progress()) == 0
-    assert 0.09 <= time.monotonic() - t0 < 0.6
+    assert time.monotonic() - t0 >= 0.09  # the first datagram waited out the stall timeout
     assert bs.stats.send_errors == 5
-    assert tries[-4:] == [1, 2, 3, 4]
+    # The mechanism: datagram 0 was tried until the stall timeout; each later one exactly once.
+    assert tries[-4:] == [1, 2, 3, 4] and set(tries[:-4]) == {0}

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -405,14 +404,17 @@ def test_liveness_marks_a_silent_worker_offline_and_restores_the_quorum_on_exit(
     base = ["ctl", "--target", target]
     assert lta([*base, "load"]) == 0
     assert lta([*base, "job", "add", "4", "--port", "1", "--port", "2", "--port", "3"]) == 0
-    stop = threading.Event()
+    # Workers 0 and 1 heartbeat between any two reads of the counters (each read is preceded by a beat
+    # of theirs), so however late a poll comes they were heard since the last one; worker 2 never sends.
+    read_worker_rx = switch.read_worker_rx
 
-    def beat() -> None:  # workers 0 and 1 heartbeat; worker 2 never sends
-        while not stop.is_set():
+    def beating_read(job_id: int, n_workers: int | None = None) -> list[int]:
+        if job_id == 4:
             for w in (0, 1):
                 switch.process(make_packet(Op.HEARTBEAT, job_id=4, worker_id=w), w + 1)
-            stop.wait(0.05)
+        return read_worker_rx(job_id, n_workers)
 
+    switch.read_worker_rx = beating_read
     quorums = []
     original = switch.set_quorum
 
@@ -421,19 +423,14 @@ def test_liveness_marks_a_silent_worker_offline_and_restores_the_quorum_on_exit(
         original(job_id, quorum)
 
     switch.set_quorum = recording
-    thread = threading.Thread(target=beat)
-    thread.start()
-    try:
-        capsys.readouterr()
-        args = [*base, "liveness", "4", "--timeout", "0.3", "--poll", "0.05", "--for", "1", "--json"]
-        assert lta(args) == 0
-    finally:
-        stop.set()
-        thread.join()
+    capsys.readouterr()
+    # --for 1 outlasts --timeout 0.3: the last poll comes after the command's end, past the timeout
+    args = [*base, "liveness", "4", "--timeout", "0.3", "--poll", "0.05", "--for", "1", "--json"]
+    assert lta(args) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(e["worker"], e["state"], e["quorum"]) for e in events] == [(2, "offline", 2)]
     assert quorums == [2, 3]  # lowered while worker 2 was offline, restored when the command ended
     assert switch.jobs[4].cfg.quorum == 3
     assert lta([*base, "job", "ls", "--json"]) == 0
     packets = [w["packets"] for w in json.loads(capsys.readouterr().out)["4"]["workers"]]
-    assert packets[0] > 5 and packets[1] > 5 and packets[2] == 0
+    assert packets[0] >= 2 and packets[1] >= 2 and packets[2] == 0  # a beat per read: the start, the polls

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from hostlib import codec
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Op
 from hostlib.torch_ext.critical import chunk_mask, critical_parameters, flat_ranges
@@ -89,7 +90,12 @@ def test_critical_ranges_become_the_chunks_that_hold_them():
 
 def test_critical_units_are_never_flushed_and_always_full_when_the_switch_drops_critical(make_cluster):
     n, length, steps = 4, 64 * 40 + 13, 6
-    cluster = make_cluster(n, up=0.1, down=0.05, seed=3, sync_deadline_ms=300, min_deadline_ms=20)
+    # Critical units are resent on the RTO (20 ms here) and flushed after critical_max_resends (8 by
+    # default): a thread descheduled longer than that on a loaded machine had a critical unit flushed
+    # short (count 3 in a full run). Late is not lost: allow resends for seconds.
+    cluster = make_cluster(
+        n, up=0.1, down=0.05, seed=3, sync_deadline_ms=300, min_deadline_ms=20, critical_max_resends=200
+    )
     cluster.switch.spare_critical = False  # emulated loss now hits CRITICAL packets too
     flushes = spy_flushes(cluster.switch)
     chunks = -(-length // K)
@@ -342,8 +348,8 @@ def _ddp_rank(rank: int, world: int, store_path: str) -> dict:
         for name in critical:
             gathered = [torch.zeros_like(own[name].grad) for _ in range(world)]
             dist.all_gather(gathered, own[name].grad)
-            exact = torch.stack(gathered).mean(dim=0)
-            worst = max(worst, float((names[name].grad - exact).abs().max()) / float(biggest))
+            exact = torch.stack(gathered).double().mean(dim=0)  # float64: no rounding of its own
+            worst = max(worst, float((names[name].grad.double() - exact).abs().max()) / float(biggest))
     out = {"worst_relative": worst, "stats": state.stats.as_dict()}
     dist.barrier()
     session.worker.poll(0.5)
@@ -356,11 +362,15 @@ def test_ddp_hook_brings_critical_gradients_back_exact_under_loss(tmp_path):
     """Three ranks, loss up and down that spares nothing: the gradients of the default critical set
     (norms, biases) equal the exact mean over all ranks (gathered over gloo), within the codec's bound
     (relative to the largest gradient: a chunk shares one exponent)."""
-    from tests.test_torch_ddp import spawn
+    from tests.test_torch_ddp import WORLD, spawn
 
+    # The codec's bound for a chunk is 2^-shift <= 2·max|x|·2^(L-30) with L = headroom_bits(3) = 2, so
+    # 2^-27 of the largest gradient; the float32 result adds its own rounding, 2^-24 of a value at most
+    # that large.
+    bound = 2.0 * 2.0 ** (codec.headroom_bits(WORLD) - 30) + 2.0**-24
     results = spawn(_ddp_rank, tmp_path)
     for r in results:
-        assert r["worst_relative"] < 2**-18, r["worst_relative"]
+        assert r["worst_relative"] <= bound, (r["worst_relative"], bound)
         assert r["stats"]["chunks_critical"] > 0
         assert r["stats"]["chunks_critical_full"] == r["stats"]["chunks_critical"]
     assert sum(r["stats"]["chunks_partial"] + r["stats"]["chunks_fallback"] for r in results) > 0

@@ -15,14 +15,22 @@ def burst_lengths(lost: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("vectorized", [False, True])
 def test_gilbert_elliott_matches_its_stationary_loss_and_burst_length(vectorized):
-    pol = DropPolicy("gilbert_elliott", p=0.02, r=0.25, loss_good=0.0, loss_bad=1.0)
+    p, r = 0.05, 0.25
+    pol = DropPolicy("gilbert_elliott", p=p, r=r, loss_good=0.0, loss_bad=1.0)
     stream = DropStream(pol, seed=1)
     n = 200_000
     lost = stream.drop_many(n) if vectorized else np.array([stream.drop() for _ in range(n)])
-    # Stationary bad fraction p/(p+r) = 0.0741; bursts in the bad state are geometric with mean 1/r = 4.
-    assert pol.mean_loss == pytest.approx(0.02 / 0.27)
-    assert abs(lost.mean() - pol.mean_loss) < 0.01
-    assert abs(burst_lengths(lost).mean() - 4.0) < 0.3
+    # Stationary bad fraction pi = p/(p+r) = 1/6 (p/r would be 0.2); bursts in the bad state are
+    # geometric with mean 1/r = 4. Losing exactly in the bad state, the loss sequence is the two-state
+    # chain itself: its lag-k correlation is rho^k with rho = 1 - p - r, so the mean of n has variance
+    # pi(1 - pi)/n x (1 + rho)/(1 - rho); about n·pi·r bursts, each of variance (1 - r)/r^2.
+    pi, rho = p / (p + r), 1 - p - r
+    assert pol.mean_loss == pytest.approx(pi)
+    sigma = np.sqrt(pi * (1 - pi) / n * (1 + rho) / (1 - rho))
+    assert abs(lost.mean() - pi) < 5 * sigma, (lost.mean(), pi, sigma)  # 5 sigma = 0.010, p/r is 16 away
+    bursts = burst_lengths(lost)
+    sigma_burst = np.sqrt((1 - r) / r**2 / (n * pi * r))
+    assert abs(bursts.mean() - 1 / r) < 5 * sigma_burst, (bursts.mean(), sigma_burst)
 
 
 def test_bernoulli_is_memoryless_and_seeded():

@@ -212,7 +212,9 @@ def test_lta_train_kill_worker_rejoins_and_the_run_finishes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((out / "results.json").read_text())["runs"][0]
     fault = run["fault"]
-    assert 1.0 <= fault["detect_s"] <= 1.0 + 0.5 + 2 * 0.1 + 0.5  # timeout + heartbeat + polls + slack
+    # Never before the liveness timeout; the upper side is the event order: marked offline before the
+    # restart 2 s after the kill.
+    assert fault["detect_s"] >= 1.0
     kinds = [(e["event"], e.get("quorum")) for e in fault["events"]]
     assert kinds == [("killed", None), ("offline", 3), ("restarted", None), ("online", 4), ("rejoined", None)]
     join = fault["join_step"]

@@ -4,6 +4,7 @@ and the softswitch use."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
 from pathlib import Path
@@ -40,6 +41,26 @@ def p4_header_fields(source: str, header: str) -> list[tuple[str, int]]:
 def test_generated_p4_is_current():
     gen = load_generator()
     assert gen.stale_files() == [], "run .venv/bin/python p4/gen_p4.py and commit p4/v1model/*.gen.p4"
+
+
+def test_committed_build_was_compiled_from_these_sources():
+    """Everywhere, p4c or not: p4/build/lta.sources.sha256 (written by ``gen_p4.py --record-build`` after
+    compiling) holds the SHA-256 of every P4 source, and they are still those of the sources here. A
+    change under p4/v1model without a rebuild fails (tests/test_p4_build.py recompiles where p4c is)."""
+    recorded = {}
+    for line in (ROOT / "p4" / "build" / "lta.sources.sha256").read_text().splitlines():
+        digest, path = line.split("  ", 1)
+        recorded[path] = digest
+    current = {
+        path.relative_to(ROOT).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in V1MODEL.glob("*.p4")
+    }
+    assert "p4/v1model/lta.p4" in current and len(current) > 5
+    changed = sorted(p for p in current.keys() | recorded.keys() if current.get(p) != recorded.get(p))
+    assert not changed, (
+        f"p4/build is older than {', '.join(changed)}: recompile it and run "
+        ".venv/bin/python p4/gen_p4.py --record-build (p4/build/README.md)"
+    )
 
 
 def test_generator_output_is_not_empty_and_covers_every_element():

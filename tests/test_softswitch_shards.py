@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -208,7 +207,7 @@ def test_shards_zero_and_p4runtime_are_refused():
         (["--shards", "x"], "--shards: not an integer"),
         (["--shards", "2", "--p4runtime", "127.0.0.1:1"], "cannot be combined with --p4runtime"),
     ):
-        t0 = time.monotonic()
+        # refused at once: a softswitch that started would serve until the timeout raised
         proc = subprocess.run(
             [sys.executable, "-m", "lta.cli", "softswitch", "--listen", "127.0.0.1:1", *args],
             capture_output=True,
@@ -216,4 +215,4 @@ def test_shards_zero_and_p4runtime_are_refused():
             timeout=30,
         )
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr and time.monotonic() - t0 < 30
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

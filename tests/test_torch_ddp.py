@@ -22,7 +22,7 @@ from hostlib import codec
 from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
-from hostlib.transport import TransportConfig
+from hostlib.transport import Fallback, TransportConfig
 
 WORLD = 3
 
@@ -84,8 +84,9 @@ def _hook_rank(rank: int, world: int, store_path: str) -> dict:
     )
     # Lossless: only a timer could close a round short, mistaking a rank descheduled for a moment (two
     # ranks and the switch share 2 cores) for a lost packet. A late exponent proposal costs the whole
-    # bucket (the rank withholds it whatever its values), so give late ranks seconds, not 200 ms.
-    patient = TransportConfig(sync_deadline_ms=5000.0, lag_deadline_ms=5000.0)
+    # bucket (the rank withholds it whatever its values), so give late ranks seconds, not 200 ms. The
+    # tail of a reduce waits one RTO (min..max_deadline_ms), not the lag deadline: seconds there too.
+    patient = TransportConfig(**{f"{name}_deadline_ms": 5000.0 for name in ("sync", "lag", "min", "max")})
     session = join_job(dist.PrefixStore("hook", store), rank, world, LtaOptions(job_id=1, transport=patient))
     direct.register_comm_hook(LtaHookState(session.worker), lta_hook)
     staged.register_comm_hook(LtaHookState(session.worker, force_host_staging=True), lta_hook)
@@ -189,18 +190,31 @@ def _backend_rank(rank: int, world: int, store_path: str) -> dict:
     dist.all_gather(ranks, torch.tensor([float(rank)]))
     count = torch.tensor([rank + 1])
     dist.all_reduce(count)  # integer: reliable, exact
+    # Record the transport's result of the next two lossy reduces: their bitmaps say whose chunks arrived.
+    reduced = []
+    allreduce = pg.worker.allreduce
+
+    def recording(*args, **kwargs):
+        result = allreduce(*args, **kwargs)
+        reduced.append((result.bitmap.tolist(), result.fallback.tolist()))
+        return result
+
+    pg.worker.allreduce = recording
     total = torch.full((1000,), float(rank))
     dist.all_reduce(total)  # float SUM, lossy path: the estimate of 0+1+2
     mean = torch.full((1000,), float(rank))
     dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    pg.worker.allreduce = allreduce
     dist.barrier()
     out = {
         "backend": dist.get_backend(),
         "losses": losses,
         "ranks": [float(r) for r in ranks],
         "count": int(count),
-        "total_range": (float(total.min()), float(total.max())),
-        "mean_range": (float(mean.min()), float(mean.max())),
+        "total": total.numpy().copy(),
+        "mean": mean.numpy().copy(),
+        "reduced": reduced,
+        "elems_per_packet": pg.worker.config.elems_per_packet,
         "partial": pg.worker.stats.chunks_partial,
         "lossy_calls": pg.lossy_calls,
         "weights": torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy(),
@@ -219,11 +233,19 @@ def test_init_process_group_lta_trains_stock_ddp(tmp_path):
         assert out["count"] == 6
         assert out["lossy_calls"] >= 40 + 2
         assert out["partial"] > 0, "10% up loss never left a chunk partial"
-        # a chunk renormalized over a subset of {0, 1, 2}: SUM = mean·3 lies in [0, 6], AVG in [0, 2]
-        lo, hi = out["total_range"]
-        assert 0 - 1e-3 <= lo <= hi <= 6 + 1e-3
-        lo, hi = out["mean_range"]
-        assert 0 - 1e-3 <= lo <= hi <= 2 + 1e-3
+        # Rank r sent r: a chunk that came back is the mean over the ranks in its bitmap (AVG), times
+        # the world size for SUM (0+1+2 = 3 where all three arrived).
+        assert len(out["reduced"]) == 2, "SUM and AVG of a float tensor must take the lossy path"
+        k = out["elems_per_packet"]
+        for (bitmaps, fallbacks), values, scale in zip(
+            out["reduced"], (out["total"], out["mean"]), (WORLD, 1), strict=True
+        ):
+            arrived = [c for c, f in enumerate(fallbacks) if f == Fallback.NONE]
+            assert arrived, "no chunk of the reduce came back"
+            for c in arrived:
+                who = [r for r in range(WORLD) if bitmaps[c] >> r & 1]
+                expected = scale * np.mean(who)
+                np.testing.assert_allclose(values[c * k : (c + 1) * k], expected, rtol=1e-6, atol=1e-6)
     # up loss is seen identically by every rank, so the replicas stay equal
     for out in results[1:]:
         np.testing.assert_allclose(out["weights"], results[0]["weights"], atol=1e-6)
