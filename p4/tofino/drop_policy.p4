@@ -1,0 +1,93 @@
+// Emulated loss, one instance per direction: up (GRAD, by sender, ingress), down (RESULT, by receiver,
+// egress) and param (PARAM / PARAM_REQ, by receiver, egress). Same table, actions and thresholds as the
+// v1model program: a per-worker entry (ternary worker_id, priority 2) wins over the job's (priority 1);
+// drop when a uniform 32-bit draw is below the threshold round(p * (2^32 - 1)); the threshold 2^32 - 1
+// always drops (the draw covers [0, 2^32 - 1] here, so that value is tested on its own).
+// Gilbert-Elliott keeps its state per (job, worker) in a register: first move the state (good->bad with
+// p, bad->good with r), then drop with the new state's loss. The state's register action cannot compare
+// three values at once, so the two transitions are decided before it and select one of four actions.
+#ifndef LTA_DROP_POLICY
+#define LTA_DROP_POLICY
+
+#include "headers.p4"
+
+const bit<32> THRESHOLD_ALWAYS = 0xffffffff;
+
+control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
+    Register<bit<8>, bit<32>>(4096, 0) gilbert_elliott_bad;
+    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_keep = {
+        void apply(inout bit<8> value, out bit<8> rv) { rv = value; }
+    };
+    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_bad = {
+        void apply(inout bit<8> value, out bit<8> rv) { value = 1; rv = 1; }
+    };
+    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_good = {
+        void apply(inout bit<8> value, out bit<8> rv) { value = 0; rv = 0; }
+    };
+    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_toggle = {
+        void apply(inout bit<8> value, out bit<8> rv) { value = 1 - value; rv = value; }
+    };
+    Random<bit<32>>() transition_draw;
+    Random<bit<32>>() loss_draw;
+
+    bit<8> model;  // 0 none, 1 Bernoulli, 2 Gilbert-Elliott
+    bit<32> draw;
+    bit<32> loss;
+    bit<32> p;
+    bit<32> r;
+    bit<32> loss_good;
+    bit<32> loss_bad;
+    bit<8> bad;
+
+    action no_loss() {
+        model = 0;
+    }
+    action bernoulli(bit<32> loss) {
+        model = 1;
+        this.loss = loss;
+    }
+    action gilbert_elliott(bit<32> p, bit<32> r, bit<32> loss_good, bit<32> loss_bad) {
+        model = 2;
+        this.p = p;
+        this.r = r;
+        this.loss_good = loss_good;
+        this.loss_bad = loss_bad;
+    }
+    table policy {
+        key = {
+            job_id: exact @name("job_id");
+            worker_id: ternary @name("worker_id");
+        }
+        actions = { no_loss; bernoulli; gilbert_elliott; }
+        default_action = no_loss();
+        size = 4160;  // a policy per worker and one for all workers, for every job
+    }
+
+    apply {
+        drop = false;
+        policy.apply();
+        if (model == 1) {
+            draw = loss_draw.get();
+            drop = loss == THRESHOLD_ALWAYS || draw < loss;
+        } else if (model == 2) {
+            bit<32> state_index = ((bit<32>)job_id << 6) + (bit<32>)worker_id;
+            draw = transition_draw.get();
+            bool to_bad = p == THRESHOLD_ALWAYS || draw < p;    // taken if the state is good
+            bool to_good = r == THRESHOLD_ALWAYS || draw < r;   // taken if the state is bad
+            if (to_bad && to_good) {
+                bad = ge_toggle.execute(state_index);
+            } else if (to_bad) {
+                bad = ge_bad.execute(state_index);
+            } else if (to_good) {
+                bad = ge_good.execute(state_index);
+            } else {
+                bad = ge_keep.execute(state_index);
+            }
+            loss = (bad == 1) ? loss_bad : loss_good;
+            draw = loss_draw.get();
+            drop = loss == THRESHOLD_ALWAYS || draw < loss;
+        }
+    }
+}
+
+#endif
