@@ -30,13 +30,14 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
     Random<bit<32>>() transition_draw;
     Random<bit<32>>() loss_draw;
 
+    // The table's parameters (named as the control plane writes them) land in these.
     bit<8> model;  // 0 none, 1 Bernoulli, 2 Gilbert-Elliott
     bit<32> draw;
-    bit<32> loss;
-    bit<32> p;
-    bit<32> r;
-    bit<32> loss_good;
-    bit<32> loss_bad;
+    bit<32> loss_threshold;
+    bit<32> p_threshold;
+    bit<32> r_threshold;
+    bit<32> good_threshold;
+    bit<32> bad_threshold;
     bit<8> bad;
 
     action no_loss() {
@@ -44,14 +45,14 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
     }
     action bernoulli(bit<32> loss) {
         model = 1;
-        this.loss = loss;
+        loss_threshold = loss;
     }
     action gilbert_elliott(bit<32> p, bit<32> r, bit<32> loss_good, bit<32> loss_bad) {
         model = 2;
-        this.p = p;
-        this.r = r;
-        this.loss_good = loss_good;
-        this.loss_bad = loss_bad;
+        p_threshold = p;
+        r_threshold = r;
+        good_threshold = loss_good;
+        bad_threshold = loss_bad;
     }
     table policy {
         key = {
@@ -68,12 +69,12 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
         policy.apply();
         if (model == 1) {
             draw = loss_draw.get();
-            drop = loss == THRESHOLD_ALWAYS || draw < loss;
+            drop = loss_threshold == THRESHOLD_ALWAYS || draw < loss_threshold;
         } else if (model == 2) {
             bit<32> state_index = ((bit<32>)job_id << 6) + (bit<32>)worker_id;
             draw = transition_draw.get();
-            bool to_bad = p == THRESHOLD_ALWAYS || draw < p;    // taken if the state is good
-            bool to_good = r == THRESHOLD_ALWAYS || draw < r;   // taken if the state is bad
+            bool to_bad = p_threshold == THRESHOLD_ALWAYS || draw < p_threshold;   // if the state is good
+            bool to_good = r_threshold == THRESHOLD_ALWAYS || draw < r_threshold;  // if the state is bad
             if (to_bad && to_good) {
                 bad = ge_toggle.execute(state_index);
             } else if (to_bad) {
@@ -83,9 +84,9 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
             } else {
                 bad = ge_keep.execute(state_index);
             }
-            loss = (bad == 1) ? loss_bad : loss_good;
+            loss_threshold = (bad == 1) ? bad_threshold : good_threshold;
             draw = loss_draw.get();
-            drop = loss == THRESHOLD_ALWAYS || draw < loss;
+            drop = loss_threshold == THRESHOLD_ALWAYS || draw < loss_threshold;
         }
     }
 }

@@ -1487,9 +1487,9 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
 }
 
 // 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).
-control WorkerBit(in bit<8> worker_id, out bit<32> bit) {
-    action set_bit(bit<32> value) { bit = value; }
-    table worker_bit {
+control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {
+    action set_bit(bit<32> value) { worker_bit = value; }
+    table bit_of_worker {
         key = { worker_id: exact @name("worker_id"); }
         actions = { set_bit; }
         const entries = {
@@ -1529,7 +1529,7 @@ control WorkerBit(in bit<8> worker_id, out bit<32> bit) {
         const default_action = set_bit(0);
         size = 32;
     }
-    apply { worker_bit.apply(); }
+    apply { bit_of_worker.apply(); }
 }
 
 // A FLUSH of a round the slot never saw stores zeros: the payload is cleared before the element

@@ -51,6 +51,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     bit<32> old_bitmap;
     bit<32> count;         // slot_count's answer
     bit<32> result_hi;     // slot_result's answer
+    bit<32> start_bitmap;  // slot_bitmap on a new round: the sender's bit, or 0 for FLUSH
     bit<32> new_bitmap;    // slot_result's lo when it closes
     bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
     bit<32> new_count;     // slot_count's lo on a new round (1, or 0 for FLUSH)
@@ -109,7 +110,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
 
     // ---- slot_bitmap -----------------------------------------------------------------------------
     RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_set = {
-        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = new_bitmap; }
+        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = start_bitmap; }
     };
     RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_test_set = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | meta.worker_bit; }
@@ -256,6 +257,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 meta.branch = (hdr.lta.op == OP_GRAD) ? BRANCH_GRAD_STALE : BRANCH_FLUSH_STALE;
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
+                start_bitmap = meta.worker_bit;
                 new_bitmap = meta.worker_bit;
                 new_count = 1;
                 new_weight = hdr.lta.weight;
@@ -269,6 +271,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (newer) {
                 // flush_empty: the slot never saw round q: closed with count 0 and zeros.
+                start_bitmap = 0;
                 new_bitmap = 0;
                 new_count = 0;
                 new_weight = 0;
@@ -383,7 +386,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 count_access_table.apply();
                 result_access_table.apply();
                 hdr.lta.exp = round[7:0];
-                hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 0;
+                hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 8w0;
                 hdr.lta.count = count[7:0];
                 hdr.lta.bitmap = (bit<64>)result_hi;
             }
