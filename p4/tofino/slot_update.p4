@@ -294,7 +294,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else if (same_exp) {
                 bitmap_access = ACCESS_TEST_SET;
             } else {
-                result_access = ACCESS_READ_HI;  // closed (quorum) or an exponent mismatch
+                // Another exponent or MAX flag: closed (quorum), a duplicate, or a mismatch, in the
+                // contract's order; the bitmap is only read (a mismatch never sets its bit).
+                bitmap_access = ACCESS_READ_LO;
+                result_access = ACCESS_READ_HI;
             }
 
             bitmap_access_table.apply();
@@ -362,7 +365,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
                     meta.branch = BRANCH_GRAD_LATE_RESEND;
-                } else if (bitmap_access == ACCESS_TEST_SET) {
+                } else if (seen) {
                     meta.branch = BRANCH_GRAD_DUP;
                 } else {
                     meta.branch = BRANCH_GRAD_EXP_MISMATCH;
