@@ -32,12 +32,13 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
 
     // The table's parameters (named as the control plane writes them) land in these.
     bit<8> model;  // 0 none, 1 Bernoulli, 2 Gilbert-Elliott
-    bit<32> draw;
     bit<32> loss_threshold;
     bit<32> p_threshold;
     bit<32> r_threshold;
     bit<32> good_threshold;
     bit<32> bad_threshold;
+    bit<32> state_index;
+    bit<8> move;  // 1: good->bad taken, 2: bad->good taken (each applies only in its state)
     bit<8> bad;
 
     action no_loss() {
@@ -64,29 +65,43 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
         size = 4160;  // a policy per worker and one for all workers, for every job
     }
 
+    action state_keep() { bad = ge_keep.execute(state_index); }
+    action state_bad() { bad = ge_bad.execute(state_index); }
+    action state_good() { bad = ge_good.execute(state_index); }
+    action state_toggle() { bad = ge_toggle.execute(state_index); }
+    // The new state from the old one and the two transitions: the register's one access per pass.
+    table gilbert_elliott_state {
+        key = { move: exact @name("move"); }
+        actions = { state_keep; state_bad; state_good; state_toggle; }
+        const entries = {
+            0: state_keep();    // neither transition: stay
+            1: state_bad();     // good->bad taken, bad->good not: bad either way
+            2: state_good();    // bad->good taken, good->bad not: good either way
+            3: state_toggle();  // both: good becomes bad, bad becomes good
+        }
+        const default_action = state_keep();
+        size = 4;
+    }
+
     apply {
         drop = false;
         policy.apply();
-        if (model == 1) {
-            draw = loss_draw.get();
-            drop = loss_threshold == THRESHOLD_ALWAYS || draw < loss_threshold;
-        } else if (model == 2) {
-            bit<32> state_index = ((bit<32>)job_id << 6) + (bit<32>)worker_id;
-            draw = transition_draw.get();
-            bool to_bad = p_threshold == THRESHOLD_ALWAYS || draw < p_threshold;   // if the state is good
-            bool to_good = r_threshold == THRESHOLD_ALWAYS || draw < r_threshold;  // if the state is bad
-            if (to_bad && to_good) {
-                bad = ge_toggle.execute(state_index);
-            } else if (to_bad) {
-                bad = ge_bad.execute(state_index);
-            } else if (to_good) {
-                bad = ge_good.execute(state_index);
-            } else {
-                bad = ge_keep.execute(state_index);
+        bit<32> move_draw = transition_draw.get();
+        bit<32> loss_draw_value = loss_draw.get();
+        if (model == 2) {
+            state_index = ((bit<32>)job_id << 6) + (bit<32>)worker_id;
+            move = 0;
+            if (p_threshold == THRESHOLD_ALWAYS || move_draw < p_threshold) {
+                move = move | 1;
             }
+            if (r_threshold == THRESHOLD_ALWAYS || move_draw < r_threshold) {
+                move = move | 2;
+            }
+            gilbert_elliott_state.apply();
             loss_threshold = (bad == 1) ? bad_threshold : good_threshold;
-            draw = loss_draw.get();
-            drop = loss_threshold == THRESHOLD_ALWAYS || draw < loss_threshold;
+        }
+        if (model != 0) {
+            drop = loss_threshold == THRESHOLD_ALWAYS || loss_draw_value < loss_threshold;
         }
     }
 }

@@ -44,22 +44,12 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         meta.branch = BRANCH_NONE;
         meta.result_quorum = false;
         meta.policy_drop = false;
-        if (hdr.pass.isValid()) {
-            // ---- element and harvest passes (internal packets: nothing is checked or counted) ----
-            slot_update.apply(hdr, meta);
-            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.start,
-                           hdr.pass.pass);
-            if (hdr.pass.pass == PASS_ELEMENTS) {
-                if (hdr.pass.emit != EMIT_NONE) {
-                    hdr.pass.pass = PASS_HARVEST;
-                    recirculate();
-                }
-            } else {
-                result_emit.apply(hdr, ig_tm_md);
-                ig_dprsr_md.drop_ctl = 0;
-            }
-        } else if (hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
-            // ---- control pass ----
+        // Element and harvest passes are internal packets: nothing is checked or counted again.
+        bool recirculated = hdr.pass.isValid();
+        bool lta_packet = !recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT;
+        bool to_slot = false;
+        if (lta_packet) {
+            // ---- control pass: the checks in order ----
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
             }
@@ -106,15 +96,34 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                     if (meta.policy_drop) {
                         meta.branch = BRANCH_DROP_POLICY_UP;
                     } else {
-                        slot_update.apply(hdr, meta);
-                        if (hdr.pass.isValid()) {
-                            hdr.pass.receiver = hdr.lta.worker_id;
-                            hdr.pass.reply_port = ig_intr_md.ingress_port;
-                            recirculate();
-                        }
+                        to_slot = true;
                     }
                 }
             }
+        }
+
+        if (recirculated || to_slot) {
+            slot_update.apply(hdr, meta);
+        }
+        if (recirculated) {
+            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.start,
+                           hdr.pass.pass);
+            if (hdr.pass.pass == PASS_ELEMENTS) {
+                if (hdr.pass.emit != EMIT_NONE) {
+                    hdr.pass.pass = PASS_HARVEST;
+                    recirculate();
+                }
+            } else {
+                result_emit.apply(hdr, ig_tm_md);
+                ig_dprsr_md.drop_ctl = 0;
+            }
+        } else if (to_slot && hdr.pass.isValid()) {
+            // The slot needs its accumulators: on to the element pass.
+            hdr.pass.receiver = hdr.lta.worker_id;
+            hdr.pass.reply_port = ig_intr_md.ingress_port;
+            recirculate();
+        }
+        if (lta_packet) {
             counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
         }
     }

@@ -231,8 +231,22 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     apply {
-        if (!hdr.pass.isValid()) {
-            // ---- control pass ----
+        // Each access table is applied once, whatever the pass: the pass only chooses the access.
+        bool control_pass = !hdr.pass.isValid();
+        bool element_pass = !control_pass && hdr.pass.pass == PASS_ELEMENTS;
+        bool emits = !control_pass && hdr.pass.emit != EMIT_NONE;
+        seq_access = ACCESS_NONE;
+        bitmap_access = ACCESS_NONE;
+        count_access = ACCESS_NONE;
+        result_access = ACCESS_NONE;
+        closing = 0;
+        bool newer = false;
+        bool flushed = false;
+        bool same_exp = false;
+        bool quorum_of_one = meta.quorum <= 1;
+
+        // ---- slot_seq: the control pass orders q; the element pass of a RESULT reads exp and MAX ----
+        if (control_pass) {
             meta.slot_index = meta.slot_base + (bit<32>)hdr.lta.slot;
             worker_bit.apply(hdr.lta.worker_id, meta.worker_bit);
             packet_round = (bit<32>)hdr.lta.exp;
@@ -241,19 +255,20 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             }
             result_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
             seq_access = (hdr.lta.op == OP_GRAD) ? ACCESS_GRAD : ACCESS_FLUSH;
-            seq_access_table.apply();
+        } else {
+            meta.slot_index = hdr.pass.slot_index;
+            if (element_pass && emits) {
+                seq_access = ACCESS_READ_LO;
+            }
+        }
+        seq_access_table.apply();
 
-            bool newer = round == ROUND_NEWER;
-            bool older = round == ROUND_OLDER;
-            bool flushed = (round & ROUND_FLUSHED) != 0;
-            bool same_exp = (round & ROUND_EXP_MASK) == packet_round;
-            bool quorum_of_one = meta.quorum <= 1;
-            closing = 0;
-            bitmap_access = ACCESS_NONE;
-            count_access = ACCESS_NONE;
-            result_access = ACCESS_NONE;
-
-            if (older) {
+        // ---- slot_bitmap (control pass only) ----
+        if (control_pass) {
+            newer = round == ROUND_NEWER;
+            flushed = (round & ROUND_FLUSHED) != 0;
+            same_exp = (round & ROUND_EXP_MASK) == packet_round;
+            if (round == ROUND_OLDER) {
                 meta.branch = (hdr.lta.op == OP_GRAD) ? BRANCH_GRAD_STALE : BRANCH_FLUSH_STALE;
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
@@ -299,39 +314,52 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 bitmap_access = ACCESS_READ_LO;
                 result_access = ACCESS_READ_HI;
             }
+        }
+        bitmap_access_table.apply();
+        bool seen = (old_bitmap & meta.worker_bit) != 0;
 
-            bitmap_access_table.apply();
-            bool seen = (old_bitmap & meta.worker_bit) != 0;
-            if (bitmap_access == ACCESS_TEST_SET) {
-                if (seen) {
-                    result_access = ACCESS_READ_HI;  // a duplicate, or a round closed by quorum
-                } else {
-                    count_access = ACCESS_ADD;
-                }
+        // ---- slot_count: add while below the quorum; RESULTs read count, then weight ----
+        if (bitmap_access == ACCESS_TEST_SET) {
+            if (seen) {
+                result_access = ACCESS_READ_HI;  // a duplicate, or a round closed by quorum
+            } else {
+                count_access = ACCESS_ADD;
             }
-            count_access_table.apply();
-            if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
-                result_access = ACCESS_OR_CLOSE;
-                if (count >= (bit<32>)meta.quorum) {
-                    closing = 1;
-                    new_bitmap = old_bitmap | meta.worker_bit;
-                    result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
-                }
-            } else if (count_access == ACCESS_ADD) {
-                // The round reached its quorum before this packet: closed already (a late GRAD), or
-                // still open because the quorum was lowered since; then this packet closes it without
-                // being added, with the bitmap of the contributions it has.
-                result_access = ACCESS_OR_CLOSE;
+        } else if (element_pass && emits) {
+            count_access = ACCESS_READ_LO;
+        } else if (!control_pass && !element_pass) {
+            count_access = ACCESS_READ_HI;
+        }
+        count_access_table.apply();
+
+        // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
+        if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
+            result_access = ACCESS_OR_CLOSE;
+            if (count >= (bit<32>)meta.quorum) {
                 closing = 1;
-                new_bitmap = old_bitmap;
-                result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                new_bitmap = old_bitmap | meta.worker_bit;
+                result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
             }
-            if (hdr.lta.op == OP_FLUSH && bitmap_access == ACCESS_READ_LO) {
-                new_bitmap = old_bitmap;
-            }
-            result_access_table.apply();
-            bool was_closed = result_hi >= RESULT_CLOSED;
+        } else if (count_access == ACCESS_ADD) {
+            // The round reached its quorum before this packet: closed already (a late GRAD), or still
+            // open because the quorum was lowered since; then this packet closes it without being
+            // added, with the bitmap of the contributions it has.
+            result_access = ACCESS_OR_CLOSE;
+            closing = 1;
+            new_bitmap = old_bitmap;
+            result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+        } else if (element_pass && emits) {
+            result_access = ACCESS_READ_LO;
+        } else if (!control_pass && !element_pass) {
+            result_access = ACCESS_READ_HI;
+        }
+        if (control_pass && hdr.lta.op == OP_FLUSH && bitmap_access == ACCESS_READ_LO) {
+            new_bitmap = old_bitmap;
+        }
+        result_access_table.apply();
+        bool was_closed = result_hi >= RESULT_CLOSED;
 
+        if (control_pass) {
             // The branch, and what the next passes do.
             if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
                 meta.branch = BRANCH_GRAD_START;
@@ -346,10 +374,18 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 payload_clear.apply(hdr.payload);
                 to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);  // stores the zeroed payload
             } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
-                meta.branch = was_closed ? BRANCH_FLUSH_RESEND : BRANCH_FLUSH_PARTIAL;
+                if (was_closed) {
+                    meta.branch = BRANCH_FLUSH_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                } else {
+                    meta.branch = BRANCH_FLUSH_PARTIAL;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                }
             } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
                 meta.branch = BRANCH_GRAD_LATE_RESEND;
-                if (!was_closed) {
+                if (was_closed) {
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                } else {
                     meta.result_quorum = true;
                     to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
                 }
@@ -365,41 +401,23 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
                     meta.branch = BRANCH_GRAD_LATE_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
                 } else if (seen) {
                     meta.branch = BRANCH_GRAD_DUP;
                 } else {
                     meta.branch = BRANCH_GRAD_EXP_MISMATCH;
                 }
+            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
+                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);  // closed by a FLUSH
             }
-            if (meta.branch == BRANCH_FLUSH_PARTIAL) {
-                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
-            } else if ((meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND)
-                    && !hdr.pass.isValid()) {
-                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
-            }
-        } else if (hdr.pass.pass == PASS_ELEMENTS) {
-            // ---- element pass: the stored round's exp / MAX, count and bitmap ----
-            meta.slot_index = hdr.pass.slot_index;
-            seq_access = ACCESS_READ_LO;
-            bitmap_access = ACCESS_NONE;
-            count_access = ACCESS_READ_LO;
-            result_access = ACCESS_READ_LO;
-            if (hdr.pass.emit != EMIT_NONE) {
-                seq_access_table.apply();
-                count_access_table.apply();
-                result_access_table.apply();
-                hdr.lta.exp = round[7:0];
-                hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 8w0;
-                hdr.lta.count = count[7:0];
-                hdr.lta.bitmap = (bit<64>)result_hi;
-            }
-        } else {
-            // ---- harvest pass: weight, closer and SATURATED ----
-            meta.slot_index = hdr.pass.slot_index;
-            count_access = ACCESS_READ_HI;
-            result_access = ACCESS_READ_HI;
-            count_access_table.apply();
-            result_access_table.apply();
+        } else if (element_pass && emits) {
+            // The stored round's exp and MAX, its count and its bitmap at closure.
+            hdr.lta.exp = round[7:0];
+            hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 8w0;
+            hdr.lta.count = count[7:0];
+            hdr.lta.bitmap = (bit<64>)result_hi;
+        } else if (!element_pass) {
+            // Harvest pass: weight, the closer and SATURATED.
             hdr.lta.weight = count;
             hdr.lta.worker_id = result_hi[15:8];
             hdr.lta.flags = hdr.lta.flags | (result_hi[7:0] & FLAG_SATURATED);
