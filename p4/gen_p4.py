@@ -5,7 +5,7 @@ the per-element register logic (or 20 counter declarations) by hand invites copy
 script writes them, and ``tests/test_p4_sources.py`` checks that the checked-in output is what this
 script produces today. Run it after changing ``hostlib/protocol.py``::
 
-    .venv/bin/python p4/gen_p4.py          # rewrite p4/v1model/*.gen.p4
+    .venv/bin/python p4/gen_p4.py          # rewrite p4/v1model/*.gen.p4 and p4/tofino/*.gen.p4
     .venv/bin/python p4/gen_p4.py --check  # exit 1 if the checked-in files are stale
 
 After compiling ``p4/build`` (p4/build/README.md), ``--record-build`` writes the SHA-256 of every source the
@@ -36,6 +36,7 @@ from hostlib.protocol import (
 
 V1MODEL_DIR = Path(__file__).resolve().parent / "v1model"
 BUILD_HASHES = Path(__file__).resolve().parent / "build" / "lta.sources.sha256"
+TOFINO_DIR = Path(__file__).resolve().parent / "tofino"
 ELEMS = DEFAULT_ELEMS_PER_PACKET
 # Counters the egress pipeline counts (per replica); every other counter is counted in ingress.
 EGRESS_COUNTERS = ("drop_policy_down", "drop_policy_param", "tx_packets")
@@ -169,6 +170,145 @@ def counters() -> str:
     return "\n".join(out) + "\n"
 
 
+# ---- Tofino (TNA): p4/tofino/*.gen.p4 -------------------------------------------------------------
+# On Tofino 1 a register is read and written once per pass by one stateful ALU, which returns one
+# 32-bit value. Each accumulator register holds a pair of elements (2i, 2i+1): the element pass adds
+# both and returns the odd one, the harvest pass returns the even one (docs/protocol.md, "Tofino").
+PAIRS = ELEMS // 2
+TOFINO_MAX_WORKERS = 32  # the bitmap register is one 32-bit stateful ALU word
+
+
+def tofino_slot_elements() -> str:
+    """K/2 pair registers, each with four register actions and one const table choosing among them."""
+    out = [
+        "// The K accumulators of a slot as K/2 pair registers {lo: element 2i, hi: element 2i+1}, one",
+        "// stateful ALU each. Element pass (PASS_ELEMENTS): STORE and ADD share one register action",
+        "// (`start` says a new round), MAX and LOAD have their own; each returns the pair's hi into payload",
+        "// v(2i+1). Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per",
+        "// pass, as Tofino requires.",
+        "control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> element_op,",
+        "                     in bit<1> start, in bit<8> pass) {",
+    ]
+    for i in range(PAIRS):
+        lo, hi = 2 * i, 2 * i + 1
+        out += [
+            "",
+            f"    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_{i};",
+            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_add = {{",
+            "        void apply(inout acc_pair_t value, out bit<32> rv) {",
+            "            if (start == 1) {",
+            f"                value.lo = payload.v{lo};",
+            f"                value.hi = payload.v{hi};",
+            "            } else {",
+            f"                value.lo = value.lo + payload.v{lo};",
+            f"                value.hi = value.hi + payload.v{hi};",
+            "            }",
+            "            rv = value.hi;",
+            "        }",
+            "    };",
+            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_max = {{",
+            "        void apply(inout acc_pair_t value, out bit<32> rv) {",
+            f"            if ((int<32>)payload.v{lo} > (int<32>)value.lo) {{ value.lo = payload.v{lo}; }}",
+            f"            if ((int<32>)payload.v{hi} > (int<32>)value.hi) {{ value.hi = payload.v{hi}; }}",
+            "            rv = value.hi;",
+            "        }",
+            "    };",
+            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_load_hi = {{",
+            "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }",
+            "    };",
+            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_load_lo = {{",
+            "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }",
+            "    };",
+            f"    action pair_{i}_add() {{ payload.v{hi} = acc_{i}_add.execute(index); }}",
+            f"    action pair_{i}_max() {{ payload.v{hi} = acc_{i}_max.execute(index); }}",
+            f"    action pair_{i}_load_hi() {{ payload.v{hi} = acc_{i}_load_hi.execute(index); }}",
+            f"    action pair_{i}_load_lo() {{ payload.v{lo} = acc_{i}_load_lo.execute(index); }}",
+            f"    table pair_{i} {{",
+            '        key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }',
+            f"        actions = {{ pair_{i}_add; pair_{i}_max; pair_{i}_load_hi; pair_{i}_load_lo;",
+            "                    NoAction; }",
+            "        const entries = {",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_{i}_add();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_{i}_add();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_{i}_max();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_{i}_load_hi();",
+            f"            (PASS_HARVEST, _): pair_{i}_load_lo();",
+            "        }",
+            "        const default_action = NoAction();",
+            "        size = 8;",
+            "    }",
+        ]
+    out.append("")
+    out.append("    apply {")
+    out += [f"        pair_{i}.apply();" for i in range(PAIRS)]
+    out.append("    }")
+    out.append("}")
+    # Tofino shifts by constants only: the sender's bitmap bit comes from a const table.
+    out += [
+        "",
+        "// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).",
+        "control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {",
+        "    action set_bit(bit<32> value) { worker_bit = value; }",
+        "    table bit_of_worker {",
+        '        key = { worker_id: exact @name("worker_id"); }',
+        "        actions = { set_bit; }",
+        "        const entries = {",
+    ]
+    out += [f"            {w}: set_bit(32w0x{1 << w:08x});" for w in range(TOFINO_MAX_WORKERS)]
+    out += [
+        "        }",
+        "        const default_action = set_bit(0);",
+        f"        size = {TOFINO_MAX_WORKERS};",
+        "    }",
+        "    apply { bit_of_worker.apply(); }",
+        "}",
+        "",
+        "// A FLUSH of a round the slot never saw stores zeros: the payload is cleared before the element",
+        "// pass.",
+        "control PayloadClear(inout lta_payload_t payload) {",
+        "    apply {",
+    ]
+    out += [f"        payload.v{i} = 0;" for i in range(ELEMS)]
+    out += ["    }", "}"]
+    return "\n".join(out) + "\n"
+
+
+def tofino_counters() -> str:
+    """TNA indirect counters (absolute names equal COUNTERS), each counted by its own if-branch.
+
+    A Tofino match table drives one counter, so each branch counter is its own small table (the
+    branches are mutually exclusive, so the compiler may place them in the same stage)."""
+    out = [
+        "// One indirect counter per branch of the switch contract, indexed by job id (0: no known job).",
+        "// The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.",
+    ]
+    for stage, control in (("ingress", "IngressCounters"), ("egress", "EgressCounters")):
+        names = counters_for(stage)
+        branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
+        extra = [n for n in names if n in EXTRA_COUNTED]
+        always = [n for n in names if n in ALWAYS_COUNTED]
+        params = "in bit<32> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        out.append(f"\ncontrol {control}({params}) {{")
+        out += [
+            f'    @name(".{n}") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
+            for n in names
+        ]
+        out.append("    apply {")
+        out += [f"        {n}_counter.count(index);" for n in always]
+        first = True
+        for n in branch_names:
+            keyword = "if" if first else "} else if"
+            out.append(f"        {keyword} (branch == {branch_constant(n)}) {{")
+            out.append(f"            {n}_counter.count(index);")
+            first = False
+        if branch_names:
+            out.append("        }")
+        out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]
+        out.append("    }")
+        out.append("}")
+    return "\n".join(out) + "\n"
+
+
 def with_banner(name: str, text: str) -> str:
     """The generated text behind the banner and an include guard (ingress and egress both include)."""
     guard = "LTA_" + name.split(".")[0].upper() + "_GEN"
@@ -181,18 +321,26 @@ GENERATED = {
     "slot_elements.gen.p4": slot_elements,
     "counters.gen.p4": counters,
 }
+# The Tofino program shares the constants and the payload header and has its own element and counter code.
+GENERATED_TOFINO = {
+    "protocol_constants.gen.p4": protocol_constants,
+    "payload.gen.p4": payload_header,
+    "slot_elements.gen.p4": tofino_slot_elements,
+    "counters.gen.p4": tofino_counters,
+}
+TARGETS = {V1MODEL_DIR: GENERATED, TOFINO_DIR: GENERATED_TOFINO}
 
 
-def render_file(name: str) -> str:
-    return with_banner(name, GENERATED[name]())
+def render_file(name: str, directory: Path = V1MODEL_DIR) -> str:
+    return with_banner(name, TARGETS[directory][name]())
 
 
 def stale_files(directory: Path = V1MODEL_DIR) -> list[str]:
     """Names of generated files whose checked-in text differs from what the generator writes now."""
     return [
         name
-        for name, render in GENERATED.items()
-        if not (directory / name).exists() or (directory / name).read_text() != render_file(name)
+        for name in TARGETS[directory]
+        if not (directory / name).exists() or (directory / name).read_text() != render_file(name, directory)
     ]
 
 
@@ -220,13 +368,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote p4/build/{BUILD_HASHES.name}")
         return 0
     if args.check:
-        stale = stale_files()
+        stale = [f"{d.name}/{name}" for d in TARGETS for name in stale_files(d)]
         for name in stale:
-            print(f"stale: p4/v1model/{name} (run .venv/bin/python p4/gen_p4.py)")
+            print(f"stale: p4/{name} (run .venv/bin/python p4/gen_p4.py)")
         return 1 if stale else 0
-    for name in GENERATED:
-        (V1MODEL_DIR / name).write_text(render_file(name))
-        print(f"wrote p4/v1model/{name}")
+    for directory, generated in TARGETS.items():
+        for name in generated:
+            (directory / name).write_text(render_file(name, directory))
+            print(f"wrote p4/{directory.name}/{name}")
     return 0
 
 

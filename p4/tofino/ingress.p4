@@ -1,0 +1,132 @@
+// Ingress (Tofino): the control pass runs the checks of docs/protocol.md in order (a damaged IPv4/UDP
+// header first), the slot state machine and the counters; a packet that changes or reads the K
+// accumulators recirculates for the element pass, and one that leaves as a RESULT once more for the
+// harvest pass (docs/protocol.md, "Tofino"). Every LTA packet counts rx_packets and exactly one branch
+// counter in its control pass (indexed by its job, 0 if unknown); worker_rx counts every packet that
+// passed the worker check, at job_id * LTA_MAX_WORKERS + worker_id.
+#ifndef LTA_INGRESS
+#define LTA_INGRESS
+
+#include "headers.p4"
+#include "counters.gen.p4"
+#include "job_lookup.p4"
+#include "worker_check.p4"
+#include "drop_policy.p4"
+#include "slot_update.p4"
+#include "result_emit.p4"
+
+control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
+                   in ingress_intrinsic_metadata_t ig_intr_md,
+                   in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                   inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                   inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    JobLookup() job_lookup;
+    WorkerCheck() worker_check;
+    DropPolicy() up_loss;
+    SlotUpdate() slot_update;
+    SlotElements() elements;
+    ResultEmit() result_emit;
+    IngressCounters() counters;
+    @name(".worker_rx")
+    Counter<bit<32>, bit<32>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
+
+    // To this pipe's recirculation port, with the pass header in front.
+    action recirculate() {
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRC_PORT_LOCAL;
+        hdr.bridge.setValid();
+        hdr.bridge.emit = EMIT_RECIRC;
+        hdr.bridge.receiver = 0;
+        ig_dprsr_md.drop_ctl = 0;
+    }
+
+    apply {
+        ig_dprsr_md.drop_ctl = 1;  // nothing leaves unless a branch below says so
+        meta.branch = BRANCH_NONE;
+        meta.result_quorum = false;
+        meta.policy_drop = false;
+        // Element and harvest passes are internal packets: nothing is checked or counted again.
+        bool recirculated = hdr.pass.isValid();
+        bool lta_packet = !recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT;
+        bool to_slot = false;
+        if (lta_packet) {
+            // ---- control pass: the checks in order ----
+            if (hdr.lta.isValid()) {
+                job_lookup.apply(hdr.lta, meta);
+            }
+            meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
+            if (meta.ipv4_checksum_error || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
+                    || hdr.ipv4.total_len != hdr.udp.length + 20 || ig_prsr_md.parser_err != 0) {
+                // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
+                // included, so it counts on index 0. (Trailing bytes after the payload are not seen
+                // here: Tofino's ingress does not know the frame length.)
+                meta.counter_index = 0;
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
+                    || (hdr.lta.op > OP_PARAM_REQ && hdr.lta.op != OP_HEARTBEAT)
+                    || hdr.lta.op == OP_RESULT) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (!meta.job_known) {
+                meta.branch = BRANCH_DROP_UNKNOWN_JOB;
+            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES
+                    || hdr.lta.nelem > LTA_ELEMS) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else {
+                worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
+                if (meta.worker_known) {
+                    worker_rx.count((bit<32>)hdr.lta.job_id * LTA_MAX_WORKERS + (bit<32>)hdr.lta.worker_id);
+                }
+                if (!meta.worker_known || (bit<32>)hdr.lta.worker_id >= LTA_TOFINO_MAX_WORKERS) {
+                    meta.branch = BRANCH_DROP_BAD_WORKER;
+                } else if (hdr.lta.op == OP_HEARTBEAT) {
+                    meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
+                } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
+                    // Replicated unchanged; egress drops the sender's own copy.
+                    meta.branch = (hdr.lta.op == OP_PARAM) ? BRANCH_PARAM_FWD : BRANCH_PARAM_REQ_FWD;
+                    ig_tm_md.mcast_grp_a = meta.mcast_grp;
+                    hdr.bridge.setValid();
+                    hdr.bridge.emit = EMIT_PARAM;
+                    hdr.bridge.receiver = 0;
+                    ig_dprsr_md.drop_ctl = 0;
+                } else if (hdr.lta.slot >= meta.pool_size) {
+                    meta.branch = BRANCH_DROP_SLOT_RANGE;
+                } else {
+                    if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
+                        up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, meta.policy_drop);
+                    }
+                    if (meta.policy_drop) {
+                        meta.branch = BRANCH_DROP_POLICY_UP;
+                    } else {
+                        to_slot = true;
+                    }
+                }
+            }
+        }
+
+        if (recirculated || to_slot) {
+            slot_update.apply(hdr, meta);
+        }
+        if (recirculated) {
+            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.start,
+                           hdr.pass.pass);
+            if (hdr.pass.pass == PASS_ELEMENTS) {
+                if (hdr.pass.emit != EMIT_NONE) {
+                    hdr.pass.pass = PASS_HARVEST;
+                    recirculate();
+                }
+            } else {
+                result_emit.apply(hdr, ig_tm_md);
+                ig_dprsr_md.drop_ctl = 0;
+            }
+        } else if (to_slot && hdr.pass.isValid()) {
+            // The slot needs its accumulators: on to the element pass.
+            hdr.pass.receiver = hdr.lta.worker_id;
+            hdr.pass.reply_port = ig_intr_md.ingress_port;
+            recirculate();
+        }
+        if (lta_packet) {
+            counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,428 @@
+// Slot update (Tofino): the GRAD / FLUSH state machine of docs/protocol.md on one slot, in the control
+// pass, and the reads of the stored RESULT fields in the element and harvest passes.
+// Tofino lets a pass touch each register once, through one stateful ALU that returns one 32-bit word,
+// so the slot is four registers read in dependency order, each updated by the same access that reads it:
+//   slot_seq     {seq, round: exp | MAX << 8 | FLUSHED << 9}   order of q against seq; exp check; FLUSH
+//   slot_bitmap  raw bitmap: test-and-set of the sender's bit  (duplicates)
+//   slot_count   {count, weight}, add only while count < quorum (quorum closure is atomic here)
+//   slot_result  {bitmap at closure, CLOSED | closer << 8 | SATURATED}
+// A late GRAD to a round closed by quorum still sets its bit in slot_bitmap (that register is read before
+// slot_count says the round is closed); RESULTs therefore take their bitmap from slot_result, written at
+// closure, never from slot_bitmap.
+#ifndef LTA_SLOT_UPDATE
+#define LTA_SLOT_UPDATE
+
+#include "headers.p4"
+#include "slot_elements.gen.p4"
+
+// slot_seq's answer in the control pass: the round's word when q == seq, else one of these codes.
+const bit<32> ROUND_NEWER = 0x80000000;  // q > seq: the register now holds round q
+const bit<32> ROUND_OLDER = 0x40000000;  // q < seq
+const bit<32> ROUND_EXP_MASK = 0x1ff;    // exp and MAX: must equal the packet's to add
+const bit<32> ROUND_MAX = 0x100;
+const bit<32> ROUND_FLUSHED = 0x200;
+// slot_count's answer when the round already has its quorum: nothing added.
+const bit<32> COUNT_NOT_ADDED = 0xffffffff;
+// slot_result's hi word.
+const bit<32> RESULT_CLOSED = 0x80000000;
+const bit<32> RESULT_SATURATED = 0x02;   // FLAG_SATURATED
+
+// Accesses (each register has one table choosing its register action from these codes).
+const bit<8> ACCESS_NONE = 0;
+const bit<8> ACCESS_GRAD = 1;     // slot_seq
+const bit<8> ACCESS_FLUSH = 2;    // slot_seq
+const bit<8> ACCESS_SET = 3;      // slot_bitmap, slot_count, slot_result: a new round
+const bit<8> ACCESS_TEST_SET = 4; // slot_bitmap
+const bit<8> ACCESS_ADD = 5;      // slot_count
+const bit<8> ACCESS_OR_CLOSE = 6; // slot_result
+const bit<8> ACCESS_READ_LO = 7;  // every register: the lo word (slot_seq: the round word)
+const bit<8> ACCESS_READ_HI = 8;
+
+control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
+    WorkerBit() worker_bit;
+    PayloadClear() payload_clear;
+    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_seq;
+    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_bitmap;
+    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_count;
+    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_result;
+
+    bit<32> packet_round;  // exp | MAX << 8 of this packet
+    bit<32> round;         // slot_seq's answer
+    bit<32> old_bitmap;
+    bit<32> count;         // slot_count's answer
+    bit<32> result_hi;     // slot_result's answer
+    bit<32> start_bitmap;  // slot_bitmap on a new round: the sender's bit, or 0 for FLUSH
+    bit<32> new_bitmap;    // slot_result's lo when it closes
+    bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
+    bit<32> new_count;     // slot_count's lo on a new round (1, or 0 for FLUSH)
+    bit<32> new_weight;
+    bit<1>  closing;
+    bit<8>  seq_access;
+    bit<8>  bitmap_access;
+    bit<8>  count_access;
+    bit<8>  result_access;
+
+    // ---- slot_seq --------------------------------------------------------------------------------
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_grad = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            if (hdr.lta.seq > value.lo) {
+                value.lo = hdr.lta.seq;
+                value.hi = packet_round;
+                rv = ROUND_NEWER;
+            } else if (hdr.lta.seq == value.lo) {
+                rv = value.hi;
+            } else {
+                rv = ROUND_OLDER;
+            }
+        }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_flush = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            if (hdr.lta.seq > value.lo) {
+                value.lo = hdr.lta.seq;
+                value.hi = packet_round | ROUND_FLUSHED;
+                rv = ROUND_NEWER;
+            } else if (hdr.lta.seq == value.lo) {
+                rv = value.hi;
+                value.hi = value.hi | ROUND_FLUSHED;
+            } else {
+                rv = ROUND_OLDER;
+            }
+        }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_read_round = {
+        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
+    };
+    action do_seq_grad() { round = seq_grad.execute(meta.slot_index); }
+    action do_seq_flush() { round = seq_flush.execute(meta.slot_index); }
+    action do_seq_read() { round = seq_read_round.execute(meta.slot_index); }
+    table seq_access_table {
+        key = { seq_access: exact @name("access"); }
+        actions = { do_seq_grad; do_seq_flush; do_seq_read; NoAction; }
+        const entries = {
+            ACCESS_GRAD: do_seq_grad();
+            ACCESS_FLUSH: do_seq_flush();
+            ACCESS_READ_LO: do_seq_read();
+        }
+        const default_action = NoAction();
+        size = 4;
+    }
+
+    // ---- slot_bitmap -----------------------------------------------------------------------------
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_set = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = start_bitmap; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_test_set = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | meta.worker_bit; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_read = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
+    };
+    action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); }
+    action do_bitmap_test_set() { old_bitmap = bitmap_test_set.execute(meta.slot_index); }
+    action do_bitmap_read() { old_bitmap = bitmap_read.execute(meta.slot_index); }
+    table bitmap_access_table {
+        key = { bitmap_access: exact @name("access"); }
+        actions = { do_bitmap_set; do_bitmap_test_set; do_bitmap_read; NoAction; }
+        const entries = {
+            ACCESS_SET: do_bitmap_set();
+            ACCESS_TEST_SET: do_bitmap_test_set();
+            ACCESS_READ_LO: do_bitmap_read();
+        }
+        const default_action = NoAction();
+        size = 4;
+    }
+
+    // ---- slot_count {count, weight} --------------------------------------------------------------
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_set = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            value.lo = new_count;
+            value.hi = new_weight;
+            rv = new_count;
+        }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_add = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            if (value.lo < (bit<32>)meta.quorum) {
+                value.lo = value.lo + 1;
+                value.hi = value.hi + hdr.lta.weight;
+                rv = value.lo;
+            } else {
+                rv = COUNT_NOT_ADDED;
+            }
+        }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_read_lo = {
+        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.lo; }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_read_hi = {
+        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
+    };
+    action do_count_set() { count = count_set.execute(meta.slot_index); }
+    action do_count_add() { count = count_add.execute(meta.slot_index); }
+    action do_count_read_lo() { count = count_read_lo.execute(meta.slot_index); }
+    action do_count_read_hi() { count = count_read_hi.execute(meta.slot_index); }
+    table count_access_table {
+        key = { count_access: exact @name("access"); }
+        actions = { do_count_set; do_count_add; do_count_read_lo; do_count_read_hi; NoAction; }
+        const entries = {
+            ACCESS_SET: do_count_set();
+            ACCESS_ADD: do_count_add();
+            ACCESS_READ_LO: do_count_read_lo();
+            ACCESS_READ_HI: do_count_read_hi();
+        }
+        const default_action = NoAction();
+        size = 8;
+    }
+
+    // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_set = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            value.lo = new_bitmap;
+            value.hi = result_flags;
+            rv = 0;
+        }
+    };
+    // Closes an open round (closing == 1) or only ORs SATURATED in; answers the hi word it found, so
+    // the caller learns whether the round was already closed.
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_or_close = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            rv = value.hi;
+            if (value.hi < RESULT_CLOSED) {
+                if (closing == 1) {
+                    value.lo = new_bitmap;
+                }
+                value.hi = value.hi | result_flags;
+            }
+        }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_read_lo = {
+        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.lo; }
+    };
+    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_read_hi = {
+        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
+    };
+    action do_result_set() { result_hi = result_set.execute(meta.slot_index); }
+    action do_result_or_close() { result_hi = result_or_close.execute(meta.slot_index); }
+    action do_result_read_lo() { result_hi = result_read_lo.execute(meta.slot_index); }
+    action do_result_read_hi() { result_hi = result_read_hi.execute(meta.slot_index); }
+    table result_access_table {
+        key = { result_access: exact @name("access"); }
+        actions = { do_result_set; do_result_or_close; do_result_read_lo; do_result_read_hi; NoAction; }
+        const entries = {
+            ACCESS_SET: do_result_set();
+            ACCESS_OR_CLOSE: do_result_or_close();
+            ACCESS_READ_LO: do_result_read_lo();
+            ACCESS_READ_HI: do_result_read_hi();
+        }
+        const default_action = NoAction();
+        size = 8;
+    }
+
+    // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
+    action to_element_pass(bit<8> element_op, bit<1> start, bit<8> emit) {
+        hdr.pass.setValid();
+        hdr.pass.pass = PASS_ELEMENTS;
+        hdr.pass.element_op = element_op;
+        hdr.pass.start = start;
+        hdr.pass.emit = emit;
+        hdr.pass.slot_index = meta.slot_index;
+        hdr.pass.mcast_grp = meta.mcast_grp;
+    }
+
+    apply {
+        // Each access table is applied once, whatever the pass: the pass only chooses the access.
+        bool control_pass = !hdr.pass.isValid();
+        bool element_pass = !control_pass && hdr.pass.pass == PASS_ELEMENTS;
+        bool emits = !control_pass && hdr.pass.emit != EMIT_NONE;
+        seq_access = ACCESS_NONE;
+        bitmap_access = ACCESS_NONE;
+        count_access = ACCESS_NONE;
+        result_access = ACCESS_NONE;
+        closing = 0;
+        bool newer = false;
+        bool flushed = false;
+        bool same_exp = false;
+        bool quorum_of_one = meta.quorum <= 1;
+
+        // ---- slot_seq: the control pass orders q; the element pass of a RESULT reads exp and MAX ----
+        if (control_pass) {
+            meta.slot_index = meta.slot_base + (bit<32>)hdr.lta.slot;
+            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit);
+            packet_round = (bit<32>)hdr.lta.exp;
+            if ((hdr.lta.flags & FLAG_MAX) != 0) {
+                packet_round = packet_round | ROUND_MAX;
+            }
+            result_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
+            seq_access = (hdr.lta.op == OP_GRAD) ? ACCESS_GRAD : ACCESS_FLUSH;
+        } else {
+            meta.slot_index = hdr.pass.slot_index;
+            if (element_pass && emits) {
+                seq_access = ACCESS_READ_LO;
+            }
+        }
+        seq_access_table.apply();
+
+        // ---- slot_bitmap (control pass only) ----
+        if (control_pass) {
+            newer = round == ROUND_NEWER;
+            flushed = (round & ROUND_FLUSHED) != 0;
+            same_exp = (round & ROUND_EXP_MASK) == packet_round;
+            if (round == ROUND_OLDER) {
+                meta.branch = (hdr.lta.op == OP_GRAD) ? BRANCH_GRAD_STALE : BRANCH_FLUSH_STALE;
+            } else if (newer && hdr.lta.op == OP_GRAD) {
+                // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
+                start_bitmap = meta.worker_bit;
+                new_bitmap = meta.worker_bit;
+                new_count = 1;
+                new_weight = hdr.lta.weight;
+                bitmap_access = ACCESS_SET;
+                count_access = ACCESS_SET;
+                result_access = ACCESS_SET;
+                if (!quorum_of_one) {
+                    new_bitmap = 0;  // slot_result's lo is written at closure
+                } else {
+                    result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                }
+            } else if (newer) {
+                // flush_empty: the slot never saw round q: closed with count 0 and zeros.
+                start_bitmap = 0;
+                new_bitmap = 0;
+                new_count = 0;
+                new_weight = 0;
+                result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                bitmap_access = ACCESS_SET;
+                count_access = ACCESS_SET;
+                result_access = ACCESS_SET;
+            } else if (hdr.lta.op == OP_FLUSH) {
+                if (flushed) {
+                    meta.branch = BRANCH_FLUSH_RESEND;
+                } else {
+                    // Close the round if it is open: the bitmap so far becomes the RESULT's.
+                    bitmap_access = ACCESS_READ_LO;
+                    result_access = ACCESS_OR_CLOSE;
+                    closing = 1;
+                    result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                }
+            } else if (flushed) {
+                meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
+            } else if (same_exp) {
+                bitmap_access = ACCESS_TEST_SET;
+            } else {
+                // Another exponent or MAX flag: closed (quorum), a duplicate, or a mismatch, in the
+                // contract's order; the bitmap is only read (a mismatch never sets its bit).
+                bitmap_access = ACCESS_READ_LO;
+                result_access = ACCESS_READ_HI;
+            }
+        }
+        bitmap_access_table.apply();
+        bool seen = (old_bitmap & meta.worker_bit) != 0;
+
+        // ---- slot_count: add while below the quorum; RESULTs read count, then weight ----
+        if (bitmap_access == ACCESS_TEST_SET) {
+            if (seen) {
+                result_access = ACCESS_READ_HI;  // a duplicate, or a round closed by quorum
+            } else {
+                count_access = ACCESS_ADD;
+            }
+        } else if (element_pass && emits) {
+            count_access = ACCESS_READ_LO;
+        } else if (!control_pass && !element_pass) {
+            count_access = ACCESS_READ_HI;
+        }
+        count_access_table.apply();
+
+        // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
+        if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
+            result_access = ACCESS_OR_CLOSE;
+            if (count >= (bit<32>)meta.quorum) {
+                closing = 1;
+                new_bitmap = old_bitmap | meta.worker_bit;
+                result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+            }
+        } else if (count_access == ACCESS_ADD) {
+            // The round reached its quorum before this packet: closed already (a late GRAD), or still
+            // open because the quorum was lowered since; then this packet closes it without being
+            // added, with the bitmap of the contributions it has.
+            result_access = ACCESS_OR_CLOSE;
+            closing = 1;
+            new_bitmap = old_bitmap;
+            result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+        } else if (element_pass && emits) {
+            result_access = ACCESS_READ_LO;
+        } else if (!control_pass && !element_pass) {
+            result_access = ACCESS_READ_HI;
+        }
+        if (control_pass && hdr.lta.op == OP_FLUSH && bitmap_access == ACCESS_READ_LO) {
+            new_bitmap = old_bitmap;
+        }
+        result_access_table.apply();
+        bool was_closed = result_hi >= RESULT_CLOSED;
+
+        if (control_pass) {
+            // The branch, and what the next passes do.
+            if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
+                meta.branch = BRANCH_GRAD_START;
+                if (quorum_of_one) {
+                    meta.result_quorum = true;
+                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);
+                } else {
+                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_NONE);
+                }
+            } else if (bitmap_access == ACCESS_SET) {
+                meta.branch = BRANCH_FLUSH_EMPTY;
+                payload_clear.apply(hdr.payload);
+                to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);  // stores the zeroed payload
+            } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
+                if (was_closed) {
+                    meta.branch = BRANCH_FLUSH_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                } else {
+                    meta.branch = BRANCH_FLUSH_PARTIAL;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                }
+            } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
+                meta.branch = BRANCH_GRAD_LATE_RESEND;
+                if (was_closed) {
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                } else {
+                    meta.result_quorum = true;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                }
+            } else if (result_access == ACCESS_OR_CLOSE) {
+                meta.branch = BRANCH_GRAD_ADD;
+                bit<8> op = ((round & ROUND_MAX) != 0) ? ELEMENT_OP_MAX : ELEMENT_OP_ADD;
+                if (closing == 1) {
+                    meta.result_quorum = true;
+                    to_element_pass(op, 0, EMIT_MULTICAST);
+                } else {
+                    to_element_pass(op, 0, EMIT_NONE);
+                }
+            } else if (result_access == ACCESS_READ_HI) {
+                if (was_closed) {
+                    meta.branch = BRANCH_GRAD_LATE_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                } else if (seen) {
+                    meta.branch = BRANCH_GRAD_DUP;
+                } else {
+                    meta.branch = BRANCH_GRAD_EXP_MISMATCH;
+                }
+            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
+                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);  // closed by a FLUSH
+            }
+        } else if (element_pass && emits) {
+            // The stored round's exp and MAX, its count and its bitmap at closure.
+            hdr.lta.exp = round[7:0];
+            hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 8w0;
+            hdr.lta.count = count[7:0];
+            hdr.lta.bitmap = (bit<64>)result_hi;
+        } else if (!element_pass) {
+            // Harvest pass: weight, the closer and SATURATED.
+            hdr.lta.weight = count;
+            hdr.lta.worker_id = result_hi[15:8];
+            hdr.lta.flags = hdr.lta.flags | (result_hi[7:0] & FLAG_SATURATED);
+        }
+    }
+}
+
+#endif

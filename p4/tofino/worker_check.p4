@@ -1,0 +1,34 @@
+// Worker check: (job_id, worker_id) -> the only ingress port that worker may send from.
+// Managed by controlplane/jobs.py (table LtaIngress.worker_check.worker_ports).
+#ifndef LTA_WORKER_CHECK
+#define LTA_WORKER_CHECK
+
+#include "headers.p4"
+
+control WorkerCheck(in lta_t lta, in PortId_t ingress_port, inout ingress_metadata_t meta) {
+    action expect_port(PortId_t port) {
+        meta.worker_known = true;
+        meta.worker_port = port;
+    }
+    action unknown_worker() {
+        meta.worker_known = false;
+    }
+    table worker_ports {
+        key = {
+            lta.job_id: exact @name("job_id");
+            lta.worker_id: exact @name("worker_id");
+        }
+        actions = { expect_port; @defaultonly unknown_worker; }
+        default_action = unknown_worker();
+        size = 4096;  // LTA_MAX_JOBS * LTA_MAX_WORKERS
+    }
+    // True when the packet claims a worker id the job has and arrived on that worker's port.
+    apply {
+        worker_ports.apply();
+        if (meta.worker_known && meta.worker_port != ingress_port) {
+            meta.worker_known = false;
+        }
+    }
+}
+
+#endif

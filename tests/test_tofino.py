@@ -1,0 +1,200 @@
+"""The Tofino (TNA) program: generated parts current, the wire header and counter names shared with
+hostlib, every name the control plane uses present in the sources, and the committed compiler artifacts
+(p4/tofino/build/) belonging to these sources. The `tofino` tests recompile with p4c-barefoot when it is
+on PATH and skip, saying so, when it is not."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hostlib.p4schema import required_names
+from hostlib.protocol import COUNTERS, HEADER_BITS, HEADER_FIELDS, WORKER_COUNTER
+
+ROOT = Path(__file__).resolve().parent.parent
+TOFINO = ROOT / "p4" / "tofino"
+COMPILER = shutil.which("p4c-barefoot")
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "p4" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = load("tofino_build")
+
+
+def sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in TOFINO.glob("*.p4")}
+
+
+def without_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*", "", text)
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+
+def test_generated_tofino_p4_is_current():
+    gen = load("gen_p4")
+    assert gen.stale_files(gen.TOFINO_DIR) == [], (
+        "run .venv/bin/python p4/gen_p4.py and commit p4/tofino/*.gen.p4"
+    )
+
+
+def test_lta_header_matches_wire_format():
+    body = re.search(r"header\s+lta_t\s*\{(.*?)\}", (TOFINO / "headers.p4").read_text(), re.S)
+    fields = [
+        (name, int(bits))
+        for bits, name in re.findall(r"bit<(\d+)>\s+(\w+)\s*;", without_comments(body.group(1)))
+    ]
+    assert [name for name, _ in fields] == [name for name, _ in HEADER_FIELDS]
+    assert dict(fields) == HEADER_BITS
+
+
+def test_every_counter_has_its_absolute_name_and_is_counted():
+    text = "\n".join(sources().values())
+    declared = re.findall(r'@name\("\.(\w+)"\)\s*Counter<', text)
+    assert sorted(declared) == sorted((*COUNTERS, WORKER_COUNTER))
+    for name in COUNTERS:
+        assert re.search(rf"\b{name}_counter\.count\(", text), f"{name} is declared but never counted"
+
+
+def test_every_register_is_touched_once_per_pass_through_one_table():
+    """A Tofino register is read and written by one stateful ALU access per pass: each slot register's
+    register actions are executed from the actions of exactly one table (its access table)."""
+    text = without_comments((TOFINO / "slot_update.p4").read_text())
+    for register in ("slot_seq", "slot_bitmap", "slot_count", "slot_result"):
+        actions = re.findall(rf"RegisterAction<[\w<>, ]*>\({register}\)\s+(\w+)", text)
+        assert 1 <= len(actions) <= 4, f"{register}: {len(actions)} register actions (Tofino 1 allows 4)"
+        callers = {
+            m for a in actions for m in re.findall(rf"action\s+(\w+)\(\)\s*\{{[^}}]*\b{a}\.execute", text)
+        }
+        tables = {
+            t
+            for t, body in re.findall(r"table\s+(\w+)\s*\{(.*?)\n    \}", text, re.S)
+            if callers & set(re.findall(r"\w+", body))
+        }
+        assert len(tables) == 1, f"{register} is reached from tables {tables}"
+
+
+def test_element_pairs_cover_every_payload_value_once_per_pass():
+    gen = load("gen_p4")
+    text = gen.render_file("slot_elements.gen.p4", gen.TOFINO_DIR)
+    written_hi = re.findall(r"payload\.v(\d+) = acc_\d+_add\.execute", text)
+    written_lo = re.findall(r"payload\.v(\d+) = acc_\d+_load_lo\.execute", text)
+    assert sorted(map(int, written_hi + written_lo)) == list(range(gen.ELEMS))
+    assert len(re.findall(r"Register<acc_pair_t", text)) == gen.ELEMS // 2
+
+
+def test_control_plane_names_exist_in_the_sources():
+    """Each dotted name the control plane uses (Control.instance.object) resolves in the Tofino sources:
+    the control declares the instance, and the instance's control declares the table/action/register."""
+    text = {name: without_comments(body) for name, body in sources().items()}
+    controls = {}
+    for body in text.values():
+        for match in re.finditer(r"\bcontrol\s+(\w+)\s*\(", body):
+            end = body.find("\n}\n", match.end())
+            controls[match.group(1)] = body[match.end() : end]
+    required = required_names()
+    for name in required["tables"] + required["actions"] + required["registers"]:
+        top, instance, obj = name.split(".")
+        top_body = controls[top]
+        decl = re.search(rf"\b(\w+)\(\)\s+{instance}\s*;", top_body)
+        assert decl, f"{top} does not instantiate {instance} ({name})"
+        inner = controls[decl.group(1)]
+        assert re.search(rf"(table|action|\))\s+{obj}\b", inner), (
+            f"{decl.group(1)} declares no {obj} ({name})"
+        )
+
+
+# ---- artifacts: manifest and bf-rt.json ---------------------------------------------------------
+
+
+def test_sources_hash_is_sha256_of_names_lengths_and_bytes(tmp_path):
+    (tmp_path / "b.p4").write_text("control B() { apply { } }\n")
+    (tmp_path / "a.p4").write_text("// a\n")
+    (tmp_path / "notes.txt").write_text("not a source")
+    expected = hashlib.sha256(b"a.p4\x005\x00// a\nb.p4\x0026\x00control B() { apply { } }\n").hexdigest()
+    assert build.sources_hash(tmp_path) == expected
+
+
+def test_manifest_goes_stale_when_a_source_changes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "lta.p4").write_text("// v1\n")
+    (tmp_path / "bf-rt.json").write_text("{}")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"sources_sha256": build.sources_hash(src), "artifacts": ["bf-rt.json"]}))
+    assert build.stale_reason(manifest, src) is None
+    (src / "lta.p4").write_text("// v2\n")
+    assert "sources changed" in build.stale_reason(manifest, src)
+    manifest.write_text(
+        json.dumps({"sources_sha256": build.sources_hash(src), "artifacts": ["context.json"]})
+    )
+    assert "missing: context.json" in build.stale_reason(manifest, src)
+
+
+def test_bfrt_names_strip_the_pipe_and_sort_by_kind():
+    bfrt = {
+        "tables": [
+            {"name": "pipe.LtaIngress.job_lookup.jobs", "table_type": "MatchAction_Direct",
+             "action_specs": [{"name": "LtaIngress.job_lookup.set_job"}]},
+            {"name": "pipe.rx_packets", "table_type": "Counter"},
+            {"name": "pipe.LtaIngress.slot_update.slot_seq", "table_type": "Register"},
+        ]
+    }  # fmt: skip
+    required = {
+        "tables": ["LtaIngress.job_lookup.jobs", "LtaIngress.worker_check.worker_ports"],
+        "actions": ["LtaIngress.job_lookup.set_job"],
+        "counters": ["rx_packets", "tx_packets"],
+        "registers": ["LtaIngress.slot_update.slot_seq"],
+    }
+    assert build.missing_bfrt_names(bfrt, required) == [
+        "table LtaIngress.worker_check.worker_ports",
+        "counter tx_packets",
+    ]
+
+
+def committed_bfrt() -> dict:
+    path = build.BUILD / "bf-rt.json"
+    if not path.is_file():
+        pytest.skip(
+            "p4/tofino/build/bf-rt.json is not committed yet: p4c-barefoot has not compiled the program"
+        )
+    return json.loads(path.read_text())
+
+
+def test_committed_artifacts_belong_to_the_sources():
+    if not build.MANIFEST.is_file():
+        pytest.skip(
+            "p4/tofino/build/manifest.json is not committed yet: p4c-barefoot has not compiled the program"
+        )
+    assert build.stale_reason() is None, build.stale_reason()
+
+
+def test_committed_bfrt_has_every_name_the_control_plane_uses():
+    assert build.missing_bfrt_names(committed_bfrt(), required_names()) == []
+
+
+# ---- recompile (needs p4c-barefoot) -------------------------------------------------------------
+
+
+@pytest.mark.tofino
+@pytest.mark.skipif(COMPILER is None, reason="p4c-barefoot is not on PATH (build it: p4/tofino/README.md)")
+def test_recompile_matches_committed_artifacts(tmp_path):
+    result = build.compile_into(tmp_path)
+    assert result.returncode == 0, f"p4c-barefoot failed:\n{result.stderr[-4000:]}"
+    fresh = json.loads((tmp_path / "bf-rt.json").read_text())
+    assert build.missing_bfrt_names(fresh, required_names()) == []
+    assert fresh == committed_bfrt(), (
+        "p4/tofino/build/bf-rt.json is stale: .venv/bin/python p4/tofino_build.py"
+    )
