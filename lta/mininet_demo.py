@@ -34,6 +34,7 @@ from mininet_topos.linkshape import (
     loss_key,
     nft_device_loss_script,
     parse_loss_counters,
+    per_datagram_env,
     resolve_backend,
     shape_egress,
 )
@@ -193,7 +194,9 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = _log.info) -> Demo
                     "--bind", f"{worker_ip(w)}:{worker_udp_port(w)}", "--rounds", str(config.rounds),
                     "--elems", str(config.elems), "--seed", str(config.seed),
                     *_transport_profile(config)]  # fmt: skip
-            procs.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO))
+            # Mininet's loss (netem, the hosts' netdev hooks) comes before segmentation: per_datagram_env.
+            procs.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                                    env=per_datagram_env(True)))  # fmt: skip
         log(f"{config.hosts} workers reducing {config.elems} values x {config.rounds} rounds")
         deadline = started + config.timeout_s
         for w, proc in enumerate(procs):

@@ -13,7 +13,11 @@ TCP (gloo) and UDP (lta) see the same drops, and where neither end can notice it
 
 Only TCP and UDP are dropped (not ARP), so a lossy link cannot stall neighbour resolution.
 Segmentation offload is switched off on shaped interfaces (``gso_max_segs 1``): otherwise TCP hands
-64 KiB super-packets to the filter and one "packet" drop would remove 40 wire packets at once.
+64 KiB super-packets to the filter and one "packet" drop would remove 40 wire packets at once. That
+segmentation happens when the veth transmits, after the qdiscs and the netdev egress hook: a bridge's
+forward path sees single datagrams, but netem and :func:`nft_device_loss_script` see a UDP GSO train
+(LTA's default I/O) whole and would drop it whole. Senders on such links use one datagram per message
+(:func:`per_datagram_env`, ``LTA_IO=mmsg-c``), so a loss is always one datagram.
 
 Everything here builds argument lists and nft scripts; the caller runs them in the right namespace
 (``ip netns exec`` for :mod:`mininet_topos.netns`, ``node.cmd`` for Mininet), through a
@@ -65,6 +69,15 @@ class LinkSpec:
             return self.burst_bytes
         assert self.rate_mbit is not None
         return max(32 * 1024, int(self.rate_mbit * 1e6 / 8 / 1000))
+
+
+def per_datagram_env(loss_before_segmentation: bool) -> dict[str, str] | None:
+    """The environment for LTA processes on a link whose loss is applied before the kernel segments a UDP GSO
+    train (netem, or a netdev egress hook): ``LTA_IO=mmsg-c`` unless the caller forced a path already;
+    None (inherit) where the loss sees single datagrams (a bridge's forward path)."""
+    if not loss_before_segmentation or os.environ.get("LTA_IO"):
+        return None
+    return {**os.environ, "LTA_IO": "mmsg-c"}
 
 
 def loss_threshold_ppm(p: float) -> int:

@@ -51,6 +51,7 @@ from mininet_topos.linkshape import (
     nft_bridge_loss_script,
     nft_device_loss_script,
     parse_loss_counters,
+    per_datagram_env,
     resolve_backend,
     shape_egress,
 )
@@ -289,6 +290,11 @@ class NetnsNetwork:
             if self.expired:
                 raise TimeoutError(f"network {self.tag} is past its {self.max_runtime_s:g} s bound")
             argv = ["ip", "netns", "exec", ns, *argv]
+            # Loss before segmentation (netem, device hooks) would drop a GSO train whole: one datagram
+            # per message there (linkshape.per_datagram_env).
+            env = per_datagram_env(self.use_netem or self.switch != "bridge")
+            if env is not None and "env" not in popen_kwargs:
+                popen_kwargs["env"] = env
             proc = subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
             self._procs.append(proc)
         return proc
