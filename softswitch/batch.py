@@ -235,9 +235,13 @@ class BatchEngine:
         stream.advance(used)
 
     def _reserve(self, rows: int, replicas: int) -> None:
-        if len(self._out_data) < rows or self._out_data.shape[1] != self._stride:
-            cap = max(rows, 2 * len(self._out_data), 1024)
-            self._out_data = np.zeros((cap, self._stride), dtype=np.uint8)
+        """Output buffers for ``rows`` packets and ``replicas`` replicas: grown to what a batch needs (at least
+        1024), rebuilt at that size when the row width changes (never doubled for it: a switch whose jobs
+        come and go changes its width often)."""
+        if self._out_data.shape[1] != self._stride:
+            self._out_data = np.zeros((max(rows, 1024), self._stride), dtype=np.uint8)
+        elif len(self._out_data) < rows:
+            self._out_data = np.zeros((max(rows, 2 * len(self._out_data)), self._stride), dtype=np.uint8)
         if len(self._out_index) < replicas:
             cap = max(replicas, 2 * len(self._out_index), 1024)
             self._out_lens = np.zeros(cap, dtype=np.int64)

@@ -680,3 +680,26 @@ def test_policy_streams_replay_across_batch_cuts():
         sw = make_switch(MIXED, 8)
         outs.append(run_batched(sw, packets, sizes, np.random.default_rng(0)))
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_output_buffers_stay_the_size_of_a_batch_when_jobs_come_and_go():
+    """A switch whose jobs change K changes its row width each time: the output rows are rebuilt at what a
+    batch needs, not doubled (a sweep of lta train once asked for 33 GiB after a few dozen jobs)."""
+    sw = SoftSwitch()
+    for i in range(40):
+        k = 64 if i % 2 else 256
+        sw.add_job(JobConfig(1, [10, 11], pool_size=8, elems_per_packet=k))
+        packets = [
+            (
+                make_packet(
+                    Op.GRAD, job_id=1, worker_id=w, slot=0, seq=1, payload=np.arange(k), elems_per_packet=k
+                ),
+                10 + w,
+            )
+            for w in range(2)
+        ]
+        out = sw.process_batch(*pack(packets))
+        assert out.m == 2
+        sw.remove_job(1)
+    engine = sw._batch
+    assert len(engine._out_data) <= 1024 and len(engine._out_index) <= 1024
