@@ -235,9 +235,9 @@ class BatchEngine:
         stream.advance(used)
 
     def _reserve(self, rows: int, replicas: int) -> None:
-        """Output buffers for ``rows`` packets and ``replicas`` replicas: grown to what a batch needs (at least
-        1024), rebuilt at that size when the row width changes (never doubled for it: a switch whose jobs
-        come and go changes its width often)."""
+        """Output buffers for ``rows`` packets and ``replicas`` replicas: grown to what a batch needs (at
+        least 1024), rebuilt at that size when the row width changes (never doubled for it: a switch whose
+        jobs come and go changes its width often)."""
         if self._out_data.shape[1] != self._stride:
             self._out_data = np.zeros((max(rows, 1024), self._stride), dtype=np.uint8)
         elif len(self._out_data) < rows:

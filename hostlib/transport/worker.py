@@ -35,7 +35,7 @@ from hostlib.protocol import (
     empty_batch,
     packet_bytes,
 )
-from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
+from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig, default_window_cap
 from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.heartbeat import Heartbeat
@@ -89,7 +89,7 @@ class LtaWorker:
         # The pool's last slot is reserved for the health probe (check_switch); units use the others.
         self.probe_slot = self.config.pool_size - 1
         self._slots = self.config.data_slots
-        self.window = min(self.config.window or fit, self._slots)
+        self.window = min(self.config.window or min(fit, default_window_cap(self._packet_bytes)), self._slots)
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
         self._rng = np.random.default_rng([self.config.seed, job_id, worker_id])

@@ -55,6 +55,7 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
+from hostlib.transport.config import default_window_cap
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_job, running
 from lta.progress import Status
@@ -142,7 +143,7 @@ def lta_datagrams_per_reduce(n_values: int, elems_per_packet: int, exp_copies: i
 def lta_window(rcvbuf: int, pkt_bytes: int, config: TransportConfig) -> int:
     """The window LtaWorker keeps for a socket whose SO_RCVBUF reads ``rcvbuf`` (Linux doubles it)."""
     fit = max(2, rcvbuf // 2 // (pkt_bytes + 64))
-    return min(config.window or fit, config.data_slots)
+    return min(config.window or min(fit, default_window_cap(pkt_bytes)), config.data_slots)
 
 
 # ---------------------------------------------------------------------------------------------------
