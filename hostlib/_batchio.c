@@ -394,6 +394,39 @@ static inline int64_t ints_arg_at(const ints_arg *a, Py_ssize_t i) {
     return a->is_scalar ? a->scalar : int_at(&a->view, i);
 }
 
+/* Checks n datagrams before anything is sent: a count the rows hold (without index), lengths inside a row,
+ * address keys, and rows of index inside data. -1 with ValueError set when one is off. */
+static int check_datagrams(Py_ssize_t n, Py_ssize_t rows, Py_ssize_t width, const ints_arg *lens,
+                           const ints_arg *keys, const ints_arg *index) {
+    if (n < 0 || (index == NULL && n > rows)) {
+        PyErr_Format(PyExc_ValueError, "n=%zd but data has %zd rows", n, rows);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t len = ints_arg_at(lens, i), key = ints_arg_at(keys, i);
+        if (len < 0 || len > width) {
+            PyErr_Format(PyExc_ValueError, "row %zd: length %lld outside 0..%zd", i, (long long)len, width);
+            return -1;
+        }
+        if (key < 0 || key >= ((int64_t)1 << 48)) {
+            PyErr_Format(PyExc_ValueError, "row %zd: address key %lld is not an IPv4 (host, port) key", i,
+                         (long long)key);
+            return -1;
+        }
+        if (index != NULL) {
+            int64_t row = ints_arg_at(index, i);
+            if (row < 0 || row >= rows) {
+                PyErr_Format(PyExc_ValueError, "datagram %zd: row %lld outside 0..%zd", i, (long long)row,
+                             rows - 1);
+                return -1;
+            }
+        }
+        if (lens->is_scalar && keys->is_scalar && (index == NULL || index->is_scalar))
+            break; /* every datagram is the same: one check covers them all */
+    }
+    return 0;
+}
+
 static PyObject *send_batch(PyObject *self, PyObject *args) {
     int fd;
     Py_ssize_t n;
@@ -433,33 +466,9 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     struct mmsghdr *msgs = NULL;
     slot_t *slots = NULL;
-    if (n < 0 || (!has_index && n > rows)) {
-        PyErr_Format(PyExc_ValueError, "n=%zd but data has %zd rows", n, rows);
-        goto done;
-    }
     /* Validate everything before anything is sent: the kernel must never read outside a row. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t len = ints_arg_at(&lens, i), key = ints_arg_at(&keys, i);
-        if (len < 0 || len > width) {
-            PyErr_Format(PyExc_ValueError, "row %zd: length %lld outside 0..%zd", i, (long long)len, width);
-            goto done;
-        }
-        if (key < 0 || key >= ((int64_t)1 << 48)) {
-            PyErr_Format(PyExc_ValueError, "row %zd: address key %lld is not an IPv4 (host, port) key", i,
-                         (long long)key);
-            goto done;
-        }
-        if (has_index) {
-            int64_t row = ints_arg_at(&index, i);
-            if (row < 0 || row >= rows) {
-                PyErr_Format(PyExc_ValueError, "datagram %zd: row %lld outside 0..%zd", i, (long long)row,
-                             rows - 1);
-                goto done;
-            }
-        }
-        if (lens.is_scalar && keys.is_scalar && (!has_index || index.is_scalar))
-            break;
-    }
+    if (check_datagrams(n, rows, width, &lens, &keys, has_index ? &index : NULL) < 0)
+        goto done;
     if (n == 0) {
         result = PyLong_FromLong(0);
         goto done;
@@ -696,32 +705,9 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     struct mmsghdr *msgs = NULL;
     gso_msg_t *gm = NULL;
     struct iovec *iov = NULL;
-    if (n < 0 || (!has_index && n > rows)) {
-        PyErr_Format(PyExc_ValueError, "n=%zd but data has %zd rows", n, rows);
+    /* Validate everything before anything is sent: the kernel must never read outside a row. */
+    if (check_datagrams(n, rows, width, &lens, &keys, has_index ? &index : NULL) < 0)
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t len = ints_arg_at(&lens, i), key = ints_arg_at(&keys, i);
-        if (len < 0 || len > width) {
-            PyErr_Format(PyExc_ValueError, "row %zd: length %lld outside 0..%zd", i, (long long)len, width);
-            goto done;
-        }
-        if (key < 0 || key >= ((int64_t)1 << 48)) {
-            PyErr_Format(PyExc_ValueError, "row %zd: address key %lld is not an IPv4 (host, port) key", i,
-                         (long long)key);
-            goto done;
-        }
-        if (has_index) {
-            int64_t row = ints_arg_at(&index, i);
-            if (row < 0 || row >= rows) {
-                PyErr_Format(PyExc_ValueError, "datagram %zd: row %lld outside 0..%zd", i, (long long)row,
-                             rows - 1);
-                goto done;
-            }
-        }
-        if (lens.is_scalar && keys.is_scalar && (!has_index || index.is_scalar))
-            break;
-    }
     if (n == 0) {
         result = Py_BuildValue("(ni)", (Py_ssize_t)0, 0);
         goto done;

@@ -48,12 +48,6 @@ static struct {
     uint8_t valid_op[256];
 } K;
 
-static struct {
-    int busy;
-    void *slots, *streams;
-    Py_ssize_t *used_list;
-} work;
-
 static uint64_t get_be(const uint8_t *p, int size) {
     uint64_t v = 0;
     for (int i = 0; i < size; i++)
@@ -185,6 +179,42 @@ typedef struct {
     Py_ssize_t *used_list;
     Py_ssize_t nused;
 } run_t;
+
+/* The work tables of one run() call: per-job register views and the batch's drop streams. */
+typedef struct {
+    slots_t *slots;
+    stream_t *streams;
+    Py_ssize_t *used_list;
+} work_t;
+
+/* The module's own tables (allocated at import) and whether a call is using them. */
+static work_t work;
+static int work_busy;
+
+static int alloc_work(work_t *w) {
+    w->slots = PyMem_Calloc((size_t)MAX_JOBS_C, sizeof(slots_t));
+    w->streams = PyMem_Malloc(STREAM_TABLE * sizeof(stream_t));
+    w->used_list = PyMem_Malloc(STREAM_TABLE * sizeof(Py_ssize_t));
+    if (!w->slots || !w->streams || !w->used_list) {
+        PyMem_Free(w->slots);
+        PyMem_Free(w->streams);
+        PyMem_Free(w->used_list);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < STREAM_TABLE; i++) {
+        w->streams[i].key = -1;
+        w->streams[i].obj = NULL;
+        w->streams[i].dec.held = 0;
+    }
+    return 0;
+}
+
+static void free_work(work_t *w) {
+    PyMem_Free(w->slots);
+    PyMem_Free(w->streams);
+    PyMem_Free(w->used_list);
+}
 
 static inline void count(run_t *R, int64_t row, int role) { R->counters[row * K.ncounters + K.counter[role]]++; }
 
@@ -561,32 +591,14 @@ static PyObject *run(PyObject *self, PyObject *args) {
     memset(&R, 0, sizeof(R));
     /* Work tables: the module's own, allocated once; a call made while another is inside a drop-stream
      * callback (another switch, another thread) gets fresh ones. */
-    int own = 0;
-    slots_t *slots;
-    stream_t *streams;
-    Py_ssize_t *used_list;
-    if (!work.busy && work.slots != NULL) {
-        work.busy = 1;
-        slots = (slots_t *)work.slots;
-        streams = (stream_t *)work.streams;
-        used_list = work.used_list;
-    } else {
-        own = 1;
-        slots = PyMem_Calloc((size_t)MAX_JOBS_C, sizeof(slots_t));
-        streams = PyMem_Malloc(STREAM_TABLE * sizeof(stream_t));
-        used_list = PyMem_Malloc(STREAM_TABLE * sizeof(Py_ssize_t));
-        if (!slots || !streams || !used_list) {
-            PyMem_Free(slots);
-            PyMem_Free(streams);
-            PyMem_Free(used_list);
-            return PyErr_NoMemory();
-        }
-        for (int i = 0; i < STREAM_TABLE; i++) {
-            streams[i].key = -1;
-            streams[i].obj = NULL;
-            streams[i].dec.held = 0;
-        }
-    }
+    int own = work_busy;
+    work_t mine = work;
+    if (own && alloc_work(&mine) < 0)
+        return NULL;
+    work_busy = 1;
+    slots_t *slots = mine.slots;
+    stream_t *streams = mine.streams;
+    Py_ssize_t *used_list = mine.used_list;
 
     /* data: a 2-D byte array with contiguous rows */
     if (PyObject_GetBuffer(data_obj, &data.view, PyBUF_STRIDES) < 0)
@@ -685,13 +697,10 @@ done:
             slots[j].state = 0;
         }
     }
-    if (own) {
-        PyMem_Free(slots);
-        PyMem_Free(streams);
-        PyMem_Free(used_list);
-    } else {
-        work.busy = 0;
-    }
+    if (own)
+        free_work(&mine);
+    else
+        work_busy = 0;
     buf_t *all[] = {&data, &lens, &ingress, &job_row, &elems, &pool, &quorum, &nw, &keys, &policy, &counters, &wrx,
                     &rows, &olens, &oegress, &oindex};
     for (size_t j = 0; j < sizeof(all) / sizeof(all[0]); j++)
@@ -716,22 +725,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__swcore(void) {
-    slots_t *slots = PyMem_Calloc((size_t)MAX_JOBS_C, sizeof(slots_t));
-    stream_t *streams = PyMem_Malloc(STREAM_TABLE * sizeof(stream_t));
-    Py_ssize_t *used_list = PyMem_Malloc(STREAM_TABLE * sizeof(Py_ssize_t));
-    if (!slots || !streams || !used_list) {
-        PyMem_Free(slots);
-        PyMem_Free(streams);
-        PyMem_Free(used_list);
-        return PyErr_NoMemory();
-    }
-    for (int i = 0; i < STREAM_TABLE; i++) {
-        streams[i].key = -1;
-        streams[i].obj = NULL;
-        streams[i].dec.held = 0;
-    }
-    work.slots = slots;
-    work.streams = streams;
-    work.used_list = used_list;
+    if (alloc_work(&work) < 0)
+        return NULL;
     return PyModule_Create(&module);
 }

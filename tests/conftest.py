@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -134,3 +135,20 @@ def netns_skip_reason() -> str | None:
         return f"cannot create network namespaces here: {probe.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", f"ltaskip-{os.getpid()}"], capture_output=True)
     return None
+
+
+@pytest.fixture
+def udp() -> Iterator:
+    """Makes bound loopback UDP sockets (4 MiB receive buffers) and closes them afterwards."""
+    made: list[socket.socket] = []
+
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        s.bind(("127.0.0.1", 0))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

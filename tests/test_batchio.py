@@ -8,7 +8,6 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -33,23 +32,6 @@ PAIRS = [
     for tx, rx in itertools.product(IO_MODES, IO_MODES)
 ]
 SIZES = [1, 292, 9000, 65507, 0, 37]
-
-
-@pytest.fixture
-def udp() -> Iterator:
-    """Makes bound loopback UDP sockets (4 MiB receive buffers) and closes them afterwards."""
-    made: list[socket.socket] = []
-
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        s.bind(("127.0.0.1", 0))
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
 
 
 def key_of(s: socket.socket | BatchSocket) -> int:

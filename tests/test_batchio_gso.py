@@ -7,38 +7,18 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from hostlib import batchio
 from hostlib.batchio import BatchSocket, RxBatch, addr_key
+from tests.test_batchio import key_of
 
 pytestmark = pytest.mark.skipif(
     bool(batchio._MISSING["gso-c"]) or not batchio.gso_max_segments(),
     reason=batchio._MISSING["gso-c"] or "no UDP GSO here",
 )
-
-
-@pytest.fixture
-def udp() -> Iterator:
-    made: list[socket.socket] = []
-
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        s.bind(("127.0.0.1", 0))
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
-
-
-def key_of(bs: BatchSocket) -> int:
-    return addr_key(bs.sock.getsockname())
 
 
 def drain(bs: BatchSocket, rx: RxBatch, want: int) -> list[tuple[bytes, int]]:
