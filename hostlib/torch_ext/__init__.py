@@ -5,7 +5,7 @@ Importing this package registers the ``"lta"`` backend name with torch.distribut
 ``torch.backends`` entry point does on ``import torch``, see ``entry.py``), so it imports torch; the
 modules behind the names below are imported lazily, when a name is first used:
 
-    from hostlib.torch_ext import ShardedOptimizer, LtaHookState, lta_hook, register_backend
+    from hostlib.torch_ext import LtaManager, ShardedOptimizer, LtaHookState, lta_hook, register_backend
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hostlib.torch_ext import entry as _entry
 
 _EXPORTS = {
     "ShardedOptimizer": "hostlib.torch_ext.sharded",
+    "LtaManager": "hostlib.torch_ext.manager",
     "LtaHookState": "hostlib.torch_ext.ddp_hook",
     "lta_hook": "hostlib.torch_ext.ddp_hook",
     "ParamExchange": "hostlib.torch_ext.exchange",

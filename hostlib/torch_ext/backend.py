@@ -29,7 +29,6 @@ What goes where (``LtaOptions.lossy_ops``, ``LTA_LOSSY_OPS``; default ``allreduc
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -43,13 +42,12 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 from hostlib.torch_ext import entry
 from hostlib.torch_ext.callkeys import CallKeys
 from hostlib.torch_ext.gather import StaleGather
+from hostlib.torch_ext.manager import LtaManager, ReduceStats
 from hostlib.torch_ext.rendezvous import LtaOptions, LtaSession, join_job
-from hostlib.torch_ext.staging import HostMirror
-from hostlib.transport import ReduceResult
+from hostlib.transport import LtaWorker, ReduceResult
 
 BACKEND_NAME = entry.BACKEND_NAME
 _LOSSY_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
-_MAX_STAGING_BUFFERS = 64  # pinned host buffers kept for device tensors (DDP reuses a few buckets)
 # float32 travels as is; half types widen to float32 exactly. float64 would lose precision: reliable.
 _GATHER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -60,30 +58,9 @@ def _completed(result: object) -> dist.Work:
     return _create_work_from_future(future)
 
 
-@dataclass
-class CollectiveStats:
-    """One collective's running totals on this rank. ``chunks``/``contributions`` are over the chunks this
-    rank uses (its own part of a reduce-scatter): loss seen = 1 - contributions / (N · chunks)."""
-
-    calls: int = 0
-    lossy_calls: int = 0
-    reliable_calls: int = 0  # not eligible (dtype, op, size), not enabled, or a key's first gather
-    chunks: int = 0
-    contributions: int = 0
-    chunks_partial: int = 0  # renormalized from 0 < count < N
-    chunks_fallback: int = 0  # no aggregate: the fallback
-    resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
-    # reduce-scatter: chunks whose RESULT reached this rank (every chunk: RESULTs are multicast), against
-    # ``chunks``, the ones it keeps (an owner-only RESULT would send it those alone)
-    chunks_received: int = 0
-    lossy_s: float = 0.0
-
-    def count(self, result: ReduceResult, n_workers: int, first: int, last: int) -> None:
-        count = result.count[first:last]
-        self.chunks += len(count)
-        self.contributions += int(count.sum())
-        self.chunks_partial += int(np.sum((count > 0) & (count < n_workers)))
-        self.chunks_fallback += int(np.sum(result.fallback[first:last] != 0))
+# Kept under its old name: the process group's per-collective rows are the manager's ReduceStats.
+CollectiveStats = ReduceStats
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 
 
 def _host_float32(tensor: torch.Tensor) -> np.ndarray:
@@ -101,7 +78,11 @@ class ProcessGroupLta(dist.ProcessGroup):
     The gloo group is also registered as this group's backend for CPU and CUDA tensors, so the group has a
     name and a backend the way torch's own groups do (DeviceMesh, DTensor, FSDP2 and torch.distributed
     .checkpoint look them up), and any collective this class does not override runs reliably there.
-    ``lossy=False`` (a sub-group on an external switch, a group of one) keeps every collective reliable."""
+    ``lossy=False`` (a sub-group on an external switch, a group of one) keeps every collective reliable.
+
+    The group decides what goes where; its state (the session and worker, staging buffers, reduce
+    counter, call keys, the all-gather's copies, per-collective statistics) is its ``manager``'s
+    (``manager.py``): ``LtaHookState(group.manager)`` shares it."""
 
     def __init__(
         self,
@@ -120,22 +101,49 @@ class ProcessGroupLta(dist.ProcessGroup):
         self.reliable = dist.ProcessGroupGloo(dist.PrefixStore("lta-reliable", store), rank, world, timeout)
         for device in entry.DEVICES:
             self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, self.reliable)
-        self.session: LtaSession | None = None
         self.lossy_ops: frozenset[str] = frozenset()
+        session = None
         if lossy and world > 1:
-            self.session = join_job(dist.PrefixStore("lta-job", store), rank, world, self.options, timeout)
+            session = join_job(dist.PrefixStore("lta-job", store), rank, world, self.options, timeout)
             self.lossy_ops = self.options.lossy_ops
-        self.worker = self.session.worker if self.session is not None else None
+        self.manager = LtaManager(session, world=world)
+        for op in COLLECTIVES:
+            self.manager.stream(op)
+        if self.manager.has_worker:
+            self.manager.gatherer(self.options.stale_bound)
         k = self.worker.config.elems_per_packet if self.worker is not None else 1
         self.reliable_below = k if reliable_below is None else reliable_below
-        self.lossy_calls = 0
-        self.last_reduce: ReduceResult | None = None  # the last lossy reduce's per-chunk result
-        self.keys = CallKeys()
-        self.stats = {op: CollectiveStats() for op in ("allreduce", "reduce_scatter", "all_gather")}
-        self.gatherer: StaleGather | None = None
-        if self.worker is not None:
-            self.gatherer = StaleGather(self.worker, stale_bound=self.options.stale_bound)
-        self._staging: dict[tuple[int, int], HostMirror] = {}
+
+    # ---- the manager's state, by the names this class has always had ---------------------------------
+    @property
+    def session(self) -> LtaSession | None:
+        return self.manager.session
+
+    @property
+    def worker(self) -> LtaWorker | None:
+        return self.manager.worker if self.manager.has_worker else None
+
+    @property
+    def lossy_calls(self) -> int:
+        """Lossy reduces through the switch (one per tensor of an allreduce, one per reduce-scatter)."""
+        return self.manager.reduces
+
+    @property
+    def last_reduce(self) -> ReduceResult | None:
+        """The last lossy reduce's per-chunk result."""
+        return self.manager.last_reduce
+
+    @property
+    def keys(self) -> CallKeys:
+        return self.manager.keys
+
+    @property
+    def gatherer(self) -> StaleGather | None:
+        return self.manager.gatherer() if self.manager.has_worker else None
+
+    @property
+    def stats(self) -> dict[str, ReduceStats]:
+        return {op: self.manager.stream(op) for op in COLLECTIVES}
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND_NAME
@@ -144,36 +152,18 @@ class ProcessGroupLta(dist.ProcessGroup):
         """Choose which collectives go through the switch (every rank must choose the same, at the same
         point); ``stale_bound`` sets the lossy all-gather's S."""
         chosen = LtaOptions(lossy_ops=frozenset(ops), stale_bound=stale_bound or self.options.stale_bound)
-        if self.worker is None and chosen.lossy_ops:
+        if not self.manager.has_worker and chosen.lossy_ops:
             raise ValueError(
                 "this lta group has no switch job (a sub-group on an external switch, or one rank)"
             )
         self.lossy_ops = chosen.lossy_ops
-        if self.gatherer is not None:
-            self.gatherer.stale_bound = chosen.stale_bound
+        if self.manager.has_worker:
+            self.manager.gatherer(chosen.stale_bound)
 
     def collective_stats(self) -> dict[str, dict[str, Any]]:
         """Per collective: calls (lossy, reliable), chunks and loss seen, and for the all-gather the stale
         copies handed out, the oldest copy's age (max_age, in calls of its key) and the resyncs."""
-        out: dict[str, dict[str, Any]] = {}
-        n = self._world
-        for op, stats in self.stats.items():
-            row: dict[str, Any] = asdict(stats)
-            row["loss_seen"] = 1.0 - stats.contributions / (n * stats.chunks) if stats.chunks else 0.0
-            out[op] = row
-        if self.gatherer is not None:
-            totals = self.gatherer.totals
-            gather = out["all_gather"]
-            gather.update(
-                chunks=totals.chunks_expected,
-                chunks_fresh=totals.chunks_fresh,
-                stale_copies=totals.stale_copies,
-                max_age=totals.max_age,
-                markers_missed=totals.markers_missed,
-                loss_seen=1.0 - totals.chunks_fresh / max(1, totals.chunks_expected),
-                stale_bound=self.gatherer.stale_bound,
-            )
-        return out
+        return self.manager.collective_stats(COLLECTIVES)
 
     # ---- lossy ---------------------------------------------------------------------------------------
     def _is_lossy(self, tensors: list[torch.Tensor], op: dist.ReduceOp, name: str = "allreduce") -> bool:
@@ -186,36 +176,24 @@ class ProcessGroupLta(dist.ProcessGroup):
 
     # torch calls a backend's allreduce as (tensors, opts) only; the stub's other overloads are the API's.
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
-        stats = self.stats["allreduce"]
+        stats = self.manager.stream("allreduce")
         stats.calls += 1
         if not self._is_lossy(tensors, opts.reduceOp):
             stats.reliable_calls += 1
             return self.reliable.allreduce(tensors, opts)  # type: ignore[attr-defined]
-        t0 = time.perf_counter()
         scale = float(self._world) if opts.reduceOp == dist.ReduceOp.SUM else 1.0
         for tensor in tensors:
             self._reduce_in_place(tensor, scale)
         stats.lossy_calls += 1
-        stats.lossy_s += time.perf_counter() - t0
         return _completed(tensors)
 
     def _reduce_in_place(self, tensor: torch.Tensor, scale: float) -> None:
-        assert self.worker is not None  # _is_lossy: lossy ops exist only with a worker
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
         key = (flat.data_ptr(), flat.numel())
-        mirror = self._staging.get(key)
-        if mirror is None or mirror.tensor.data_ptr() != flat.data_ptr():
-            mirror = HostMirror(flat)
-            if mirror.staged:  # keep pinned buffers; an unstaged mirror is free to rebuild
-                if len(self._staging) >= _MAX_STAGING_BUFFERS:
-                    self._staging.clear()
-                self._staging[key] = mirror
+        mirror = self.manager.mirror(key, flat, transient=True)
         # The key names the tensor for the `prev` fallback: DDP reuses its bucket buffers every step.
         host = mirror.pull()  # reduced in place: pull() left no copy in flight that reads it
-        result = self.worker.allreduce(host, step=self.lossy_calls, key=("pg", *key), out=host)
-        self.last_reduce = result
-        self.stats["allreduce"].count(result, self._world, 0, len(result.count))
-        self.lossy_calls += 1
+        self.manager.allreduce(host, stream="allreduce", key=("pg", *key), out=host)
         if scale != 1.0:
             host *= scale
         mirror.push()
@@ -226,24 +204,21 @@ class ProcessGroupLta(dist.ProcessGroup):
         """Every chunk of ``input`` summed in the switch with its arrival count and renormalized; this rank
         keeps its part. The switch multicasts every RESULT (the P4 program has no owner-only RESULT), so
         each rank receives N times what it keeps and drops the rest."""
-        assert self.worker is not None
         m = output.numel()
-        key = self.keys.key("reduce_scatter", input.numel(), input.dtype)
-        result = self.worker.allreduce(_host_float32(input), step=self.lossy_calls, key=key)
-        self.last_reduce = result
-        self.lossy_calls += 1
         lo, hi = self._rank * m, (self._rank + 1) * m
-        k = self.worker.config.elems_per_packet
-        stats = self.stats["reduce_scatter"]
-        stats.count(result, self._world, lo // k, -(-hi // k))
-        stats.chunks_received += len(result.count)
+        k = self.manager.worker.config.elems_per_packet
+        key = self.manager.keys.key("reduce_scatter", input.numel(), input.dtype)
+        result = self.manager.allreduce(
+            _host_float32(input), stream="reduce_scatter", key=key, mine=(lo // k, -(-hi // k))
+        )
+        self.manager.stream("reduce_scatter").chunks_received += len(result.count)
         mine = result.values[lo:hi]
         if op == dist.ReduceOp.SUM:
             mine = mine * np.float32(self._world)
         output.copy_(torch.from_numpy(mine).view(output.shape))
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
-        stats = self.stats["reduce_scatter"]
+        stats = self.manager.stream("reduce_scatter")
         stats.calls += 1
         lossy = (
             self._is_lossy([input], opts.reduceOp, "reduce_scatter")
@@ -252,21 +227,19 @@ class ProcessGroupLta(dist.ProcessGroup):
         if not lossy:
             stats.reliable_calls += 1
             return self.reliable._reduce_scatter_base(output, input, opts)  # type: ignore[attr-defined]
-        t0 = time.perf_counter()
         self._reduce_scatter_lossy(output, input, opts.reduceOp)
         stats.lossy_calls += 1
-        stats.lossy_s += time.perf_counter() - t0
         return _completed([output])
 
     def _all_gather(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         """Lossy where enabled, for float32/bfloat16/float16 shards of at least ``reliable_below`` values:
         a lost shard copy leaves this rank's previous copy (same call key), never older than S calls;
         a key's first call, and any call where some rank's copy would be older, is reliable."""
-        stats = self.stats["all_gather"]
+        stats = self.manager.stream("all_gather")
         stats.calls += 1
         eligible = (
             "all_gather" in self.lossy_ops
-            and self.gatherer is not None
+            and self.manager.has_worker
             and input.dtype in _GATHER_DTYPES
             and output.dtype == input.dtype
             and input.numel() >= self.reliable_below
@@ -275,11 +248,11 @@ class ProcessGroupLta(dist.ProcessGroup):
         if not eligible:
             stats.reliable_calls += 1
             return self.reliable._allgather_base(output, input, opts)  # type: ignore[attr-defined]
-        assert self.gatherer is not None
+        gatherer = self.manager.gatherer()
         t0 = time.perf_counter()
-        key = self.keys.key("all_gather", input.numel(), input.dtype)
-        if self.gatherer.known(key):
-            values, outcome = self.gatherer.gather(key, _host_float32(input))
+        key = self.manager.keys.key("all_gather", input.numel(), input.dtype)
+        if gatherer.known(key):
+            values, outcome = gatherer.gather(key, _host_float32(input))
             if not self._anyone(outcome.resync):
                 output.copy_(torch.from_numpy(values).view(output.shape))
                 stats.lossy_calls += 1
@@ -287,10 +260,10 @@ class ProcessGroupLta(dist.ProcessGroup):
                 return _completed([output])
             stats.resyncs += 1
             self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
-            self.gatherer.refresh(key, _host_float32(output), after_gather=True)
+            gatherer.refresh(key, _host_float32(output), after_gather=True)
         else:
             self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
-            self.gatherer.refresh(key, _host_float32(output))
+            gatherer.refresh(key, _host_float32(output))
         stats.reliable_calls += 1
         return _completed([output])
 
@@ -361,8 +334,11 @@ class ProcessGroupLta(dist.ProcessGroup):
         return self.reliable.barrier(opts)
 
     def shutdown(self) -> None:
-        if self.session is not None:
-            self.session.close()
+        self.manager.close()
+
+    def abort(self) -> None:
+        """Close this group's switch job now (torchft calls it when a quorum is replaced)."""
+        self.manager.close()
 
 
 def _create(

@@ -25,19 +25,24 @@ re-broadcast. Names need the module: call ``state.attach(ddp.module)``.
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, flat_ranges
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.layout import ShardLayout
+from hostlib.torch_ext.manager import LtaManager
 from hostlib.torch_ext.staging import HostMirror
-from hostlib.transport import Fallback, LtaWorker
+from hostlib.transport import LtaWorker
+
+STREAM = "ddp"  # the manager's statistics row of the hook's bucket reduces
 
 
 @dataclass
 class HookStats:
+    """A snapshot of the hook's counters (``LtaHookState.stats``): the manager's ``ddp`` row and the
+    re-broadcasts."""
+
     steps: int = 0
     buckets: int = 0
     chunks: int = 0
@@ -54,14 +59,22 @@ class HookStats:
         return asdict(self)
 
 
+@dataclass
+class _Rebroadcasts:
+    count: int = 0
+    chunks_fresh: int = 0
+    chunks_expected: int = 0
+
+
 class LtaHookState:
-    """What :func:`lta_hook` keeps between calls (the PowerSGD-state pattern): the worker, the step
-    counter, staging buffers and statistics (each bucket's previous reduced values, for the ``prev``
-    fallback, are the worker's)."""
+    """What :func:`lta_hook` keeps between calls (the PowerSGD-state pattern), as a thin wrapper over an
+    :class:`LtaManager` (``manager.py``), which owns the worker, the bucket staging buffers, the step
+    counter and the statistics (each bucket's previous reduced values, for the ``prev`` fallback, are the
+    worker's). ``worker`` may be an ``LtaWorker`` (a manager is made around it) or a manager to share."""
 
     def __init__(
         self,
-        worker: LtaWorker,
+        worker: LtaWorker | LtaManager,
         *,
         rebroadcast_every: int = 0,
         collect_deadline_ms: float = 200.0,
@@ -70,13 +83,11 @@ class LtaHookState:
     ) -> None:
         if rebroadcast_every < 0:
             raise ValueError(f"rebroadcast_every must be >= 0 (0: never), got {rebroadcast_every}")
-        self.worker = worker
+        self.manager = LtaManager.of(worker)
         self.rebroadcast_every = rebroadcast_every
         self.collect_deadline_ms = collect_deadline_ms
         self.force_host_staging = force_host_staging
-        self.step = 0
-        self.stats = HookStats()
-        self._staging: dict[tuple[int, int], HostMirror] = {}
+        self._rebroadcasts = _Rebroadcasts()
         self._module: torch.nn.Module | None = None
         self._exchange: ParamExchange | None = None
         self._flat: torch.Tensor | None = None
@@ -84,6 +95,32 @@ class LtaHookState:
         self._rebroadcast_done = -1
         self.critical = critical
         self._critical_ids: set[int] | None = None if critical is not None else set()  # set by attach
+
+    @property
+    def worker(self) -> LtaWorker:
+        return self.manager.worker
+
+    @property
+    def step(self) -> int:
+        """Training steps ended (the manager's; a step ends with DDP's last bucket)."""
+        return self.manager.step
+
+    @property
+    def stats(self) -> HookStats:
+        row = self.manager.stream(STREAM)
+        return HookStats(
+            steps=self.manager.step,
+            buckets=row.reduces,
+            chunks=row.chunks,
+            chunks_full=row.chunks_full,
+            chunks_partial=row.chunks_partial,
+            chunks_fallback=row.chunks_fallback,
+            chunks_critical=row.chunks_critical,
+            chunks_critical_full=row.chunks_critical_full,
+            rebroadcasts=self._rebroadcasts.count,
+            rebroadcast_chunks_fresh=self._rebroadcasts.chunks_fresh,
+            rebroadcast_chunks_expected=self._rebroadcasts.chunks_expected,
+        )
 
     # ---- the bucket reduce ---------------------------------------------------------------------------
     def reduce_bucket(
@@ -96,35 +133,22 @@ class LtaHookState:
         """Renormalized mean of ``buffer`` over the workers; written into ``buffer`` and returned.
         ``critical``: value ranges of the buffer that must come back with every worker counted."""
         key = (index, buffer.numel())
-        mirror = self._staging.get(key)
-        if mirror is None or mirror.tensor.data_ptr() != buffer.data_ptr():
-            mirror = self._staging[key] = HostMirror(buffer, force_staging=self.force_host_staging)
+        mirror = self.manager.mirror(("ddp-bucket", *key), buffer, force_staging=self.force_host_staging)
         host = mirror.pull()
         # Reduced in place: the result is written straight into the host array (unstaged, the bucket's
         # own memory); pull() left no copy in flight that could still read it.
-        result = self.worker.allreduce(
-            host, step=self.step, key=("ddp-bucket", *key), critical=critical or None, out=host
+        self.manager.allreduce(
+            host,
+            stream=STREAM,
+            step=self.manager.step,
+            key=("ddp-bucket", *key),
+            critical=critical or None,
+            out=host,
         )
         mirror.push()
-        self._count(result.count, result.fallback)
-        if critical:
-            self.stats.chunks_critical += int(result.critical.sum())
-            self.stats.chunks_critical_full += int(
-                np.sum(result.critical & (result.count == self.worker.n_workers))
-            )
         if is_last:
-            self.step += 1
-            self.stats.steps += 1
+            self.manager.end_step()
         return buffer
-
-    def _count(self, count: np.ndarray, fallback: np.ndarray) -> None:
-        st = self.stats
-        n = self.worker.n_workers
-        st.buckets += 1
-        st.chunks += len(count)
-        st.chunks_full += int(np.sum(count == n))
-        st.chunks_partial += int(np.sum((count > 0) & (count < n)))
-        st.chunks_fallback += int(np.sum(fallback != Fallback.NONE))
 
     def bucket_critical(self, bucket: dist.GradBucket) -> list[tuple[int, int]]:
         """Value ranges of the bucket's buffer that hold critical parameters' gradients."""
@@ -155,7 +179,9 @@ class LtaHookState:
         layout = ShardLayout.contiguous(numel, k, self.worker.n_workers)
         device = params[0].device
         self._flat = torch.zeros(layout.padded, dtype=torch.float32, device=device)
-        self._flat_host = HostMirror(self._flat, force_staging=self.force_host_staging)
+        self._flat_host = self.manager.mirror(
+            "ddp-rebroadcast", self._flat, force_staging=self.force_host_staging
+        )
         rows = self._flat_host.array.reshape(layout.n_chunks, k)
         self._exchange = ParamExchange(
             self.worker,
@@ -189,9 +215,9 @@ class LtaHookState:
             torch.nn.utils.vector_to_parameters(self._flat[:numel], params)
             self._exchange.changed = False
         self._rebroadcast_done = self.step
-        self.stats.rebroadcasts += 1
-        self.stats.rebroadcast_chunks_fresh += len(fresh)
-        self.stats.rebroadcast_chunks_expected += len(self._exchange.foreign)
+        self._rebroadcasts.count += 1
+        self._rebroadcasts.chunks_fresh += len(fresh)
+        self._rebroadcasts.chunks_expected += len(self._exchange.foreign)
 
 
 def lta_hook(state: LtaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -22,19 +22,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hostlib.torch_ext.manager import LtaManager
 from hostlib.torch_ext.rendezvous import LtaOptions, LtaSession, join_job
 from hostlib.transport import LtaWorker
 
 
-def _worker_of(group: Any = None) -> LtaWorker:
-    """The LtaWorker behind ``group``: None (the default group), an lta ProcessGroup, an object with a
-    ``.worker`` (LtaHookState, ShardedOptimizer, LtaSession) or an LtaWorker."""
-    if isinstance(group, LtaWorker):
-        return group
+def _resolve(group: Any) -> Any:
     if group is None:
         if not dist.is_initialized():
             raise RuntimeError("no default process group: call dist.init_process_group('lta') first")
-        group = dist.group.WORLD
+        return dist.group.WORLD
+    return group
+
+
+def _manager_of(group: Any) -> LtaManager | None:
+    """The LtaManager behind ``group`` (itself, or a wrapper's ``.manager``), if any."""
+    if isinstance(group, LtaManager):
+        return group
+    manager = getattr(group, "manager", None)
+    return manager if isinstance(manager, LtaManager) else None
+
+
+def _worker_of(group: Any = None) -> LtaWorker:
+    """The LtaWorker behind ``group``: None (the default group), an lta ProcessGroup, an LtaManager, an
+    object with a ``.manager`` or a ``.worker`` (LtaHookState, ShardedOptimizer, LtaSession) or an
+    LtaWorker."""
+    if isinstance(group, LtaWorker):
+        return group
+    group = _resolve(group)
+    manager = _manager_of(group)
+    if manager is not None and manager.has_worker:
+        return manager.worker
     worker = getattr(group, "worker", None)
     if worker is None and isinstance(group, dist.ProcessGroup):
         try:
@@ -44,7 +62,7 @@ def _worker_of(group: Any = None) -> LtaWorker:
     if not isinstance(worker, LtaWorker):
         raise TypeError(
             f"{type(group).__name__} is not an lta group: pass the group of init_process_group('lta'), "
-            "an LtaHookState, a ShardedOptimizer or an LtaWorker"
+            "an LtaManager, an LtaHookState, a ShardedOptimizer or an LtaWorker"
         )
     return worker
 
@@ -54,15 +72,22 @@ def lta_stats(group: Any = None) -> dict[str, Any]:
     partial, empty or without RESULT, fallbacks used, packets, reduce times (p50/p99). For an lta
     process group, ``collectives`` has one row per collective (allreduce, reduce_scatter, all_gather):
     calls lossy and reliable, chunks, loss seen, and for the all-gather the stale copies handed out,
-    the oldest copy's age (``max_age``, calls of its key, never above ``stale_bound``) and resyncs."""
-    worker = _worker_of(group)
+    the oldest copy's age (``max_age``, calls of its key, never above ``stale_bound``) and resyncs; for
+    another wrapper of an LtaManager (the DDP hook: ``ddp``; the sharded optimizer: ``sharded``) the rows
+    of its manager. For a PSOptimizer (or its manager): the parameter-server client's counters."""
+    source = group if isinstance(group, LtaWorker) else _resolve(group)
+    manager = _manager_of(source)
+    if manager is not None and not manager.has_worker and not isinstance(source, dist.ProcessGroup):
+        return manager.stats()  # a parameter-server client's
+    worker = _worker_of(source)
     out = worker.stats.as_dict()
     out["healthy"] = worker.healthy
     out["last_nothing_fraction"] = worker.last_nothing_fraction
-    source = dist.group.WORLD if group is None else group
     per_collective = getattr(source, "collective_stats", None)
     if per_collective is not None:
         out["collectives"] = per_collective()
+    elif manager is not None and manager.streams:
+        out["collectives"] = manager.collective_stats()
     return out
 
 

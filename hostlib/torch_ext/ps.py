@@ -16,6 +16,10 @@ here is the job's, set on the server (``lta ps --momentum``). Construction calls
 ``PSOptimizer.from_env(params, lr=...)`` builds the client from ``LTA_PS=host:port`` (the server),
 ``LTA_JOB_ID`` (1), ``RANK`` (0), ``LTA_ELEMS_PER_PACKET`` (64), ``LTA_PS_COMPRESSION`` (none) and
 ``LTA_PS_TOPK_RATIO`` (0.01): choosing the parameter server is configuration.
+
+Like the switch's wrappers, this one is thin: the client, the host staging buffers of the flat
+gradients and parameters, and the step counter are an :class:`LtaManager`'s (``manager.py``);
+``lta_stats(opt)`` reports the client's counters.
 """
 
 from __future__ import annotations
@@ -31,22 +35,30 @@ from hostlib.errors import UsageError
 from hostlib.protocol import parse_address
 from hostlib.ps_client import PsClient, PsClientConfig
 from hostlib.torch_ext.flat import FlatParams
+from hostlib.torch_ext.manager import LtaManager
 
 
 class PSOptimizer(torch.optim.Optimizer):
     """An optimizer whose step is a push of the gradients and a pull of the parameters."""
 
-    def __init__(self, params: Iterable[torch.Tensor], client: PsClient, *, lr: float | None = None) -> None:
+    def __init__(
+        self, params: Iterable[torch.Tensor], client: PsClient | LtaManager, *, lr: float | None = None
+    ) -> None:
         param_list = [p for p in params]
         if not param_list:
             raise ValueError("PSOptimizer got no parameters")
         super().__init__(param_list, {"lr": lr})
-        self.client = client
-        self.flat = FlatParams(param_list, client.k)
-        self._host = np.zeros(self.flat.numel, dtype=np.float32)
+        self.manager = LtaManager.of(client)
+        self.flat = FlatParams(param_list, self.client.k)
+        n = self.flat.numel
+        self._grads_host = self.manager.mirror(("ps", "grads"), self.flat.grad[:n])
+        self._params_host = self.manager.mirror(("ps", "params"), self.flat.data[:n])
         with torch.no_grad():
-            start = self.flat.data[: self.flat.numel].detach().cpu().numpy()
-            self._write(client.initialize(start))
+            self._write(self.client.initialize(self._params_host.pull().copy()))
+
+    @property
+    def client(self) -> PsClient:
+        return self.manager.ps_client
 
     @classmethod
     def from_env(cls, params: Iterable[torch.Tensor], *, lr: float | None = None) -> PSOptimizer:
@@ -74,7 +86,8 @@ class PSOptimizer(torch.optim.Optimizer):
         return cls(params, client, lr=lr)
 
     def _write(self, values: np.ndarray) -> None:
-        self.flat.data[: self.flat.numel].copy_(torch.from_numpy(np.asarray(values, dtype=np.float32)))
+        self._params_host.writable()[:] = np.asarray(values, dtype=np.float32)
+        self._params_host.push()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -84,9 +97,10 @@ class PSOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.flat.gather_grads()
-        np.copyto(self._host, self.flat.grad[: self.flat.numel].detach().cpu().numpy())
+        grads = self._grads_host.pull()
         lr = self.param_groups[0].get("lr")
-        self._write(self.client.step(self._host, lr=None if lr is None else float(lr)))
+        self._write(self.client.step(grads, lr=None if lr is None else float(lr)))
+        self.manager.end_step()
         return loss
 
     def ps_stats(self) -> dict[str, Any]:

@@ -56,12 +56,25 @@ from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.flat import FlatParams
 from hostlib.torch_ext.layout import ShardLayout
-from hostlib.torch_ext.staging import HostMirror
-from hostlib.transport import Fallback, LtaWorker
+from hostlib.torch_ext.manager import LtaManager
+from hostlib.transport import LtaWorker
 
 _GRAD_KEY = "lta.sharded.grad"  # the transport's `prev` fallback remembers the last reduce under this key
 STATE_FORMAT = "lta.sharded/1"  # ShardedOptimizer.state_dict's layout version
 _COUNTERS = ("grad_chunks", "grad_chunks_partial", "grad_chunks_fallback", "grad_contributions")
+STREAM = "sharded"  # the manager's statistics row of the gradient reduces (over this worker's shard)
+
+
+def _stream_counter(field: str, doc: str) -> property:
+    """A counter of this optimizer that is a field of its manager's ``sharded`` row."""
+
+    def get(self: ShardedOptimizer) -> int:
+        return int(getattr(self.manager.stream(STREAM), field))
+
+    def put(self: ShardedOptimizer, value: int) -> None:
+        setattr(self.manager.stream(STREAM), field, int(value))
+
+    return property(get, put, doc=doc)
 
 
 def _as_tensors(value: Any) -> Any:
@@ -90,12 +103,24 @@ def _as_arrays(value: Any) -> Any:
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """Wraps ``optimizer`` (fresh, not yet stepped) so that this worker owns and steps one shard."""
+    """Wraps ``optimizer`` (fresh, not yet stepped) so that this worker owns and steps one shard.
+
+    A thin wrapper over an :class:`LtaManager` (``manager.py``): the worker, the host staging buffers of
+    the flat parameters, gradients and reduced values, the step counter (``lta_step``) and the gradient
+    counters (``grad_chunks``...) are the manager's. ``worker`` may be an ``LtaWorker`` (a manager is
+    made around it) or a manager."""
+
+    grad_chunks = _stream_counter("chunks", "gradient chunks of this worker's shard reduced")
+    grad_chunks_partial = _stream_counter("chunks_partial", "... renormalized from 0 < count < N")
+    grad_chunks_fallback = _stream_counter("chunks_fallback", "... that used the fallback")
+    grad_contributions = _stream_counter(
+        "contributions", "arrival counts summed: 1 - this / (N · grad_chunks) is the loss seen"
+    )
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        worker: LtaWorker,
+        worker: LtaWorker | LtaManager,
         *,
         stale_bound: int = 8,
         collect_deadline_ms: float = 200.0,
@@ -115,13 +140,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         groups = optimizer.param_groups
         params = [p for g in groups for p in g["params"]]
+        self.manager = LtaManager.of(worker)
+        worker = self.manager.worker
         k = worker.config.elems_per_packet
-        self.worker = worker
         self.inner = optimizer
         self.privacy = privacy  # differential privacy: clip + noise share before, top-up after the reduce
         self.flat = FlatParams(params, k)
         self.layout = ShardLayout.contiguous(self.flat.numel, k, worker.n_workers)
         self.shard = self.layout.shard_range(worker.worker_id)
+        first, last = self.layout.owners.searchsorted([worker.worker_id, worker.worker_id + 1])
+        self._own_chunks = (int(first), int(last))  # the chunks of this shard
         lo, hi = self.shard
         if critical is not None and module is None:
             raise ValueError(
@@ -144,10 +172,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.param_groups = optimizer.param_groups  # one list: schedulers on either object see the same
         self.state = optimizer.state
 
-        self._params_host = HostMirror(self.flat.data, force_staging=force_host_staging)
-        self._grads_host = HostMirror(self.flat.grad, force_staging=force_host_staging)
+        staged = {"force_staging": force_host_staging}
+        self._params_host = self.manager.mirror((STREAM, "params"), self.flat.data, **staged)
+        self._grads_host = self.manager.mirror((STREAM, "grads"), self.flat.grad, **staged)
         self._reduced = torch.zeros(self.flat.padded, dtype=torch.float32, device=self.flat.data.device)
-        self._reduced_host = HostMirror(self._reduced, force_staging=force_host_staging)
+        self._reduced_host = self.manager.mirror((STREAM, "reduced"), self._reduced, **staged)
         rows = self._params_host.pull().reshape(self.layout.n_chunks, k)
         self.exchange = ParamExchange(
             worker,
@@ -162,11 +191,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
         # lost-contribution feedback: what the last reduce did not count of this worker's gradient
         self.feedback = ResidualFeedback(self.layout.n_chunks, k) if feedback else None
-        self.lta_step = 0
-        self.grad_chunks = 0
-        self.grad_chunks_partial = 0
-        self.grad_chunks_fallback = 0
-        self.grad_contributions = 0  # arrival counts summed: 1 - this / (N · grad_chunks) is the loss seen
+
+    @property
+    def worker(self) -> LtaWorker:
+        return self.manager.worker
+
+    @property
+    def lta_step(self) -> int:
+        """LTA steps taken (``step`` and ``synchronize`` each end one): the manager's step counter."""
+        return self.manager.step
+
+    @lta_step.setter
+    def lta_step(self, value: int) -> None:
+        self.manager.step = int(value)
 
     # ---- the training loop's API -------------------------------------------------------------------
     @torch.no_grad()
@@ -191,14 +228,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 sent = grads.copy()
                 self.privacy.add_share_(grads[: self.flat.numel])
         critical = self.critical_mask if self.critical_mask.any() else None
-        result = self.worker.allreduce(grads[: self.flat.numel], step=t, key=_GRAD_KEY, critical=critical)
+        result = self.manager.allreduce(
+            grads[: self.flat.numel],
+            stream=STREAM,
+            step=t,
+            key=_GRAD_KEY,
+            critical=critical,
+            mine=self._own_chunks,
+        )
         if self.feedback is not None:
             counted = counted_by_result(result.bitmap, result.fallback, self.worker.worker_id)
             self.feedback.settle(sent, counted)
         if self.privacy is not None:  # only the owned chunks are used here: top up those
-            first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
-            self.privacy.top_up_(result, step=t, chunks=(int(first), int(last)))
-        self._count_chunks(result.count, result.fallback)
+            self.privacy.top_up_(result, step=t, chunks=self._own_chunks)
         reduced = self._reduced_host.writable()
         reduced[lo:hi] = result.values[lo:hi]
         self._reduced_host.push(lo, hi)
@@ -326,14 +368,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     setattr(self.privacy.stats, name, value)
 
     # ---- statistics ----------------------------------------------------------------------------------
-    def _count_chunks(self, count: np.ndarray, fallback: np.ndarray) -> None:
-        first, last = self.layout.owners.searchsorted([self.worker.worker_id, self.worker.worker_id + 1])
-        mine_count, mine_fallback = count[first:last], fallback[first:last]
-        self.grad_chunks += len(mine_count)
-        self.grad_contributions += int(mine_count.sum())
-        self.grad_chunks_partial += int(np.sum((mine_count > 0) & (mine_count < self.worker.n_workers)))
-        self.grad_chunks_fallback += int(np.sum(mine_fallback != Fallback.NONE))
-
     def drift_stats(self, p: float | None = None) -> dict[str, Any]:
         """What this worker saw: gradient chunks of its shard (partial = renormalized from fewer than N,
         fallback = none arrived), its shard's update variance σ², the drift its receivers should see
