@@ -113,6 +113,8 @@ class ProcessGroupLta(dist.ProcessGroup):
             self.manager.gatherer(self.options.stale_bound)
         k = self.worker.config.elems_per_packet if self.worker is not None else 1
         self.reliable_below = k if reliable_below is None else reliable_below
+        # all-gather: per call key, the pending vote on whether its next call must be reliable
+        self._votes: dict[Any, tuple[Any, torch.Tensor]] = {}
 
     # ---- the manager's state, by the names this class has always had ---------------------------------
     @property
@@ -234,7 +236,8 @@ class ProcessGroupLta(dist.ProcessGroup):
     def _all_gather(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         """Lossy where enabled, for float32/bfloat16/float16 shards of at least ``reliable_below`` values:
         a lost shard copy leaves this rank's previous copy (same call key), never older than S calls;
-        a key's first call, and any call where some rank's copy would be older, is reliable."""
+        a key's first call, and any call after which some rank held a copy S calls old (one more loss would
+        make it older: the ranks agree on it by an asynchronous vote, ``_vote_at_risk``), is reliable."""
         stats = self.manager.stream("all_gather")
         stats.calls += 1
         eligible = (
@@ -251,29 +254,45 @@ class ProcessGroupLta(dist.ProcessGroup):
         gatherer = self.manager.gatherer()
         t0 = time.perf_counter()
         key = self.manager.keys.key("all_gather", input.numel(), input.dtype)
-        if gatherer.known(key):
+        known = gatherer.known(key)
+        if known and not self._someone_at_risk(key):
             values, outcome = gatherer.gather(key, _host_float32(input))
-            if not self._anyone(outcome.resync):
-                output.copy_(torch.from_numpy(values).view(output.shape))
-                stats.lossy_calls += 1
-                stats.lossy_s += time.perf_counter() - t0
-                return _completed([output])
+            if outcome.resync:  # ages grow by one per call: the vote of the previous call prevents it
+                raise RuntimeError(
+                    f"lossy all-gather {key}: a copy {outcome.max_age} calls old, above S="
+                    f"{gatherer.stale_bound}, although no rank was at risk (a bug: please report it)"
+                )
+            self._vote_at_risk(key, outcome.max_age >= gatherer.stale_bound)
+            output.copy_(torch.from_numpy(values).view(output.shape))
+            stats.lossy_calls += 1
+            stats.lossy_s += time.perf_counter() - t0
+            return _completed([output])
+        if known:
             stats.resyncs += 1
-            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
-            gatherer.refresh(key, _host_float32(output), after_gather=True)
-        else:
-            self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
-            gatherer.refresh(key, _host_float32(output))
+        self.reliable._allgather_base(output, input, opts).wait()  # type: ignore[attr-defined]
+        gatherer.refresh(key, _host_float32(output))
         stats.reliable_calls += 1
         return _completed([output])
 
-    def _anyone(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is on some rank (one reliable 1-value allreduce)."""
-        votes = torch.tensor([int(flag)], dtype=torch.int32)
+    def _vote_at_risk(self, key: Any, at_risk: bool) -> None:
+        """Start the ranks' agreement on whether the next call of ``key`` must be reliable: some rank holds a
+        copy S calls old, which one more loss would make older than S. A reliable 1-value MAX allreduce,
+        asynchronous: it completes while the ranks compute, and the next call of ``key`` waits for it
+        (every rank makes the same calls, so every rank starts and awaits the same votes in order)."""
+        vote = torch.tensor([int(at_risk)], dtype=torch.int32)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]
-        self.reliable.allreduce([votes], opts).wait()  # type: ignore[attr-defined]
-        return bool(votes.item())
+        self._votes[key] = (self.reliable.allreduce([vote], opts), vote)  # type: ignore[attr-defined]
+
+    def _someone_at_risk(self, key: Any) -> bool:
+        """The outcome of the vote the previous call of ``key`` started (False when none: a reliable call
+        left every copy fresh)."""
+        pending = self._votes.pop(key, None)
+        if pending is None:
+            return False
+        work, vote = pending
+        work.wait()
+        return bool(vote.item())
 
     # FSDP2 and dist.all_gather_into_tensor / reduce_scatter_tensor call these (torch >= 2.13 names, and
     # the older ones); DTensor's functional collectives call the coalesced forms.

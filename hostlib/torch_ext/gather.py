@@ -9,9 +9,11 @@ the same call key* in place: the paper's Algorithm 1 applied to a gather.
 Copies are recognized across steps by a **call key** (``hostlib.torch_ext.callkeys``), not by buffer:
 FSDP2 allocates new all-gather buffers every time. Each key has its own rows of copies and, per chunk,
 the key's call at which the copy held was fresh. **No copy older than S calls of its key is ever handed
-out**: :meth:`StaleGather.collect` reports when some copy would be, and the caller then gathers that call
-reliably (every rank must agree on it: the process group asks its gloo group) and calls
-:meth:`StaleGather.refresh`. A key's first call is reliable for the same reason (no copy yet).
+out**: a copy ages by at most one call per call, so the caller (the process group) has the ranks agree,
+after each lossy gather, whether some rank now holds a copy S calls old (``GatherOutcome.max_age``), and
+then gathers the key's next call reliably and calls :meth:`StaleGather.refresh`; ``outcome.resync``
+(a copy older than S) is the check that this never failed. A key's first call is reliable for the same
+reason (no copy yet).
 
 One worker, one StaleGather: it reads ``worker.param_inbox``. Chunk ids are allocated per key in the order
 keys first appear, the same on every rank because every rank makes the same calls in the same order.
