@@ -269,3 +269,60 @@ def test_native_engine_equals_reference_on_the_fabric():
         regs = [sw.jobs[1].slots.regs.tobytes() for sw in [*fab.leaves, fab.spine]]
         runs.append((out, counters, regs))
     assert runs[0] == runs[1]
+
+
+# ---- the jobs file ------------------------------------------------------------------------------------
+LEAF_FILE = """
+[[jobs]]
+job_id = 1
+role = "leaf"
+uplink = "127.0.0.1:48900"
+leaf_id = 1
+worker_base = 2
+workers = ["127.0.0.1:41003", "127.0.0.1:41004"]
+[[jobs.drop]]
+direction = "up"
+p = 0.5
+worker = 1
+"""
+
+
+def test_jobs_file_roles_reach_the_switch():
+    from hostlib.jobconfig import parse_jobs
+    from softswitch.config import build_switch
+
+    sw = build_switch(parse_jobs(LEAF_FILE, "leaf.toml"))
+    cfg = sw.jobs[1].cfg
+    assert (cfg.role, cfg.uplink, cfg.leaf_id, cfg.quorum) == (Role.LEAF, ("127.0.0.1", 48900), 1, 2)
+    assert cfg.workers == [None, None, ("127.0.0.1", 41003), ("127.0.0.1", 41004)]
+    assert set(sw.jobs[1].policies) == {("up", 3)}  # the file's worker 1 is global worker 3
+    spine_file = '[[jobs]]\njob_id = 1\nrole = "spine"\nworkers = ["127.0.0.1:48901", "127.0.0.1:48902"]\n'
+    assert build_switch(parse_jobs(spine_file, "spine.toml")).jobs[1].cfg.role == Role.SPINE
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ('role = "leaf"', "uplink"),
+        ('role = "root"', "must be one of"),
+        ('uplink = "127.0.0.1:1"', "only belong"),
+        ('role = "leaf"\nuplink = "nowhere"', "HOST:PORT"),
+        ('role = "leaf"\nuplink = "127.0.0.1:1"\nleaf_id = 40', "leaf_id"),
+    ],
+)
+def test_jobs_file_refuses_bad_roles(change, message):
+    from hostlib.errors import ConfigError
+    from hostlib.jobconfig import parse_jobs
+
+    text = f'[[jobs]]\njob_id = 1\n{change}\nworkers = ["127.0.0.1:41001"]\n'
+    with pytest.raises(ConfigError, match=message):
+        parse_jobs(text, "bad.toml")
+
+
+def test_lta_ctl_apply_refuses_roles_until_p4_has_them():
+    from controlplane.deployment import parse
+    from hostlib.errors import ConfigError
+
+    text = LEAF_FILE.replace('"127.0.0.1:41003", "127.0.0.1:41004"', "1, 2").split("[[jobs.drop]]")[0]
+    with pytest.raises(ConfigError, match="no leaf/spine roles"):
+        parse(text)
