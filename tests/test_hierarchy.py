@@ -326,3 +326,28 @@ def test_lta_ctl_apply_refuses_roles_until_p4_has_them():
     text = LEAF_FILE.replace('"127.0.0.1:41003", "127.0.0.1:41004"', "1, 2").split("[[jobs.drop]]")[0]
     with pytest.raises(ConfigError, match="no leaf/spine roles"):
         parse(text)
+
+
+# ---- worker processes through leaf and spine softswitches on loopback -----------------------------------
+def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels():
+    """Real LtaWorker processes (4, two per leaf) reduce seeded tensors through UDP leaf and spine
+    softswitches dropping 10% of GRADs at the leaves and of partials at the spine; every chunk that came
+    back is checked against numpy's mean over the workers in its global bitmap (lta demo's check)."""
+    from hostlib.dropmodels import DropPolicy
+    from hostlib.transport import TransportConfig
+    from lta.demo import demo_worker
+    from lta.launch import JobSpec, run_job
+
+    drop = {"up": DropPolicy(p=0.1)}
+    spec = JobSpec(
+        n_workers=4, transport=TransportConfig(seed=3), drop=drop, leaves=2, spine_drop=drop, switch_seed=3
+    )
+    switches: list = []
+    results, spine_sw = run_job(spec, demo_worker, 20000, 3, 3, switches=switches)
+    assert all(r["worst_error_over_bound"] < 1.0 for r in results)
+    assert all(r["checked_chunks"] > 0 for r in results)
+    partial = sum(r["stats"]["chunks_partial"] for r in results)
+    assert partial > 0  # loss happened and was renormalized around
+    leaves = [sw.read_counters(1) for sw in switches[:2]]
+    assert all(c["up_partial"] > 0 and c["down_result"] > 0 and c["drop_policy_up"] > 0 for c in leaves)
+    assert spine_sw is switches[2] and spine_sw.read_counters(1)["drop_policy_up"] > 0
