@@ -29,8 +29,9 @@ enum { F_VERSION, F_OP, F_FLAGS, F_EXP, F_JOB, F_WORKER, F_COUNT, F_SLOT, F_NELE
 /* Ops, flags, registers and counter roles: configure() gives their values / indices. */
 enum { O_GRAD, O_RESULT, O_FLUSH, O_PARAM, O_PARAM_REQ, O_HEARTBEAT, N_OPS };
 enum { FL_RETX, FL_SATURATED, FL_CRITICAL, FL_MAX, N_FLAGS };
-enum { R_SEQ, R_CLOSED, R_COUNT, R_WEIGHT, R_EXP, R_FLAGS, R_NELEM, R_STEP, R_CHUNK, R_CLOSER, R_PARTS, R_FINAL,
+enum { R_SEQ, R_CLOSED, R_COUNT, R_WEIGHT, R_EXP, R_FLAGS, R_NELEM, R_STEP, R_CHUNK, R_CLOSER, R_PARTS, R_STATE,
        N_REGS };
+enum { LS_PARTIAL, LS_FLUSHED, LS_FINAL, N_LEAF_STATES }; /* softswitch.batch.LEAF_* */
 enum { RL_FLAT, RL_LEAF, RL_SPINE, N_JOB_ROLES }; /* hostlib.protocol.Role */
 enum { C_RX, C_MALFORMED, C_UNKNOWN_JOB, C_SLOT_RANGE, C_BAD_WORKER, C_POLICY_UP, C_GRAD_START, C_GRAD_ADD,
        C_GRAD_DUP, C_GRAD_LATE_RESEND, C_GRAD_STALE, C_GRAD_EXP_MISMATCH, C_RESULT_QUORUM, C_FLUSH_PARTIAL,
@@ -46,7 +47,7 @@ static struct {
     int ready;
     int off[N_FIELDS], size[N_FIELDS];
     int header_bytes, version, max_jobs, max_workers, ncounters, nregs;
-    int op[N_OPS], role[N_JOB_ROLES], flag[N_FLAGS], reg[N_REGS], counter[N_ROLES];
+    int op[N_OPS], role[N_JOB_ROLES], flag[N_FLAGS], reg[N_REGS], leaf_state[N_LEAF_STATES], counter[N_ROLES];
     uint8_t valid_op[256];
 } K;
 
@@ -98,16 +99,17 @@ static int int_tuple(PyObject *seq, int *out, int n, const char *what) {
 }
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *offs, *sizes, *ops, *roles, *valid_ops, *flags, *regs, *counters;
-    if (!PyArg_ParseTuple(args, "OOiiiiiiOOOOOO:configure", &offs, &sizes, &K.header_bytes, &K.version,
+    PyObject *offs, *sizes, *ops, *roles, *valid_ops, *flags, *regs, *states, *counters;
+    if (!PyArg_ParseTuple(args, "OOiiiiiiOOOOOOO:configure", &offs, &sizes, &K.header_bytes, &K.version,
                           &K.max_jobs, &K.max_workers, &K.ncounters, &K.nregs, &ops, &roles, &valid_ops, &flags,
-                          &regs, &counters))
+                          &regs, &states, &counters))
         return NULL;
     int valid[256];
     if (int_tuple(offs, K.off, N_FIELDS, "field offsets") < 0 || int_tuple(sizes, K.size, N_FIELDS, "field sizes") < 0 ||
         int_tuple(ops, K.op, N_OPS, "ops") < 0 || int_tuple(roles, K.role, N_JOB_ROLES, "roles") < 0 ||
         int_tuple(valid_ops, valid, 256, "valid ops") < 0 ||
         int_tuple(flags, K.flag, N_FLAGS, "flags") < 0 || int_tuple(regs, K.reg, N_REGS, "registers") < 0 ||
+        int_tuple(states, K.leaf_state, N_LEAF_STATES, "leaf states") < 0 ||
         int_tuple(counters, K.counter, N_ROLES, "counters") < 0)
         return NULL;
     for (int i = 0; i < 256; i++)
@@ -455,7 +457,7 @@ static void add_part(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payl
 /* A new round from a packet: its header fields, count hcount, bitmap hbitmap; closed or not. */
 static void start_round(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payload, int64_t k, int64_t q,
                         int closed, int64_t hcount, uint64_t hbitmap, int64_t weight, int exp, int64_t flags,
-                        int64_t nelem, int64_t step, int64_t chunk, int64_t closer, int64_t parts, int64_t final) {
+                        int64_t nelem, int64_t step, int64_t chunk, int64_t closer, int64_t parts, int64_t state) {
     store_acc(acc, payload, k, hcount);
     g[K.reg[R_SEQ]] = q;
     g[K.reg[R_CLOSED]] = closed;
@@ -469,7 +471,7 @@ static void start_round(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *p
     g[K.reg[R_CHUNK]] = chunk;
     g[K.reg[R_CLOSER]] = closer;
     g[K.reg[R_PARTS]] = parts;
-    g[K.reg[R_FINAL]] = final;
+    g[K.reg[R_STATE]] = state;
 }
 
 static int one_packet(run_t *R, Py_ssize_t i) {
@@ -583,7 +585,7 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return 0;
         }
         start_round(g, bm, acc, payload, k, q, 1, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
-                    chunk, w, 0, 1);
+                    chunk, w, 0, K.leaf_state[LS_FINAL]);
         store_acc(acc, payload, k, 1);
         count(R, job, C_DOWN_RESULT);
         return emit(R, job, sl, s, -1, flags & retx_flag);
@@ -627,7 +629,8 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return emit(R, job, sl, s, -1, 0);
         }
         if (q > seq) {
-            start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, flags & mx, nelem, step, chunk, w, 0, 0);
+            start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, flags & mx, nelem, step, chunk, w, 0,
+                        K.leaf_state[leaf ? LS_FLUSHED : LS_PARTIAL]);
             count(R, job, C_FLUSH_EMPTY);
             return close_round(R, job, sl, s, K.op[O_GRAD]);
         }
@@ -635,9 +638,12 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             count(R, job, C_FLUSH_STALE);
             return 0;
         }
-        if (g[K.reg[R_CLOSED]] && leaf && !g[K.reg[R_FINAL]]) {
+        if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
+            /* forwarded by quorum: again, as a GRAD; flushed here before: as a FLUSH, closing the spine */
+            int again = g[K.reg[R_STATE]] == K.leaf_state[LS_FLUSHED];
             count(R, job, C_UP_RESEND);
-            return send_up(R, job, sl, s, K.op[O_FLUSH], 1);
+            g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
+            return send_up(R, job, sl, s, again ? K.op[O_FLUSH] : K.op[O_GRAD], 1);
         }
         if (g[K.reg[R_CLOSED]]) {
             count(R, job, C_FLUSH_RESEND);
@@ -645,6 +651,8 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         }
         g[K.reg[R_CLOSED]] = 1;
         g[K.reg[R_CLOSER]] = w;
+        if (leaf)
+            g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
         count(R, job, C_FLUSH_PARTIAL);
         return close_round(R, job, sl, s, K.op[O_GRAD]);
     }
@@ -661,12 +669,12 @@ static int one_packet(run_t *R, Py_ssize_t i) {
     }
     if (q > seq) {
         start_round(g, bm, acc, payload, k, q, 0, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
-                    chunk, g[K.reg[R_CLOSER]], spine ? (int64_t)1 << w : 0, 0);
+                    chunk, g[K.reg[R_CLOSER]], spine ? (int64_t)1 << w : 0, K.leaf_state[LS_PARTIAL]);
         count(R, job, C_GRAD_START);
     } else if (q < seq) {
         count(R, job, C_GRAD_STALE);
         return 0;
-    } else if (g[K.reg[R_CLOSED]] && leaf && !g[K.reg[R_FINAL]]) {
+    } else if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
         count(R, job, C_UP_RESEND);
         return send_up(R, job, sl, s, K.op[O_GRAD], 1);
     } else if (g[K.reg[R_CLOSED]]) {

@@ -55,11 +55,14 @@ NO_KEY = int(np.iinfo(np.int64).min)
 # Slot registers (the registers the P4 program keeps), one int64 column each in ``_Slots.regs`` (P, R), so
 # a set of slots is gathered and scattered with all its registers in one operation; the bitmap is a uint64
 # array of its own and the accumulator a (P, K) int32 array.
-# "parts" (a spine: the leaves whose partial is in the round) and "final" (a leaf: the slot holds the
-# spine's RESULT, not its own partial) serve the hierarchy (docs/protocol.md, "Hierarchy").
+# "parts" (a spine: the leaves whose partial is in the round) and "leaf_state" (a leaf: LEAF_PARTIAL, the
+# slot holds its own partial; LEAF_FLUSHED, and a worker FLUSHed it; LEAF_FINAL, it holds the spine's
+# RESULT) serve the hierarchy (docs/protocol.md, "Hierarchy").
 SLOT_REGISTERS = (
-    "seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer", "parts", "final",
+    "seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer",
+    "parts", "leaf_state",
 )  # fmt: skip
+LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL = 0, 1, 2
 
 _C = {name: i for i, name in enumerate(SWITCH_COUNTERS)}
 _NC = len(SWITCH_COUNTERS)
@@ -336,6 +339,7 @@ def _configure() -> None:
         tuple(valid),
         (_RETX, _SATURATED, _CRITICAL, _MAX),
         tuple(range(len(SLOT_REGISTERS))),
+        (LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL),
         tuple(_C[name] for name in _COUNTER_ROLES),
     )
 

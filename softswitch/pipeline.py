@@ -35,7 +35,15 @@ from hostlib.protocol import (
     Role,
     check_elems_per_packet,
 )
-from softswitch.batch import SLOT_REGISTERS, BatchEngine, OutBatch, worker_keys
+from softswitch.batch import (
+    LEAF_FINAL,
+    LEAF_FLUSHED,
+    LEAF_PARTIAL,
+    SLOT_REGISTERS,
+    BatchEngine,
+    OutBatch,
+    worker_keys,
+)
 
 Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_port) address
 Egress = list[tuple[Port, bytes]]
@@ -47,7 +55,7 @@ _GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ, _HEARTBEAT = (
     int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)
 )
 _ROUND_FLAGS = _MAX | _SATURATED
-_SEQ, _CLOSED, _CLOSER, _FINAL = (SLOT_REGISTERS.index(name) for name in ("seq", "closed", "closer", "final"))
+_SEQ, _CLOSED, _CLOSER, _STATE = (SLOT_REGISTERS.index(n) for n in ("seq", "closed", "closer", "leaf_state"))
 _FLAT, _LEAF, _SPINE = int(Role.FLAT), int(Role.LEAF), int(Role.SPINE)
 _VALID_OPS = {int(op) for op in Op}
 
@@ -351,18 +359,18 @@ class SoftSwitch:
         slots = job.slots
         regs = slots.regs
         row_values = regs[s].tolist()
-        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, final) = row_values
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state) = row_values
         bitmap = int(slots.bitmap[s])
         if q > seq:
             self._store(job, s, data, hcount)
             seq, closed, count, bitmap, sweight, sexp = q, False, hcount, hbitmap, weight, exp
             sflags, snelem, sstep, schunk = flags & _ROUND_FLAGS, nelem, step, chunk
-            parts, final = (1 << w if spine else 0), 0
+            parts, state = (1 << w if spine else 0), LEAF_PARTIAL
             self._count(job_id, "grad_start")
         elif q < seq:
             self._count(job_id, "grad_stale")
             return []
-        elif closed and cfg.role == _LEAF and not final:
+        elif closed and cfg.role == _LEAF and state != LEAF_FINAL:
             # Forwarded, no answer yet: the worker may have lost it, or the partial was lost on its way up.
             self._count(job_id, "up_resend")
             return self._send_up(job, s, _GRAD, retx=True)
@@ -391,7 +399,7 @@ class SoftSwitch:
         reached = (parts.bit_count() if spine else count) >= cfg.quorum
         if reached:
             closed, closer = True, w
-        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, final)
+        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state)
         slots.bitmap[s] = bitmap
         if reached:
             self._count(job_id, "result_quorum")
@@ -425,30 +433,35 @@ class SoftSwitch:
     def _flush(
         self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
     ) -> Egress:
-        """FLUSH at a flat switch or a leaf. A leaf's first FLUSH of a round closes it there and sends the
-        partial up as a GRAD (the spine still waits for the other leaves); a FLUSH of a round already
-        forwarded and not answered sends the partial up as a FLUSH, which closes the spine's round."""
+        """FLUSH at a flat switch or a leaf. A leaf's first FLUSH of a round closes it there (or, if it was
+        forwarded by quorum, sends it again) and sends the partial up as a GRAD: the spine still waits
+        for the other leaves, whose workers are flushing too. A FLUSH of a round flushed here before and
+        not answered sends the partial up as a FLUSH, which closes the spine's round."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
         leaf = job.cfg.role == _LEAF
-        seq, closed, final = (int(v) for v in regs[s, [_SEQ, _CLOSED, _FINAL]])
+        seq, closed, state = (int(v) for v in regs[s, [_SEQ, _CLOSED, _STATE]])
         if q > seq:
             slots.acc[s] = 0
-            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, 0)
+            state = LEAF_FLUSHED if leaf else LEAF_PARTIAL
+            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, state)
             slots.bitmap[s] = 0
             self._count(job_id, "flush_empty")
             return self._close(job, s)
         if q < seq:
             self._count(job_id, "flush_stale")
             return []
-        if closed and leaf and not final:
+        if closed and leaf and state != LEAF_FINAL:
             self._count(job_id, "up_resend")
-            return self._send_up(job, s, _FLUSH, retx=True)
+            regs[s, _STATE] = LEAF_FLUSHED
+            return self._send_up(job, s, _FLUSH if state == LEAF_FLUSHED else _GRAD, retx=True)
         if closed:
             self._count(job_id, "flush_resend")
             return self._emit(job, s, [w], retx=True)
         regs[s, _CLOSED] = True
         regs[s, _CLOSER] = w
+        if leaf:
+            regs[s, _STATE] = LEAF_FLUSHED
         self._count(job_id, "flush_partial")
         return self._close(job, s)
 
@@ -534,14 +547,27 @@ class SoftSwitch:
             self._count(job_id, "down_stale")
             return []
         self._store(job, s, data, 1)
-        regs[s] = (q, True, hcount, weight, exp, flags & _ROUND_FLAGS, nelem, step, chunk, closer, 0, 1)
+        regs[s] = (
+            q,
+            True,
+            hcount,
+            weight,
+            exp,
+            flags & _ROUND_FLAGS,
+            nelem,
+            step,
+            chunk,
+            closer,
+            0,
+            LEAF_FINAL,
+        )
         job.slots.bitmap[s] = hbitmap
         self._count(job_id, "down_result")
         return self._emit(job, s, job.cfg.local, retx=bool(flags & _RETX))
 
     def _header(self, job: _Job, s: int, op: int, flags: int, worker_id: int) -> bytes:
         """Header of a packet built from slot ``s``: a RESULT, or a leaf's partial going up."""
-        (seq, _closed, count, weight, exp, sflags, nelem, step, chunk, _closer, _parts, _final) = (
+        (seq, _closed, count, weight, exp, sflags, nelem, step, chunk, _closer, _parts, _state) = (
             job.slots.regs[s].tolist()
         )
         return HEADER_STRUCT.pack(

@@ -110,19 +110,37 @@ def test_late_worker_after_forwarding_resends_the_partial_without_its_values():
     assert changed(sw)["up_resend"] == 1
 
 
-def test_lost_partial_is_recovered_by_a_flush_that_closes_the_spine():
+def test_lost_partial_is_recovered_by_the_workers_flush():
     lf, sp = leaf(0), spine()
     sw_out = lf.process(grad(0, [1, 2, 3, 4]), W[0]) + lf.process(grad(1, [1, 1, 1, 1]), W[1])
     assert len(sw_out) == 1  # the partial: lost on its way up (not delivered)
     sp.process(partial(1, [7, 7, 7, 7], 0b1100), LEAF1)  # leaf 1's partial arrived; spine waits for leaf 0
-    # Worker 0 times out and FLUSHes its leaf: the forwarded partial goes up again, as a FLUSH.
+    # Worker 0 times out and FLUSHes its leaf: the forwarded partial goes up again (a GRAD: the spine may
+    # still wait for other leaves, whose workers are flushing too).
     ((port, up),) = lf.process(flush(0), W[0])
     h, _ = parse(up)
-    assert port == SPINE and h.op == Op.FLUSH and h.flags & Flag.RETX and h.count == 2
+    assert port == SPINE and h.op == Op.GRAD and h.flags & Flag.RETX and h.count == 2
     out = sp.process(up, LEAF0)
     h, payload = parse(out[0][1])
     assert (h.count, h.bitmap, payload) == (4, 0b1111, [9, 10, 11, 12])
-    assert changed(sp) == {"grad_start": 1, "flush_partial": 1}
+    assert changed(sp) == {"grad_start": 1, "grad_add": 1, "result_quorum": 1}
+
+
+def test_second_flush_of_a_forwarded_round_closes_the_spine():
+    lf, sp = leaf(0), spine()
+    ((_, up0),) = lf.process(grad(0, [1, 2, 3, 4]), W[0]) + lf.process(grad(1, [1, 1, 1, 1]), W[1])
+    assert sp.process(up0, LEAF0) == []  # leaf 1 is dead: the spine waits
+    ((_, again),) = lf.process(flush(0), W[0])  # first FLUSH: the partial again, as a GRAD (a duplicate)
+    assert parse(again)[0].op == Op.GRAD and sp.process(again, LEAF0) == []
+    ((_, closing),) = lf.process(flush(1), W[1])  # second FLUSH of the round: as a FLUSH
+    assert parse(closing)[0].op == Op.FLUSH
+    out = sp.process(closing, LEAF0)
+    assert sorted(p for p, _ in out) == [LEAF0, LEAF1] and parse(out[0][1])[0].bitmap == 0b0011
+    assert changed(lf)["up_resend"] == 2 and changed(sp) == {
+        "grad_start": 1,
+        "grad_dup": 1,
+        "flush_partial": 1,
+    }
 
 
 def test_dead_leaf_a_flush_closes_the_spine_without_it():
