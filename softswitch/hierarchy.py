@@ -112,15 +112,20 @@ class Fabric:
         self.blocks = leaf_blocks(self.n_workers, self.n_leaves)
         self.leaf_of = {w: j for j, block in enumerate(self.blocks) for w in block}
         self.rng = np.random.default_rng(self.seed)
-        kw = dict(pool_size=self.pool_size, elems_per_packet=self.elems_per_packet)
+        pool, k = self.pool_size, self.elems_per_packet
         self.leaves = []
         for j, block in enumerate(self.blocks):
             sw = SoftSwitch(seed=self.seed * 131 + j)
             ports = {w: self.WORKER + w for w in block}
-            sw.add_job(leaf_job(self.job_id, ports, self.n_workers, self.SPINE, j, **kw))  # type: ignore[arg-type]
+            sw.add_job(
+                leaf_job(
+                    self.job_id, ports, self.n_workers, self.SPINE, j, pool_size=pool, elems_per_packet=k
+                )
+            )
             self.leaves.append(sw)
         self.spine = SoftSwitch(seed=self.seed * 131 + 127)
-        self.spine.add_job(spine_job(self.job_id, [self.LEAF + j for j in range(self.n_leaves)], **kw))  # type: ignore[arg-type]
+        leaf_ports = [self.LEAF + j for j in range(self.n_leaves)]
+        self.spine.add_job(spine_job(self.job_id, leaf_ports, pool_size=pool, elems_per_packet=k))
         self.inbox = [[] for _ in range(self.n_workers)]
         self._pending: list[tuple[int, int, bytes]] = []  # (from, to, packet)
         self.link_drops = 0
@@ -161,7 +166,12 @@ class Fabric:
 
     def _process(self, sw: SoftSwitch, packets: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         if not self.batched:
-            return [(int(e), p) for src, data in packets for e, p in sw.process(data, src)]  # type: ignore[call-overload]
+            out: list[tuple[int, bytes]] = []
+            for src, data in packets:
+                out += [
+                    (int(egress), packet) for egress, packet in sw.process(data, src)
+                ]  # ports are ints here
+            return out
         width = max(len(p) for _, p in packets)
         data = np.zeros((len(packets), width), dtype=np.uint8)
         lens = np.zeros(len(packets), dtype=np.int64)

@@ -369,3 +369,22 @@ def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels():
     leaves = [sw.read_counters(1) for sw in switches[:2]]
     assert all(c["up_partial"] > 0 and c["down_result"] > 0 and c["drop_policy_up"] > 0 for c in leaves)
     assert spine_sw is switches[2] and spine_sw.read_counters(1)["drop_policy_up"] > 0
+
+
+def test_the_documented_leaf_and_spine_files_parse(tmp_path):
+    import re
+    from pathlib import Path
+
+    from softswitch.config import load_switch
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "jobs_file.md").read_text()
+    section = doc.split("## Leaf and spine jobs", 1)[1].split("\n## ", 1)[0]
+    leaf_text, spine_text = re.findall(r"```toml\n(.*?)```", section, re.S)
+    (tmp_path / "leaf1.toml").write_text(leaf_text)
+    (tmp_path / "spine.toml").write_text(spine_text)
+    leaf_cfg = load_switch(tmp_path / "leaf1.toml").jobs[1].cfg
+    spine_cfg = load_switch(tmp_path / "spine.toml").jobs[1].cfg
+    assert (leaf_cfg.role, leaf_cfg.leaf_id, leaf_cfg.local) == (Role.LEAF, 1, [2, 3])
+    # the leaf's uplink is the spine, and the spine's leaf 1 is where that leaf listens
+    assert spine_cfg.role == Role.SPINE and spine_cfg.workers[1] == ("127.0.0.1", 48902)
+    assert leaf_cfg.uplink == ("127.0.0.1", 48900)
