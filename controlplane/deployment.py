@@ -73,6 +73,12 @@ def job_spec(job: JobEntry, job_file: JobFile) -> JobSpec:
             f"elems_per_packet = {job.elems_per_packet}: a P4 switch runs its compiled "
             f"K = {DEFAULT_ELEMS_PER_PACKET} and P4Runtime cannot change it; leave the key out for lta ctl",
         )
+    if job.role != "flat":
+        raise job_file.error(
+            job.where,
+            f'role = "{job.role}": the P4 program has no leaf/spine roles yet (docs/protocol.md, '
+            f'"Hierarchy"); serve this job with lta softswitch --config FILE',
+        )
     workers = []
     for w, worker in enumerate(job.workers):
         try:

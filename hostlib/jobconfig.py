@@ -54,6 +54,7 @@ from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     MAX_ELEMS_PER_PACKET,
     MAX_JOBS,
+    MAX_LEAVES,
     MAX_WORKERS,
     parse_address,
 )
@@ -68,7 +69,11 @@ DROP_MODELS = ("bernoulli", "gilbert_elliott", "none")
 
 _TOP_KEYS = ("seed", "switches", "jobs")
 _SWITCH_KEYS = ("name", "target", "device_id")
-_JOB_KEYS = ("job_id", "switch", "workers", "quorum", "pool_size", "slot_base", "elems_per_packet", "drop")
+_JOB_KEYS = (
+    "job_id", "switch", "workers", "quorum", "pool_size", "slot_base", "elems_per_packet", "drop",
+    "role", "uplink", "leaf_id", "worker_base",
+)  # fmt: skip
+ROLES = ("flat", "leaf", "spine")  # hostlib.protocol.Role, by name (docs/protocol.md, "Hierarchy")
 _WORKER_KEYS = ("ip", "udp_port", "port", "mac")
 _DROP_KEYS = ("direction", "model", "worker", "p", "r", "loss_good", "loss_bad")
 _GILBERT_ELLIOTT_ONLY = ("r", "loss_good", "loss_bad")
@@ -136,6 +141,13 @@ class JobEntry:
     switch: str | None = None
     drops: tuple[DropEntry, ...] = ()
     index: int = field(default=0, compare=False)  # position in the file, for messages
+    # The hierarchy (docs/protocol.md, "Hierarchy"): a leaf's workers are global ids worker_base,
+    # worker_base + 1, ...; it sends closed rounds to uplink as contributor leaf_id. A spine's workers
+    # are its leaves (workers[j] = leaf j's address).
+    role: str = "flat"
+    uplink: tuple[str, int] | None = None
+    leaf_id: int = 0
+    worker_base: int = 0
 
     @property
     def n_workers(self) -> int:
@@ -358,6 +370,7 @@ class TableReader:
             drops.append(drop)
         elems = self.integer(where, table, "elems_per_packet", 1, MAX_ELEMS_PER_PACKET)
         pool_size = self.integer(where, table, "pool_size", 1, MAX_POOL_SIZE)
+        role, uplink, leaf_id, worker_base = self.hierarchy(where, table, n)
         return JobEntry(
             job_id=job_id,
             workers=workers,
@@ -368,7 +381,36 @@ class TableReader:
             switch=switch,
             drops=tuple(drops),
             index=i,
+            role=role,
+            uplink=uplink,
+            leaf_id=leaf_id,
+            worker_base=worker_base,
         )
+
+    def hierarchy(
+        self, where: str, table: dict[str, Any], n: int
+    ) -> tuple[str, tuple[str, int] | None, int, int]:
+        """``role``, ``uplink``, ``leaf_id`` and ``worker_base`` of a job, checked together."""
+        role = self.string(where, table, "role") or "flat"
+        if role not in ROLES:
+            raise self.fail(where, f"role = {role!r}: must be one of {', '.join(ROLES)}")
+        leaf_only = [key for key in ("uplink", "leaf_id", "worker_base") if key in table]
+        if role != "leaf" and leaf_only:
+            raise self.fail(where, f'{", ".join(leaf_only)} only belong to a job with role = "leaf"')
+        if role == "spine" and n > MAX_LEAVES:
+            raise self.fail(where, f"a spine's workers are its leaves: at most {MAX_LEAVES}, got {n}")
+        if role != "leaf":
+            return role, None, 0, 0
+        text = self.string(where, table, "uplink")
+        if text is None:
+            raise self.fail(where, 'a leaf needs uplink = "IP:UDP_PORT" (the spine\'s address)')
+        try:
+            uplink = parse_address(text)
+        except ValueError as exc:
+            raise self.fail(f"{where}.uplink", str(exc)) from None
+        leaf_id = self.integer(where, table, "leaf_id", 0, MAX_LEAVES - 1)
+        worker_base = self.integer(where, table, "worker_base", 0, MAX_WORKERS - n)
+        return role, uplink, leaf_id or 0, worker_base or 0
 
     def worker(self, where: str, value: Any) -> WorkerEntry:
         if isinstance(value, int) and not isinstance(value, bool):

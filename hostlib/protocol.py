@@ -58,6 +58,22 @@ class Flag(enum.IntFlag):
     MAX = 0x08  # aggregate by element-wise max instead of sum (exponent rounds)
 
 
+class Role(enum.IntEnum):
+    """A switch's part in a job (docs/protocol.md, "Hierarchy"). FLAT sums its workers and answers them.
+    A LEAF sums its own workers, sends the partial aggregate up to its uplink as one GRAD (or FLUSH) that
+    carries the partial's count, bitmap and weight, and multicasts the RESULT that comes back down. A
+    SPINE sums the leaves' partials: a leaf is one contributor whose count, bitmap and weight are added
+    as they are, so the RESULT carries the exact global count and bitmap."""
+
+    FLAT = 0
+    LEAF = 1
+    SPINE = 2
+
+
+# A spine's contributors (leaves) are kept in a 32-bit slot register ("parts").
+MAX_LEAVES = 32
+
+
 # The parameter-server exchange (docs/protocol.md, "Parameter-server mode"): the same header and the
 # same K-lane payload, served by `lta ps` (softswitch/ps/), never by a switch. These ops are kept out of
 # `Op` on purpose: `Op` is the switch contract (and the P4 constants generated from it), and a switch,
@@ -141,6 +157,18 @@ COUNTERS: tuple[str, ...] = (
     "drop_policy_param",  # emulated loss of a PARAM / PARAM_REQ replica
     "tx_packets",  # every packet the switch sent
 )
+
+
+# Counters of the hierarchy's branches (docs/protocol.md, "Hierarchy"). Kept beside COUNTERS, not in it:
+# COUNTERS is also the P4 program's counter list (generated), and the P4 program has no roles yet. The
+# softswitch counts both lists (read_counters returns COUNTERS + HIERARCHY_COUNTERS).
+HIERARCHY_COUNTERS: tuple[str, ...] = (
+    "up_partial",  # a leaf closed its round (quorum or FLUSH) and sent its partial aggregate up
+    "up_resend",  # a leaf sent a forwarded partial up again (a worker asked for a round still unanswered)
+    "down_result",  # a leaf took the spine's RESULT and multicast it to its workers
+    "down_stale",  # a RESULT from the uplink for an older round than the slot's: dropped
+)
+SWITCH_COUNTERS: tuple[str, ...] = COUNTERS + HIERARCHY_COUNTERS
 
 
 # Per-worker packet counter, for liveness: every packet that passes the worker check (GRAD, FLUSH,

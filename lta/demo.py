@@ -14,7 +14,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
-from hostlib.protocol import MAX_ELEMS_PER_PACKET
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.verify import check_result, seeded_input
 from lta.jsonout import emit
@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "switch counted.",
     )
     p.add_argument("--workers", type=argtypes.workers, default=4, help="worker processes, 1..64")
+    p.add_argument(
+        "--leaves",
+        type=argtypes.int_range(0, MAX_LEAVES, "leaves"),
+        default=0,
+        help="0: one switch; L > 0: a leaf-spine tree of L leaf softswitches (the workers in contiguous "
+        "blocks) and a spine, --loss and --down-loss on both levels (docs/protocol.md, 'Hierarchy')",
+    )
     p.add_argument(
         "--mib",
         type=argtypes.float_range(0.0, low_open=True, what="MiB"),
@@ -114,16 +121,24 @@ def check_fits(workers: int, mib: float, n_values: int) -> None:
 def run(args: argparse.Namespace) -> int:
     n_values = max(1, int(args.mib * (1 << 20) / 4))
     check_fits(args.workers, args.mib, n_values)
+    if args.leaves > args.workers:
+        raise UsageError(
+            f"--leaves {args.leaves} is more than --workers {args.workers}: every leaf needs a worker"
+        )
+    drop = {"up": DropPolicy(p=args.loss), "down": DropPolicy(p=args.down_loss)}
     spec = JobSpec(
         n_workers=args.workers,
         transport=TransportConfig(
             elems_per_packet=args.elems_per_packet, fallback=args.fallback, seed=args.seed
         ),
-        drop={"up": DropPolicy(p=args.loss), "down": DropPolicy(p=args.down_loss)},
+        drop=drop,
         switch_seed=args.seed,
+        leaves=args.leaves,
+        spine_drop=drop,
     )
+    tree = f" behind {args.leaves} leaves and a spine" if args.leaves else ""
     title = (
-        f"lta demo: {args.workers} workers, {args.mib:g} MiB x {args.rounds} rounds, "
+        f"lta demo: {args.workers} workers{tree}, {args.mib:g} MiB x {args.rounds} rounds, "
         f"up loss {args.loss:.0%}, down loss {args.down_loss:.0%}, fallback {args.fallback}"
     )
     t0 = time.perf_counter()
@@ -134,25 +149,33 @@ def run(args: argparse.Namespace) -> int:
             if rank == 0:
                 status.update(f"round {done}/{total} done (worker 0)")
 
-        results, switch = run_job(spec, demo_worker, n_values, args.rounds, args.seed, on_progress=progress)
+        switches: list = []
+        results, switch = run_job(
+            spec, demo_worker, n_values, args.rounds, args.seed, on_progress=progress, switches=switches
+        )
     wall = time.perf_counter() - t0
     counters = switch.read_counters(spec.job_id)
+    leaves = [sw.read_counters(spec.job_id) for sw in switches[:-1]]
     ok = all(r["worst_error_over_bound"] < 1.0 for r in results)
     if args.json:
-        emit(SCHEMA, {"workers": results, "switch": counters, "wall_s": wall, "exact": ok})
+        doc = {"workers": results, "switch": counters, "wall_s": wall, "exact": ok}
+        if args.leaves:
+            doc["leaves"] = leaves
+        emit(SCHEMA, doc)
         return 0 if ok else 1
-    _print_tables(args, results, counters, wall, ok)
+    _print_tables(args, results, counters, wall, ok, leaves)
     return 0 if ok else 1
 
 
-def _print_tables(args, results, counters, wall, ok) -> None:
+def _print_tables(args, results, counters, wall, ok, leaves) -> None:
     from rich.console import Console
     from rich.table import Table
 
     # 12 columns, 122 characters: a narrower console (a pipe's 80) would fold the headers ("max err/bound")
     console = Console(width=max(Console().width, 130))
+    tree = f" behind {args.leaves} leaves and a spine (loss on both levels)" if args.leaves else ""
     console.print(
-        f"[bold]lta demo[/]: {args.workers} workers, {args.mib} MiB x {args.rounds} rounds, "
+        f"[bold]lta demo[/]: {args.workers} workers{tree}, {args.mib} MiB x {args.rounds} rounds, "
         f"up loss {args.loss:.0%}, down loss {args.down_loss:.0%}, fallback {args.fallback}"
     )
     table = Table()
@@ -188,8 +211,14 @@ def _print_tables(args, results, counters, wall, ok) -> None:
             f"{r['worst_error_over_bound']:.2f}",
         )
     console.print(table)
+    for j, leaf in enumerate(leaves):
+        shown = {k: v for k, v in leaf.items() if v}
+        console.print(
+            f"leaf {j} counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), soft_wrap=True
+        )
     shown = {k: v for k, v in counters.items() if v}
-    console.print("switch counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), soft_wrap=True)
+    name = "spine" if args.leaves else "switch"
+    console.print(f"{name} counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), soft_wrap=True)
     verdict = (
         "[green]every chunk equals the mean over its bitmap (within the codec bound)[/]"
         if ok

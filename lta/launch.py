@@ -27,6 +27,7 @@ from typing import Any
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import LtaError
 from hostlib.transport import LtaWorker, TransportConfig
+from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -40,6 +41,11 @@ class JobSpec:
     drop: dict[str, DropPolicy] = field(default_factory=dict)  # direction -> policy (all workers)
     switch_seed: int = 0
     timeout_s: float = 600.0
+    # A leaf-spine tree instead of one switch (docs/protocol.md, "Hierarchy"): 0 = one flat switch; L > 0:
+    # L leaf softswitches (contiguous blocks of workers, softswitch.hierarchy.leaf_blocks) and a spine.
+    # ``drop`` applies at the leaves (worker <-> leaf), ``spine_drop`` at the spine (leaf <-> spine).
+    leaves: int = 0
+    spine_drop: dict[str, DropPolicy] = field(default_factory=dict)
 
 
 # In a worker process: where report_progress sends (the queue to the parent, this worker's rank).
@@ -118,25 +124,85 @@ def _with_rank(exc: LtaError, rank: int) -> LtaError:
         return exc
 
 
+class _Fabric:
+    """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.switches: list[SoftSwitch] = []  # leaves first, then the spine (or the one flat switch)
+        self.servers: list[SoftSwitchServer] = []
+        n_switches = spec.leaves + 1 if spec.leaves else 1
+        try:
+            for i in range(n_switches):
+                switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
+                self.switches.append(switch)
+                self.servers.append(SoftSwitchServer(switch).start())
+        except BaseException:
+            self.stop()
+            raise
+        self.blocks = (
+            leaf_blocks(spec.n_workers, spec.leaves) if spec.leaves else [list(range(spec.n_workers))]
+        )
+        self.leaf_of = {w: j for j, block in enumerate(self.blocks) for w in block}
+
+    @property
+    def top(self) -> SoftSwitch:
+        """The flat switch, or the spine."""
+        return self.switches[-1]
+
+    def entry(self, rank: int) -> tuple[str, int]:
+        """The address worker ``rank`` sends to: the flat switch, or its leaf."""
+        return self.servers[self.leaf_of[rank] if self.spec.leaves else 0].address
+
+    def install(self, addrs: dict[int, Any]) -> None:
+        spec, cfg = self.spec, self.spec.transport
+        kw = dict(pool_size=cfg.pool_size, elems_per_packet=cfg.elems_per_packet)
+        if not spec.leaves:
+            self.top.add_job(
+                JobConfig(spec.job_id, [addrs[r] for r in range(spec.n_workers)], spec.quorum, **kw)
+            )
+            for direction, policy in spec.drop.items():
+                self.top.set_drop_policy(spec.job_id, direction, policy)
+            return
+        spine_address = self.servers[-1].address
+        for j, block in enumerate(self.blocks):
+            ports = {w: addrs[w] for w in block}
+            self.switches[j].add_job(leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw))
+            for direction, policy in spec.drop.items():
+                self.switches[j].set_drop_policy(spec.job_id, direction, policy)
+        self.top.add_job(spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw))
+        for direction, policy in spec.spine_drop.items():
+            self.top.set_drop_policy(spec.job_id, direction, policy)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
 def run_job(
     spec: JobSpec,
     body: Callable[..., Any],
     *args: Any,
     on_progress: Callable[[int, int, int], None] | None = None,
+    switches: list[SoftSwitch] | None = None,
 ) -> tuple[list[Any], SoftSwitch]:
-    """Run ``body`` in ``spec.n_workers`` processes through a fresh softswitch. Returns each rank's
-    result (in rank order) and the switch (for its counters). ``body`` must be picklable (a
-    module-level function). ``on_progress(rank, done, total)`` hears the bodies' :func:`report_progress`.
-    """
+    """Run ``body`` in ``spec.n_workers`` processes through fresh softswitches (one, or with
+    ``spec.leaves`` a leaf-spine tree). Returns each rank's result (in rank order) and the switch (the
+    spine of a tree) for its counters; ``switches``, when given, receives every switch (leaves first).
+    ``body`` must be picklable (a module-level function). ``on_progress(rank, done, total)`` hears the
+    bodies' :func:`report_progress`."""
     ctx = mp.get_context("spawn")
-    switch = SoftSwitch(seed=spec.switch_seed)
     log_level = logging.getLogger().getEffectiveLevel()
-    with SoftSwitchServer(switch) as server:
+    fabric = _Fabric(spec)
+    if switches is not None:
+        switches.extend(fabric.switches)
+    switch = fabric.top
+    try:
         queue, go = ctx.Queue(), ctx.Event()
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(spec, r, server.address, body, args, queue, go, log_level),
+                args=(spec, r, fabric.entry(r), body, args, queue, go, log_level),
                 daemon=True,
             )
             for r in range(spec.n_workers)
@@ -163,19 +229,10 @@ def run_job(
                 if kind == "addr":
                     addrs[rank] = payload
                     if len(addrs) == spec.n_workers:
-                        cfg = spec.transport
-                        switch.add_job(
-                            JobConfig(
-                                spec.job_id,
-                                [addrs[r] for r in range(spec.n_workers)],
-                                quorum=spec.quorum,
-                                pool_size=cfg.pool_size,
-                                elems_per_packet=cfg.elems_per_packet,
-                            )
-                        )
-                        for direction, policy in spec.drop.items():
-                            switch.set_drop_policy(spec.job_id, direction, policy)
+                        fabric.install(addrs)
                         go.set()
                 else:
                     results[rank] = payload
+    finally:
+        fabric.stop()
     return [results[r] for r in range(spec.n_workers)], switch

@@ -29,11 +29,14 @@ enum { F_VERSION, F_OP, F_FLAGS, F_EXP, F_JOB, F_WORKER, F_COUNT, F_SLOT, F_NELE
 /* Ops, flags, registers and counter roles: configure() gives their values / indices. */
 enum { O_GRAD, O_RESULT, O_FLUSH, O_PARAM, O_PARAM_REQ, O_HEARTBEAT, N_OPS };
 enum { FL_RETX, FL_SATURATED, FL_CRITICAL, FL_MAX, N_FLAGS };
-enum { R_SEQ, R_CLOSED, R_COUNT, R_WEIGHT, R_EXP, R_FLAGS, R_NELEM, R_STEP, R_CHUNK, R_CLOSER, N_REGS };
+enum { R_SEQ, R_CLOSED, R_COUNT, R_WEIGHT, R_EXP, R_FLAGS, R_NELEM, R_STEP, R_CHUNK, R_CLOSER, R_PARTS, R_STATE,
+       N_REGS };
+enum { LS_PARTIAL, LS_FLUSHED, LS_FINAL, N_LEAF_STATES }; /* softswitch.batch.LEAF_* */
+enum { RL_FLAT, RL_LEAF, RL_SPINE, N_JOB_ROLES }; /* hostlib.protocol.Role */
 enum { C_RX, C_MALFORMED, C_UNKNOWN_JOB, C_SLOT_RANGE, C_BAD_WORKER, C_POLICY_UP, C_GRAD_START, C_GRAD_ADD,
        C_GRAD_DUP, C_GRAD_LATE_RESEND, C_GRAD_STALE, C_GRAD_EXP_MISMATCH, C_RESULT_QUORUM, C_FLUSH_PARTIAL,
        C_FLUSH_EMPTY, C_FLUSH_RESEND, C_FLUSH_STALE, C_PARAM_FWD, C_PARAM_REQ_FWD, C_HEARTBEAT,
-       C_POLICY_DOWN, C_POLICY_PARAM, C_TX, N_ROLES };
+       C_POLICY_DOWN, C_POLICY_PARAM, C_TX, C_UP_PARTIAL, C_UP_RESEND, C_DOWN_RESULT, C_DOWN_STALE, N_ROLES };
 enum { D_UP, D_DOWN, D_PARAM }; /* hostlib.dropmodels.DIRECTIONS */
 
 #define MAX_JOBS_C 4096
@@ -44,7 +47,7 @@ static struct {
     int ready;
     int off[N_FIELDS], size[N_FIELDS];
     int header_bytes, version, max_jobs, max_workers, ncounters, nregs;
-    int op[N_OPS], flag[N_FLAGS], reg[N_REGS], counter[N_ROLES];
+    int op[N_OPS], role[N_JOB_ROLES], flag[N_FLAGS], reg[N_REGS], leaf_state[N_LEAF_STATES], counter[N_ROLES];
     uint8_t valid_op[256];
 } K;
 
@@ -96,15 +99,17 @@ static int int_tuple(PyObject *seq, int *out, int n, const char *what) {
 }
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *offs, *sizes, *ops, *valid_ops, *flags, *regs, *counters;
-    if (!PyArg_ParseTuple(args, "OOiiiiiiOOOOO:configure", &offs, &sizes, &K.header_bytes, &K.version,
-                          &K.max_jobs, &K.max_workers, &K.ncounters, &K.nregs, &ops, &valid_ops, &flags, &regs,
-                          &counters))
+    PyObject *offs, *sizes, *ops, *roles, *valid_ops, *flags, *regs, *states, *counters;
+    if (!PyArg_ParseTuple(args, "OOiiiiiiOOOOOOO:configure", &offs, &sizes, &K.header_bytes, &K.version,
+                          &K.max_jobs, &K.max_workers, &K.ncounters, &K.nregs, &ops, &roles, &valid_ops, &flags,
+                          &regs, &states, &counters))
         return NULL;
     int valid[256];
     if (int_tuple(offs, K.off, N_FIELDS, "field offsets") < 0 || int_tuple(sizes, K.size, N_FIELDS, "field sizes") < 0 ||
-        int_tuple(ops, K.op, N_OPS, "ops") < 0 || int_tuple(valid_ops, valid, 256, "valid ops") < 0 ||
+        int_tuple(ops, K.op, N_OPS, "ops") < 0 || int_tuple(roles, K.role, N_JOB_ROLES, "roles") < 0 ||
+        int_tuple(valid_ops, valid, 256, "valid ops") < 0 ||
         int_tuple(flags, K.flag, N_FLAGS, "flags") < 0 || int_tuple(regs, K.reg, N_REGS, "registers") < 0 ||
+        int_tuple(states, K.leaf_state, N_LEAF_STATES, "leaf states") < 0 ||
         int_tuple(counters, K.counter, N_ROLES, "counters") < 0)
         return NULL;
     for (int i = 0; i < 256; i++)
@@ -163,6 +168,8 @@ typedef struct {
     Py_ssize_t width, stride;
     const int64_t *lens, *ingress;
     const int64_t *job_row, *elems, *pool, *quorum, *nworkers, *keys, *policy;
+    const int64_t *role, *uplink, *leaf_id; /* the hierarchy: per job */
+    const uint64_t *local;                  /* bit w: worker w is served here */
     int64_t *counters, *worker_rx;
     PyObject *slot_list;
     slots_t *slots;
@@ -325,22 +332,22 @@ static int add_replica(run_t *R, Py_ssize_t row, Py_ssize_t len, int64_t egress)
     return 0;
 }
 
-/* RESULT replicas of slot s of job to worker `only` (>= 0: a unicast resend) or to every worker. */
-static int emit(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int only, int retx) {
+/* A packet built from slot s into a new output row: op, the round's flags | extra, worker_id `worker`,
+ * the round's header fields and acc. Returns the row's number, -1 (exception set) when there is no room. */
+static Py_ssize_t slot_row(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op, int extra, int worker) {
     const int64_t *g = (const int64_t *)sl->regs.view.buf + s * K.nregs;
     Py_ssize_t k = (Py_ssize_t)R->elems[job], len = K.header_bytes + 4 * k;
     uint8_t *row = new_row(R, len);
     if (row == NULL)
         return -1;
-    Py_ssize_t rowno = R->rows_used - 1;
     memset(row, 0, (size_t)K.header_bytes);
     uint64_t v[N_FIELDS];
     v[F_VERSION] = (uint64_t)K.version;
-    v[F_OP] = (uint64_t)K.op[O_RESULT];
-    v[F_FLAGS] = (uint64_t)(g[K.reg[R_FLAGS]] | (retx ? K.flag[FL_RETX] : 0));
+    v[F_OP] = (uint64_t)op;
+    v[F_FLAGS] = (uint64_t)(g[K.reg[R_FLAGS]] | extra);
     v[F_EXP] = (uint64_t)g[K.reg[R_EXP]];
     v[F_JOB] = (uint64_t)job;
-    v[F_WORKER] = (uint64_t)g[K.reg[R_CLOSER]];
+    v[F_WORKER] = (uint64_t)worker;
     v[F_COUNT] = (uint64_t)g[K.reg[R_COUNT]];
     v[F_SLOT] = (uint64_t)s;
     v[F_NELEM] = (uint64_t)g[K.reg[R_NELEM]];
@@ -355,10 +362,24 @@ static int emit(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int only, int 
     uint8_t *p = row + K.header_bytes;
     for (Py_ssize_t j = 0; j < k; j++)
         store_be32(p + 4 * j, (uint32_t)acc[j]);
+    return R->rows_used - 1;
+}
+
+/* RESULT replicas of slot s of job to worker `only` (>= 0: a unicast resend) or to every worker served
+ * here (a leaf's local workers; a spine's leaves). */
+static int emit(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int only, int retx) {
+    const int64_t *g = (const int64_t *)sl->regs.view.buf + s * K.nregs;
+    Py_ssize_t len = K.header_bytes + 4 * (Py_ssize_t)R->elems[job];
+    Py_ssize_t rowno = slot_row(R, job, sl, s, K.op[O_RESULT], retx ? K.flag[FL_RETX] : 0, (int)g[K.reg[R_CLOSER]]);
+    if (rowno < 0)
+        return -1;
     int nw = (int)R->nworkers[job];
     const int64_t *keys = R->keys + job * KEYS_PER_JOB;
+    uint64_t local = R->local[job];
     int first = only >= 0 ? only : 0, last = only >= 0 ? only + 1 : nw, sent = 0;
     for (int r = first; r < last; r++) {
+        if (only < 0 && !(local >> r & 1))
+            continue;
         int d = drops(R, job, D_DOWN, r, 0);
         if (d < 0)
             return -1;
@@ -374,6 +395,83 @@ static int emit(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int only, int 
     if (!sent)
         R->rows_used--; /* every replica was dropped: the row goes to the next packet */
     return 0;
+}
+
+/* A leaf's partial of slot s to its uplink, as `op` (GRAD: closed here; FLUSH: close the spine's round). */
+static int send_up(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op, int retx) {
+    Py_ssize_t len = K.header_bytes + 4 * (Py_ssize_t)R->elems[job];
+    Py_ssize_t rowno = slot_row(R, job, sl, s, op, retx ? K.flag[FL_RETX] : 0, (int)R->leaf_id[job]);
+    if (rowno < 0 || add_replica(R, rowno, len, R->uplink[job]) < 0)
+        return -1;
+    count(R, job, C_TX);
+    return 0;
+}
+
+/* A round just closed: a leaf sends its partial up as `op`, any other role multicasts the RESULT. */
+static int close_round(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op) {
+    if (R->role[job] == K.role[RL_LEAF]) {
+        count(R, job, C_UP_PARTIAL);
+        return send_up(R, job, sl, s, op, 0);
+    }
+    return emit(R, job, sl, s, -1, 0);
+}
+
+/* acc = the packet's payload (zero for an empty partial: it carries no values). */
+static void store_acc(int32_t *acc, const uint8_t *payload, int64_t k, int64_t hcount) {
+    for (int64_t j = 0; j < k; j++)
+        acc[j] = hcount ? (int32_t)load_be32(payload + 4 * j) : 0;
+}
+
+/* acc += payload (int32 wrap-around, as the switch's registers), or max with the MAX flag. */
+static void combine_acc(int32_t *acc, const uint8_t *payload, int64_t k, int is_max) {
+    if (is_max) {
+        for (int64_t j = 0; j < k; j++) {
+            int32_t x = (int32_t)load_be32(payload + 4 * j);
+            if (x > acc[j])
+                acc[j] = x;
+        }
+    } else {
+        for (int64_t j = 0; j < k; j++)
+            acc[j] = (int32_t)((uint32_t)acc[j] + load_be32(payload + 4 * j));
+    }
+}
+
+/* Add a contribution (count hcount, bitmap hbitmap) to an open round: a spine round opened by an empty
+ * partial (count 0) takes the contribution's contents; an empty contribution adds no values. */
+static void add_part(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payload, int64_t k, int64_t hcount,
+                     uint64_t hbitmap, int64_t weight, int exp, int flags) {
+    const int mx = K.flag[FL_MAX], sat = K.flag[FL_SATURATED];
+    if (hcount && !g[K.reg[R_COUNT]]) {
+        store_acc(acc, payload, k, hcount);
+        g[K.reg[R_EXP]] = exp;
+        g[K.reg[R_FLAGS]] = (g[K.reg[R_FLAGS]] & sat) | (flags & mx);
+    } else if (hcount) {
+        combine_acc(acc, payload, k, (int)(g[K.reg[R_FLAGS]] & mx));
+    }
+    g[K.reg[R_COUNT]] += hcount;
+    *bm |= hbitmap;
+    g[K.reg[R_WEIGHT]] = (g[K.reg[R_WEIGHT]] + weight) & 0xFFFFFFFFll;
+    g[K.reg[R_FLAGS]] |= flags & sat;
+}
+
+/* A new round from a packet: its header fields, count hcount, bitmap hbitmap; closed or not. */
+static void start_round(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payload, int64_t k, int64_t q,
+                        int closed, int64_t hcount, uint64_t hbitmap, int64_t weight, int exp, int64_t flags,
+                        int64_t nelem, int64_t step, int64_t chunk, int64_t closer, int64_t parts, int64_t state) {
+    store_acc(acc, payload, k, hcount);
+    g[K.reg[R_SEQ]] = q;
+    g[K.reg[R_CLOSED]] = closed;
+    g[K.reg[R_COUNT]] = hcount;
+    *bm = hbitmap;
+    g[K.reg[R_WEIGHT]] = weight;
+    g[K.reg[R_EXP]] = exp;
+    g[K.reg[R_FLAGS]] = flags;
+    g[K.reg[R_NELEM]] = nelem;
+    g[K.reg[R_STEP]] = step;
+    g[K.reg[R_CHUNK]] = chunk;
+    g[K.reg[R_CLOSER]] = closer;
+    g[K.reg[R_PARTS]] = parts;
+    g[K.reg[R_STATE]] = state;
 }
 
 static int one_packet(run_t *R, Py_ssize_t i) {
@@ -392,15 +490,20 @@ static int one_packet(run_t *R, Py_ssize_t i) {
     int exp = (int)(int8_t)get_be(p + K.off[F_EXP], K.size[F_EXP]);
     int64_t job_id = (int64_t)get_be(p + K.off[F_JOB], K.size[F_JOB]);
     int w = (int)get_be(p + K.off[F_WORKER], K.size[F_WORKER]);
+    int64_t hcount = (int64_t)get_be(p + K.off[F_COUNT], K.size[F_COUNT]);
     Py_ssize_t s = (Py_ssize_t)get_be(p + K.off[F_SLOT], K.size[F_SLOT]);
     int64_t nelem = (int64_t)get_be(p + K.off[F_NELEM], K.size[F_NELEM]);
     int64_t q = (int64_t)get_be(p + K.off[F_SEQ], K.size[F_SEQ]);
+    uint64_t hbitmap = get_be(p + K.off[F_BITMAP], K.size[F_BITMAP]);
 
     int64_t job = R->job_row[job_id];
     if (job < 0 || job >= K.max_jobs)
         job = 0; /* (the table holds job ids; anything else is no job) */
     count(R, job, C_RX);
-    if (version != K.version || !K.valid_op[op] || op == K.op[O_RESULT]) {
+    int64_t role = R->role[job];
+    /* A RESULT reaches a switch only as the spine's answer to a leaf, from the leaf's uplink. */
+    int down = op == K.op[O_RESULT] && job != 0 && role == K.role[RL_LEAF] && R->ingress[i] == R->uplink[job];
+    if (version != K.version || !K.valid_op[op] || (op == K.op[O_RESULT] && !down)) {
         count(R, job, C_MALFORMED);
         return 0;
     }
@@ -409,27 +512,33 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         return 0;
     }
     int64_t k = R->elems[job];
-    if (len - K.header_bytes != 4 * k || nelem > k) {
+    int leaf = role == K.role[RL_LEAF], spine = role == K.role[RL_SPINE];
+    /* A partial's count must be the size of its bitmap: then no round's count can exceed its bitmap's. */
+    int bad_partial = spine && (op == K.op[O_GRAD] || op == K.op[O_FLUSH]) && hcount != __builtin_popcountll(hbitmap);
+    if (len - K.header_bytes != 4 * k || nelem > k || bad_partial) {
         count(R, job, C_MALFORMED);
         return 0;
     }
     int nw = (int)R->nworkers[job];
     const int64_t *keys = R->keys + job * KEYS_PER_JOB;
-    if (w >= nw || keys[w] != R->ingress[i]) {
-        count(R, job, C_BAD_WORKER);
-        return 0;
-    }
-    R->worker_rx[job * K.max_workers + w]++;
-    if (op == K.op[O_HEARTBEAT]) {
-        count(R, job, C_HEARTBEAT);
-        return 0;
+    if (!down) {
+        if (w >= nw || keys[w] != R->ingress[i]) {
+            count(R, job, C_BAD_WORKER);
+            return 0;
+        }
+        R->worker_rx[job * K.max_workers + w]++;
+        if (op == K.op[O_HEARTBEAT]) {
+            count(R, job, C_HEARTBEAT);
+            return 0;
+        }
     }
     int exposed = !(flags & R->spared);
     if (op == K.op[O_PARAM] || op == K.op[O_PARAM_REQ]) {
         count(R, job, op == K.op[O_PARAM] ? C_PARAM_FWD : C_PARAM_REQ_FWD);
         Py_ssize_t rowno = -1;
+        uint64_t local = R->local[job];
         for (int r = 0; r < nw; r++) {
-            if (r == w)
+            if (r == w || !(local >> r & 1))
                 continue;
             if (exposed) {
                 int d = drops(R, job, D_PARAM, r, w);
@@ -466,29 +575,75 @@ static int one_packet(run_t *R, Py_ssize_t i) {
     const uint8_t *payload = p + K.header_bytes;
     int64_t step = (int64_t)get_be(p + K.off[F_STEP], K.size[F_STEP]);
     int64_t chunk = (int64_t)get_be(p + K.off[F_CHUNK], K.size[F_CHUNK]);
-    const int mx = K.flag[FL_MAX], sat = K.flag[FL_SATURATED];
+    int64_t weight = (int64_t)get_be(p + K.off[F_WEIGHT], K.size[F_WEIGHT]);
+    const int mx = K.flag[FL_MAX], sat = K.flag[FL_SATURATED], retx_flag = K.flag[FL_RETX];
     int64_t seq = g[K.reg[R_SEQ]];
 
+    if (down) { /* the spine's RESULT at a leaf: kept as the slot's final round, multicast to the workers */
+        if (q < seq) {
+            count(R, job, C_DOWN_STALE);
+            return 0;
+        }
+        start_round(g, bm, acc, payload, k, q, 1, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
+                    chunk, w, 0, K.leaf_state[LS_FINAL]);
+        store_acc(acc, payload, k, 1);
+        count(R, job, C_DOWN_RESULT);
+        return emit(R, job, sl, s, -1, flags & retx_flag);
+    }
+    if (!spine) { /* a worker's packet is one contribution; a leaf's partial carries its own */
+        hcount = 1;
+        hbitmap = (uint64_t)1 << w;
+    }
+
     if (op == K.op[O_FLUSH]) {
-        if (q > seq) {
-            memset(acc, 0, (size_t)k * 4);
-            g[K.reg[R_SEQ]] = q;
+        if (spine) { /* the leaf's partial is added if the round lacks it, and the round closes */
+            if (q > seq) {
+                start_round(g, bm, acc, payload, k, q, 1, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem,
+                            step, chunk, w, (int64_t)1 << w, 0);
+                count(R, job, hcount ? C_FLUSH_PARTIAL : C_FLUSH_EMPTY);
+                return emit(R, job, sl, s, -1, 0);
+            }
+            if (q < seq) {
+                count(R, job, C_FLUSH_STALE);
+                return 0;
+            }
+            if (g[K.reg[R_CLOSED]]) {
+                count(R, job, C_FLUSH_RESEND);
+                return emit(R, job, sl, s, w, 1);
+            }
+            if (g[K.reg[R_PARTS]] >> w & 1) {
+                /* the leaf's partial is in already: this FLUSH only closes */
+            } else if (*bm & hbitmap) {
+                count(R, job, C_GRAD_DUP);
+            } else {
+                if (g[K.reg[R_COUNT]] && hcount && (exp != g[K.reg[R_EXP]] || ((flags ^ (int)g[K.reg[R_FLAGS]]) & mx))) {
+                    count(R, job, C_GRAD_EXP_MISMATCH);
+                } else {
+                    add_part(g, bm, acc, payload, k, hcount, hbitmap, weight, exp, flags);
+                    g[K.reg[R_PARTS]] |= (int64_t)1 << w;
+                }
+            }
             g[K.reg[R_CLOSED]] = 1;
-            g[K.reg[R_COUNT]] = 0;
-            g[K.reg[R_WEIGHT]] = 0;
-            g[K.reg[R_EXP]] = exp;
-            g[K.reg[R_FLAGS]] = flags & mx;
-            g[K.reg[R_NELEM]] = nelem;
-            g[K.reg[R_STEP]] = step;
-            g[K.reg[R_CHUNK]] = chunk;
             g[K.reg[R_CLOSER]] = w;
-            *bm = 0;
-            count(R, job, C_FLUSH_EMPTY);
+            count(R, job, C_FLUSH_PARTIAL);
             return emit(R, job, sl, s, -1, 0);
+        }
+        if (q > seq) {
+            start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, flags & mx, nelem, step, chunk, w, 0,
+                        K.leaf_state[leaf ? LS_FLUSHED : LS_PARTIAL]);
+            count(R, job, C_FLUSH_EMPTY);
+            return close_round(R, job, sl, s, K.op[O_GRAD]);
         }
         if (q < seq) {
             count(R, job, C_FLUSH_STALE);
             return 0;
+        }
+        if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
+            /* forwarded by quorum: again, as a GRAD; flushed here before: as a FLUSH, closing the spine */
+            int again = g[K.reg[R_STATE]] == K.leaf_state[LS_FLUSHED];
+            count(R, job, C_UP_RESEND);
+            g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
+            return send_up(R, job, sl, s, again ? K.op[O_FLUSH] : K.op[O_GRAD], 1);
         }
         if (g[K.reg[R_CLOSED]]) {
             count(R, job, C_FLUSH_RESEND);
@@ -496,8 +651,10 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         }
         g[K.reg[R_CLOSED]] = 1;
         g[K.reg[R_CLOSER]] = w;
+        if (leaf)
+            g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
         count(R, job, C_FLUSH_PARTIAL);
-        return emit(R, job, sl, s, -1, 0);
+        return close_round(R, job, sl, s, K.op[O_GRAD]);
     }
 
     /* GRAD */
@@ -510,67 +667,50 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return 0;
         }
     }
-    int64_t weight = (int64_t)get_be(p + K.off[F_WEIGHT], K.size[F_WEIGHT]);
     if (q > seq) {
-        for (int64_t j = 0; j < k; j++)
-            acc[j] = (int32_t)load_be32(payload + 4 * j);
-        g[K.reg[R_SEQ]] = q;
-        g[K.reg[R_CLOSED]] = 0;
-        g[K.reg[R_COUNT]] = 1;
-        *bm = (uint64_t)1 << w;
-        g[K.reg[R_WEIGHT]] = weight;
-        g[K.reg[R_EXP]] = exp;
-        g[K.reg[R_FLAGS]] = flags & (mx | sat);
-        g[K.reg[R_NELEM]] = nelem;
-        g[K.reg[R_STEP]] = step;
-        g[K.reg[R_CHUNK]] = chunk;
+        start_round(g, bm, acc, payload, k, q, 0, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
+                    chunk, g[K.reg[R_CLOSER]], spine ? (int64_t)1 << w : 0, K.leaf_state[LS_PARTIAL]);
         count(R, job, C_GRAD_START);
     } else if (q < seq) {
         count(R, job, C_GRAD_STALE);
         return 0;
+    } else if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
+        count(R, job, C_UP_RESEND);
+        return send_up(R, job, sl, s, K.op[O_GRAD], 1);
     } else if (g[K.reg[R_CLOSED]]) {
         count(R, job, C_GRAD_LATE_RESEND);
         return emit(R, job, sl, s, w, 1);
-    } else if (*bm >> w & 1) {
+    } else if ((spine ? (uint64_t)g[K.reg[R_PARTS]] : *bm) >> w & 1 || (spine && (*bm & hbitmap))) {
         count(R, job, C_GRAD_DUP);
         return 0;
-    } else if (exp != g[K.reg[R_EXP]] || ((flags ^ (int)g[K.reg[R_FLAGS]]) & mx)) {
+    } else if (g[K.reg[R_COUNT]] && hcount && (exp != g[K.reg[R_EXP]] || ((flags ^ (int)g[K.reg[R_FLAGS]]) & mx))) {
         count(R, job, C_GRAD_EXP_MISMATCH);
         return 0;
     } else {
-        if (g[K.reg[R_FLAGS]] & mx) {
-            for (int64_t j = 0; j < k; j++) {
-                int32_t x = (int32_t)load_be32(payload + 4 * j);
-                if (x > acc[j])
-                    acc[j] = x;
-            }
-        } else {
-            for (int64_t j = 0; j < k; j++) /* int32 wrap-around, as the switch's registers */
-                acc[j] = (int32_t)((uint32_t)acc[j] + load_be32(payload + 4 * j));
-        }
-        g[K.reg[R_COUNT]] += 1;
-        *bm |= (uint64_t)1 << w;
-        g[K.reg[R_WEIGHT]] = (g[K.reg[R_WEIGHT]] + weight) & 0xFFFFFFFFll;
-        g[K.reg[R_FLAGS]] |= flags & sat;
+        add_part(g, bm, acc, payload, k, hcount, hbitmap, weight, exp, flags);
+        if (spine)
+            g[K.reg[R_PARTS]] |= (int64_t)1 << w;
         count(R, job, C_GRAD_ADD);
     }
-    if (g[K.reg[R_COUNT]] >= R->quorum[job]) {
+    int64_t reached = spine ? __builtin_popcountll((uint64_t)g[K.reg[R_PARTS]]) : g[K.reg[R_COUNT]];
+    if (reached >= R->quorum[job]) {
         g[K.reg[R_CLOSED]] = 1;
         g[K.reg[R_CLOSER]] = w;
         count(R, job, C_RESULT_QUORUM);
-        return emit(R, job, sl, s, -1, 0);
+        return close_round(R, job, sl, s, K.op[O_GRAD]);
     }
     return 0;
 }
 
 static PyObject *run(PyObject *self, PyObject *args) {
     PyObject *data_obj, *lens_obj, *ingress_obj, *job_row_obj, *elems_obj, *pool_obj, *quorum_obj, *nw_obj,
-        *keys_obj, *policy_obj, *slot_list, *counters_obj, *wrx_obj, *rows_obj, *olens_obj, *oegress_obj,
+        *keys_obj, *policy_obj, *role_obj, *uplink_obj, *leaf_obj, *local_obj, *slot_list, *counters_obj, *wrx_obj, *rows_obj, *olens_obj, *oegress_obj,
         *oindex_obj, *peek, *commit;
     Py_ssize_t n;
     int spared;
-    if (!PyArg_ParseTuple(args, "OOOnOOOOOOOO!OOOOOOiOO:run", &data_obj, &lens_obj, &ingress_obj, &n, &job_row_obj,
-                          &elems_obj, &pool_obj, &quorum_obj, &nw_obj, &keys_obj, &policy_obj, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "OOOnOOOOOOO(OOOO)O!OOOOOOiOO:run", &data_obj, &lens_obj, &ingress_obj, &n,
+                          &job_row_obj, &elems_obj, &pool_obj, &quorum_obj, &nw_obj, &keys_obj, &policy_obj, &role_obj,
+                          &uplink_obj, &leaf_obj, &local_obj, &PyList_Type,
                           &slot_list, &counters_obj, &wrx_obj, &rows_obj, &olens_obj, &oegress_obj, &oindex_obj,
                           &spared, &peek, &commit))
         return NULL;
@@ -583,7 +723,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
         return NULL;
     }
     buf_t data = {0}, lens = {0}, ingress = {0}, job_row = {0}, elems = {0}, pool = {0}, quorum = {0}, nw = {0},
-          keys = {0}, policy = {0}, counters = {0}, wrx = {0}, rows = {0}, olens = {0}, oegress = {0},
+          keys = {0}, policy = {0}, role = {0}, uplink = {0}, leaf_id = {0}, local = {0}, counters = {0}, wrx = {0}, rows = {0}, olens = {0}, oegress = {0},
           oindex = {0};
     PyObject *result = NULL;
     Py_ssize_t jobs_bytes = (Py_ssize_t)K.max_jobs * 8;
@@ -616,6 +756,8 @@ static PyObject *run(PyObject *self, PyObject *args) {
         get_buf(nw_obj, &nw, 0, jobs_bytes, "nworkers") < 0 ||
         get_buf(keys_obj, &keys, 0, jobs_bytes * KEYS_PER_JOB, "keys") < 0 ||
         get_buf(policy_obj, &policy, 0, jobs_bytes, "policy") < 0 ||
+        get_buf(role_obj, &role, 0, jobs_bytes, "role") < 0 || get_buf(uplink_obj, &uplink, 0, jobs_bytes, "uplink") < 0 ||
+        get_buf(leaf_obj, &leaf_id, 0, jobs_bytes, "leaf_id") < 0 || get_buf(local_obj, &local, 0, jobs_bytes, "local") < 0 ||
         get_buf(counters_obj, &counters, 1, jobs_bytes * K.ncounters, "counters") < 0 ||
         get_buf(wrx_obj, &wrx, 1, jobs_bytes * K.max_workers, "worker_rx") < 0 ||
         get_buf(olens_obj, &olens, 1, 0, "out_lens") < 0 || get_buf(oegress_obj, &oegress, 1, 0, "out_egress") < 0 ||
@@ -641,6 +783,10 @@ static PyObject *run(PyObject *self, PyObject *args) {
     R.nworkers = nw.view.buf;
     R.keys = keys.view.buf;
     R.policy = policy.view.buf;
+    R.role = role.view.buf;
+    R.uplink = uplink.view.buf;
+    R.leaf_id = leaf_id.view.buf;
+    R.local = local.view.buf;
     R.counters = counters.view.buf;
     R.worker_rx = wrx.view.buf;
     R.slot_list = slot_list;
@@ -701,7 +847,8 @@ done:
         free_work(&mine);
     else
         work_busy = 0;
-    buf_t *all[] = {&data, &lens, &ingress, &job_row, &elems, &pool, &quorum, &nw, &keys, &policy, &counters, &wrx,
+    buf_t *all[] = {&data, &lens, &ingress, &job_row, &elems, &pool, &quorum, &nw, &keys, &policy, &role, &uplink,
+                    &leaf_id, &local, &counters, &wrx,
                     &rows, &olens, &oegress, &oindex};
     for (size_t j = 0; j < sizeof(all) / sizeof(all[0]); j++)
         rel(all[j]);
@@ -711,9 +858,10 @@ done:
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(field_offsets, field_sizes, header_bytes, version, max_jobs, max_workers, ncounters, nregs,\n"
-     "          ops, valid_ops, flags, registers, counters): the protocol's constants (softswitch/batch.py)"},
+     "          ops, roles, valid_ops, flags, registers, counters): the protocol's constants (softswitch/batch.py)"},
     {"run", run, METH_VARARGS,
-     "run(data, lens, ingress, n, job_row, elems, pool, quorum, nworkers, keys, policy, slots, counters,\n"
+     "run(data, lens, ingress, n, job_row, elems, pool, quorum, nworkers, keys, policy,\n"
+     "    (role, uplink, leaf_id, local), slots, counters,\n"
      "    worker_rx, out_rows, out_lens, out_egress, out_index, spared, peek, commit) -> (replicas, rows)\n\n"
      "Run n packets through the switch contract in arrival order (see the module comment)."},
     {NULL, NULL, 0, NULL},

@@ -30,16 +30,17 @@ import numpy as np
 from hostlib.batchio import addr_key, key_addr
 from hostlib.dropmodels import DIRECTIONS, DropStream
 from hostlib.protocol import (
-    COUNTERS,
     HEADER_BITS,
     HEADER_BYTES,
     HEADER_FIELDS,
     HEADER_OFFSETS,
     MAX_JOBS,
     MAX_WORKERS,
+    SWITCH_COUNTERS,
     VERSION,
     Flag,
     Op,
+    Role,
 )
 
 if TYPE_CHECKING:
@@ -54,10 +55,17 @@ NO_KEY = int(np.iinfo(np.int64).min)
 # Slot registers (the registers the P4 program keeps), one int64 column each in ``_Slots.regs`` (P, R), so
 # a set of slots is gathered and scattered with all its registers in one operation; the bitmap is a uint64
 # array of its own and the accumulator a (P, K) int32 array.
-SLOT_REGISTERS = ("seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer")
+# "parts" (a spine: the leaves whose partial is in the round) and "leaf_state" (a leaf: LEAF_PARTIAL, the
+# slot holds its own partial; LEAF_FLUSHED, and a worker FLUSHed it; LEAF_FINAL, it holds the spine's
+# RESULT) serve the hierarchy (docs/protocol.md, "Hierarchy").
+SLOT_REGISTERS = (
+    "seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer",
+    "parts", "leaf_state",
+)  # fmt: skip
+LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL = 0, 1, 2
 
-_C = {name: i for i, name in enumerate(COUNTERS)}
-_NC = len(COUNTERS)
+_C = {name: i for i, name in enumerate(SWITCH_COUNTERS)}
+_NC = len(SWITCH_COUNTERS)
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
 _NO_PORT = object()  # the ingress of a packet from no worker's port
 
@@ -81,9 +89,13 @@ key_address = key_addr  # the (host, udp_port) of an address key
 
 
 def worker_keys(workers: Iterable[Any]) -> np.ndarray:
-    """Port keys of a job's workers (int64); :data:`NO_KEY` for a worker whose port has none."""
+    """Port keys of a job's workers (int64); :data:`NO_KEY` for a worker whose port has none (and for a
+    leaf's None entries: workers served by another leaf)."""
     keys = []
     for port in workers:
+        if port is None:
+            keys.append(NO_KEY)
+            continue
         try:
             keys.append(port_key(port))
         except ValueError as exc:
@@ -135,6 +147,12 @@ class BatchEngine:
         self._quorum = np.zeros(MAX_JOBS, dtype=np.int64)
         self._nworkers = np.zeros(MAX_JOBS, dtype=np.int64)
         self._policy = np.zeros(MAX_JOBS, dtype=np.int64)  # bit d: the job has a policy in DIRECTIONS[d]
+        # The hierarchy (docs/protocol.md, "Hierarchy"): the job's Role, a leaf's uplink key and leaf id,
+        # and the workers served here (bit w; a leaf's others sit behind other leaves).
+        self._role = np.zeros(MAX_JOBS, dtype=np.int64)
+        self._uplink = np.full(MAX_JOBS, NO_KEY, dtype=np.int64)
+        self._leaf_id = np.zeros(MAX_JOBS, dtype=np.int64)
+        self._local = np.zeros(MAX_JOBS, dtype=np.uint64)
         self._keys = np.full((MAX_JOBS, 256), NO_KEY, dtype=np.int64)  # [job, worker_id] -> port key
         self._slots: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * MAX_JOBS
         self._stride = HEADER_BYTES
@@ -153,8 +171,11 @@ class BatchEngine:
         self._jobs = jobs
         self._job_row[:] = 0
         self._port_of, self._key_of = {}, {}
-        for table in (self._elems, self._pool, self._quorum, self._nworkers, self._policy):
+        for table in (self._elems, self._pool, self._quorum, self._nworkers, self._policy, self._role):
             table[:] = 0
+        self._uplink[:] = NO_KEY
+        self._leaf_id[:] = 0
+        self._local[:] = 0
         self._keys[:] = NO_KEY
         self._slots = [None] * MAX_JOBS
         self._stride, self._max_workers = HEADER_BYTES, 1
@@ -167,9 +188,16 @@ class BatchEngine:
             self._nworkers[job_id] = cfg.n_workers
             self._policy[job_id] = sum(1 << d for d, name in enumerate(DIRECTIONS) if job.has_policy(name))
             self._keys[job_id, : cfg.n_workers] = job.worker_keys
+            self._role[job_id] = int(cfg.role)
+            self._leaf_id[job_id] = cfg.leaf_id
+            self._local[job_id] = sum(1 << w for w in cfg.local)
+            if cfg.uplink is not None:
+                uplink = port_key(cfg.uplink)
+                self._uplink[job_id] = uplink
+                self._port_of[uplink], self._key_of[cfg.uplink] = cfg.uplink, uplink
             self._slots[job_id] = (job.slots.regs, job.slots.bitmap, job.slots.acc)
             for port, key in zip(cfg.workers, job.worker_keys.tolist(), strict=True):
-                if key != NO_KEY:
+                if key != NO_KEY and port is not None:
                     self._port_of[key], self._key_of[port] = port, key
             self._stride = max(self._stride, HEADER_BYTES + 4 * cfg.elems_per_packet)
             self._max_workers = max(self._max_workers, cfg.n_workers)
@@ -207,6 +235,7 @@ class BatchEngine:
             self._nworkers,
             self._keys,
             self._policy,
+            (self._role, self._uplink, self._leaf_id, self._local),
             self._slots,
             sw._counters,
             sw._worker_rx,
@@ -306,9 +335,11 @@ def _configure() -> None:
         _NC,
         len(SLOT_REGISTERS),
         tuple(int(op) for op in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)),
+        tuple(int(role) for role in (Role.FLAT, Role.LEAF, Role.SPINE)),
         tuple(valid),
         (_RETX, _SATURATED, _CRITICAL, _MAX),
         tuple(range(len(SLOT_REGISTERS))),
+        (LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL),
         tuple(_C[name] for name in _COUNTER_ROLES),
     )
 
@@ -321,9 +352,9 @@ _COUNTER_ROLES = tuple(
     """rx_packets drop_malformed drop_unknown_job drop_slot_range drop_bad_worker drop_policy_up grad_start
     grad_add grad_dup grad_late_resend grad_stale grad_exp_mismatch result_quorum flush_partial flush_empty
     flush_resend flush_stale param_fwd param_req_fwd heartbeat drop_policy_down drop_policy_param
-    tx_packets""".split()
+    tx_packets up_partial up_resend down_result down_stale""".split()
 )
-assert set(_COUNTER_ROLES) == set(COUNTERS), "a counter of the contract has no branch in _swcore.c"
+assert set(_COUNTER_ROLES) == set(SWITCH_COUNTERS), "a counter of the contract has no branch in _swcore.c"
 
 _swcore: Any
 try:

@@ -25,7 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hostlib.jobconfig import JobEntry, JobFile, load_jobs
-from softswitch.pipeline import JobConfig, SoftSwitch
+from hostlib.protocol import Role
+from softswitch.pipeline import JobConfig, Port, SoftSwitch
 
 
 def softswitch_jobs(job_file: JobFile) -> list[JobEntry]:
@@ -50,10 +51,18 @@ def softswitch_jobs(job_file: JobFile) -> list[JobEntry]:
 
 
 def job_config(job: JobEntry) -> JobConfig:
-    """A checked jobs-file job as the pipeline holds it (workers by (ip, udp_port))."""
-    workers = [worker.address for worker in job.workers]
+    """A checked jobs-file job as the pipeline holds it (workers by (ip, udp_port); a leaf's at their
+    global ids worker_base, worker_base + 1, ...)."""
+    workers: list[Port | None] = [None] * job.worker_base + [worker.address for worker in job.workers]
     return JobConfig(
-        job.job_id, workers, quorum=job.quorum, pool_size=job.pool_size, elems_per_packet=job.elems_per_packet
+        job.job_id,
+        workers,
+        quorum=job.quorum,
+        pool_size=job.pool_size,
+        elems_per_packet=job.elems_per_packet,
+        role=Role[job.role.upper()],
+        uplink=job.uplink,
+        leaf_id=job.leaf_id,
     )
 
 
@@ -64,7 +73,8 @@ def build_switch(job_file: JobFile) -> SoftSwitch:
         switch.add_job(job_config(job))
         for drop in job.drops:
             if drop.policy is not None:
-                switch.set_drop_policy(job.job_id, drop.direction, drop.policy, drop.worker)
+                worker = None if drop.worker is None else job.worker_base + drop.worker
+                switch.set_drop_policy(job.job_id, drop.direction, drop.policy, worker)
     return switch
 
 

@@ -22,30 +22,41 @@ import numpy as np
 
 from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
 from hostlib.protocol import (
-    COUNTERS,
     DEFAULT_ELEMS_PER_PACKET,
     HEADER_BYTES,
     HEADER_STRUCT,
     MAX_JOBS,
+    MAX_LEAVES,
     MAX_WORKERS,
+    SWITCH_COUNTERS,
     VERSION,
     Flag,
     Op,
+    Role,
     check_elems_per_packet,
 )
-from softswitch.batch import SLOT_REGISTERS, BatchEngine, OutBatch, worker_keys
+from softswitch.batch import (
+    LEAF_FINAL,
+    LEAF_FLUSHED,
+    LEAF_PARTIAL,
+    SLOT_REGISTERS,
+    BatchEngine,
+    OutBatch,
+    worker_keys,
+)
 
 Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_port) address
 Egress = list[tuple[Port, bytes]]
 
-_C = {name: i for i, name in enumerate(COUNTERS)}
+_C = {name: i for i, name in enumerate(SWITCH_COUNTERS)}
 # Plain ints for the per-packet path: IntEnum/IntFlag operators go through Python-level __and__.
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
 _GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ, _HEARTBEAT = (
     int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)
 )
 _ROUND_FLAGS = _MAX | _SATURATED
-_SEQ, _CLOSED, _CLOSER = (SLOT_REGISTERS.index(name) for name in ("seq", "closed", "closer"))
+_SEQ, _CLOSED, _CLOSER, _STATE = (SLOT_REGISTERS.index(n) for n in ("seq", "closed", "closer", "leaf_state"))
+_FLAT, _LEAF, _SPINE = int(Role.FLAT), int(Role.LEAF), int(Role.SPINE)
 _VALID_OPS = {int(op) for op in Op}
 
 
@@ -53,30 +64,61 @@ _VALID_OPS = {int(op) for op in Op}
 class JobConfig:
     """One aggregation job: ``workers[w]`` is the port/address worker ``w`` sends from and receives on.
     Several workers may share a port (behind a leaf switch), as in the P4 program: a packet is checked
-    by looking up its worker id's port, and every worker gets its own replica."""
+    by looking up its worker id's port, and every worker gets its own replica.
+
+    ``role`` (docs/protocol.md, "Hierarchy"): a FLAT job answers its workers. A LEAF job serves the
+    workers whose entry is not None (the others, global worker ids of the same job, sit behind other
+    leaves), sends each closed round up to ``uplink`` as contributor ``leaf_id`` and multicasts the
+    RESULT that comes back. A SPINE job's ``workers`` are its leaves (index = the leaf's ``leaf_id``,
+    the port/address its partials come from); its ``quorum`` counts leaves. The quorum defaults to every
+    worker served here (every leaf, for a spine)."""
 
     job_id: int
-    workers: list[Port]
-    quorum: int | None = None  # None: all workers
+    workers: list[Port | None]
+    quorum: int | None = None  # None: all workers (leaves) served here
     pool_size: int = 512
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET
+    role: Role = Role.FLAT
+    uplink: Port | None = None  # LEAF: the spine's port/address, where partials go
+    leaf_id: int = 0  # LEAF: this leaf's contributor id at the spine
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id < MAX_JOBS:
             raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
         if not 1 <= len(self.workers) <= MAX_WORKERS:
             raise ValueError(f"a job needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
+        self.role = Role(self.role)
+        if self.role == Role.LEAF:
+            if self.uplink is None:
+                raise ValueError(f"job {self.job_id}: a leaf needs an uplink (the spine's address or port)")
+            if not 0 <= self.leaf_id < MAX_LEAVES:
+                raise ValueError(f"leaf_id must be in 0..{MAX_LEAVES - 1}, got {self.leaf_id}")
+        elif None in self.workers:
+            raise ValueError(
+                f"job {self.job_id}: only a leaf may leave workers out (None: behind another leaf)"
+            )
+        if self.role == Role.SPINE and len(self.workers) > MAX_LEAVES:
+            raise ValueError(f"a spine job has at most {MAX_LEAVES} leaves, got {len(self.workers)}")
+        local = len(self.local)
+        if local == 0:
+            raise ValueError(f"job {self.job_id}: no worker is served here (every entry is None)")
         if self.quorum is None:
-            self.quorum = len(self.workers)
-        if not 1 <= self.quorum <= len(self.workers):
-            raise ValueError(f"quorum must be in 1..{len(self.workers)}, got {self.quorum}")
+            self.quorum = local
+        if not 1 <= self.quorum <= local:
+            raise ValueError(f"quorum must be in 1..{local}, got {self.quorum}")
         if not 1 <= self.pool_size <= 65535:
             raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
         check_elems_per_packet(self.elems_per_packet)
 
     @property
     def n_workers(self) -> int:
+        """Worker ids 0..n_workers-1 are valid (a leaf's include those served by other leaves)."""
         return len(self.workers)
+
+    @property
+    def local(self) -> list[int]:
+        """The worker ids this switch serves (multicasts to): every one but a leaf's None entries."""
+        return [w for w, port in enumerate(self.workers) if port is not None]
 
 
 class _Slots:
@@ -142,7 +184,7 @@ class SoftSwitch:
         self.seed = seed
         self.jobs: dict[int, _Job] = {}
         # counters[job_id][branch]; row 0 collects packets of no known job.
-        self._counters = np.zeros((MAX_JOBS, len(COUNTERS)), dtype=np.int64)
+        self._counters = np.zeros((MAX_JOBS, len(SWITCH_COUNTERS)), dtype=np.int64)
         # WORKER_COUNTER: packets per (job, worker) that passed the worker check (liveness).
         self._worker_rx = np.zeros((MAX_JOBS, MAX_WORKERS), dtype=np.int64)
         self._lock = threading.Lock()
@@ -184,8 +226,9 @@ class SoftSwitch:
             job = self.jobs.get(job_id)
             if job is None:
                 raise KeyError(f"no job {job_id} on this switch")
-            if not 1 <= quorum <= job.cfg.n_workers:
-                raise ValueError(f"quorum must be in 1..{job.cfg.n_workers}, got {quorum}")
+            local = len(job.cfg.local)
+            if not 1 <= quorum <= local:
+                raise ValueError(f"quorum must be in 1..{local}, got {quorum}")
             job.cfg = dataclasses.replace(job.cfg, quorum=quorum)
             self._batch.set_jobs(self.jobs)
 
@@ -210,7 +253,7 @@ class SoftSwitch:
 
     def read_counters(self, job_id: int) -> dict[str, int]:
         with self._lock:
-            return dict(zip(COUNTERS, self._counters[job_id].tolist(), strict=True))
+            return dict(zip(SWITCH_COUNTERS, self._counters[job_id].tolist(), strict=True))
 
     def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
         """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
@@ -265,22 +308,29 @@ class SoftSwitch:
             self._counters[0, _C["rx_packets"]] += 1
             self._count(0, "drop_malformed")
             return []
-        (version, op, flags, exp, job_id, w, _count, s, nelem, q, step, chunk, weight, _bitmap) = (
+        (version, op, flags, exp, job_id, w, hcount, s, nelem, q, step, chunk, weight, hbitmap) = (
             HEADER_STRUCT.unpack_from(data)
         )
         job = self.jobs.get(job_id)
         row = job_id if job is not None else 0
         self._counters[row, _C["rx_packets"]] += 1
-        if version != VERSION or op not in _VALID_OPS or op == _RESULT:
+        # A RESULT reaches a switch only as the spine's answer to a leaf, from the leaf's uplink.
+        down = op == _RESULT and job is not None and job.cfg.role == _LEAF and ingress == job.cfg.uplink
+        if version != VERSION or op not in _VALID_OPS or (op == _RESULT and not down):
             self._count(row, "drop_malformed")
             return []
         if job is None:
             self._count(0, "drop_unknown_job")
             return []
         cfg = job.cfg
-        if len(data) - HEADER_BYTES != job.payload_bytes or nelem > cfg.elems_per_packet:
+        spine = cfg.role == _SPINE
+        # A partial's count must be the size of its bitmap: then no round's count can exceed its bitmap's.
+        bad_partial = spine and op in (_GRAD, _FLUSH) and hcount != hbitmap.bit_count()
+        if len(data) - HEADER_BYTES != job.payload_bytes or nelem > cfg.elems_per_packet or bad_partial:
             self._count(job_id, "drop_malformed")
             return []
+        if down:
+            return self._down(job, data, s, q, flags, exp, w, hcount, nelem, step, chunk, weight, hbitmap)
         if w >= cfg.n_workers or cfg.workers[w] != ingress:
             self._count(job_id, "drop_bad_worker")
             return []
@@ -293,7 +343,13 @@ class SoftSwitch:
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
+        if not spine:  # a worker's packet is one contribution; a leaf's partial carries its own
+            hcount, hbitmap = 1, 1 << w
         if op == _FLUSH:
+            if spine:
+                return self._spine_flush(
+                    job, data, w, s, q, exp, flags, nelem, step, chunk, hcount, weight, hbitmap
+                )
             return self._flush(job, w, s, q, exp, flags, nelem, step, chunk)
 
         # GRAD
@@ -302,92 +358,236 @@ class SoftSwitch:
             return []
         slots = job.slots
         regs = slots.regs
-        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer) = regs[s].tolist()
+        row_values = regs[s].tolist()
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state) = row_values
         bitmap = int(slots.bitmap[s])
         if q > seq:
-            slots.acc[s] = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
-            seq, closed, count, bitmap, sweight, sexp = q, False, 1, 1 << w, weight, exp
+            self._store(job, s, data, hcount)
+            seq, closed, count, bitmap, sweight, sexp = q, False, hcount, hbitmap, weight, exp
             sflags, snelem, sstep, schunk = flags & _ROUND_FLAGS, nelem, step, chunk
+            parts, state = (1 << w if spine else 0), LEAF_PARTIAL
             self._count(job_id, "grad_start")
         elif q < seq:
             self._count(job_id, "grad_stale")
             return []
+        elif closed and cfg.role == _LEAF and state != LEAF_FINAL:
+            # Forwarded, no answer yet: the worker may have lost it, or the partial was lost on its way up.
+            self._count(job_id, "up_resend")
+            return self._send_up(job, s, _GRAD, retx=True)
         elif closed:
             self._count(job_id, "grad_late_resend")
             return self._emit(job, s, [w], retx=True)
-        elif bitmap >> w & 1:
+        elif (parts if spine else bitmap) >> w & 1 or (spine and bitmap & hbitmap):
+            # (a spine: this leaf's partial is in, or one of its workers was counted through another leaf)
             self._count(job_id, "grad_dup")
             return []
-        elif exp != sexp or (flags ^ sflags) & _MAX:
+        elif count and hcount and (exp != sexp or (flags ^ sflags) & _MAX):
             self._count(job_id, "grad_exp_mismatch")
             return []
         else:
-            payload = np.frombuffer(data, dtype=">i4", count=cfg.elems_per_packet, offset=HEADER_BYTES)
-            acc = slots.acc[s]
-            if sflags & _MAX:
-                np.maximum(acc, payload, out=acc)
-            else:
-                # int32 wrap-around, as the switch's registers do; the codec guarantees no wrap.
-                np.add(acc, payload, out=acc, casting="unsafe")
-            count += 1
-            bitmap |= 1 << w
+            if hcount and not count:  # a spine round opened by an empty partial takes this one's contents
+                self._store(job, s, data, hcount)
+                sexp, sflags = exp, (sflags & _SATURATED) | (flags & _MAX)
+            elif hcount:
+                self._combine(job, s, data, sflags)
+            count += hcount
+            bitmap |= hbitmap
+            parts |= (1 << w) if spine else 0
             sweight = (sweight + weight) & 0xFFFFFFFF
             sflags |= flags & _SATURATED
             self._count(job_id, "grad_add")
-        quorum = count >= cfg.quorum
-        if quorum:
+        reached = (parts.bit_count() if spine else count) >= cfg.quorum
+        if reached:
             closed, closer = True, w
-        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer)
+        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state)
         slots.bitmap[s] = bitmap
-        if quorum:
+        if reached:
             self._count(job_id, "result_quorum")
-            return self._emit(job, s, range(cfg.n_workers))
+            return self._close(job, s)
         return []
+
+    def _store(self, job: _Job, s: int, data: bytes | memoryview, hcount: int) -> None:
+        """acc[s] = the packet's payload (zero for an empty partial: it carries no values)."""
+        if hcount:
+            k = job.cfg.elems_per_packet
+            job.slots.acc[s] = np.frombuffer(data, dtype=">i4", count=k, offset=HEADER_BYTES)
+        else:
+            job.slots.acc[s] = 0
+
+    def _combine(self, job: _Job, s: int, data: bytes | memoryview, sflags: int) -> None:
+        payload = np.frombuffer(data, dtype=">i4", count=job.cfg.elems_per_packet, offset=HEADER_BYTES)
+        acc = job.slots.acc[s]
+        if sflags & _MAX:
+            np.maximum(acc, payload, out=acc)
+        else:
+            # int32 wrap-around, as the switch's registers do; the codec guarantees no wrap.
+            np.add(acc, payload, out=acc, casting="unsafe")
+
+    def _close(self, job: _Job, s: int, op: int = _GRAD) -> Egress:
+        """A round just closed: a leaf sends its partial up (as ``op``), any other role multicasts it."""
+        if job.cfg.role == _LEAF:
+            self._count(job.cfg.job_id, "up_partial")
+            return self._send_up(job, s, op)
+        return self._emit(job, s, job.cfg.local)
 
     def _flush(
         self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
     ) -> Egress:
+        """FLUSH at a flat switch or a leaf. A leaf's first FLUSH of a round closes it there (or, if it was
+        forwarded by quorum, sends it again) and sends the partial up as a GRAD: the spine still waits
+        for the other leaves, whose workers are flushing too. A FLUSH of a round flushed here before and
+        not answered sends the partial up as a FLUSH, which closes the spine's round."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
-        seq = int(regs[s, _SEQ])
+        leaf = job.cfg.role == _LEAF
+        seq, closed, state = (int(v) for v in regs[s, [_SEQ, _CLOSED, _STATE]])
         if q > seq:
             slots.acc[s] = 0
-            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w)
+            state = LEAF_FLUSHED if leaf else LEAF_PARTIAL
+            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, state)
             slots.bitmap[s] = 0
             self._count(job_id, "flush_empty")
-            return self._emit(job, s, range(job.cfg.n_workers))
+            return self._close(job, s)
         if q < seq:
             self._count(job_id, "flush_stale")
             return []
-        if regs[s, _CLOSED]:
+        if closed and leaf and state != LEAF_FINAL:
+            self._count(job_id, "up_resend")
+            regs[s, _STATE] = LEAF_FLUSHED
+            return self._send_up(job, s, _FLUSH if state == LEAF_FLUSHED else _GRAD, retx=True)
+        if closed:
             self._count(job_id, "flush_resend")
             return self._emit(job, s, [w], retx=True)
         regs[s, _CLOSED] = True
         regs[s, _CLOSER] = w
+        if leaf:
+            regs[s, _STATE] = LEAF_FLUSHED
         self._count(job_id, "flush_partial")
-        return self._emit(job, s, range(job.cfg.n_workers))
+        return self._close(job, s)
+
+    def _spine_flush(
+        self,
+        job: _Job,
+        data: bytes | memoryview,
+        w: int,
+        s: int,
+        q: int,
+        exp: int,
+        flags: int,
+        nelem: int,
+        step: int,
+        chunk: int,
+        hcount: int,
+        weight: int,
+        hbitmap: int,
+    ) -> Egress:
+        """FLUSH from leaf ``w`` at a spine: its partial is added if the round lacks it; the round closes."""
+        slots, job_id = job.slots, job.cfg.job_id
+        regs = slots.regs
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, _, parts, _) = regs[s].tolist()
+        if q > seq:
+            self._store(job, s, data, hcount)
+            regs[s] = (q, True, hcount, weight, exp, flags & _ROUND_FLAGS, nelem, step, chunk, w, 1 << w, 0)
+            slots.bitmap[s] = hbitmap
+            self._count(job_id, "flush_partial" if hcount else "flush_empty")
+            return self._emit(job, s, job.cfg.local)
+        if q < seq:
+            self._count(job_id, "flush_stale")
+            return []
+        if closed:
+            self._count(job_id, "flush_resend")
+            return self._emit(job, s, [w], retx=True)
+        if parts >> w & 1:
+            pass  # the leaf's partial is in already (it came up as a GRAD): this FLUSH only closes
+        elif int(slots.bitmap[s]) & hbitmap:
+            self._count(job_id, "grad_dup")  # a worker counted through another leaf
+        else:
+            if count and hcount and (exp != sexp or (flags ^ sflags) & _MAX):
+                self._count(job_id, "grad_exp_mismatch")
+            else:
+                if hcount and not count:
+                    self._store(job, s, data, hcount)
+                    sexp, sflags = exp, (sflags & _SATURATED) | (flags & _MAX)
+                elif hcount:
+                    self._combine(job, s, data, sflags)
+                count += hcount
+                slots.bitmap[s] = int(slots.bitmap[s]) | hbitmap
+                parts |= 1 << w
+                sweight = (sweight + weight) & 0xFFFFFFFF
+                sflags |= flags & _SATURATED
+        regs[s] = (seq, True, count, sweight, sexp, sflags, snelem, sstep, schunk, w, parts, 0)
+        self._count(job_id, "flush_partial")
+        return self._emit(job, s, job.cfg.local)
+
+    def _down(
+        self,
+        job: _Job,
+        data: bytes | memoryview,
+        s: int,
+        q: int,
+        flags: int,
+        exp: int,
+        closer: int,
+        hcount: int,
+        nelem: int,
+        step: int,
+        chunk: int,
+        weight: int,
+        hbitmap: int,
+    ) -> Egress:
+        """The spine's RESULT at a leaf: kept as the slot's final round (what late workers get resent)
+        and multicast to the leaf's workers. A round still open here is overtaken: the spine closed it
+        without this leaf, whose partial is dropped (its workers' bits are not in the bitmap)."""
+        job_id = job.cfg.job_id
+        if s >= job.cfg.pool_size:
+            self._count(job_id, "drop_slot_range")
+            return []
+        regs = job.slots.regs
+        if q < regs[s, _SEQ]:
+            self._count(job_id, "down_stale")
+            return []
+        self._store(job, s, data, 1)
+        regs[s] = (
+            q,
+            True,
+            hcount,
+            weight,
+            exp,
+            flags & _ROUND_FLAGS,
+            nelem,
+            step,
+            chunk,
+            closer,
+            0,
+            LEAF_FINAL,
+        )
+        job.slots.bitmap[s] = hbitmap
+        self._count(job_id, "down_result")
+        return self._emit(job, s, job.cfg.local, retx=bool(flags & _RETX))
+
+    def _header(self, job: _Job, s: int, op: int, flags: int, worker_id: int) -> bytes:
+        """Header of a packet built from slot ``s``: a RESULT, or a leaf's partial going up."""
+        (seq, _closed, count, weight, exp, sflags, nelem, step, chunk, _closer, _parts, _state) = (
+            job.slots.regs[s].tolist()
+        )
+        return HEADER_STRUCT.pack(
+            VERSION, op, sflags | flags, exp, job.cfg.job_id, worker_id, count, s, nelem, seq, step, chunk,
+            weight, int(job.slots.bitmap[s]),
+        )  # fmt: skip
+
+    def _send_up(self, job: _Job, s: int, op: int, retx: bool = False) -> Egress:
+        """The leaf's partial of slot ``s`` to its uplink: ``op`` GRAD (closed here) or FLUSH (close the
+        spine's round too), as contributor ``leaf_id``, with the partial's count, bitmap and weight."""
+        cfg = job.cfg
+        header = self._header(job, s, op, _RETX if retx else 0, cfg.leaf_id)
+        self._count(cfg.job_id, "tx_packets")
+        return [(cfg.uplink, b"".join((header, job.slots.acc[s].astype(">i4").data)))]
 
     def _emit(self, job: _Job, s: int, receivers: Iterable[int], retx: bool = False) -> Egress:
         """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy."""
         slots, cfg = job.slots, job.cfg
-        (seq, _closed, count, weight, exp, flags, nelem, step, chunk, closer) = slots.regs[s].tolist()
-        bitmap = int(slots.bitmap[s])
-        header = HEADER_STRUCT.pack(
-            VERSION,
-            _RESULT,
-            flags | (_RETX if retx else 0),
-            exp,
-            cfg.job_id,
-            closer,
-            count,
-            s,
-            nelem,
-            seq,
-            step,
-            chunk,
-            weight,
-            bitmap,
-        )
+        closer = int(slots.regs[s, _CLOSER])
+        header = self._header(job, s, _RESULT, _RETX if retx else 0, closer)
         packet = b"".join((header, slots.acc[s].astype(">i4").data))  # one copy into the packet
         out: Egress = []
         for r in receivers:
@@ -403,7 +603,7 @@ class SoftSwitch:
         self._count(cfg.job_id, counter)
         packet = bytes(data)
         out: Egress = []
-        for r in range(cfg.n_workers):
+        for r in cfg.local:  # a leaf replicates to its own workers only (docs/protocol.md, "Hierarchy")
             if r == w:
                 continue
             if not flags & _CRITICAL * self.spare_critical and job.drops("param", r, w):

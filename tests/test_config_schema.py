@@ -86,7 +86,9 @@ def test_the_documented_examples_parse_in_both_readers(tmp_path):
     """docs/jobs_file.md's first example is a complete file: both readers take it."""
     doc = (REPO / "docs" / "jobs_file.md").read_text()
     blocks = re.findall(r"```toml\n(.*?)```", doc, re.S)
-    assert len(blocks) == 3  # the third is the parameter server's (tests/test_rough_edges.py)
+    # the third and fourth are a leaf's and a spine's (tests/test_hierarchy.py), the last the parameter
+    # server's (tests/test_rough_edges.py)
+    assert len(blocks) == 5
     full, shortest = (write(tmp_path, b, f"doc{i}.toml") for i, b in enumerate(blocks[:2]))
     assert load_switch(full).jobs[1].cfg.workers == [("127.0.0.1", 41001), ("127.0.0.1", 41002)]
     plan = deployment.load(full)

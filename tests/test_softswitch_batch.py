@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hostlib.dropmodels import NO_LOSS, DropPolicy, DropStream
-from hostlib.protocol import HEADER_BYTES, INT32_MIN, MAX_JOBS, Flag, Op, make_packet
+from hostlib.protocol import HEADER_BYTES, INT32_MIN, MAX_JOBS, Flag, Op, Role, make_packet
 from softswitch import batch as batch_module
 from softswitch.batch import NO_KEY, key_address, port_key
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -31,6 +31,9 @@ class Spec:
     k: int
     quorum: int | None = None
     policies: list = field(default_factory=list)  # (direction, policy, worker or None)
+    role: Role = Role.FLAT
+    uplink: object = None  # a leaf's spine
+    leaf_id: int = 0
 
 
 # Three jobs with different K, pools and quorums; int ports (two workers behind port 7, as behind a leaf
@@ -66,13 +69,46 @@ MIXED = [
         ],
     ),
 ]
+# The hierarchy (docs/protocol.md, "Hierarchy"): a leaf serving workers 1 and 3 of five (the others sit
+# behind other leaves) with an uplink, and a spine whose three contributors are leaves.
+HIERARCHY = [
+    Spec(
+        4,
+        [None, 20, None, 21, None],
+        pool=8,
+        k=4,
+        role=Role.LEAF,
+        uplink=30,
+        leaf_id=2,
+        policies=[("up", DropPolicy(p=0.2), None), ("down", DropPolicy(p=0.1), 3)],
+    ),
+    Spec(
+        5,
+        [("10.0.1.1", 7000), ("10.0.1.2", 7000), 31],
+        pool=8,
+        k=8,
+        role=Role.SPINE,
+        policies=[("up", GE_PLAIN, None), ("down", DropPolicy(p=0.2), 1)],
+    ),
+]
+MIXED = MIXED + HIERARCHY
 STRANGER = ("10.9.9.9", 4000)  # a port no worker uses
 
 
 def make_switch(specs: list[Spec], seed: int = 1) -> SoftSwitch:
     sw = SoftSwitch(seed=seed)
     for spec in specs:
-        sw.add_job(JobConfig(spec.job_id, list(spec.workers), spec.quorum, spec.pool, spec.k))
+        cfg = JobConfig(
+            spec.job_id,
+            list(spec.workers),
+            spec.quorum,
+            spec.pool,
+            spec.k,
+            spec.role,
+            spec.uplink,
+            spec.leaf_id,
+        )
+        sw.add_job(cfg)
         for direction, policy, worker in spec.policies:
             sw.set_drop_policy(spec.job_id, direction, policy, worker)
     return sw
@@ -104,8 +140,9 @@ class MixGenerator:
         rng = self.rng
         spec = self.specs[int(rng.integers(len(self.specs)))]
         n = len(spec.workers)
-        w = int(rng.integers(n))
-        port: object = spec.workers[w]
+        local = [w for w, p in enumerate(spec.workers) if p is not None]
+        w = local[int(rng.integers(len(local)))] if rng.random() < 0.95 else int(rng.integers(n))
+        port: object = spec.workers[w] if spec.workers[w] is not None else STRANGER
         u = rng.random()
         if u < 0.62:
             op = Op.GRAD
@@ -154,6 +191,12 @@ class MixGenerator:
         flags = (int(Flag.MAX) if is_max else 0) | int(rng.integers(0, 16)) & ~int(Flag.MAX)
         if rng.random() < 0.5:
             flags &= ~int(Flag.CRITICAL)
+        if spec.role == Role.LEAF and rng.random() < 0.15:
+            op, port = Op.RESULT, spec.uplink  # the spine's answer
+        count, bitmap = int(rng.integers(256)), int(rng.integers(0, 2**63))
+        if spec.role == Role.SPINE and rng.random() < 0.95:  # a leaf's partial: count = |bitmap|
+            bitmap = int(rng.integers(0, 2**12)) << (12 * w) if rng.random() < 0.9 else 0
+            count = bitmap.bit_count()
         k = spec.k
         nelem = int(rng.integers(0, k + 1))
         if rng.random() < 0.02:
@@ -167,11 +210,11 @@ class MixGenerator:
             elems_per_packet=k,
             flags=flags,
             exp=exp,
-            count=int(rng.integers(256)),
+            count=count,
             step=int(rng.integers(0, 2**32)),
             chunk=int(rng.integers(0, 2**32)),
             weight=int(rng.integers(0, 2**32)) if rng.random() < 0.3 else int(rng.integers(0, 10)),
-            bitmap=int(rng.integers(0, 2**63)),
+            bitmap=bitmap,
             nelem=nelem,
         )
         # Malformed and misdirected variants.
@@ -192,7 +235,7 @@ class MixGenerator:
         elif c < 0.09:
             fields["worker_id"] = int(rng.integers(n, 256))  # beyond N
         elif c < 0.11:
-            others = [p for spec2 in self.specs for p in spec2.workers if p != port] + [STRANGER]
+            others = [p for spec2 in self.specs for p in spec2.workers if p not in (port, None)] + [STRANGER]
             port = others[int(rng.integers(len(others)))]  # from another worker's port
         elif c < 0.12:
             other = self.specs[int(rng.integers(len(self.specs)))]

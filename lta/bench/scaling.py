@@ -12,7 +12,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
-from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import TransportConfig
 from lta.bench.allreduce import grad_loss, lta_bench_worker
 from lta.jsonout import emit
@@ -34,14 +34,13 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
         n_values = kib * 256
         for n in args.workers:
             say(f"{kib} KiB, {n} worker processes")
-            spec = JobSpec(
-                n_workers=n,
-                transport=TransportConfig(elems_per_packet=args.elems_per_packet),
-                drop={"up": DropPolicy(p=args.loss)},
-            )
-            results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
-            t = float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
-            rows.append(_scaling_row("processes", n, kib, t, n_values))
+            rows.append(_scaling_row("processes", n, kib, _p50_s(args, n, n_values), n_values))
+            for leaves in args.leaves:
+                if leaves > n:
+                    continue
+                say(f"{kib} KiB, {n} worker processes behind {leaves} leaves and a spine")
+                t = _p50_s(args, n, n_values, leaves)
+                rows.append(_scaling_row(f"leaves={leaves}", n, kib, t, n_values))
         for n in args.sim_workers:
             say(f"{kib} KiB, {n} simulated workers")
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
@@ -56,9 +55,44 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
         _plot_scaling(rows, args.plot)
     config = {
         key: getattr(args, key)
-        for key in ("workers", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
+        for key in ("workers", "leaves", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
     }
-    return {"config": config, "rows": rows}
+    return {"config": config, "rows": rows, "hierarchy": hierarchy_ratios(rows)}
+
+
+def _p50_s(args: argparse.Namespace, n: int, n_values: int, leaves: int = 0) -> float:
+    """Median over ``args.iters`` reduces of the slowest worker's time; ``leaves`` > 0: through a
+    leaf-spine tree with ``args.loss`` on both levels (GRADs at the leaves, partials at the spine)."""
+    drop = {"up": DropPolicy(p=args.loss)}
+    spec = JobSpec(
+        n_workers=n,
+        transport=TransportConfig(elems_per_packet=args.elems_per_packet),
+        drop=drop,
+        leaves=leaves,
+        spine_drop=drop if leaves else {},
+    )
+    results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
+    return float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
+
+
+def hierarchy_ratios(rows: list[dict]) -> list[dict]:
+    """For each tree row, its p50 against the one-switch row of the same workers and size (same run)."""
+    flat = {(r["workers"], r["kib"]): r["ms"] for r in rows if r["mode"] == "processes"}
+    out = []
+    for r in rows:
+        if r["mode"].startswith("leaves=") and (r["workers"], r["kib"]) in flat:
+            one = flat[(r["workers"], r["kib"])]
+            out.append(
+                {
+                    "leaves": int(r["mode"].split("=")[1]),
+                    "workers": r["workers"],
+                    "kib": r["kib"],
+                    "one_level_p50_ms": one,
+                    "two_level_p50_ms": r["ms"],
+                    "ratio": r["ms"] / one,
+                }
+            )
+    return out
 
 
 def _scaling_row(mode: str, n: int, kib: int, seconds: float, n_values: int) -> dict:
@@ -79,7 +113,7 @@ def _plot_scaling(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, marker in (("processes", "o-"), ("simulator", "s--")):
+    for mode, marker in (("processes", "o-"), ("simulator", "s--"), *((m, "^:") for m in _tree_modes(rows))):
         for kib in sorted({r["kib"] for r in rows}):
             pts = sorted(
                 (r["workers"], r["ns_per_contribution"])
@@ -98,6 +132,10 @@ def _plot_scaling(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _tree_modes(rows: list[dict]) -> list[str]:
+    return sorted({r["mode"] for r in rows if r["mode"].startswith("leaves=")})
 
 
 def _counts(item: Callable[[str], int], what: str) -> Callable[[str], list[int]]:
@@ -123,6 +161,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_counts(argtypes.workers, "worker counts"),
         default=[2, 4, 8, 16],
         help=f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
+    )
+    sc.add_argument(
+        "--leaves",
+        type=_counts(argtypes.int_range(1, MAX_LEAVES, "leaves"), "leaf counts"),
+        default=[],
+        help="also run each process worker count through a leaf-spine tree of L leaves and a spine "
+        "(--loss on both levels), and print its p50 against one switch's at the same worker count",
     )
     sc.add_argument(
         "--sim-workers",
@@ -165,6 +210,22 @@ def _run_scaling(args: argparse.Namespace) -> int:
             f"{r['mode']:10s} {r['workers']:7d} {r['kib']:6d} {r['ms']:9.1f} {r['ns_per_element']:9.1f} "
             f"{r['ns_per_contribution']:17.2f}"
         )
+    if out["hierarchy"]:
+        print("\nleaf-spine against one switch, same workers and size (p50 of the slowest worker's reduce):")
+        heads = (
+            ("leaves", 6),
+            ("workers", 7),
+            ("KiB", 6),
+            ("1 level ms", 10),
+            ("2 levels ms", 11),
+            ("ratio", 6),
+        )
+        print(" ".join(f"{name:>{width}s}" for name, width in heads))
+        for h in out["hierarchy"]:
+            print(
+                f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
+                f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
+            )
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
