@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from controlplane.liveness import LivenessMonitor
+from hostlib.liveness import LivenessMonitor
 from hostlib.protocol import Op, make_packet
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
