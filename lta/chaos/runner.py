@@ -189,7 +189,13 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                     _drain(procs, killed, t0, limit_s)
                 break
             if now - t0 > limit_s:
-                outcome.verdict, outcome.cause = "hang", f"ranks {live} still running after {limit_s:.0f} s"
+                at = {r: len(steps_at[r]) for r in live}
+                outcome.verdict = "hang"
+                outcome.cause = f"ranks {live} still running after {limit_s:.0f} s, at steps {at}"
+                for r in live:  # each writes its threads' stacks to its .err file (faulthandler)
+                    procs[r][0].send_signal(signal.SIGCONT)
+                    procs[r][0].send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
                 break
             time.sleep(POLL_S)
     finally:

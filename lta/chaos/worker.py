@@ -20,8 +20,11 @@ In-process faults (the parent cannot do them from outside):
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -35,16 +38,16 @@ _IN, _HIDDEN, _OUT = 32, 128, 8
 _BATCH = 32
 
 
-def _model() -> Any:
+def _model(hidden: int = _HIDDEN) -> Any:
     import torch
 
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(_IN, _HIDDEN),
+        torch.nn.Linear(_IN, hidden),
         torch.nn.Tanh(),
-        torch.nn.Linear(_HIDDEN, _HIDDEN),
+        torch.nn.Linear(hidden, hidden),
         torch.nn.Tanh(),
-        torch.nn.Linear(_HIDDEN, _OUT),
+        torch.nn.Linear(hidden, _OUT),
     )
 
 
@@ -112,7 +115,7 @@ def run(spec: dict[str, Any], rank: int) -> None:
     torch.set_num_threads(1)
     out = Path(spec["out"])
     door, world, steps = spec["door"], spec["world"], spec["steps"]
-    model = _model()
+    model = _model(spec.get("hidden", _HIDDEN))
     session = None
     sharded = door.startswith("sharded")
     if door in ("ddp", "fsdp2"):
@@ -178,6 +181,7 @@ def run(spec: dict[str, Any], rank: int) -> None:
     else:
         raise ValueError(f"unknown front door {door!r}: choose among {', '.join(DOORS)}")
 
+    transport = _transport_worker(door, session)
     data = torch.Generator().manual_seed(1000 + rank + 97 * spec["seed"])
     first_loss = _eval_loss(model)
     previous = _flat(model)
@@ -198,7 +202,7 @@ def run(spec: dict[str, Any], rank: int) -> None:
             now = _flat(model)
             max_step_change = max(max_step_change, float(np.abs(now - previous).max()))
             previous = now
-            progress.write(f"{step + 1} {time.perf_counter():.6f}\n")
+            progress.write(f"{step + 1} {time.perf_counter():.6f} {_health(transport)}\n")
     result = {
         "params": _flat(model),
         "first_loss": first_loss,
@@ -210,6 +214,26 @@ def run(spec: dict[str, Any], rank: int) -> None:
         dist.destroy_process_group()
     if session is not None:
         session.close()
+
+
+def _transport_worker(door: str, session: Any) -> Any:
+    """The rank's LtaWorker (None in PS mode), for the per-step health columns of the progress file."""
+    if session is not None:
+        return session.worker
+    if door in ("ddp", "fsdp2"):
+        import torch
+        import torch.distributed as dist
+
+        return getattr(dist.group.WORLD._get_backend(torch.device("cpu")), "worker", None)  # type: ignore[union-attr]
+    return None
+
+
+def _health(worker: Any) -> str:
+    """Running totals after this step: chunks without RESULT, with count 0, units overtaken, flushes."""
+    if worker is None:
+        return ""
+    st = worker.stats
+    return f"{st.chunks} {st.chunks_no_result} {st.chunks_empty} {st.units_overtaken} {st.flushes_sent}"
 
 
 def _reset_switch(session: Any, net: Any) -> None:
@@ -228,6 +252,11 @@ def _reset_switch(session: Any, net: Any) -> None:
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks where a hung rank waits
+    level = os.environ.get("LTA_LOG")
+    if level:  # the rank's log goes to its .err file
+        fmt = f"%(relativeCreated)d rank {rank} %(name)s: %(message)s"
+        logging.basicConfig(level=level.upper(), format=fmt)
     try:
         run(spec, rank)
     except Exception as exc:
