@@ -277,7 +277,9 @@ def join_job(
                 elems_per_packet=job.elems_per_packet,
                 drop=options.drop,
                 quorum=job.quorum,
-                liveness_timeout_s=options.liveness_timeout_s,
+                # Exact mode: rounds close by the drop policy alone, never short of a worker
+                # that a loaded host descheduled past the liveness timeout.
+                liveness_timeout_s=0.0 if transport.exact else options.liveness_timeout_s,
             )
         elif options.register_job is not None:
             options.register_job(job)

@@ -1,8 +1,10 @@
 """Run one chaos run (``schedule.RunSpec``) and judge it.
 
 The parent starts ``world`` processes of :mod:`lta.chaos.worker`, watches their progress files, injects
-the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and gives the run ``bound_s`` seconds. The
-verdict (:func:`judge`) is one of:
+the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and allows ``bound_s`` seconds without a
+step of any rank (from the start: start-up included). A bound on progress, not on the whole run: on a
+host loaded 10x past its cores a healthy step took 1.5 s instead of 0.05 s. The verdict (:func:`judge`)
+is one of:
 
 - ``ok``: every rank that was not killed exited 0, trained (final evaluation loss below
   ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``) where the design says
@@ -11,7 +13,9 @@ verdict (:func:`judge`) is one of:
   the whole run for a backend whose replicas are never reset);
 - ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
   the cause);
-- ``hang``: some rank was still running at the bound (the parent then kills every rank);
+- ``hang``: no rank made a step for the bound and some were still running (the parent then has each
+  write its threads' stacks to its ``.err`` file and kills them); a reduce that waits gives up after
+  ``REDUCE_TIMEOUT_S`` (loud), so a bound of a few times that separates a hang from a slow run;
 - ``silent``: every rank exited 0, but the parameters are untrained, not finite, or apart beyond the
   bound.
 """
@@ -90,7 +94,7 @@ def _worker_spec(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 
 def bound_s(spec: RunSpec, base_s: float) -> float:
-    """The run's time bound: ``base_s`` plus every SIGSTOP's seconds."""
+    """The run's bound on a stretch without progress: ``base_s`` plus every SIGSTOP's seconds."""
     return base_s + sum(f.get("seconds", 0.0) for f in spec.faults)
 
 
@@ -188,10 +192,11 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
                     _drain(procs, killed, t0, limit_s)
                 break
-            if now - t0 > limit_s:
+            last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
+            if now - last_step > limit_s:
                 at = {r: len(steps_at[r]) for r in live}
                 outcome.verdict = "hang"
-                outcome.cause = f"ranks {live} still running after {limit_s:.0f} s, at steps {at}"
+                outcome.cause = f"ranks {live} made no step for {limit_s:.0f} s, at steps {at}"
                 for r in live:  # each writes its threads' stacks to its .err file (faulthandler)
                     procs[r][0].send_signal(signal.SIGCONT)
                     procs[r][0].send_signal(signal.SIGUSR1)
