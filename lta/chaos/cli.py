@@ -55,7 +55,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--workers", type=int, default=4, help="ranks per run (default 4)")
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
-    p.add_argument("--bound", type=float, default=120.0, help="seconds without a step of any rank before a run is a hang (plus its SIGSTOPs)")
+    p.add_argument(
+        "--bound",
+        type=float,
+        default=120.0,
+        help="seconds without a step of any rank before a run is a hang (plus its SIGSTOPs)",
+    )
     p.add_argument("--out", type=Path, default=Path("lta-chaos"), help="folder for chaos.json and chaos.md")
     p.add_argument("--keep", action="store_true", help="keep every run's files (logs, progress) under --out")
     p.set_defaults(func=run)
