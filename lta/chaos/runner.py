@@ -2,9 +2,9 @@
 
 The parent starts ``world`` processes of :mod:`lta.chaos.worker`, watches their progress files, injects
 the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and allows ``bound_s`` seconds without a
-step of any rank (from the start: start-up included). A bound on progress, not on the whole run: on a
-host loaded 10x past its cores a healthy step took 1.5 s instead of 0.05 s. The verdict (:func:`judge`)
-is one of:
+step of any rank once every live rank has made its first (``STARTUP_S`` for the start-up). A bound on
+progress, not on the whole run: on a host loaded 10x past its cores a healthy step took 1.5 s instead of
+0.05 s. The verdict (:func:`judge`) is one of:
 
 - ``ok``: every rank that was not killed exited 0, trained (final evaluation loss below
   ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``) where the design says
@@ -43,6 +43,9 @@ STALE_BOUND = 4  # the sharded exchange's S
 REBROADCAST_EVERY = 5  # the hook's re-broadcast period
 REDUCE_TIMEOUT_S = 20.0  # a reduce that waits longer raises (one line): the loud-failure bound's core
 POLL_S = 0.05
+# Until every live rank has made its first step: importing torch in four processes took over 120 s at
+# load 26 on 2 cores. A run still starting after this long is a hang too.
+STARTUP_S = 600.0
 
 
 @dataclass
@@ -192,8 +195,9 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
                     _drain(procs, killed, t0, limit_s)
                 break
+            started = all(steps_at[r] for r in live)
             last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
-            if now - last_step > limit_s:
+            if (now - last_step > limit_s and started) or now - t0 > max(limit_s, STARTUP_S):
                 at = {r: len(steps_at[r]) for r in live}
                 outcome.verdict = "hang"
                 outcome.cause = f"ranks {live} made no step for {limit_s:.0f} s, at steps {at}"
