@@ -67,6 +67,9 @@ def test_verdicts(tmp_path):
     (tmp_path / "rank2.err").write_text("noise\nrank 2: UnhealthyTraining: the cause\n\n")
     out = judge(Outcome(exact, exit_codes={0: 0, 1: 0, 2: 1}), tmp_path, {})
     assert (out.verdict, out.cause) == ("loud", "rank 2 exit 1: rank 2: UnhealthyTraining: the cause")
+    (tmp_path / "rank0.err").write_text("job 1: worker 2 offline\n")  # rank 0 was killed by the parent
+    out = judge(Outcome(exact, exit_codes={0: -9, 1: 0, 2: 1}), tmp_path, {})
+    assert out.cause == "rank 2 exit 1: rank 2: UnhealthyTraining: the cause"
     rows = [out.as_dict()]
     assert summary(rows)["verdicts"] == {"ok": 0, "loud": 1, "hang": 0, "silent": 0}
     assert "| ddp | 0 | 1 | 0 | 0 |" in markdown(rows)

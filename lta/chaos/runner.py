@@ -193,7 +193,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
             if not live or (failed and now - t0 > 0):
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
-                    _drain(procs, killed, t0, limit_s)
+                    _drain(procs, killed, time.monotonic(), limit_s)
                 break
             started = all(steps_at[r] for r in live)
             last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
@@ -229,6 +229,11 @@ def _drain(procs: dict[int, Any], killed: dict[int, float], t0: float, limit_s: 
         if all(p.poll() is not None for r, (p, _) in procs.items() if r not in killed):
             return
         time.sleep(POLL_S)
+    for p, _ in procs.values():  # still running: each writes its stacks to its .err (faulthandler)
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
 
 
 def _recovery(steps_at: dict[int, list[float]], killed: dict[int, float]) -> float | None:
@@ -262,7 +267,9 @@ def judge(outcome: Outcome, out: Path, killed: dict[int, float]) -> Outcome:
     spec = outcome.spec
     failed = {r: c for r, c in outcome.exit_codes.items() if r not in killed and c != 0}
     if failed:
-        r = min(failed)
+        # The cause is a rank that exited by itself (a positive status); the parent's SIGKILL of ranks
+        # still running after the bound is no cause (their last line says what they were doing).
+        r = min(failed, key=lambda r: (failed[r] is None or failed[r] < 0, r))
         outcome.verdict, outcome.cause = (
             "loud",
             f"rank {r} exit {failed[r]}: {_last_line(out / f'rank{r}.err')}",
