@@ -255,7 +255,7 @@ def register(subparsers: Any) -> None:
 
 
 def _liveness(args: argparse.Namespace) -> int:
-    from controlplane.liveness import LivenessMonitor
+    from hostlib.liveness import LivenessMonitor
 
     with _connect(args) as switch:
         switch.check_pipeline()

@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES = (
     "softswitch.ps.cli",  # lta ps
     "controlplane.cli",  # lta ctl
     "lta.mininet_cli",  # lta mininet
+    "lta.chaos.cli",  # lta chaos
     "lta.metrics_cli",  # lta metrics watch
 )
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from controlplane.liveness import LivenessMonitor
+from hostlib.liveness import LivenessMonitor
 from hostlib.protocol import Op, make_packet
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -71,9 +71,10 @@ def test_offline_within_timeout_plus_one_heartbeat_and_no_false_alarm(death_at):
 def test_quorum_is_min_of_configured_and_live_and_comes_back():
     clock, switch = FakeClock(), FakeSwitch(4)
     monitor = LivenessMonitor(switch, 1, 4, quorum=3, timeout_s=1.0, clock=clock)
-    clock.now = 1.5
-    switch.counts[:2] = [5, 5]  # workers 2 and 3 silent since the start
-    events = monitor.poll()
+    for t, c in ((0.5, 2), (1.0, 4), (1.5, 5)):  # workers 0 and 1 beat; 2 and 3 silent since the start
+        clock.now = t
+        switch.counts[:2] = [c, c]
+        events = monitor.poll()
     assert [(e.worker, e.state) for e in events] == [(2, "offline"), (3, "offline")]
     assert switch.quorums == [2]  # min(3, 2 live)
     clock.now = 2.0
@@ -85,6 +86,29 @@ def test_quorum_is_min_of_configured_and_live_and_comes_back():
     assert monitor.poll() == [] and switch.quorums == [2, 3]  # worker 3 is still offline: no new event
     states = {s["worker"]: s["state"] for s in monitor.status()}
     assert states == {0: "online", 1: "online", 2: "online", 3: "offline"}
+
+
+def test_a_switch_that_heard_nobody_marks_nobody_offline():
+    """When no counter moves at all (the switch's process descheduled: the embedded softswitch shares rank
+    0's process), nobody is marked: silence counts only while the switch hears the other workers. Once it
+    hears them again, a worker that stayed silent is marked after timeout_s of their traffic."""
+    clock, switch = FakeClock(), FakeSwitch(4)
+    monitor = LivenessMonitor(switch, 1, 4, timeout_s=3.0, clock=clock)
+    switch.counts = [1, 1, 1, 1]
+    clock.now = 0.5
+    assert monitor.poll() == []
+    clock.now = 9.0  # 8.5 s without a packet from anyone: the switch stalled, not four deaths
+    assert monitor.poll() == [] and switch.quorums == []
+    switch.counts = [2, 2, 2, 1]  # the switch reads again; worker 3 is silent from now on
+    clock.now = 9.5
+    assert monitor.poll() == []  # its silence is counted from the switch's last reading, not from 0.5 s
+    for t in (10.5, 11.5, 12.4):
+        clock.now = t
+        switch.counts[:3] = [c + 1 for c in switch.counts[:3]]
+        assert monitor.poll() == []
+    clock.now = 12.6
+    switch.counts[:3] = [c + 1 for c in switch.counts[:3]]
+    assert [(e.worker, e.state, e.quorum) for e in monitor.poll()] == [(3, "offline", 3)]
 
 
 def test_monitor_through_p4runtime_lowers_and_restores_the_quorum():

@@ -222,7 +222,7 @@ class _Counters:
 def test_liveness_event_is_reported_once(with_receiver, caplog):
     import logging
 
-    from controlplane.liveness import LivenessMonitor
+    from hostlib.liveness import LivenessMonitor
 
     now = [0.0]
     switch = _Counters(3)

@@ -317,3 +317,36 @@ def test_lta_demo_is_exact_on_the_forced_plain_fallback(io_path):
     out = json.loads(done.stdout)
     assert out["exact"] is True
     assert {w["stats"]["io"] for w in out["workers"]} == {"plain"}
+
+
+def test_tail_units_wait_the_lag_deadline_for_a_peer_that_has_not_sent_them(make_cluster):
+    """A worker that has sent everything (the tail) still waits ``lag_deadline_ms`` for a unit a live
+    peer has not provably sent: worker 1 pauses 0.4 s before its last packets (descheduled), far past
+    the RTO (at most max_deadline_ms = 60 ms here) and well inside the lag deadline (3 s). At zero loss
+    every chunk must then come back with both workers counted; flushing the tail on the RTO closed those
+    rounds with worker 0 alone."""
+    from hostlib.protocol import HEADER_DTYPE
+
+    cluster = make_cluster(
+        2, elems_per_packet=64, window=8, sync_deadline_ms=3000, lag_deadline_ms=3000,
+        min_deadline_ms=20, max_deadline_ms=60, reduce_timeout_s=30,
+    )  # fmt: skip
+    slot_at = HEADER_DTYPE.fields["slot"][1]
+    late = cluster.workers[1]
+    send = late.io.send_rows
+    paused = []
+
+    def send_late(rows: np.ndarray) -> int:
+        slots = rows[:, slot_at].astype(np.int64) << 8 | rows[:, slot_at + 1]
+        if not paused and len(rows) and int(slots.max()) >= 60:  # its last units: 64 data + 1 exponent
+            paused.append(True)
+            time.sleep(0.4)
+        return send(rows)
+
+    late.io.send_rows = send_late  # type: ignore[method-assign]
+    inputs = [np.full(64 * 64, float(w + 1), np.float32) for w in range(2)]
+    results = cluster.reduce_all(inputs)
+    assert paused
+    for r in results:
+        assert (r.count == 2).all(), np.flatnonzero(r.count != 2)
+        np.testing.assert_allclose(r.values, 1.5, rtol=1e-6)

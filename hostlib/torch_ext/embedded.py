@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from hostlib.dropmodels import DropPolicy
+from hostlib.liveness import LivenessMonitor
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -26,6 +27,7 @@ class EmbeddedSwitch:
     def __init__(self, seed: int, listen: tuple[str, int]) -> None:
         self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen).start()
         self.address: tuple[str, int] = self.server.address
+        self.monitors: list[LivenessMonitor] = []
         self._interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL_S))
 
@@ -42,16 +44,33 @@ class EmbeddedSwitch:
         elems_per_packet: int,
         drop: dict[str, DropPolicy] | None = None,
         quorum: int | None = None,
+        liveness_timeout_s: float = 0.0,
     ) -> None:
         """Add a job whose worker ``w`` sends from ``workers[w]``, with emulated loss per direction and
-        rounds that close at ``quorum`` contributions (None: all workers)."""
+        rounds that close at ``quorum`` contributions (None: all workers). ``liveness_timeout_s`` > 0: a
+        liveness monitor (hostlib/liveness.py) marks a worker silent that long offline and lowers the
+        quorum to the live workers, so the survivors of a dead worker close their rounds as soon as their
+        own packets are in instead of waiting a deadline and a FLUSH for every unit."""
         job = JobConfig(
             job_id, list(workers), quorum=quorum, pool_size=pool_size, elems_per_packet=elems_per_packet
         )
         self.switch.add_job(job)
         for direction, policy in (drop or {}).items():
             self.switch.set_drop_policy(job_id, direction, policy)
+        if liveness_timeout_s > 0:
+            self.monitors.append(
+                LivenessMonitor(
+                    self.switch,
+                    job_id,
+                    len(workers),
+                    quorum=quorum,
+                    timeout_s=liveness_timeout_s,
+                    poll_s=min(0.25, liveness_timeout_s / 4),
+                ).start()
+            )
 
     def stop(self) -> None:
+        for monitor in self.monitors:
+            monitor.stop()
         self.server.stop()
         sys.setswitchinterval(self._interval)

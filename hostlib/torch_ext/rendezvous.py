@@ -25,6 +25,7 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_ON_UNHEALTHY`` | reduces that keep getting nothing: ``raise``, ``warn`` or ``ignore`` | raise |
 | ``LTA_LOSSY_OPS`` | the group's collectives that go through the switch (below) | allreduce,reduce_scatter |
 | ``LTA_STALE_BOUND`` | S: no all-gather copy older than S calls of its key (then a resync) | 8 |
+| ``LTA_LIVENESS_TIMEOUT`` | self-hosted: silent seconds until a worker is offline (0: off) | 3 |
 
 ``LTA_EXACT_MS=W`` (self-hosted, emulated loss): no round is closed by a timer, only by the softswitch's
 seeded drop decisions (``TransportConfig.exact``); every transport deadline is W ms, a safety net. Runs
@@ -53,6 +54,7 @@ from typing import Any
 
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import HealthCheckError
+from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
@@ -119,11 +121,15 @@ class LtaOptions:
     # The process group's collectives that go through the switch (the others: reliable, over gloo).
     lossy_ops: frozenset[str] = DEFAULT_LOSSY_OPS
     stale_bound: int = 8  # S of the lossy all-gather: no copy older than S calls of its key
+    # Self-hosted switch: a worker silent this long is offline and the quorum drops (hostlib/liveness.py).
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
 
     def __post_init__(self) -> None:
         self.lossy_ops = frozenset(self.lossy_ops)
         if not self.lossy_ops <= set(LOSSY_OPS):
             parse_lossy_ops(",".join(self.lossy_ops))  # raises with the names
+        if self.liveness_timeout_s < 0:
+            raise ValueError(f"liveness_timeout_s must be >= 0 s (0: off), got {self.liveness_timeout_s}")
         if self.stale_bound < 1:
             raise ValueError(f"stale_bound (S) must be >= 1 call, got {self.stale_bound}")
         self.quorum = self.window_size = _one_of("quorum", self.quorum, "window_size", self.window_size)
@@ -199,6 +205,7 @@ class LtaOptions:
             seed=seed,
             lossy_ops=parse_lossy_ops(env.get("LTA_LOSSY_OPS", ",".join(sorted(DEFAULT_LOSSY_OPS)))),
             stale_bound=int(number("LTA_STALE_BOUND", 8)),
+            liveness_timeout_s=float(number("LTA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S, float)),
         )
 
 
@@ -270,6 +277,9 @@ def join_job(
                 elems_per_packet=job.elems_per_packet,
                 drop=options.drop,
                 quorum=job.quorum,
+                # Exact mode: rounds close by the drop policy alone, never short of a worker
+                # that a loaded host descheduled past the liveness timeout.
+                liveness_timeout_s=0.0 if transport.exact else options.liveness_timeout_s,
             )
         elif options.register_job is not None:
             options.register_job(job)

@@ -96,7 +96,7 @@ class TransportConfig:
     # and without a bound it would hold its own next use of the slot, and so every worker, forever.
     critical_max_resends: int = 8
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
-    # liveness monitor tells a computing worker from a dead one (controlplane/liveness.py).
+    # liveness monitor tells a computing worker from a dead one (hostlib/liveness.py).
     heartbeat_interval_s: float = 0.5
     # Exact experiments under *emulated* loss (a lossless path whose switch drops packets by seeded
     # policies that spare CRITICAL packets, as the softswitch does): no round is closed by a timer. Each

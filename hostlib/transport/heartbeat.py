@@ -1,6 +1,6 @@
 """The worker's heartbeat: one HEARTBEAT packet to the switch every ``heartbeat_interval_s``, from a
 daemon thread, so the switch's per-worker counter (``WORKER_COUNTER``) keeps moving while the worker
-computes and sends nothing else. The liveness monitor (``controlplane.liveness``) marks a worker offline
+computes and sends nothing else. The liveness monitor (``hostlib.liveness``) marks a worker offline
 when that counter stops; a process that dies stops its heartbeat with it.
 
 The packet is built once; each beat is one ``sendto`` on the worker's own socket (a UDP send is atomic,

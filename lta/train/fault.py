@@ -3,7 +3,7 @@
 What happens, in order (the parent drives it; ``FaultDriver`` is its state machine):
 
 1. When the run reaches STEP, the parent SIGKILLs worker RANK's process. Its heartbeat stops with it.
-2. The survivors go on. Until the liveness monitor (``controlplane.liveness``, on the parent's softswitch)
+2. The survivors go on. Until the liveness monitor (``hostlib.liveness``, on the parent's softswitch)
    marks the worker offline, every round waits its deadline for the dead worker's packets and closes on
    a FLUSH; once it is marked (``--liveness-timeout`` without a packet), the job's quorum drops to the live
    count and rounds close as soon as the survivors' packets are in. The survivors' transports presume

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.liveness import LivenessEvent, LivenessMonitor
+from hostlib.liveness import LivenessEvent, LivenessMonitor
 from hostlib.simulate import loss_policy
 from hostlib.torch_ext.checkpoint import ShardFile, commit, read_manifest
 from hostlib.torch_ext.drift import receiver_pair_drift

@@ -8,6 +8,16 @@ not moved for ``timeout_s`` means the worker is gone (a crash, a kill, a cut lin
 Offline detection therefore takes between ``timeout_s`` and ``timeout_s`` + one poll interval after the
 last packet (plus at most one heartbeat interval after the worker stopped).
 
+Silence counts only while the switch hears the job's other workers: a worker is offline once it has
+been silent for ``timeout_s`` *up to the last packet of any worker*, and a stretch longer than
+twice ``timeout_s`` in which the switch heard nobody is not counted at all (shorter lulls are: a
+sparse reader cannot tell them from a worker's death). When no counter moves, the
+switch (or the process that runs it and this monitor: the embedded softswitch shares a process with rank
+0) was not reading packets, or every worker stopped at once; neither is a worker's death, and lowering
+the quorum then closed the next rounds with one contribution each. On a host loaded well past its
+cores, the embedded switch's process was descheduled for 8 s and the monitor marked all four workers
+offline (quorum 1).
+
 While workers are offline the job's quorum is ``min(configured quorum, live workers)``, so rounds close as
 soon as every live worker has contributed instead of waiting for each unit's deadline and FLUSH; when an
 offline worker's counter moves again (it restarted and sends), it is online and the quorum goes back up.
@@ -82,6 +92,7 @@ class LivenessMonitor:
         # Everyone starts online, as if heard now: a worker that never sends is offline after timeout_s.
         self.counts = list(target.read_worker_rx(job_id, n_workers))
         self.last_heard = [now] * n_workers
+        self.last_any = now  # when the switch last heard any worker of the job
         self.online = [True] * n_workers
         self.current_quorum = self.quorum
         self.events: list[LivenessEvent] = []
@@ -99,13 +110,18 @@ class LivenessMonitor:
             counts = self.target.read_worker_rx(self.job_id, self.n_workers)
             now = self.clock()
             events = []
+            if counts != self.counts:
+                gap = now - self.last_any
+                if gap > 2 * self.timeout_s:  # nobody was heard for this long: the switch did not read
+                    self.last_heard = [min(now, t + gap) for t in self.last_heard]
+                self.last_any = now
             for w, count in enumerate(counts):
                 if count != self.counts[w]:
                     self.counts[w], self.last_heard[w] = count, now
                     if not self.online[w]:
                         self.online[w] = True
                         events.append((w, "online", 0.0))
-                elif self.online[w] and now - self.last_heard[w] > self.timeout_s:
+                elif self.online[w] and self.last_any - self.last_heard[w] > self.timeout_s:
                     self.online[w] = False
                     events.append((w, "offline", now - self.last_heard[w]))
             if not events:

@@ -1,0 +1,1 @@
+"""``lta chaos``: seeded fault injection through every front door, with a verdict per run (cli.py)."""

@@ -1,0 +1,86 @@
+"""``lta chaos``: seeded fault injection through every front door, with a verdict per run.
+
+    lta chaos --seeds 0-99 --out chaos-100        # the long run: 100 seeded runs
+    lta chaos --seeds 7                            # replay run 7 exactly as drawn
+
+Each seed draws one run (schedule.py: a front door and one to three faults); the runner starts the ranks,
+injects the faults and judges (runner.py: ok / loud / hang / silent). ``--out`` gets ``chaos.json``
+(every run, its faults and verdict) and ``chaos.md`` (the runs x fault kinds table); the exit status is 1
+when any run hung or failed silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lta.chaos.report import markdown, summary
+from lta.chaos.runner import run_one
+from lta.chaos.schedule import draw
+from lta.chaos.worker import DOORS
+
+
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            if not lo.isdigit() or not hi.isdigit() or int(hi) < int(lo):
+                raise argparse.ArgumentTypeError(f"expected seeds like 0-99 or 1,5,7, got {text!r}")
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"expected seeds like 0-99 or 1,5,7, got {text!r}")
+    return out
+
+
+def _doors(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(set(names) - set(DOORS))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown front door(s) {unknown}: choose among {', '.join(DOORS)}")
+    return names
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("chaos", help="seeded fault injection through every front door, with verdicts")
+    p.add_argument("--seeds", type=_seeds, default=_seeds("0-5"), help="seeds: 0-99, or 1,5,7 (default 0-5)")
+    p.add_argument(
+        "--doors", type=_doors, default=DOORS, help=f"front doors, comma separated ({','.join(DOORS)})"
+    )
+    p.add_argument("--workers", type=int, default=4, help="ranks per run (default 4)")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    p.add_argument(
+        "--bound",
+        type=float,
+        default=120.0,
+        help="seconds without a step of any rank before a run is a hang (plus its SIGSTOPs)",
+    )
+    p.add_argument("--out", type=Path, default=Path("lta-chaos"), help="folder for chaos.json and chaos.md")
+    p.add_argument("--keep", action="store_true", help="keep every run's files (logs, progress) under --out")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        spec = draw(seed, args.doors, args.workers, args.steps)
+        t0 = time.monotonic()
+        outcome = run_one(spec, args.bound, args.out / f"run{seed}" if args.keep else None)
+        rows.append(outcome.as_dict())
+        print(
+            f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:6s} "
+            f"{time.monotonic() - t0:6.1f}s {outcome.cause}",
+            flush=True,
+        )
+        (args.out / "chaos.json").write_text(json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
+        (args.out / "chaos.md").write_text(markdown(rows))
+    counts = summary(rows)["verdicts"]
+    print(" ".join(f"{k}={v}" for k, v in counts.items()))
+    return 1 if counts.get("hang", 0) or counts.get("silent", 0) else 0

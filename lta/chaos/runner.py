@@ -1,0 +1,313 @@
+"""Run one chaos run (``schedule.RunSpec``) and judge it.
+
+The parent starts ``world`` processes of :mod:`lta.chaos.worker`, watches their progress files, injects
+the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and allows ``bound_s`` seconds without a
+step of any rank once every live rank has made its first (``STARTUP_S`` for the start-up). A bound on
+progress, not on the whole run: on a host loaded 10x past its cores a healthy step took 1.5 s instead of
+0.05 s. The verdict (:func:`judge`) is one of:
+
+- ``ok``: every rank that was not killed exited 0, trained (final evaluation loss below
+  ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``) where the design says
+  they are identical, within the staleness bound ``(B + 1) x`` the largest one-step change of a
+  parameter where it says they may differ (B: the exchange's stale bound, the hook's re-broadcast period,
+  the whole run for a backend whose replicas are never reset);
+- ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
+  the cause);
+- ``hang``: no rank made a step for the bound and some were still running (the parent then has each
+  write its threads' stacks to its ``.err`` file and kills them); a reduce that waits gives up after
+  ``REDUCE_TIMEOUT_S`` (loud), so a bound of a few times that separates a hang from a slow run;
+- ``silent``: every rank exited 0, but the parameters are untrained, not finite, or apart beyond the
+  bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lta.chaos.schedule import RunSpec, drop_policy
+
+TRAINED_RATIO = 0.5
+EXACT_TOL = 1e-5
+STALE_BOUND = 4  # the sharded exchange's S
+REBROADCAST_EVERY = 5  # the hook's re-broadcast period
+REDUCE_TIMEOUT_S = 20.0  # a reduce that waits longer raises (one line): the loud-failure bound's core
+POLL_S = 0.05
+# Until every live rank has made its first step: importing torch in four processes took over 120 s at
+# load 26 on 2 cores. A run still starting after this long is a hang too.
+STARTUP_S = 600.0
+
+
+@dataclass
+class Outcome:
+    spec: RunSpec
+    verdict: str = "ok"
+    cause: str = ""
+    wall_s: float = 0.0
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    divergence: float | None = None
+    divergence_bound: float | None = None
+    loss_ratio: float | None = None
+    recovery_s: float | None = None  # after a kill: until the survivors' steps are back to their pace
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "spec"}
+        out.update(self.spec.as_dict())
+        out["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        return out
+
+
+def _worker_spec(spec: RunSpec, out: Path) -> dict[str, Any]:
+    drop, pool, clock, restart = {}, 512, None, None
+    for f in spec.faults:
+        if f["kind"].startswith("loss-"):
+            drop[f["direction"]] = drop_policy(f)
+        elif f["kind"] == "small-pool":
+            pool = f["pool_size"]
+        elif f["kind"] == "clock":
+            clock = {"rank": f["rank"], "step": f["step"], "offset_s": f["offset_s"]}
+        elif f["kind"] == "switch-restart":
+            restart = f["step"]
+    return {
+        "door": spec.door,
+        "world": spec.world,
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "out": str(out),
+        "store": str(out / "store"),
+        "drop": drop,
+        "pool_size": pool,
+        "elems_per_packet": 64,
+        "reduce_timeout_s": REDUCE_TIMEOUT_S,
+        "stale_bound": STALE_BOUND,
+        "rebroadcast_every": REBROADCAST_EVERY,
+        "clock": clock,
+        "switch_restart_at": restart,
+    }
+
+
+def bound_s(spec: RunSpec, base_s: float) -> float:
+    """The run's bound on a stretch without progress: ``base_s`` plus every SIGSTOP's seconds."""
+    return base_s + sum(f.get("seconds", 0.0) for f in spec.faults)
+
+
+def _ps_server(spec: RunSpec) -> Any:
+    from hostlib.dropmodels import DropPolicy
+    from softswitch.ps.config import PsDrop, PsJobConfig
+    from softswitch.ps.server import PsServer
+
+    drops = tuple(
+        PsDrop(f["direction"], DropPolicy.from_dict(drop_policy(f)))
+        for f in spec.faults
+        if f["kind"] in ("loss-up", "loss-down")
+    )
+    server = PsServer(seed=spec.seed).start()
+    server.add_job(
+        PsJobConfig(
+            job_id=1,
+            n_workers=spec.world,
+            mode="sync",
+            lr=1.0,
+            momentum=0.9,
+            elems_per_packet=64,
+            drops=drops,
+        )
+    )
+    return server
+
+
+def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None) -> Outcome:
+    """Run ``spec`` to its verdict. ``keep``: a folder for the run's files (default: a temporary one)."""
+    with tempfile.TemporaryDirectory(prefix="lta-chaos-") as tmp:
+        out = keep or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        wspec = _worker_spec(spec, out)
+        (out / "spec.json").write_text(json.dumps(wspec))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "LTA_ON_UNHEALTHY": "raise"}
+        server = _ps_server(spec) if spec.door == "ps" else None
+        if server is not None:
+            env["LTA_PS"] = "{}:{}".format(*server.address)
+        try:
+            return _watch(spec, out, env, bound_s(spec, base_bound_s))
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Outcome:
+    procs = {}
+    for r in range(spec.world):
+        err = open(out / f"rank{r}.err", "w")  # noqa: SIM115 (closed with the process below)
+        procs[r] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "lta.chaos.worker", str(out / "spec.json"), str(r)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            ),
+            err,
+        )
+    t0 = time.monotonic()
+    steps_at: dict[int, list[float]] = {r: [] for r in procs}  # the parent's clock at each rank's steps
+    pending = [dict(f) for f in spec.faults if f["kind"] in ("kill", "stop")]
+    resume: list[tuple[float, int]] = []
+    killed: dict[int, float] = {}
+    outcome = Outcome(spec)
+    try:
+        while True:
+            now = time.monotonic()
+            for r in procs:
+                path = out / f"rank{r}.progress"
+                if path.exists():
+                    done = path.read_text().count("\n")
+                    steps_at[r].extend([now] * (done - len(steps_at[r])))
+            for f in list(pending):
+                if len(steps_at[f["rank"]]) >= f["step"]:
+                    pending.remove(f)
+                    proc = procs[f["rank"]][0]
+                    if proc.poll() is not None:
+                        continue
+                    if f["kind"] == "kill":
+                        proc.send_signal(signal.SIGKILL)
+                        killed[f["rank"]] = now
+                    else:
+                        proc.send_signal(signal.SIGSTOP)
+                        resume.append((now + f["seconds"], f["rank"]))
+            for at, r in list(resume):
+                if now >= at:
+                    resume.remove((at, r))
+                    if procs[r][0].poll() is None:
+                        procs[r][0].send_signal(signal.SIGCONT)
+            codes = {r: p.poll() for r, (p, _) in procs.items()}
+            live = [r for r, c in codes.items() if c is None]
+            failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
+            if not live or (failed and now - t0 > 0):
+                if failed:  # the others may wait on the failed one: give them a moment, then judge
+                    _drain(procs, killed, time.monotonic(), limit_s)
+                break
+            started = all(steps_at[r] for r in live)
+            last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
+            if (now - last_step > limit_s and started) or now - t0 > max(limit_s, STARTUP_S):
+                at = {r: len(steps_at[r]) for r in live}
+                outcome.verdict = "hang"
+                outcome.cause = f"ranks {live} made no step for {limit_s:.0f} s, at steps {at}"
+                for r in live:  # each writes its threads' stacks to its .err file (faulthandler)
+                    procs[r][0].send_signal(signal.SIGCONT)
+                    procs[r][0].send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
+                break
+            time.sleep(POLL_S)
+    finally:
+        for p, err in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait()
+            err.close()
+    outcome.wall_s = round(time.monotonic() - t0, 2)
+    outcome.exit_codes = {r: p.returncode for r, (p, _) in procs.items()}
+    if killed:
+        outcome.recovery_s = _recovery(steps_at, killed)
+    if outcome.verdict == "hang":
+        return outcome
+    return judge(outcome, out, killed)
+
+
+def _drain(procs: dict[int, Any], killed: dict[int, float], t0: float, limit_s: float) -> None:
+    """After one rank failed: wait (up to the bound) for the others to fail or finish too."""
+    while time.monotonic() - t0 < limit_s:
+        if all(p.poll() is not None for r, (p, _) in procs.items() if r not in killed):
+            return
+        time.sleep(POLL_S)
+    for p, _ in procs.values():  # still running: each writes its stacks to its .err (faulthandler)
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+
+
+def _recovery(steps_at: dict[int, list[float]], killed: dict[int, float]) -> float | None:
+    """Seconds from the kill until a survivor's step time is back within 1.5x its median before the kill
+    (the slowest survivor); None when a survivor never got back to its pace."""
+    at = min(killed.values())
+    worst = 0.0
+    for r, times in steps_at.items():
+        if r in killed:
+            continue
+        t = np.asarray(times)
+        before = np.diff(t[t <= at])
+        if len(before) < 3:
+            continue
+        pace = 1.5 * float(np.median(before[before > 0])) if np.any(before > 0) else 0.0
+        after = t[t > at]
+        gaps = np.diff(np.concatenate([[at], after]))
+        ok = np.flatnonzero(gaps[1:] <= max(pace, 2 * POLL_S))
+        if not ok.size:
+            return None
+        worst = max(worst, float(after[ok[0]] - at))
+    return round(worst, 2)
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else "(no message)"
+
+
+def judge(outcome: Outcome, out: Path, killed: dict[int, float]) -> Outcome:
+    spec = outcome.spec
+    failed = {r: c for r, c in outcome.exit_codes.items() if r not in killed and c != 0}
+    if failed:
+        # The cause is a rank that exited by itself (a positive status); the parent's SIGKILL of ranks
+        # still running after the bound is no cause (their last line says what they were doing).
+        r = min(failed, key=lambda r: (failed[r] is None or failed[r] < 0, r))
+        outcome.verdict, outcome.cause = (
+            "loud",
+            f"rank {r} exit {failed[r]}: {_last_line(out / f'rank{r}.err')}",
+        )
+        return outcome
+    ranks = [r for r in outcome.exit_codes if r not in killed]
+    results = [np.load(out / f"rank{r}.npz") for r in ranks]
+    params = np.stack([res["params"] for res in results])
+    ratio = max(float(res["final_loss"]) / float(res["first_loss"]) for res in results)
+    step = max(float(res["max_step_change"]) for res in results)
+    divergence = float(np.abs(params - params[0]).max()) if np.isfinite(params).all() else float("inf")
+    bound = _divergence_bound(spec, step)
+    outcome.loss_ratio, outcome.divergence, outcome.divergence_bound = round(ratio, 4), divergence, bound
+    if not np.isfinite(params).all():
+        outcome.verdict, outcome.cause = "silent", "exit 0 with non-finite parameters"
+    elif ratio > TRAINED_RATIO:
+        outcome.verdict, outcome.cause = "silent", f"exit 0 untrained: final/first loss {ratio:.3f}"
+    elif divergence > bound:
+        outcome.verdict, outcome.cause = (
+            "silent",
+            f"exit 0 with replicas apart by {divergence:.3g} > {bound:.3g}",
+        )
+    return outcome
+
+
+def _exact(spec: RunSpec) -> bool:
+    """Where the design says every replica holds the same parameters: no fault that lets one worker see
+    what another does not (a lost RESULT or PARAM, a switch that forgot a round, a late PARAM)."""
+    kinds = set(spec.kinds)
+    if spec.door == "ps":
+        return not kinds & {"loss-down", "kill", "stop", "clock"}
+    if spec.door.startswith("sharded"):
+        return not kinds & {"loss-param", "switch-restart", "stop", "clock", "kill"}
+    return not kinds & {"loss-down", "switch-restart"}
+
+
+def _divergence_bound(spec: RunSpec, step: float) -> float:
+    if _exact(spec):
+        return EXACT_TOL * max(1.0, step)
+    periods = {"sharded": STALE_BOUND, "sharded-critical": STALE_BOUND, "hook": REBROADCAST_EVERY, "ps": 1}
+    return (periods.get(spec.door, spec.steps) + 1) * step

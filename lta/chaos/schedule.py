@@ -1,0 +1,95 @@
+"""The fault schedule of a chaos run, drawn from one seed: the same seed gives the same run.
+
+A run is one front door (``worker.DOORS``) and a few faults drawn from ``FAULT_KINDS``:
+
+- ``loss-up`` / ``loss-down`` / ``loss-param``: emulated loss on one direction, 10-40%, by the
+  softswitch's seeded drop policy: Bernoulli, or Gilbert-Elliott bursts of 4 packets at the same mean;
+- ``kill``: the parent SIGKILLs one rank (never rank 0, which hosts the switch) when the rank's progress
+  file reaches step S; the torch front doors have no rejoin, so it is not restarted (``lta train
+  --kill-worker`` covers the restart and rejoin);
+- ``stop``: the parent SIGSTOPs one rank at step S for T seconds, then SIGCONTs it;
+- ``switch-restart``: the switch loses every slot's state at step S, its configuration kept (rank 0
+  resets the job on its embedded softswitch);
+- ``small-pool``: a pool of 64 slots (63 data slots) for a model of ~330 chunks of 64 values;
+- ``clock``: one rank's clocks step at step S (``worker._step_clock``: the wall clock either way, the
+  monotonic clocks the transport uses forward).
+
+Reordering and duplication need a network namespace with a reordering qdisc (this kernel has no
+netem): not drawn here (see the README's chaos section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lta.chaos.worker import DOORS
+
+FAULT_KINDS = ("loss-up", "loss-down", "loss-param", "kill", "stop", "switch-restart", "small-pool", "clock")
+_DIRECTION = {"loss-up": "up", "loss-down": "down", "loss-param": "param"}
+BURST = 4.0  # Gilbert-Elliott: mean burst length in packets
+
+
+@dataclass
+class RunSpec:
+    seed: int
+    door: str
+    world: int
+    steps: int
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f["kind"] for f in self.faults]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def drop_policy(fault: dict[str, Any]) -> dict[str, Any]:
+    """The DropPolicy (as a dict) of a loss fault: Bernoulli(rate), or Gilbert-Elliott with bursts of
+    ``BURST`` packets (bad->good r = 1/BURST, all lost in bad) whose long-run loss is ``rate``."""
+    rate = float(fault["rate"])
+    if fault["model"] == "bernoulli":
+        return {"model": "bernoulli", "p": rate}
+    r = 1.0 / BURST
+    return {
+        "model": "gilbert_elliott",
+        "p": rate * r / (1.0 - rate),
+        "r": r,
+        "loss_good": 0.0,
+        "loss_bad": 1.0,
+    }
+
+
+def draw(seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int = 40) -> RunSpec:
+    """The run of ``seed``: a door (round robin over ``doors``, so a batch of seeds covers them all) and
+    one to three faults."""
+    rng = np.random.default_rng(seed)
+    door = doors[seed % len(doors)]
+    kinds = rng.choice(FAULT_KINDS, size=int(rng.integers(1, 4)), replace=False)
+    faults: list[dict[str, Any]] = []
+    for kind in sorted(kinds):
+        fault: dict[str, Any] = {"kind": str(kind)}
+        if kind in _DIRECTION:
+            fault.update(
+                direction=_DIRECTION[str(kind)],
+                model=str(rng.choice(["bernoulli", "gilbert_elliott"])),
+                rate=round(float(rng.uniform(0.1, 0.4)), 3),
+            )
+        elif kind in ("kill", "stop", "clock"):
+            fault.update(rank=int(rng.integers(1, world)), step=int(rng.integers(10, steps - 8)))
+            if kind == "stop":
+                fault["seconds"] = round(float(rng.uniform(1.0, 8.0)), 2)
+            if kind == "clock":
+                fault["offset_s"] = round(float(rng.choice([-1, 1]) * rng.uniform(1.0, 30.0)), 2)
+        elif kind == "switch-restart":
+            fault["step"] = int(rng.integers(10, steps - 8))
+        elif kind == "small-pool":
+            fault["pool_size"] = 64
+        faults.append(fault)
+    if door == "ps":  # the parameter server has no PARAM direction, embedded switch or clock-driven rounds
+        faults = [f for f in faults if f["kind"] not in ("loss-param", "switch-restart", "small-pool")]
+    return RunSpec(seed, door, world, steps, faults)

@@ -1,0 +1,270 @@
+"""One rank of a chaos run: ``python -m lta.chaos.worker SPEC.json RANK``.
+
+Trains a small regression model for ``steps`` steps through one front door (``DOORS``), appends every
+finished step to ``rank{R}.progress`` (the parent's clock for faults at a step) and saves what the
+verdict needs to ``rank{R}.npz``: the final parameters, the evaluation loss before and after, and the
+largest change of any parameter in one step (the unit of the staleness bound).
+
+In-process faults (the parent cannot do them from outside):
+
+- ``clock``: at step S this process's wall clock (``time.time``) steps by ``offset_s`` seconds, either
+  way, as NTP or an operator would step it; its monotonic clocks (``time.perf_counter``, the transport's
+  and the exchange's only clock source for deadlines and RTT samples, and ``time.monotonic``) jump forward
+  by ``|offset_s|``, as they do over a VM pause. Emulated by replacing those three functions of the
+  ``time`` module, which every caller reaches as ``time.perf_counter()``. (A monotonic clock never steps
+  backwards, so none is emulated.)
+- ``switch_restart``: at step S rank 0, which hosts the embedded softswitch, resets the job on it: every
+  slot's round, bitmap and sum, the drop-policy streams and the counters are lost, the configuration is
+  kept (a switch rebooted and given its jobs again by the control plane).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DOORS = ("ddp", "hook", "sharded", "sharded-critical", "ps", "fsdp2")
+_IN, _HIDDEN, _OUT = 32, 128, 8
+_BATCH = 32
+
+
+def _model(hidden: int = _HIDDEN) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(_IN, hidden),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.Tanh(),
+        torch.nn.Linear(hidden, _OUT),
+    )
+
+
+def _teacher(x: Any) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(12345)
+    w = torch.randn(_IN, _OUT, generator=g) / _IN**0.5
+    return x @ w
+
+
+def _eval_loss(model: Any) -> float:
+    import torch
+
+    x = torch.randn(512, _IN, generator=torch.Generator().manual_seed(999))
+    with torch.no_grad():
+        return float((model(x) - _teacher(x)).pow(2).mean())
+
+
+def _flat(model: Any) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in _full_params(model)]).numpy().copy()
+
+
+def _full_params(model: Any) -> list[Any]:
+    out = []
+    for p in model.parameters():
+        full = getattr(p, "full_tensor", None)  # FSDP2's DTensor: gather the whole parameter
+        out.append(full() if callable(full) else p)
+    return out
+
+
+def _step_clock(offset_s: float) -> None:
+    real = (time.perf_counter, time.monotonic, time.time)
+    jump = abs(offset_s)
+    time.perf_counter = lambda: real[0]() + jump  # type: ignore[assignment]
+    time.monotonic = lambda: real[1]() + jump  # type: ignore[assignment]
+    time.time = lambda: real[2]() + offset_s  # type: ignore[assignment]
+
+
+def _options(spec: dict[str, Any]) -> Any:
+    from dataclasses import replace
+
+    from hostlib.dropmodels import DropPolicy
+    from hostlib.torch_ext.rendezvous import LtaOptions
+
+    options = LtaOptions.from_env()
+    options.drop = {d: DropPolicy.from_dict(p) for d, p in spec["drop"].items()}
+    options.transport = replace(
+        options.transport,
+        pool_size=spec["pool_size"],
+        elems_per_packet=spec["elems_per_packet"],
+        reduce_timeout_s=spec["reduce_timeout_s"],
+    )
+    options.seed = spec["seed"]
+    return options
+
+
+def run(spec: dict[str, Any], rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    out = Path(spec["out"])
+    door, world, steps = spec["door"], spec["world"], spec["steps"]
+    model = _model(spec.get("hidden", _HIDDEN))
+    session = None
+    sharded = door.startswith("sharded")
+    if door in ("ddp", "fsdp2"):
+        store = dist.FileStore(spec["store"], world)
+        dist.init_process_group(
+            "lta",
+            store=store,
+            rank=rank,
+            world_size=world,
+            pg_options=_options(spec),
+            timeout=timedelta(seconds=60),
+        )
+    elif door != "ps":
+        store = dist.FileStore(spec["store"], world)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        )
+        from hostlib.torch_ext.health import join_default_group
+
+        session = join_default_group(_options(spec), timeout=timedelta(seconds=60))
+    if door == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        net: Any = DistributedDataParallel(model)
+        opt: Any = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    elif door == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        net = model
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    elif door == "hook":
+        from torch.nn.parallel import DistributedDataParallel
+
+        from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
+
+        net = DistributedDataParallel(model)
+        state = LtaHookState(session.worker, rebroadcast_every=spec["rebroadcast_every"])  # type: ignore[union-attr]
+        net.register_comm_hook(state, lta_hook)
+        state.attach(net.module)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    elif sharded:
+        from hostlib.torch_ext.sharded import ShardedOptimizer
+
+        critical = "default" if door == "sharded-critical" else None
+        net = model
+        opt = ShardedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            session.worker,  # type: ignore[union-attr]
+            stale_bound=spec["stale_bound"],
+            critical=critical,
+            module=model,
+        )
+    elif door == "ps":
+        from hostlib.torch_ext.ps import PSOptimizer
+
+        os.environ["RANK"] = str(rank)
+        net = model
+        opt = PSOptimizer.from_env(model.parameters(), lr=0.05)
+    else:
+        raise ValueError(f"unknown front door {door!r}: choose among {', '.join(DOORS)}")
+
+    transport = _transport_worker(door, session)
+    data = torch.Generator().manual_seed(1000 + rank + 97 * spec["seed"])
+    first_loss = _eval_loss(model)
+    previous = _flat(model)
+    max_step_change = 0.0
+    clock = spec.get("clock")
+    restart_at = spec.get("switch_restart_at") if rank == 0 else None
+    with open(out / f"rank{rank}.progress", "a", buffering=1) as progress:
+        for step in range(steps):
+            if clock is not None and clock["rank"] == rank and step == clock["step"]:
+                _step_clock(float(clock["offset_s"]))
+            if restart_at is not None and step == restart_at:
+                _reset_switch(session, net)
+            x = torch.randn(_BATCH, _IN, generator=data)
+            loss = (net(x) - _teacher(x)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            now = _flat(model)
+            max_step_change = max(max_step_change, float(np.abs(now - previous).max()))
+            previous = now
+            progress.write(f"{step + 1} {time.perf_counter():.6f} {_health(transport)}\n")
+    result = {
+        "params": _flat(model),
+        "first_loss": first_loss,
+        "final_loss": _eval_loss(model),
+        "max_step_change": max_step_change,
+    }
+    np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
+    if door != "ps":
+        dist.destroy_process_group()
+    if session is not None:
+        session.close()
+
+
+def _transport_worker(door: str, session: Any) -> Any:
+    """The rank's LtaWorker (None in PS mode), for the per-step health columns of the progress file."""
+    if session is not None:
+        return session.worker
+    if door in ("ddp", "fsdp2"):
+        import torch
+        import torch.distributed as dist
+
+        return getattr(dist.group.WORLD._get_backend(torch.device("cpu")), "worker", None)  # type: ignore[union-attr]
+    return None
+
+
+def _health(worker: Any) -> str:
+    """Running totals after this step: chunks without RESULT, with count 0, units overtaken, flushes."""
+    if worker is None:
+        return ""
+    st = worker.stats
+    return f"{st.chunks} {st.chunks_no_result} {st.chunks_empty} {st.units_overtaken} {st.flushes_sent}"
+
+
+def _reset_switch(session: Any, net: Any) -> None:
+    """Rank 0: the embedded softswitch loses its state (see the module's docstring)."""
+    switch = session.switch if session is not None else None
+    if switch is None:  # the lta process group's own session
+        import torch
+        import torch.distributed as dist
+
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
+        switch = backend.session.switch
+    for job_id in list(switch.jobs):
+        switch.reset_job(job_id)
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks where a hung rank waits
+    level = os.environ.get("LTA_LOG")
+    if level:  # the rank's log goes to its .err file
+        fmt = f"%(relativeCreated)d rank {rank} %(name)s: %(message)s"
+        logging.basicConfig(level=level.upper(), format=fmt)
+    try:
+        run(spec, rank)
+    except Exception as exc:
+        # One line naming the cause; the parent reads the last line of stderr.
+        print(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
