@@ -383,10 +383,11 @@ def test_unknown_mechanism_is_refused(corpus):
     with pytest.raises(ValueError, match="none, feedback, stale1, stale2, retrieve"):
         SimulatedRun(RunSpec("x", "renorm", 0.1, 0, 1, mechanism="magic"), cfg, 4, corpus=corpus)
     settings = [mechanism_settings(m, cfg) for m in MECHANISMS]
-    assert [(s.feedback, s.stale_bound, s.retrieve) for s in settings] == [
-        (False, cfg.stale_bound, False),
-        (True, cfg.stale_bound, False),
-        (False, 1, False),
-        (False, 2, False),
-        (False, cfg.stale_bound, True),
+    assert [(s.feedback, s.stale_bound, s.retrieve, s.rotate) for s in settings] == [
+        (False, cfg.stale_bound, False, False),
+        (True, cfg.stale_bound, False, False),
+        (False, 1, False, False),
+        (False, 2, False, False),
+        (False, cfg.stale_bound, True, False),
+        (False, cfg.stale_bound, False, True),
     ]
