@@ -272,6 +272,40 @@ def test_withholding_on_a_lost_exponent_is_unbiased_only_when_it_ignores_the_val
     assert biased < -0.05 and biased < -4 * biased_se, errors
 
 
+def test_rotated_reduce_gives_each_owner_its_own_view_rotated_back(corpus):
+    """Simulated ``rotate`` with GRAD and RESULT loss (30%): each owner's chunks are numpy's view of the
+    round for that owner (mean over the chunk's contributors of the rotated gradients where its RESULT
+    came, the previous result rotated into this step's basis where not), rotated back."""
+    from hostlib.rotation import Rotation
+
+    cfg = replace(quick_config(), steps=4)
+    spec = RunSpec("rot", "renorm", 0.3, 0, 1, mechanism="rotate")
+    run = SimulatedRun(spec, cfg, 5, directions=("up", "down"), corpus=corpus)
+    for _ in range(2):
+        run.step()
+    n, c, k = run.n_workers, run.n_chunks, run.k
+    prev = run.prev.copy()
+    grads, _ = run.local_gradients()
+    rotation = Rotation(c * k, seed=0, step=run.step_count)
+    rotated = rotation.forward(grads).reshape(n, c, k)
+    reduced = run.reduce(grads.copy())
+    summed, delivered = run.last_round
+    assert not (delivered == delivered[:1]).all()  # owners saw different RESULTs: per-owner views
+    prev_rot = rotation.forward(prev.reshape(-1)).reshape(c, k).astype(np.float64)
+    bound = summed.error_bound()
+    got = np.zeros(c * k, np.float32)
+    got[: run.numel] = reduced
+    got = got.reshape(c, k)
+    for w in range(n):
+        view, _ = _expected_view(
+            rotated, summed.contributed, delivered[w], "renorm", prev_rot, 0 * prev_rot, bound
+        )
+        want = rotation.inverse(view.reshape(-1).astype(np.float32)).reshape(c, k)
+        mine = run.owners == w
+        scale = np.abs(want[mine]).max()
+        np.testing.assert_allclose(got[mine], want[mine], atol=1e-4 * scale + float(bound.max()) * 4)
+
+
 @pytest.mark.slow
 def test_four_simulated_workers_train_as_four_real_processes(corpus):
     """N=4 simulated with the real run's batch per worker: the same initial weights, batches and
@@ -280,12 +314,13 @@ def test_four_simulated_workers_train_as_four_real_processes(corpus):
     from lta.train.sweep import LocalCluster
 
     cfg = replace(quick_config(), steps=10)
-    spec = RunSpec("real", "renorm", 0.0, 0, 1)
+    specs = [RunSpec("real", "renorm", 0.0, 0, 1), RunSpec("real-rotate", "renorm", 0.0, 0, 1, "rotate")]
     with LocalCluster(4, cfg) as cluster:
-        real = cluster.run(spec, ("up", "param"))
-    sim = run_simulated(spec, cfg, 4, batch_per_worker=cfg.batch, corpus=corpus)
-    assert np.allclose(sim.worker_curves, real.worker_curves, atol=1e-4)
-    assert sim.val_loss == pytest.approx(real.val_loss, abs=1e-4)
+        reals = [cluster.run(spec, ("up", "param")) for spec in specs]
+    for spec, real in zip(specs, reals, strict=True):  # rotate: ShardedOptimizer(rotate_seed=...) alike
+        sim = run_simulated(spec, cfg, 4, batch_per_worker=cfg.batch, corpus=corpus)
+        assert np.allclose(sim.worker_curves, real.worker_curves, atol=1e-4), spec.name
+        assert sim.val_loss == pytest.approx(real.val_loss, abs=1e-4)
 
 
 def test_feedback_aggregate_is_the_mean_over_survivors_of_gradient_plus_residual(corpus):
@@ -348,10 +383,11 @@ def test_unknown_mechanism_is_refused(corpus):
     with pytest.raises(ValueError, match="none, feedback, stale1, stale2, retrieve"):
         SimulatedRun(RunSpec("x", "renorm", 0.1, 0, 1, mechanism="magic"), cfg, 4, corpus=corpus)
     settings = [mechanism_settings(m, cfg) for m in MECHANISMS]
-    assert [(s.feedback, s.stale_bound, s.retrieve) for s in settings] == [
-        (False, cfg.stale_bound, False),
-        (True, cfg.stale_bound, False),
-        (False, 1, False),
-        (False, 2, False),
-        (False, cfg.stale_bound, True),
+    assert [(s.feedback, s.stale_bound, s.retrieve, s.rotate) for s in settings] == [
+        (False, cfg.stale_bound, False, False),
+        (True, cfg.stale_bound, False, False),
+        (False, 1, False, False),
+        (False, 2, False, False),
+        (False, cfg.stale_bound, True, False),
+        (False, cfg.stale_bound, False, True),
     ]

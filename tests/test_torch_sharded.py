@@ -40,16 +40,28 @@ def make_optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True)
 
 
-@pytest.mark.parametrize("kind,staged", [("adamw", False), ("sgd", False), ("adamw", True)])
-def test_sharded_equals_unwrapped_optimizer_without_loss(make_cluster, kind, staged):
+@pytest.mark.parametrize(
+    "kind,staged,rotate",
+    [("adamw", False, None), ("sgd", False, None), ("adamw", True, None), ("adamw", False, 5)],
+)
+def test_sharded_equals_unwrapped_optimizer_without_loss(make_cluster, kind, staged, rotate):
     n, steps = 4, 6
-    cluster = make_cluster(n, elems_per_packet=64)
+    # Nothing is lost: only a deadline could close a round or an exchange early (a worker descheduled on
+    # a loaded machine), so every wait is long and the comparison does not depend on timing.
+    wait = {f"{name}_deadline_ms": 20_000.0 for name in ("sync", "lag", "min", "max")}
+    cluster = make_cluster(n, elems_per_packet=64, **wait)
     base = small_model()
     inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(n)]
     models = [copy.deepcopy(base) for _ in range(n)]
 
     def train(worker, i):
-        opt = ShardedOptimizer(make_optimizer(kind, models[i]), worker, force_host_staging=staged)
+        opt = ShardedOptimizer(
+            make_optimizer(kind, models[i]),
+            worker,
+            force_host_staging=staged,
+            rotate_seed=rotate,
+            collect_deadline_ms=20_000.0,
+        )
         schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
         for _ in range(steps):
             models[i](inputs[i]).pow(2).mean().backward()
@@ -82,6 +94,68 @@ def test_sharded_equals_unwrapped_optimizer_without_loss(make_cluster, kind, sta
     shards = sorted(o.shard for o in opts)
     assert shards[0][0] == 0 and shards[-1][1] == opts[0].flat.numel
     assert all(a[1] == b[0] for a, b in zip(shards, shards[1:], strict=False))
+
+
+def test_rotated_reduce_is_the_survivors_mean_in_the_rotated_basis(make_cluster):
+    """ShardedOptimizer(rotate_seed=s) at 30% GRAD loss: each worker's reduced gradient is numpy's mean,
+    per chunk, of the rotated gradients of exactly the workers in that chunk's RESULT bitmap, rotated
+    back (the rotation itself is checked against scipy's dense Hadamard matrix in test_rotation.py);
+    chunks nobody reached fall back to the previous result in this step's basis."""
+    from hostlib.rotation import Rotation
+    from hostlib.transport import Fallback
+
+    n, k = 4, 64
+    cluster = make_cluster(n, up=0.3, elems_per_packet=k, seed=2)
+    base = torch.nn.Sequential(torch.nn.Linear(12, 100), torch.nn.Tanh(), torch.nn.Linear(100, 3))
+    models = [copy.deepcopy(base) for _ in range(n)]
+    grads: list = [None] * n
+    opts = [None] * n
+    got: list = [None] * n
+
+    def reduce(worker, i):
+        opts[i] = opt = ShardedOptimizer(
+            torch.optim.SGD(models[i].parameters(), lr=0.1), worker, rotate_seed=9
+        )
+        padded = opt.flat.padded
+        g = np.random.default_rng([i, 1]).standard_normal(padded).astype(np.float32)
+        g[opt.flat.numel :] = 0
+        grads[i] = g
+        results = []
+        for t in range(3):
+            results.append(opt._rotated_allreduce(g.copy(), t))
+        got[i] = results
+        return opt
+
+    run_workers(cluster.workers, reduce)
+    padded = opts[0].flat.padded
+    c = padded // k
+    checked_partial = 0
+    for t in range(3):
+        rotation = Rotation(padded, seed=9, step=t)
+        rotated = rotation.forward(np.stack(grads)).astype(np.float64).reshape(n, c, k)
+        for i in range(n):
+            result = got[i][t]
+            expected = np.zeros((c, k))
+            for ch in range(c):
+                who = [w for w in range(n) if int(result.bitmap[ch]) >> w & 1]
+                if who and result.fallback[ch] == Fallback.NONE:
+                    expected[ch] = rotated[who, ch].mean(axis=0)
+                    checked_partial += 0 < len(who) < n
+                else:  # nothing arrived: last step's result, in this step's basis
+                    last = got[i][t - 1].values if t else np.zeros(padded, np.float32)
+                    expected[ch] = rotation.forward(last).reshape(c, k)[ch]
+            want = rotation.inverse(expected.reshape(-1).astype(np.float32))
+            np.testing.assert_allclose(result.values, want, atol=1e-4, rtol=1e-4)
+    assert checked_partial > 0  # some chunks were renormalized over fewer than N workers
+
+
+def test_rotation_refuses_the_mechanisms_of_the_original_basis(make_cluster):
+    cluster = make_cluster(3, elems_per_packet=64)
+    model = small_model()
+    with pytest.raises(ValueError, match="does not combine"):
+        ShardedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), cluster.workers[0], rotate_seed=1, feedback=True
+        )
 
 
 def test_stale_age_never_exceeds_bound_plus_one_under_bursty_loss(make_cluster):

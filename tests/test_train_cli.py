@@ -259,3 +259,32 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "--kill-worker needs worker processes" in bad.stderr
+
+
+@pytest.mark.timeout(1200)  # five CLI starts: ~1 min on a quiet machine, 11 min measured at load 20
+def test_jobs_give_the_sequential_sweep_and_keep_finished_runs(tmp_path):
+    """--jobs 2 trains the simulated runs in two processes: every run's curve and validation loss equal
+    the sequential sweep's (runs are independent); the same command again loads the finished runs from
+    OUT/runs instead of training them, and runs kept with other settings are refused in one line."""
+    base = [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "3", "--seeds", "0"]
+    base += ["--drops", "0.2", "--methods", "renorm", "--mechanism", "none,rotate", "--steps", "6"]
+    seq = subprocess.run([*base, "--out", str(tmp_path / "seq")], capture_output=True, text=True, timeout=900)
+    assert seq.returncode == 0, seq.stderr[-2000:]
+    par_cmd = [*base, "--jobs", "2", "--out", str(tmp_path / "par")]
+    par = subprocess.run(par_cmd, capture_output=True, text=True, timeout=900)
+    assert par.returncode == 0, par.stderr[-2000:]
+    runs = {}
+    for name in ("seq", "par"):
+        results = json.loads((tmp_path / name / "results.json").read_text())
+        runs[name] = {r["name"]: (r["val_loss"], r["worker_curves"]) for r in results["runs"]}
+    assert len(runs["seq"]) == 3 and runs["seq"] == runs["par"]
+    assert len(list((tmp_path / "par" / "runs").glob("*-s*.json"))) == 3
+    again = subprocess.run([*par_cmd, "--overwrite"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("loaded from") == 3
+    other = [*base[:-2], "--steps", "7", "--jobs", "2", "--out", str(tmp_path / "par"), "--overwrite"]
+    refused = subprocess.run(other, capture_output=True, text=True, timeout=300)
+    last = refused.stderr.strip().splitlines()[-1]  # (after --overwrite's warning about the old table)
+    assert refused.returncode == 2 and "holds runs trained with other settings (train)" in last
+    no_sim = subprocess.run([*base[:5], "--jobs", "2"], capture_output=True, text=True, timeout=60)
+    assert no_sim.returncode == 2 and "--simulate-workers" in no_sim.stderr

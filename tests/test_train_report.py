@@ -16,6 +16,7 @@ from lta.train.report import (
     build_results,
     ci95_half_width,
     markdown_table,
+    median_interval,
     t_quantile_975,
     write,
 )
@@ -101,6 +102,28 @@ def test_mean_change_and_its_t_interval_are_the_hand_computation():
     assert lossless["drop"] == 0.0 and lossless["val_ppl_change_pct"] == 0.0
     assert lossless["val_ppl_change_ci95"] == 0.0  # three seeds, each exactly itself: no spread
     assert ci95_half_width([1.0]) is None and ci95_half_width([]) is None
+
+
+def test_median_and_its_order_statistic_interval_are_the_hand_computation():
+    """The interval of the median is [x_(j), x_(n+1-j)] with the largest j whose binomial tail
+    P(Bin(n, 1/2) < j) is at most 2.5%, computed here from math.comb; the table shows it from 6 seeds."""
+    for n in (6, 10, 30, 31):
+        tail = [sum(math.comb(n, i) for i in range(j)) / 2**n for j in range(n + 1)]
+        j = max(j for j in range(n + 1) if tail[j] <= 0.025)
+        values = list(np.random.default_rng(n).standard_normal(n))
+        ordered = sorted(values)
+        assert median_interval(values) == [ordered[j - 1], ordered[n - j]], n
+    assert median_interval([1.0] * 5) is None
+    lossless = {s: 2.0 for s in range(8)}
+    lossy = {s: 2.0 + 0.01 * s + (0.5 if s == 7 else 0.0) for s in range(8)}  # one heavy-tailed seed
+    runs = [run("renorm", 0.0, s, v) for s, v in lossless.items()]
+    runs += [run("renorm", 0.1, s, v) for s, v in lossy.items()]
+    results = build_results(runs, config(list(range(8))), 1.0)
+    row = next(r for r in results["rows"] if r["drop"] == 0.1)
+    changes = sorted(100 * (lossy[s] / 2.0 - 1) for s in range(8))
+    assert row["val_loss_change_median"] == pytest.approx(np.median(changes))
+    assert row["val_loss_change_median_ci95"] == pytest.approx([changes[0], changes[7]])  # n=8: j=1
+    assert "median" in markdown_table(results)
 
 
 def test_one_seed_has_no_interval():

@@ -17,6 +17,12 @@ and their shards' broadcasts are delivered (the reliable exchange path), every s
 ``ShardedOptimizer(opt, worker, retrieve=True)``: parameter copies lost on the way are asked for and
 resent within the step (ParamExchange's retrieval): no stale copies, one resend per lost copy.
 
+``ShardedOptimizer(opt, worker, rotate_seed=s)``: the gradient is reduced in a seeded randomized
+Hadamard basis (hostlib/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
+quantization and packetization, rotated back after renormalization, so a lost packet costs a little of
+every value of its block instead of K neighbouring values. A chunk that falls back to ``prev`` gets the
+previous result rotated into this step's basis. Not combined with feedback, privacy or critical chunks.
+
 ``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/feedback.py).
 After each reduce the worker reads its own bit in every chunk's RESULT bitmap; where the reduce did
 not count its contribution (lost on the way up, withheld, a RESULT that never came, or a sum its
@@ -50,6 +56,7 @@ import numpy as np
 import torch
 
 from hostlib.feedback import ResidualFeedback, counted_by_result, feedback_stats
+from hostlib.rotation import Rotation
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
@@ -57,7 +64,7 @@ from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.flat import FlatParams
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.torch_ext.manager import LtaManager
-from hostlib.transport import LtaWorker
+from hostlib.transport import Fallback, LtaWorker
 
 _GRAD_KEY = "lta.sharded.grad"  # the transport's `prev` fallback remembers the last reduce under this key
 STATE_FORMAT = "lta.sharded/1"  # ShardedOptimizer.state_dict's layout version
@@ -131,12 +138,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         module: torch.nn.Module | None = None,
         feedback: bool = False,
         retrieve: bool = False,
+        rotate_seed: int | None = None,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
         if any(optimizer.state.values()):
             raise ValueError(
                 "wrap the optimizer before its first step: its state cannot be split into shards"
+            )
+        if rotate_seed is not None and (feedback or privacy is not None or critical is not None):
+            raise ValueError(
+                "rotate_seed=... reduces in a rotated basis: it does not combine with feedback, privacy "
+                "or critical chunks (they act on chunks of the original basis)"
             )
         groups = optimizer.param_groups
         params = [p for g in groups for p in g["params"]]
@@ -191,6 +204,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
         # lost-contribution feedback: what the last reduce did not count of this worker's gradient
         self.feedback = ResidualFeedback(self.layout.n_chunks, k) if feedback else None
+        self.rotate_seed = rotate_seed
+        self._rotated_prev = np.zeros(self.flat.padded, dtype=np.float32)  # last result, original basis
 
     @property
     def worker(self) -> LtaWorker:
@@ -228,14 +243,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 sent = grads.copy()
                 self.privacy.add_share_(grads[: self.flat.numel])
         critical = self.critical_mask if self.critical_mask.any() else None
-        result = self.manager.allreduce(
-            grads[: self.flat.numel],
-            stream=STREAM,
-            step=t,
-            key=_GRAD_KEY,
-            critical=critical,
-            mine=self._own_chunks,
-        )
+        if self.rotate_seed is not None:
+            result = self._rotated_allreduce(grads, t)
+        else:
+            result = self.manager.allreduce(
+                grads[: self.flat.numel],
+                stream=STREAM,
+                step=t,
+                key=_GRAD_KEY,
+                critical=critical,
+                mine=self._own_chunks,
+            )
         if self.feedback is not None:
             counted = counted_by_result(result.bitmap, result.fallback, self.worker.worker_id)
             self.feedback.settle(sent, counted)
@@ -256,6 +274,22 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.exchange.changed = False
         self.lta_step += 1
         return loss
+
+    def _rotated_allreduce(self, grads: np.ndarray, t: int) -> Any:
+        """Reduce ``grads`` (padded to whole chunks) in step ``t``'s rotated basis; the result's values
+        come back in the original basis (every chunk: the inverse mixes them)."""
+        rotation = Rotation(self.flat.padded, seed=self.rotate_seed or 0, step=t)
+        result = self.manager.allreduce(
+            rotation.forward(grads), stream=STREAM, step=t, key=_GRAD_KEY, mine=self._own_chunks
+        )
+        k = self.layout.elems_per_chunk
+        rows = result.values.reshape(self.layout.n_chunks, k)
+        stale = result.fallback == Fallback.PREV  # the transport's prev is last step's basis: replace it
+        if stale.any():
+            rows[stale] = rotation.forward(self._rotated_prev).reshape(self.layout.n_chunks, k)[stale]
+        self._rotated_prev = rotation.inverse(result.values)
+        result.values = self._rotated_prev
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.flat.params:
@@ -301,7 +335,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         the wrapped optimizer's state of the owned shard, ``lta_step`` and the chunk counters, the
         parameter exchange (step of every copy held, stale-tracker ages, resend requests, statistics),
         the drift monitor, the transport's stochastic-rounding generator, unit counter and ``prev``
-        fallback, the feedback residuals and counters (``feedback=True``), and the layout
+        fallback, the feedback residuals and counters (``feedback=True``), the last result in the
+        original basis (``rotate_seed``: the ``prev`` fallback of a rotated reduce), and the layout
         (``layout_info``) the state belongs to. Copies, not references; only tensors and plain values,
         so ``torch.load(weights_only=True)`` reads it back. The parameters are the model's: save
         ``model.state_dict()`` beside it (hostlib/torch_ext/checkpoint.py does)."""
@@ -316,6 +351,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             "transport": _as_tensors(self.worker.codec_state()),
             "privacy": None if self.privacy is None else asdict(self.privacy.stats),
             "feedback": None if self.feedback is None else _as_tensors(self.feedback.state_dict()),
+            "rotated_prev": None if self.rotate_seed is None else _as_tensors(self._rotated_prev.copy()),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -361,6 +397,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.feedback.clear()
             else:
                 self.feedback.load_state_dict(_as_arrays(saved_feedback))
+        if self.rotate_seed is not None and state_dict.get("rotated_prev") is not None:
+            self._rotated_prev = np.asarray(_as_arrays(state_dict["rotated_prev"]), dtype=np.float32).copy()
         if self.privacy is not None and state_dict.get("privacy") is not None:
             known = {f.name for f in fields(self.privacy.stats)}
             for name, value in state_dict["privacy"].items():

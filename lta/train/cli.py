@@ -260,6 +260,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "processes: the same drops, renormalization and stale copies, no sockets (lta/train/simulated.py)",
     )
     p.add_argument(
+        "--jobs",
+        type=argtypes.positive_int,
+        default=1,
+        metavar="J",
+        help="with --simulate-workers: train J runs at once in J processes (one torch thread each); "
+        "finished runs are kept in OUT/runs and reused by a later sweep with the same settings",
+    )
+    p.add_argument(
         "--optimizer", choices=("adamw", "sgd"), default="adamw", help="AdamW, or SGD with momentum 0.9"
     )
     p.add_argument(
@@ -328,9 +336,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lta.train import report
     from lta.train.experiment import TrainConfig, config_dict, model_numel, quick_config
-    from lta.train.extras import extras_from_args, privacy_summary
+    from lta.train.extras import extras_from_args
     from lta.train.sweep import RunStopped, WorkerFailed
 
     extras = extras_from_args(args)  # --metrics-port, --dp-*: checked before anything starts
@@ -351,6 +358,8 @@ def run(args: argparse.Namespace) -> int:
     drops, seeds, mechanisms, specs = sweep_from_args(args)
     if args.simulate_workers is not None:
         _check_simulated(args, extras)
+    elif args.jobs > 1:
+        raise UsageError("--jobs runs simulated workers in parallel: add --simulate-workers N")
     fault = _fault(args, cfg)
     if fault is not None:  # a dead worker must cost deadlines, not 20 s waits: default deadlines at 0% too
         cfg = TrainConfig(**{**config_dict(cfg), "exact": False})
@@ -384,6 +393,9 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.exact and fault is None:
         why = "--timed-close" if args.timed_close else "RESULTs are lost too (down)"
         say(f"rounds with a lost packet close at deadlines ({why}): runs are not reproducible bit for bit")
+    if args.jobs > 1:
+        results = _run_jobs(args, cfg, specs, say)
+        return _finish(args, cfg, extras, drops, seeds, mechanisms, results, t0, say)
     stopped = None
     # Live bars on a terminal only: elsewhere (a log file) rich would print the whole table of runs once
     # more at the end, beside the one line per run written below.
@@ -436,6 +448,53 @@ def run(args: argparse.Namespace) -> int:
             f"--resume {checkpoints.root}"
         )
         return 0
+    return _finish(args, cfg, extras, drops, seeds, mechanisms, results, t0, say)
+
+
+def _run_jobs(args: argparse.Namespace, cfg: Any, specs: list[Any], say: Any) -> list[Any]:
+    """``--jobs J``: the simulated runs in J processes (lta/train/parallel.py), one line per run."""
+    from lta.train.experiment import config_dict
+    from lta.train.parallel import RunStore, run_parallel
+
+    settings = {
+        "workers": args.simulate_workers,
+        "directions": list(args.directions),
+        "train": config_dict(cfg),
+    }
+    store = RunStore(args.out, settings)
+    done = 0
+
+    def report_run(result: Any, loaded: bool) -> None:
+        nonlocal done
+        done += 1
+        how = f"loaded from {store.root}" if loaded else f"{result.wall_s:.0f} s"
+        say(f"run {done}/{len(specs)}: {result.spec.name} val {result.val_loss:.3f} ({how})")
+
+    return run_parallel(
+        specs, args.simulate_workers, cfg, tuple(args.directions), args.jobs, store, report_run
+    )
+
+
+def _finish(
+    args: argparse.Namespace,
+    cfg: Any,
+    extras: Any,
+    drops: list[float],
+    seeds: list[int],
+    mechanisms: list[str],
+    results: list[Any],
+    t0: float,
+    say: Any,
+) -> int:
+    """Write results.json, table.md and the plots of a finished sweep; print the table (or --json)."""
+    from lta.train import report
+    from lta.train.experiment import config_dict
+    from lta.train.extras import privacy_summary
+
+    fault = _fault(args, cfg)
+    checkpoints = (
+        None if args.checkpoint_dir is None and args.resume is None else args.resume or args.checkpoint_dir
+    )
     config = {
         "workers": args.simulate_workers or args.workers,
         "simulated": args.simulate_workers is not None,
@@ -457,7 +516,9 @@ def run(args: argparse.Namespace) -> int:
     if fault is not None:
         config["fault"] = vars(fault)
     if checkpoints is not None:
-        config["checkpoints"] = {"dir": str(checkpoints.root), "every": args.checkpoint_every}
+        config["checkpoints"] = {"dir": str(checkpoints), "every": args.checkpoint_every}
+    if args.jobs > 1:
+        config["jobs"] = args.jobs
     # results.json leads with the header every --json document has (lta.jsonout): schema and versions
     out = document(SCHEMA, report.build_results(results, config, time.perf_counter() - t0))
     privacy = privacy_summary(extras, cfg.steps)

@@ -110,7 +110,10 @@ class RunSpec:
 # stale1 / stale2: tight staleness, S = 1 or 2 (the reliable resend of copies older than S);
 # retrieve: a parameter copy lost on the way is asked for and resent within the step (no stale copy;
 #   one resend per lost copy, ParamExchange's retrieval).
-MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve")
+# rotate: the gradient is rotated by a seeded randomized Hadamard transform (hostlib/rotation.py, the
+#   seed shared by run, step and tensor) before quantization and packetization and rotated back after
+#   renormalization: a lost packet costs a little of every value of its block instead of K neighbours.
+MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve", "rotate")
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ class MechanismSettings:
     feedback: bool  # lost-contribution feedback (ShardedOptimizer(feedback=True), hostlib/feedback.py)
     stale_bound: int  # S: a copy older than S steps is resent reliably, so none is older than S+1
     retrieve: bool = False  # lost parameter copies resent within the step (ShardedOptimizer(retrieve=True))
+    rotate: bool = False  # gradients reduced in a rotated basis (ShardedOptimizer(rotate=True))
 
 
 def aggregation(spec: RunSpec) -> str:
@@ -133,7 +137,8 @@ def aggregation(spec: RunSpec) -> str:
 def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
     """``none``: plain Algorithm 1 at ``cfg.stale_bound``; ``feedback``: the same with lost-contribution
     feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``; ``retrieve``: lost
-    parameter copies asked for and resent within the step."""
+    parameter copies asked for and resent within the step; ``rotate``: gradients reduced in a seeded
+    randomized Hadamard basis (hostlib/rotation.py)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     bounds = {"stale1": 1, "stale2": 2}
@@ -141,6 +146,7 @@ def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
         feedback=mechanism == "feedback",
         stale_bound=bounds.get(mechanism, cfg.stale_bound),
         retrieve=mechanism == "retrieve",
+        rotate=mechanism == "rotate",
     )
 
 
@@ -310,6 +316,7 @@ class TrainingRun:
             stale_bound=settings.stale_bound,
             feedback=settings.feedback,
             retrieve=settings.retrieve,
+            rotate_seed=spec.seed if settings.rotate else None,
             privacy=self.privacy,
             **patience,
         )

@@ -2,7 +2,9 @@
 
 Relative changes are paired: each run is compared with the 0% run of the same seed (same initial weights,
 same batches). A row gives the mean of that change over seeds and the half-width of its 95% Student t
-interval, t(0.975, n-1) * sd / sqrt(n) with the sample standard deviation (null with one seed).
+interval, t(0.975, n-1) * sd / sqrt(n) with the sample standard deviation (null with one seed), and,
+because the change is heavy-tailed (a seed that leaves the loss plateau late), its median with a
+distribution-free 95% interval (order statistics: :func:`median_interval`, null below 6 seeds).
 
 results.json (schema ``lta.train/2``, since issue K: ``rows`` holds every method and mechanism,
 ``baselines`` is gone; from here on keys are added, never renamed or removed) leads with the header of
@@ -49,6 +51,8 @@ ROW_KEYS = (
     *(m for m, _ in METRICS),
     *(f"{m}_change_pct" for m, _ in METRICS),
     *(f"{m}_change_ci95" for m, _ in METRICS),
+    *(f"{m}_change_median" for m, _ in METRICS),
+    *(f"{m}_change_median_ci95" for m, _ in METRICS),
     "grad_loss_seen",
     "param_loss_seen",
     "seeds",
@@ -88,6 +92,24 @@ def ci95_half_width(values: list[float]) -> float | None:
     if n < 2:
         return None
     return t_quantile_975(n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
+
+
+def median_interval(values: list[float]) -> list[float] | None:
+    """Distribution-free 95% interval of the median: the order statistics x_(j) and x_(n+1−j) with the
+    largest j such that P(Binomial(n, ½) < j) ≤ 2.5% (coverage ≥ 95% for any continuous distribution,
+    heavy tails included); None for fewer than 6 values, where no such j exists."""
+    n = len(values)
+    if n < 6:
+        return None
+    from scipy.stats import binom
+
+    j = int(binom.ppf(0.025, n, 0.5))  # smallest j with P(X <= j) >= 2.5%: P(X < j) <= 2.5%
+    while j > 0 and binom.cdf(j - 1, n, 0.5) > 0.025:
+        j -= 1
+    if j < 1:
+        return None
+    ordered = sorted(values)
+    return [float(ordered[j - 1]), float(ordered[n - j])]
 
 
 def _metrics(run: RunResult) -> dict[str, float]:
@@ -151,6 +173,8 @@ def _group_row(
         changes = [100.0 * (v[name] / ref[name] - 1.0) for v, ref in zip(values, refs, strict=True)]
         row[f"{name}_change_pct"] = float(np.mean(changes))
         row[f"{name}_change_ci95"] = ci95_half_width(changes)
+        row[f"{name}_change_median"] = float(np.median(changes))
+        row[f"{name}_change_median_ci95"] = median_interval(changes)
     seen = [loss_seen(r) for r in runs]
     for name in ("grad_loss_seen", "param_loss_seen"):
         row[name] = _mean([s[name] for s in seen])
@@ -353,6 +377,27 @@ def markdown_table(results: dict[str, Any]) -> str:
     for (method, mechanism), by_drop in groups.items():
         cells = [_change(by_drop[d], "val_ppl") if d in by_drop else "" for d in drops]
         lines.append(f"| {group_label(method, mechanism)} | " + " | ".join(cells) + " |")
+    if n_seeds >= 6:  # the tail can be heavy: the median and its distribution-free interval beside
+        lines += [
+            "",
+            "## Val PPL change vs 0%: mean [95% t interval] and median [95% order-statistic interval]",
+            "",
+            "| Method | drop | seeds | mean | 95% t interval | median | 95% median interval |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for (method, mechanism), by_drop in groups.items():
+            for d in drops:
+                if d not in by_drop:
+                    continue
+                r = by_drop[d]
+                mean, ci = r["val_ppl_change_pct"], r["val_ppl_change_ci95"]
+                t_int = "–" if ci is None else f"[{mean - ci:+.2f}, {mean + ci:+.2f}]"
+                robust = r["val_ppl_change_median_ci95"]
+                m_int = "–" if robust is None else f"[{robust[0]:+.2f}, {robust[1]:+.2f}]"
+                lines.append(
+                    f"| {group_label(method, mechanism)} | {100 * d:.0f}% | {len(r['seeds'])} | {mean:+.2f} "
+                    f"| {t_int} | {r['val_ppl_change_median']:+.2f} | {m_int} |"
+                )
     lines += [
         "",
         "Loss the workers saw, timer flushes (FLUSHes sent before every worker had passed the unit, summed "

@@ -24,7 +24,10 @@ Mechanisms (``RunSpec.mechanism``, ``experiment.mechanism_settings``), as on the
 optimizer uses): the chunks its own view of the round did not count (its GRAD lost or withheld, its
 RESULT lost, or a sum its method discards) are added to its next gradient for them, and its chunks are
 divided by N (experiment.aggregation); ``retrieve`` resends every lost parameter copy within the step
-(counted in ``resend_requests``), so no copy is stale.
+(counted in ``resend_requests``), so no copy is stale; ``rotate`` reduces the gradients in a seeded
+randomized Hadamard basis (hostlib/rotation.py: seed, step and tensor 0, as ``ShardedOptimizer(rotate_seed=
+seed)``): rotated before quantization, rotated back after renormalization; the ``prev`` fallback of a
+chunk nobody's contribution reached is the previous result rotated into this step's basis.
 
 Seeds: the initial weights (``torch.manual_seed(seed)``) and every worker's batches (generator
 ``seed·1000 + rank``) are drawn as the real path draws them; the drop streams depend on the seed,
@@ -50,6 +53,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from hostlib.dropmodels import DIRECTIONS
 from hostlib.feedback import ResidualFeedback, counted_mask, feedback_stats
+from hostlib.rotation import Rotation
 from hostlib.simulate import (
     ChunkRound,
     FabricStreams,
@@ -240,6 +244,7 @@ class SimulatedRun:
         self._grads = np.zeros((n, self.layout.padded), dtype=np.float32)
         self.feedback = ResidualFeedback(self.n_chunks, k, n) if settings.feedback else None
         self.retrieve = settings.retrieve  # lost parameter copies resent within the step
+        self.rotate = settings.rotate  # gradients reduced in a rotated basis (hostlib/rotation.py)
         self.last_round: tuple[ChunkRound, np.ndarray] | None = None  # the last reduce: (round, delivered)
 
         # Parameter exchange: chunk ages per receiver, copies requested for a reliable resend.
@@ -299,6 +304,11 @@ class SimulatedRun:
         chunks = grads.reshape(n, c, k)
         if self.feedback is not None:
             self.feedback.add_to(chunks)
+        rotation, prev = None, self.prev
+        if self.rotate:
+            rotation = Rotation(c * k, seed=self.spec.seed, step=self.step_count)
+            chunks = rotation.forward(grads).reshape(n, c, k)
+            prev = rotation.forward(self.prev.reshape(-1)).reshape(c, k)  # last result, this basis
         summed, delivered = simulate_round(
             chunks,
             self.fabric,
@@ -312,14 +322,12 @@ class SimulatedRun:
             _, codes = fallback_codes(summed.count, delivered, n, **METHODS[aggregation(self.spec)])
             self.feedback.settle(chunks, counted_mask(summed.contributed, delivered, codes))
         every = np.arange(c)
+        method = METHODS[aggregation(self.spec)]
         values, codes = worker_values(
-            summed,
-            delivered[self.owners, every],
-            n,
-            prev=self.prev,
-            local=chunks[self.owners, every],
-            **METHODS[aggregation(self.spec)],
+            summed, delivered[self.owners, every], n, prev=prev, local=chunks[self.owners, every], **method
         )
+        if rotation is not None:
+            values = self._rotate_back(rotation, values, summed, delivered, prev, chunks)
         self.prev = values
         count = summed.count
         per_owner = np.bincount(self.owners, minlength=n)
@@ -332,6 +340,31 @@ class SimulatedRun:
         used = codes != Fallback.NONE
         self.counters["grad_chunks_fallback"] += np.bincount(self.owners[used], minlength=n)
         return values.reshape(-1)[: self.numel]
+
+    def _rotate_back(
+        self,
+        rotation: Rotation,
+        values: np.ndarray,
+        summed: ChunkRound,
+        delivered: np.ndarray,
+        prev: np.ndarray,
+        chunks: np.ndarray,
+    ) -> np.ndarray:
+        """The owners' results in the original basis. An owner's shard mixes every rotated chunk of its
+        blocks, so it is rotated back from that owner's own view of all chunks; when every worker
+        heard the same RESULTs (no ``down`` loss) one view serves all."""
+        c, k = self.n_chunks, self.k
+        if (delivered == delivered[:1]).all():
+            return rotation.inverse(values.reshape(-1)).reshape(c, k)
+        out = np.empty((c, k), dtype=np.float32)
+        n, method = self.n_workers, METHODS[aggregation(self.spec)]
+        for w in range(n):
+            mine = self.owners == w
+            view, _ = worker_values(
+                summed, delivered[w], self.n_workers, prev=prev, local=chunks[w], **method
+            )
+            out[mine] = rotation.inverse(view.reshape(-1)).reshape(c, k)[mine]
+        return out
 
     def exchange(self) -> np.ndarray:
         """Owners broadcast their shards; returns (N, C) bool: the copies each receiver got fresh."""
