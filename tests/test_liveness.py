@@ -236,9 +236,10 @@ def test_lta_train_kill_worker_rejoins_and_the_run_finishes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((out / "results.json").read_text())["runs"][0]
     fault = run["fault"]
-    # Never before the liveness timeout; the upper side is the event order: marked offline before the
-    # restart 2 s after the kill.
-    assert fault["detect_s"] >= 1.0
+    # Not before the liveness timeout, less the moments between the worker's last packet (from which the
+    # monitor counts silence) and the kill's timestamp, taken after os.kill returns (0.996 s was seen in
+    # a full run); the upper side is the event order: marked offline before the restart 2 s after the kill.
+    assert fault["detect_s"] >= 1.0 - 0.05
     kinds = [(e["event"], e.get("quorum")) for e in fault["events"]]
     assert kinds == [("killed", None), ("offline", 3), ("restarted", None), ("online", 4), ("rejoined", None)]
     join = fault["join_step"]
