@@ -116,7 +116,7 @@ struct slot_pair_t {
 }
 
 struct ingress_metadata_t {
-    bool    ipv4_checksum_error;
+    bool    ipv4_checksum_ok;
     // job lookup
     bool    job_known;
     bit<8>  n_workers;

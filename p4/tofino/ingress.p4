@@ -54,7 +54,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 job_lookup.apply(hdr.lta, meta);
             }
             meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
-            if (meta.ipv4_checksum_error || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
+            if (!meta.ipv4_checksum_ok || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
                     || hdr.ipv4.total_len != hdr.udp.length + 20 || ig_prsr_md.parser_err != 0) {
                 // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
                 // included, so it counts on index 0. (Trailing bytes after the payload are not seen

@@ -15,7 +15,7 @@ parser LtaIngressParser(packet_in pkt, out headers_t hdr, out ingress_metadata_t
     state start {
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
-        meta.ipv4_checksum_error = false;
+        meta.ipv4_checksum_ok = true;
         transition select(ig_intr_md.ingress_port[6:0]) {
             RECIRC_PORT_LOCAL: parse_pass;
             default: parse_ethernet;
@@ -35,7 +35,7 @@ parser LtaIngressParser(packet_in pkt, out headers_t hdr, out ingress_metadata_t
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
         ipv4_checksum.add(hdr.ipv4);
-        meta.ipv4_checksum_error = !ipv4_checksum.verify();
+        meta.ipv4_checksum_ok = ipv4_checksum.verify();  // true when the checksum is valid
         transition select(hdr.ipv4.ihl, hdr.ipv4.protocol) {
             (5, IP_PROTO_UDP): parse_udp;
             default: accept;
@@ -104,8 +104,9 @@ parser LtaEgressParser(packet_in pkt, out headers_t hdr, out egress_metadata_t m
         }
     }
     state parse_lta {
+        // Egress reads and rewrites headers only: the K elements stay unparsed and leave as they came
+        // (the egress parser's depth is 160 bytes on Tofino 1, less than headers plus payload).
         pkt.extract(hdr.lta);
-        pkt.extract(hdr.payload);
         transition accept;
     }
 }

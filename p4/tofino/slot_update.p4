@@ -41,13 +41,15 @@ const bit<8> ACCESS_READ_HI = 8;
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
     PayloadClear() payload_clear;
-    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_seq;
+    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_seq;
+    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_bitmap;
     Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_count;
     Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_result;
 
     bit<32> packet_round;  // exp | MAX << 8 of this packet
-    bit<32> round;         // slot_seq's answer
+    bit<32> old_seq;       // slot_seq's answer: the seq it held
+    bit<32> round;         // slot_round's answer (ROUND_NEWER / ROUND_OLDER when q differs)
     bit<32> old_bitmap;
     bit<32> count;         // slot_count's answer
     bit<32> result_hi;     // slot_result's answer
@@ -58,51 +60,54 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     bit<32> new_weight;
     bit<1>  closing;
     bit<8>  seq_access;
+    bit<8>  round_access;
     bit<8>  bitmap_access;
     bit<8>  count_access;
     bit<8>  result_access;
 
-    // ---- slot_seq --------------------------------------------------------------------------------
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_grad = {
-        void apply(inout slot_pair_t value, out bit<32> rv) {
-            if (hdr.lta.seq > value.lo) {
-                value.lo = hdr.lta.seq;
-                value.hi = packet_round;
-                rv = ROUND_NEWER;
-            } else if (hdr.lta.seq == value.lo) {
-                rv = value.hi;
-            } else {
-                rv = ROUND_OLDER;
+    // ---- slot_seq: the round number; slot_round: exp | MAX << 8 | FLUSHED << 9 ----------------------
+    // A stateful ALU answers one word from one source (memory, its ALU, or its predicate), so slot_seq
+    // answers the seq it held and the order of q against it is decided from that answer; slot_round,
+    // the next register, is then written (a new round), read, or read and marked FLUSHED.
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_seq) seq_order = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value;
+            if (hdr.lta.seq > value) {
+                value = hdr.lta.seq;
             }
         }
     };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_flush = {
-        void apply(inout slot_pair_t value, out bit<32> rv) {
-            if (hdr.lta.seq > value.lo) {
-                value.lo = hdr.lta.seq;
-                value.hi = packet_round | ROUND_FLUSHED;
-                rv = ROUND_NEWER;
-            } else if (hdr.lta.seq == value.lo) {
-                rv = value.hi;
-                value.hi = value.hi | ROUND_FLUSHED;
-            } else {
-                rv = ROUND_OLDER;
-            }
-        }
-    };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_seq) seq_read_round = {
-        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
-    action do_seq_grad() { round = seq_grad.execute(meta.slot_index); }
-    action do_seq_flush() { round = seq_flush.execute(meta.slot_index); }
-    action do_seq_read() { round = seq_read_round.execute(meta.slot_index); }
+    action do_seq_order() { old_seq = seq_order.execute(meta.slot_index); }
     table seq_access_table {
         key = { seq_access: exact @name("access"); }
-        actions = { do_seq_grad; do_seq_flush; do_seq_read; NoAction; }
+        actions = { do_seq_order; NoAction; }
         const entries = {
-            ACCESS_GRAD: do_seq_grad();
-            ACCESS_FLUSH: do_seq_flush();
-            ACCESS_READ_LO: do_seq_read();
+            ACCESS_GRAD: do_seq_order();
+            ACCESS_FLUSH: do_seq_order();
+        }
+        const default_action = NoAction();
+        size = 4;
+    }
+
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_set = {
+        void apply(inout bit<32> value, out bit<32> rv) { value = packet_round; rv = value; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_read = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_flush = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | ROUND_FLUSHED; }
+    };
+    action do_round_set() { round = round_set.execute(meta.slot_index); }
+    action do_round_read() { round = round_read.execute(meta.slot_index); }
+    action do_round_flush() { round = round_flush.execute(meta.slot_index); }
+    table round_access_table {
+        key = { round_access: exact @name("access"); }
+        actions = { do_round_set; do_round_read; do_round_flush; NoAction; }
+        const entries = {
+            ACCESS_SET: do_round_set();
+            ACCESS_READ_LO: do_round_read();
+            ACCESS_FLUSH: do_round_flush();
         }
         const default_action = NoAction();
         size = 4;
@@ -138,17 +143,16 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             value.lo = new_count;
             value.hi = new_weight;
-            rv = new_count;
+            rv = value.lo;
         }
     };
+    // Answers the count it held: the packet was added when that was below the quorum.
     RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_add = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
+            rv = value.lo;
             if (value.lo < (bit<32>)meta.quorum) {
                 value.lo = value.lo + 1;
                 value.hi = value.hi + hdr.lta.weight;
-                rv = value.lo;
-            } else {
-                rv = COUNT_NOT_ADDED;
             }
         }
     };
@@ -236,6 +240,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         bool element_pass = !control_pass && hdr.pass.pass == PASS_ELEMENTS;
         bool emits = !control_pass && hdr.pass.emit != EMIT_NONE;
         seq_access = ACCESS_NONE;
+        round_access = ACCESS_NONE;
         bitmap_access = ACCESS_NONE;
         count_access = ACCESS_NONE;
         result_access = ACCESS_NONE;
@@ -245,7 +250,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         bool same_exp = false;
         bool quorum_of_one = meta.quorum <= 1;
 
-        // ---- slot_seq: the control pass orders q; the element pass of a RESULT reads exp and MAX ----
+        // ---- slot_seq orders q (control pass); slot_round: set, flushed, or read ----
         if (control_pass) {
             meta.slot_index = meta.slot_base + (bit<32>)hdr.lta.slot;
             worker_bit.apply(hdr.lta.worker_id, meta.worker_bit);
@@ -257,11 +262,28 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             seq_access = (hdr.lta.op == OP_GRAD) ? ACCESS_GRAD : ACCESS_FLUSH;
         } else {
             meta.slot_index = hdr.pass.slot_index;
-            if (element_pass && emits) {
-                seq_access = ACCESS_READ_LO;
-            }
         }
         seq_access_table.apply();
+        if (control_pass) {
+            if (hdr.lta.seq > old_seq) {
+                if (hdr.lta.op != OP_GRAD) {
+                    packet_round = packet_round | ROUND_FLUSHED;
+                }
+                round_access = ACCESS_SET;
+            } else if (hdr.lta.seq == old_seq) {
+                round_access = (hdr.lta.op == OP_GRAD) ? ACCESS_READ_LO : ACCESS_FLUSH;
+            }
+        } else if (element_pass && emits) {
+            round_access = ACCESS_READ_LO;
+        }
+        round_access_table.apply();
+        if (control_pass) {
+            if (round_access == ACCESS_SET) {
+                round = ROUND_NEWER;
+            } else if (round_access == ACCESS_NONE) {
+                round = ROUND_OLDER;
+            }
+        }
 
         // ---- slot_bitmap (control pass only) ----
         if (control_pass) {
@@ -331,6 +353,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             count_access = ACCESS_READ_HI;
         }
         count_access_table.apply();
+        if (count_access == ACCESS_ADD) {
+            if (count < (bit<32>)meta.quorum) {
+                count = count + 1;
+            } else {
+                count = COUNT_NOT_ADDED;
+            }
+        }
 
         // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
         if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
