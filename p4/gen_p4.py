@@ -243,21 +243,29 @@ def tofino_slot_elements() -> str:
     out += [f"        pair_{i}.apply();" for i in range(PAIRS)]
     out.append("    }")
     out.append("}")
-    # Tofino shifts by constants only: the sender's bitmap bit comes from a const table.
+    # Tofino shifts by constants only: the sender's bitmap bit comes from a const table, and so does
+    # slot_result's hi word when this worker closes a round (an action does one operation per field).
     out += [
         "",
-        "// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).",
-        "control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {",
-        "    action set_bit(bit<32> value) { worker_bit = value; }",
+        "// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and",
+        "// slot_result's hi word when this worker closes a round: RESULT_CLOSED | worker_id << 8.",
+        "control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit, out bit<32> closed_flags) {",
+        "    action set_bit(bit<32> value, bit<32> closed) {",
+        "        worker_bit = value;",
+        "        closed_flags = closed;",
+        "    }",
         "    table bit_of_worker {",
         '        key = { worker_id: exact @name("worker_id"); }',
         "        actions = { set_bit; }",
         "        const entries = {",
     ]
-    out += [f"            {w}: set_bit(32w0x{1 << w:08x});" for w in range(TOFINO_MAX_WORKERS)]
+    out += [
+        f"            {w}: set_bit(32w0x{1 << w:08x}, 32w0x{(1 << 31) | (w << 8):08x});"
+        for w in range(TOFINO_MAX_WORKERS)
+    ]
     out += [
         "        }",
-        "        const default_action = set_bit(0);",
+        "        const default_action = set_bit(0, 32w0x80000000);",
         f"        size = {TOFINO_MAX_WORKERS};",
         "    }",
         "    apply { bit_of_worker.apply(); }",

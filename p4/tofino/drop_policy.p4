@@ -14,17 +14,20 @@
 const bit<32> THRESHOLD_ALWAYS = 0xffffffff;
 
 control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
-    Register<bit<8>, bit<32>>(4096, 0) gilbert_elliott_bad;
-    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_keep = {
+    Register<bit<8>, bit<12>>(4096, 0) gilbert_elliott_bad;
+    // The state's index job_id * 64 + worker_id (both below 64 for a known worker): the identity hash
+    // of job_id[5:0] ++ worker_id[5:0], since a register's index must be one field or a hash.
+    Hash<bit<12>>(HashAlgorithm_t.IDENTITY) state_hash;
+    RegisterAction<bit<8>, bit<12>, bit<8>>(gilbert_elliott_bad) ge_keep = {
         void apply(inout bit<8> value, out bit<8> rv) { rv = value; }
     };
-    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_bad = {
+    RegisterAction<bit<8>, bit<12>, bit<8>>(gilbert_elliott_bad) ge_bad = {
         void apply(inout bit<8> value, out bit<8> rv) { value = 1; rv = 1; }
     };
-    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_good = {
+    RegisterAction<bit<8>, bit<12>, bit<8>>(gilbert_elliott_bad) ge_good = {
         void apply(inout bit<8> value, out bit<8> rv) { value = 0; rv = 0; }
     };
-    RegisterAction<bit<8>, bit<32>, bit<8>>(gilbert_elliott_bad) ge_toggle = {
+    RegisterAction<bit<8>, bit<12>, bit<8>>(gilbert_elliott_bad) ge_toggle = {
         void apply(inout bit<8> value, out bit<8> rv) { value = 1 - value; rv = value; }
     };
     Random<bit<32>>() transition_draw;
@@ -37,7 +40,7 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
     bit<32> r_threshold;
     bit<32> good_threshold;
     bit<32> bad_threshold;
-    bit<32> state_index;
+    bit<12> state_index;
     bit<8> move;  // 1: good->bad taken, 2: bad->good taken (each applies only in its state)
     bit<8> bad;
 
@@ -89,7 +92,7 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
         bit<32> move_draw = transition_draw.get();
         bit<32> loss_draw_value = loss_draw.get();
         if (model == 2) {
-            state_index = ((bit<32>)job_id << 6) + (bit<32>)worker_id;
+            state_index = state_hash.get({job_id[5:0], worker_id[5:0]});
             move = 0;
             if (p_threshold == THRESHOLD_ALWAYS || move_draw < p_threshold) {
                 move = move | 1;
@@ -98,10 +101,16 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
                 move = move | 2;
             }
             gilbert_elliott_state.apply();
-            loss_threshold = (bad == 1) ? bad_threshold : good_threshold;
+            if (bad == 1) {
+                loss_threshold = bad_threshold;
+            } else {
+                loss_threshold = good_threshold;
+            }
         }
         if (model != 0) {
-            drop = loss_threshold == THRESHOLD_ALWAYS || loss_draw_value < loss_threshold;
+            if (loss_threshold == THRESHOLD_ALWAYS || loss_draw_value < loss_threshold) {
+                drop = true;
+            }
         }
     }
 }

@@ -23,8 +23,11 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
 
     apply {
         if (hdr.bridge.emit != EMIT_RECIRC && hdr.lta.isValid()) {
-            meta.receiver = (hdr.bridge.emit == EMIT_RESEND) ? hdr.bridge.receiver
-                                                              : (bit<8>)eg_intr_md.egress_rid;
+            if (hdr.bridge.emit == EMIT_RESEND) {
+                meta.receiver = hdr.bridge.receiver;
+            } else {
+                meta.receiver = (bit<8>)eg_intr_md.egress_rid;
+            }
             meta.outcome = BRANCH_TX_PACKETS;
             drop = false;
             if (hdr.lta.op == OP_RESULT) {

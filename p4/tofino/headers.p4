@@ -116,7 +116,7 @@ struct slot_pair_t {
 }
 
 struct ingress_metadata_t {
-    bool    ipv4_checksum_ok;
+    bool    ipv4_checksum_err;  // the parser's IPv4 checksum verification failed
     // job lookup
     bool    job_known;
     bit<8>  n_workers;

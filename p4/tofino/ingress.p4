@@ -28,7 +28,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     ResultEmit() result_emit;
     IngressCounters() counters;
     @name(".worker_rx")
-    Counter<bit<32>, bit<32>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
+    Counter<bit<32>, bit<12>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
+    Hash<bit<12>>(HashAlgorithm_t.IDENTITY) worker_rx_hash;
 
     // To this pipe's recirculation port, with the pass header in front.
     action recirculate() {
@@ -46,15 +47,23 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         meta.policy_drop = false;
         // Element and harvest passes are internal packets: nothing is checked or counted again.
         bool recirculated = hdr.pass.isValid();
-        bool lta_packet = !recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT;
+        // (Tofino: a bool takes a constant or one comparison; compound conditions live in ifs.)
+        bool lta_packet = false;
+        if (!recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
+            lta_packet = true;
+        }
         bool to_slot = false;
         if (lta_packet) {
             // ---- control pass: the checks in order ----
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
             }
-            meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
-            if (!meta.ipv4_checksum_ok || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
+            if (meta.job_known) {
+                meta.counter_index = (bit<32>)hdr.lta.job_id;
+            } else {
+                meta.counter_index = 0;
+            }
+            if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
                     || hdr.ipv4.total_len != hdr.udp.length + 20 || ig_prsr_md.parser_err != 0) {
                 // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
                 // included, so it counts on index 0. (Trailing bytes after the payload are not seen
@@ -73,7 +82,12 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             } else {
                 worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
                 if (meta.worker_known) {
-                    worker_rx.count((bit<32>)hdr.lta.job_id * LTA_MAX_WORKERS + (bit<32>)hdr.lta.worker_id);
+                    // A counter's index must be one field or a hash: the identity hash of
+                    // job_id[5:0] ++ worker_id[5:0] is job_id * 64 + worker_id for a known job and
+                    // worker (both below 64).
+                    bit<12> worker_rx_index = worker_rx_hash.get({hdr.lta.job_id[5:0],
+                                                                  hdr.lta.worker_id[5:0]});
+                    worker_rx.count(worker_rx_index);
                 }
                 if (!meta.worker_known || (bit<32>)hdr.lta.worker_id >= LTA_TOFINO_MAX_WORKERS) {
                     meta.branch = BRANCH_DROP_BAD_WORKER;
@@ -81,7 +95,11 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                     meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
                 } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
                     // Replicated unchanged; egress drops the sender's own copy.
-                    meta.branch = (hdr.lta.op == OP_PARAM) ? BRANCH_PARAM_FWD : BRANCH_PARAM_REQ_FWD;
+                    if (hdr.lta.op == OP_PARAM) {
+                        meta.branch = BRANCH_PARAM_FWD;
+                    } else {
+                        meta.branch = BRANCH_PARAM_REQ_FWD;
+                    }
                     ig_tm_md.mcast_grp_a = meta.mcast_grp;
                     hdr.bridge.setValid();
                     hdr.bridge.emit = EMIT_PARAM;

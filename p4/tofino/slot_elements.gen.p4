@@ -1486,47 +1486,51 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
     }
 }
 
-// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).
-control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {
-    action set_bit(bit<32> value) { worker_bit = value; }
+// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and
+// slot_result's hi word when this worker closes a round: RESULT_CLOSED | worker_id << 8.
+control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit, out bit<32> closed_flags) {
+    action set_bit(bit<32> value, bit<32> closed) {
+        worker_bit = value;
+        closed_flags = closed;
+    }
     table bit_of_worker {
         key = { worker_id: exact @name("worker_id"); }
         actions = { set_bit; }
         const entries = {
-            0: set_bit(32w0x00000001);
-            1: set_bit(32w0x00000002);
-            2: set_bit(32w0x00000004);
-            3: set_bit(32w0x00000008);
-            4: set_bit(32w0x00000010);
-            5: set_bit(32w0x00000020);
-            6: set_bit(32w0x00000040);
-            7: set_bit(32w0x00000080);
-            8: set_bit(32w0x00000100);
-            9: set_bit(32w0x00000200);
-            10: set_bit(32w0x00000400);
-            11: set_bit(32w0x00000800);
-            12: set_bit(32w0x00001000);
-            13: set_bit(32w0x00002000);
-            14: set_bit(32w0x00004000);
-            15: set_bit(32w0x00008000);
-            16: set_bit(32w0x00010000);
-            17: set_bit(32w0x00020000);
-            18: set_bit(32w0x00040000);
-            19: set_bit(32w0x00080000);
-            20: set_bit(32w0x00100000);
-            21: set_bit(32w0x00200000);
-            22: set_bit(32w0x00400000);
-            23: set_bit(32w0x00800000);
-            24: set_bit(32w0x01000000);
-            25: set_bit(32w0x02000000);
-            26: set_bit(32w0x04000000);
-            27: set_bit(32w0x08000000);
-            28: set_bit(32w0x10000000);
-            29: set_bit(32w0x20000000);
-            30: set_bit(32w0x40000000);
-            31: set_bit(32w0x80000000);
+            0: set_bit(32w0x00000001, 32w0x80000000);
+            1: set_bit(32w0x00000002, 32w0x80000100);
+            2: set_bit(32w0x00000004, 32w0x80000200);
+            3: set_bit(32w0x00000008, 32w0x80000300);
+            4: set_bit(32w0x00000010, 32w0x80000400);
+            5: set_bit(32w0x00000020, 32w0x80000500);
+            6: set_bit(32w0x00000040, 32w0x80000600);
+            7: set_bit(32w0x00000080, 32w0x80000700);
+            8: set_bit(32w0x00000100, 32w0x80000800);
+            9: set_bit(32w0x00000200, 32w0x80000900);
+            10: set_bit(32w0x00000400, 32w0x80000a00);
+            11: set_bit(32w0x00000800, 32w0x80000b00);
+            12: set_bit(32w0x00001000, 32w0x80000c00);
+            13: set_bit(32w0x00002000, 32w0x80000d00);
+            14: set_bit(32w0x00004000, 32w0x80000e00);
+            15: set_bit(32w0x00008000, 32w0x80000f00);
+            16: set_bit(32w0x00010000, 32w0x80001000);
+            17: set_bit(32w0x00020000, 32w0x80001100);
+            18: set_bit(32w0x00040000, 32w0x80001200);
+            19: set_bit(32w0x00080000, 32w0x80001300);
+            20: set_bit(32w0x00100000, 32w0x80001400);
+            21: set_bit(32w0x00200000, 32w0x80001500);
+            22: set_bit(32w0x00400000, 32w0x80001600);
+            23: set_bit(32w0x00800000, 32w0x80001700);
+            24: set_bit(32w0x01000000, 32w0x80001800);
+            25: set_bit(32w0x02000000, 32w0x80001900);
+            26: set_bit(32w0x04000000, 32w0x80001a00);
+            27: set_bit(32w0x08000000, 32w0x80001b00);
+            28: set_bit(32w0x10000000, 32w0x80001c00);
+            29: set_bit(32w0x20000000, 32w0x80001d00);
+            30: set_bit(32w0x40000000, 32w0x80001e00);
+            31: set_bit(32w0x80000000, 32w0x80001f00);
         }
-        const default_action = set_bit(0);
+        const default_action = set_bit(0, 32w0x80000000);
         size = 32;
     }
     apply { bit_of_worker.apply(); }

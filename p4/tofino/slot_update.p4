@@ -56,6 +56,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     bit<32> start_bitmap;  // slot_bitmap on a new round: the sender's bit, or 0 for FLUSH
     bit<32> new_bitmap;    // slot_result's lo when it closes
     bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
+    bit<32> closed_flags;  // RESULT_CLOSED | worker_id << 8 (from WorkerBit's table)
     bit<32> new_count;     // slot_count's lo on a new round (1, or 0 for FLUSH)
     bit<32> new_weight;
     bit<1>  closing;
@@ -253,13 +254,17 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         // ---- slot_seq orders q (control pass); slot_round: set, flushed, or read ----
         if (control_pass) {
             meta.slot_index = meta.slot_base + (bit<32>)hdr.lta.slot;
-            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit);
+            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, closed_flags);
             packet_round = (bit<32>)hdr.lta.exp;
             if ((hdr.lta.flags & FLAG_MAX) != 0) {
                 packet_round = packet_round | ROUND_MAX;
             }
             result_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
-            seq_access = (hdr.lta.op == OP_GRAD) ? ACCESS_GRAD : ACCESS_FLUSH;
+            if (hdr.lta.op == OP_GRAD) {
+                seq_access = ACCESS_GRAD;
+            } else {
+                seq_access = ACCESS_FLUSH;
+            }
         } else {
             meta.slot_index = hdr.pass.slot_index;
         }
@@ -271,7 +276,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
                 round_access = ACCESS_SET;
             } else if (hdr.lta.seq == old_seq) {
-                round_access = (hdr.lta.op == OP_GRAD) ? ACCESS_READ_LO : ACCESS_FLUSH;
+                if (hdr.lta.op == OP_GRAD) {
+                    round_access = ACCESS_READ_LO;
+                } else {
+                    round_access = ACCESS_FLUSH;
+                }
             }
         } else if (element_pass && emits) {
             round_access = ACCESS_READ_LO;
@@ -291,7 +300,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             flushed = (round & ROUND_FLUSHED) != 0;
             same_exp = (round & ROUND_EXP_MASK) == packet_round;
             if (round == ROUND_OLDER) {
-                meta.branch = (hdr.lta.op == OP_GRAD) ? BRANCH_GRAD_STALE : BRANCH_FLUSH_STALE;
+                if (hdr.lta.op == OP_GRAD) {
+                    meta.branch = BRANCH_GRAD_STALE;
+                } else {
+                    meta.branch = BRANCH_FLUSH_STALE;
+                }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
                 start_bitmap = meta.worker_bit;
@@ -304,7 +317,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 if (!quorum_of_one) {
                     new_bitmap = 0;  // slot_result's lo is written at closure
                 } else {
-                    result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                    result_flags = result_flags | closed_flags;
                 }
             } else if (newer) {
                 // flush_empty: the slot never saw round q: closed with count 0 and zeros.
@@ -312,7 +325,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 new_bitmap = 0;
                 new_count = 0;
                 new_weight = 0;
-                result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                result_flags = closed_flags;
                 bitmap_access = ACCESS_SET;
                 count_access = ACCESS_SET;
                 result_access = ACCESS_SET;
@@ -324,7 +337,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     bitmap_access = ACCESS_READ_LO;
                     result_access = ACCESS_OR_CLOSE;
                     closing = 1;
-                    result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                    result_flags = closed_flags;
                 }
             } else if (flushed) {
                 meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
@@ -367,7 +380,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             if (count >= (bit<32>)meta.quorum) {
                 closing = 1;
                 new_bitmap = old_bitmap | meta.worker_bit;
-                result_flags = result_flags | RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+                result_flags = result_flags | closed_flags;
             }
         } else if (count_access == ACCESS_ADD) {
             // The round reached its quorum before this packet: closed already (a late GRAD), or still
@@ -376,7 +389,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             result_access = ACCESS_OR_CLOSE;
             closing = 1;
             new_bitmap = old_bitmap;
-            result_flags = RESULT_CLOSED | ((bit<32>)hdr.lta.worker_id << 8);
+            result_flags = closed_flags;
         } else if (element_pass && emits) {
             result_access = ACCESS_READ_LO;
         } else if (!control_pass && !element_pass) {
@@ -420,7 +433,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (result_access == ACCESS_OR_CLOSE) {
                 meta.branch = BRANCH_GRAD_ADD;
-                bit<8> op = ((round & ROUND_MAX) != 0) ? ELEMENT_OP_MAX : ELEMENT_OP_ADD;
+                bit<8> op = ELEMENT_OP_ADD;
+                if ((round & ROUND_MAX) != 0) {
+                    op = ELEMENT_OP_MAX;
+                }
                 if (closing == 1) {
                     meta.result_quorum = true;
                     to_element_pass(op, 0, EMIT_MULTICAST);
@@ -442,14 +458,20 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         } else if (element_pass && emits) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
             hdr.lta.exp = round[7:0];
-            hdr.lta.flags = ((round & ROUND_MAX) != 0) ? FLAG_MAX : 8w0;
+            if ((round & ROUND_MAX) != 0) {
+                hdr.lta.flags = FLAG_MAX;
+            } else {
+                hdr.lta.flags = 0;
+            }
             hdr.lta.count = count[7:0];
             hdr.lta.bitmap = (bit<64>)result_hi;
         } else if (!element_pass) {
             // Harvest pass: weight, the closer and SATURATED.
             hdr.lta.weight = count;
             hdr.lta.worker_id = result_hi[15:8];
-            hdr.lta.flags = hdr.lta.flags | (result_hi[7:0] & FLAG_SATURATED);
+            if ((result_hi & RESULT_SATURATED) != 0) {
+                hdr.lta.flags = hdr.lta.flags | FLAG_SATURATED;
+            }
         }
     }
 }
