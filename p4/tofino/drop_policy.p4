@@ -94,10 +94,14 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
         if (model == 2) {
             state_index = state_hash.get({job_id[5:0], worker_id[5:0]});
             move = 0;
-            if (p_threshold == THRESHOLD_ALWAYS || move_draw < p_threshold) {
+            // draw < threshold as the saturating threshold |-| draw != 0 (a gateway compares with
+            // constants only).
+            bit<32> p_room = p_threshold |-| move_draw;
+            bit<32> r_room = r_threshold |-| move_draw;
+            if (p_threshold == THRESHOLD_ALWAYS || p_room != 0) {
                 move = move | 1;
             }
-            if (r_threshold == THRESHOLD_ALWAYS || move_draw < r_threshold) {
+            if (r_threshold == THRESHOLD_ALWAYS || r_room != 0) {
                 move = move | 2;
             }
             gilbert_elliott_state.apply();
@@ -108,7 +112,8 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
             }
         }
         if (model != 0) {
-            if (loss_threshold == THRESHOLD_ALWAYS || loss_draw_value < loss_threshold) {
+            bit<32> loss_room = loss_threshold |-| loss_draw_value;
+            if (loss_threshold == THRESHOLD_ALWAYS || loss_room != 0) {
                 drop = true;
             }
         }

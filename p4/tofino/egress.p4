@@ -28,6 +28,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
             } else {
                 meta.receiver = (bit<8>)eg_intr_md.egress_rid;
             }
+            bit<8> receiver_xor = meta.receiver ^ hdr.lta.worker_id;  // 0: the sender itself
             meta.outcome = BRANCH_TX_PACKETS;
             drop = false;
             if (hdr.lta.op == OP_RESULT) {
@@ -35,7 +36,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
                 if (drop) {
                     meta.outcome = BRANCH_DROP_POLICY_DOWN;
                 }
-            } else if (meta.receiver == hdr.lta.worker_id) {
+            } else if (receiver_xor == 0) {
                 meta.outcome = BRANCH_NONE;  // the sender's own copy of its PARAM: not a packet sent
             } else {
                 if ((hdr.lta.flags & FLAG_CRITICAL) == 0) {

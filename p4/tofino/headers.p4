@@ -120,7 +120,7 @@ struct ingress_metadata_t {
     // job lookup
     bool    job_known;
     bit<8>  n_workers;
-    bit<8>  quorum;
+    bit<32> quorum;  // 32 bits: compared with slot_count's 32-bit count
     bit<16> pool_size;
     bit<32> slot_base;
     bit<16> mcast_grp;

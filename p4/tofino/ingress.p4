@@ -53,10 +53,14 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             lta_packet = true;
         }
         bool to_slot = false;
+        // Gateways compare fields with constants: differences are computed first.
+        bit<16> ip_udp_len_diff = hdr.ipv4.total_len - hdr.udp.length;  // 20 for a sound header
+        bit<16> slot_room = 0;  // pool_size |-| slot: 0 when the slot is out of the job's range
         if (lta_packet) {
             // ---- control pass: the checks in order ----
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
+                slot_room = meta.pool_size |-| hdr.lta.slot;
             }
             if (meta.job_known) {
                 meta.counter_index = (bit<32>)hdr.lta.job_id;
@@ -64,7 +68,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 meta.counter_index = 0;
             }
             if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
-                    || hdr.ipv4.total_len != hdr.udp.length + 20 || ig_prsr_md.parser_err != 0) {
+                    || ip_udp_len_diff != 20 || ig_prsr_md.parser_err != 0) {
                 // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
                 // included, so it counts on index 0. (Trailing bytes after the payload are not seen
                 // here: Tofino's ingress does not know the frame length.)
@@ -105,7 +109,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                     hdr.bridge.emit = EMIT_PARAM;
                     hdr.bridge.receiver = 0;
                     ig_dprsr_md.drop_ctl = 0;
-                } else if (hdr.lta.slot >= meta.pool_size) {
+                } else if (slot_room == 0) {
                     meta.branch = BRANCH_DROP_SLOT_RANGE;
                 } else {
                     if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {

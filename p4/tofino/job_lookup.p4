@@ -11,7 +11,7 @@ control JobLookup(in lta_t lta, inout ingress_metadata_t meta) {
                    bit<16> mcast_grp, bit<32> generation) {
         meta.job_known = true;
         meta.n_workers = n_workers;
-        meta.quorum = quorum;
+        meta.quorum = (bit<32>)quorum;
         meta.pool_size = pool_size;
         meta.slot_base = slot_base;
         meta.mcast_grp = mcast_grp;

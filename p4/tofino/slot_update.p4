@@ -151,7 +151,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_add = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.lo;
-            if (value.lo < (bit<32>)meta.quorum) {
+            if (value.lo < meta.quorum) {
                 value.lo = value.lo + 1;
                 value.hi = value.hi + hdr.lta.weight;
             }
@@ -269,13 +269,18 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             meta.slot_index = hdr.pass.slot_index;
         }
         seq_access_table.apply();
+        // Tofino's gateways compare fields with constants, so the order of q against seq is computed
+        // first: the saturating difference q |-| seq is nonzero exactly when q > seq (unsigned, as
+        // the register action compares), the XOR zero exactly when q == seq.
+        bit<32> seq_ahead = hdr.lta.seq |-| old_seq;
+        bit<32> seq_xor = hdr.lta.seq ^ old_seq;
         if (control_pass) {
-            if (hdr.lta.seq > old_seq) {
+            if (seq_ahead != 0) {
                 if (hdr.lta.op != OP_GRAD) {
                     packet_round = packet_round | ROUND_FLUSHED;
                 }
                 round_access = ACCESS_SET;
-            } else if (hdr.lta.seq == old_seq) {
+            } else if (seq_xor == 0) {
                 if (hdr.lta.op == OP_GRAD) {
                     round_access = ACCESS_READ_LO;
                 } else {
@@ -298,7 +303,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         if (control_pass) {
             newer = round == ROUND_NEWER;
             flushed = (round & ROUND_FLUSHED) != 0;
-            same_exp = (round & ROUND_EXP_MASK) == packet_round;
+            bit<32> exp_xor = round ^ packet_round;  // packet_round has no bit outside the mask here
+            same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
             if (round == ROUND_OLDER) {
                 if (hdr.lta.op == OP_GRAD) {
                     meta.branch = BRANCH_GRAD_STALE;
@@ -366,8 +372,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             count_access = ACCESS_READ_HI;
         }
         count_access_table.apply();
+        // Tofino's gateways compare a field with a constant: quorum |-| count (saturating) is 0 when
+        // the count had reached the quorum (nothing added) and 1 when this packet brings it there.
+        bit<32> count_room = meta.quorum |-| count;
         if (count_access == ACCESS_ADD) {
-            if (count < (bit<32>)meta.quorum) {
+            if (count_room != 0) {
                 count = count + 1;
             } else {
                 count = COUNT_NOT_ADDED;
@@ -377,7 +386,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
         if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
             result_access = ACCESS_OR_CLOSE;
-            if (count >= (bit<32>)meta.quorum) {
+            if (count_room == 1) {  // this packet brought the count to the quorum
                 closing = 1;
                 new_bitmap = old_bitmap | meta.worker_bit;
                 result_flags = result_flags | closed_flags;

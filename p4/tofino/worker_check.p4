@@ -25,7 +25,8 @@ control WorkerCheck(in lta_t lta, in PortId_t ingress_port, inout ingress_metada
     // True when the packet claims a worker id the job has and arrived on that worker's port.
     apply {
         worker_ports.apply();
-        if (meta.worker_known && meta.worker_port != ingress_port) {
+        PortId_t port_xor = meta.worker_port ^ ingress_port;  // a gateway compares with constants
+        if (meta.worker_known && port_xor != 0) {
             meta.worker_known = false;
         }
     }
