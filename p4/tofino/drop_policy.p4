@@ -43,6 +43,8 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
     bit<12> state_index;
     bit<8> move;  // 1: good->bad taken, 2: bad->good taken (each applies only in its state)
     bit<8> bad;
+    bit<32> move_draw;
+    bit<32> loss_draw_value;
 
     action no_loss() {
         model = 0;
@@ -75,33 +77,59 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
     // The new state from the old one and the two transitions: the register's one access per pass.
     table gilbert_elliott_state {
         key = { move: exact @name("move"); }
-        actions = { state_keep; state_bad; state_good; state_toggle; }
+        actions = { state_keep; state_bad; state_good; state_toggle; NoAction; }
         const entries = {
             0: state_keep();    // neither transition: stay
             1: state_bad();     // good->bad taken, bad->good not: bad either way
             2: state_good();    // bad->good taken, good->bad not: good either way
             3: state_toggle();  // both: good becomes bad, bad becomes good
         }
-        const default_action = state_keep();
+        // Never taken (move is 0..3); a default action cannot address a register through the hash
+        // unit on Tofino.
+        const default_action = NoAction();
         size = 4;
+    }
+
+    bit<32> p_room;     // p |-| draw: nonzero when draw < p
+    bit<32> r_room;
+    bit<32> loss_room;
+    // Keyless tables hold computations a later gateway tests: the compiler would otherwise fold a
+    // temporary back into the condition, which Tofino's gateways cannot evaluate.
+    action compute_move_rooms() {
+        p_room = p_threshold |-| move_draw;
+        r_room = r_threshold |-| move_draw;
+    }
+    table move_rooms {
+        actions = { compute_move_rooms; }
+        const default_action = compute_move_rooms();
+        size = 1;
+    }
+    action compute_loss_room() { loss_room = loss_threshold |-| loss_draw_value; }
+    table loss_rooms {
+        actions = { compute_loss_room; }
+        const default_action = compute_loss_room();
+        size = 1;
     }
 
     apply {
         drop = false;
         policy.apply();
-        bit<32> move_draw = transition_draw.get();
-        bit<32> loss_draw_value = loss_draw.get();
+        move_draw = transition_draw.get();
+        loss_draw_value = loss_draw.get();
         if (model == 2) {
             state_index = state_hash.get({job_id[5:0], worker_id[5:0]});
             move = 0;
             // draw < threshold as the saturating threshold |-| draw != 0 (a gateway compares with
-            // constants only).
-            bit<32> p_room = p_threshold |-| move_draw;
-            bit<32> r_room = r_threshold |-| move_draw;
-            if (p_threshold == THRESHOLD_ALWAYS || p_room != 0) {
+            // constants only, and reads at most 4 bytes: one test per if).
+            move_rooms.apply();
+            if (p_threshold == THRESHOLD_ALWAYS) {
+                move = move | 1;
+            } else if (p_room != 0) {
                 move = move | 1;
             }
-            if (r_threshold == THRESHOLD_ALWAYS || r_room != 0) {
+            if (r_threshold == THRESHOLD_ALWAYS) {
+                move = move | 2;
+            } else if (r_room != 0) {
                 move = move | 2;
             }
             gilbert_elliott_state.apply();
@@ -112,8 +140,10 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
             }
         }
         if (model != 0) {
-            bit<32> loss_room = loss_threshold |-| loss_draw_value;
-            if (loss_threshold == THRESHOLD_ALWAYS || loss_room != 0) {
+            loss_rooms.apply();
+            if (loss_threshold == THRESHOLD_ALWAYS) {
+                drop = true;
+            } else if (loss_room != 0) {
                 drop = true;
             }
         }

@@ -20,6 +20,14 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
     WorkerAddress() worker_address;
     EgressCounters() counters;
     bool drop;
+    bit<8> receiver_xor;  // 0: the receiver is the sender itself
+    action compute_receiver_xor() { receiver_xor = meta.receiver ^ hdr.lta.worker_id; }
+    // Keyless: keeps the XOR a field for the gateway (the compiler would fold it into the condition).
+    table receiver_check {
+        actions = { compute_receiver_xor; }
+        const default_action = compute_receiver_xor();
+        size = 1;
+    }
 
     apply {
         if (hdr.bridge.emit != EMIT_RECIRC && hdr.lta.isValid()) {
@@ -28,7 +36,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
             } else {
                 meta.receiver = (bit<8>)eg_intr_md.egress_rid;
             }
-            bit<8> receiver_xor = meta.receiver ^ hdr.lta.worker_id;  // 0: the sender itself
+            receiver_check.apply();
             meta.outcome = BRANCH_TX_PACKETS;
             drop = false;
             if (hdr.lta.op == OP_RESULT) {

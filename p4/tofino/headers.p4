@@ -84,7 +84,7 @@ header lta_pass_t {
     bit<7>  _pad1;
     PortId_t reply_port;  // the ingress port of the worker a resend goes back to
     bit<16> mcast_grp;
-    bit<32> slot_index;
+    bit<16> slot_index;   // slot_base + slot (below LTA_SLOT_CAPACITY)
 }
 
 // Ingress -> egress (bridged; stripped in egress).
@@ -122,7 +122,8 @@ struct ingress_metadata_t {
     bit<8>  n_workers;
     bit<32> quorum;  // 32 bits: compared with slot_count's 32-bit count
     bit<16> pool_size;
-    bit<32> slot_base;
+    bit<16> slot_base;    // the action's 32-bit slot_base, below LTA_SLOT_CAPACITY
+
     bit<16> mcast_grp;
     // worker check
     bool    worker_known;
@@ -130,7 +131,7 @@ struct ingress_metadata_t {
     // loss emulation
     bool    policy_drop;
     // slot state machine (pass 1)
-    bit<32> slot_index;
+    bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
     bit<8>  branch;
     bool    result_quorum;

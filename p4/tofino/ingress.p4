@@ -40,6 +40,27 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         ig_dprsr_md.drop_ctl = 0;
     }
 
+    // Gateways compare fields with constants: differences are computed first, in keyless tables (the
+    // compiler would fold a temporary back into the condition).
+    bit<16> ip_udp_len_diff;  // total_len - udp.length: 20 for a sound header
+    bit<16> slot_room;        // pool_size |-| slot: 0 when the slot is out of the job's range
+    bit<16> nelem_over;       // nelem |-| K: nonzero when nelem > K
+    action compute_ip_len() {
+        ip_udp_len_diff = hdr.ipv4.total_len - hdr.udp.length;
+        nelem_over = hdr.lta.nelem |-| LTA_ELEMS;
+    }
+    table ip_len {
+        actions = { compute_ip_len; }
+        const default_action = compute_ip_len();
+        size = 1;
+    }
+    action compute_slot_room() { slot_room = meta.pool_size |-| hdr.lta.slot; }
+    table slot_range {
+        actions = { compute_slot_room; }
+        const default_action = compute_slot_room();
+        size = 1;
+    }
+
     apply {
         ig_dprsr_md.drop_ctl = 1;  // nothing leaves unless a branch below says so
         meta.branch = BRANCH_NONE;
@@ -53,25 +74,31 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             lta_packet = true;
         }
         bool to_slot = false;
-        // Gateways compare fields with constants: differences are computed first.
-        bit<16> ip_udp_len_diff = hdr.ipv4.total_len - hdr.udp.length;  // 20 for a sound header
-        bit<16> slot_room = 0;  // pool_size |-| slot: 0 when the slot is out of the job's range
         if (lta_packet) {
+            ip_len.apply();
             // ---- control pass: the checks in order ----
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
-                slot_room = meta.pool_size |-| hdr.lta.slot;
+                slot_range.apply();
             }
             if (meta.job_known) {
                 meta.counter_index = (bit<32>)hdr.lta.job_id;
             } else {
                 meta.counter_index = 0;
             }
-            if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
-                    || ip_udp_len_diff != 20 || ig_prsr_md.parser_err != 0) {
-                // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
-                // included, so it counts on index 0. (Trailing bytes after the payload are not seen
-                // here: Tofino's ingress does not know the frame length.)
+            // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
+            // included, so it counts on index 0. (Trailing bytes after the payload are not seen
+            // here: Tofino's ingress does not know the frame length.) A gateway reads at most 4 bytes
+            // and 12 bits, so the tests are split over three ifs of one outcome.
+            bool damaged = false;
+            if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1) {
+                damaged = true;
+            } else if (hdr.ipv4.frag_offset != 0 || ip_udp_len_diff != 20) {
+                damaged = true;
+            } else if (ig_prsr_md.parser_err != 0) {
+                damaged = true;
+            }
+            if (damaged) {
                 meta.counter_index = 0;
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
@@ -80,8 +107,9 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!meta.job_known) {
                 meta.branch = BRANCH_DROP_UNKNOWN_JOB;
-            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES
-                    || hdr.lta.nelem > LTA_ELEMS) {
+            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (nelem_over != 0) {
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else {
                 worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
@@ -143,6 +171,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             // The slot needs its accumulators: on to the element pass.
             hdr.pass.receiver = hdr.lta.worker_id;
             hdr.pass.reply_port = ig_intr_md.ingress_port;
+            hdr.pass.slot_index = meta.slot_index;
+            hdr.pass.mcast_grp = meta.mcast_grp;
             recirculate();
         }
         if (lta_packet) {

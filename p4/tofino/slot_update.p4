@@ -41,11 +41,11 @@ const bit<8> ACCESS_READ_HI = 8;
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
     PayloadClear() payload_clear;
-    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_seq;
-    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_round;
-    Register<bit<32>, bit<32>>(LTA_SLOT_CAPACITY) slot_bitmap;
-    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_count;
-    Register<slot_pair_t, bit<32>>(LTA_SLOT_CAPACITY) slot_result;
+    Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
+    Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
+    Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
+    Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_count;
+    Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_result;
 
     bit<32> packet_round;  // exp | MAX << 8 of this packet
     bit<32> old_seq;       // slot_seq's answer: the seq it held
@@ -70,7 +70,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // A stateful ALU answers one word from one source (memory, its ALU, or its predicate), so slot_seq
     // answers the seq it held and the order of q against it is decided from that answer; slot_round,
     // the next register, is then written (a new round), read, or read and marked FLUSHED.
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_seq) seq_order = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_seq) seq_order = {
         void apply(inout bit<32> value, out bit<32> rv) {
             rv = value;
             if (hdr.lta.seq > value) {
@@ -90,13 +90,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         size = 4;
     }
 
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_set = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_set = {
         void apply(inout bit<32> value, out bit<32> rv) { value = packet_round; rv = value; }
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_read = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_round) round_flush = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_flush = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | ROUND_FLUSHED; }
     };
     action do_round_set() { round = round_set.execute(meta.slot_index); }
@@ -115,13 +115,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_bitmap -----------------------------------------------------------------------------
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_set = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_set = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = start_bitmap; }
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_test_set = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_test_set = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | meta.worker_bit; }
     };
-    RegisterAction<bit<32>, bit<32>, bit<32>>(slot_bitmap) bitmap_read = {
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
     action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); }
@@ -140,7 +140,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_count {count, weight} --------------------------------------------------------------
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_set = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             value.lo = new_count;
             value.hi = new_weight;
@@ -148,7 +148,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         }
     };
     // Answers the count it held: the packet was added when that was below the quorum.
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_add = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_add = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.lo;
             if (value.lo < meta.quorum) {
@@ -157,15 +157,17 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             }
         }
     };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_read_lo = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_read_lo = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_count) count_read_hi = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_read_hi = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
     action do_count_set() { count = count_set.execute(meta.slot_index); }
     action do_count_add() { count = count_add.execute(meta.slot_index); }
-    action do_count_read_lo() { count = count_read_lo.execute(meta.slot_index); }
+    // The element pass writes the stored count straight into the header (an 8-bit field cannot take
+    // a slice of a 32-bit one that is also added to).
+    action do_count_read_lo() { hdr.lta.count = (bit<8>)count_read_lo.execute(meta.slot_index); }
     action do_count_read_hi() { count = count_read_hi.execute(meta.slot_index); }
     table count_access_table {
         key = { count_access: exact @name("access"); }
@@ -181,7 +183,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_set = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             value.lo = new_bitmap;
             value.hi = result_flags;
@@ -190,7 +192,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     };
     // Closes an open round (closing == 1) or only ORs SATURATED in; answers the hi word it found, so
     // the caller learns whether the round was already closed.
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_or_close = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_or_close = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
@@ -201,10 +203,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             }
         }
     };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_read_lo = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_read_lo = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
-    RegisterAction<slot_pair_t, bit<32>, bit<32>>(slot_result) result_read_hi = {
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_read_hi = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
     action do_result_set() { result_hi = result_set.execute(meta.slot_index); }
@@ -224,6 +226,44 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         size = 8;
     }
 
+    // Keyless tables hold what a later gateway tests (Tofino's gateways compare fields with constants;
+    // the compiler would fold a temporary back into the condition): the order of q against seq (the
+    // saturating q |-| seq is nonzero exactly when q > seq, unsigned, as the register action compares;
+    // the XOR is zero exactly when q == seq), the exponent's XOR, the sender's bit in the old bitmap,
+    // and quorum |-| count (0: the quorum was reached before this packet; 1: this packet reaches it).
+    bit<32> seq_ahead;
+    bit<32> seq_xor;
+    bit<32> exp_xor;
+    bit<32> seen_bits;
+    bit<32> count_room;
+    action compute_seq_order() {
+        seq_ahead = hdr.lta.seq |-| old_seq;
+        seq_xor = hdr.lta.seq ^ old_seq;
+    }
+    table seq_compare {
+        actions = { compute_seq_order; }
+        const default_action = compute_seq_order();
+        size = 1;
+    }
+    action compute_exp_xor() { exp_xor = round ^ packet_round; }
+    table exp_compare {
+        actions = { compute_exp_xor; }
+        const default_action = compute_exp_xor();
+        size = 1;
+    }
+    action compute_seen() { seen_bits = old_bitmap & meta.worker_bit; }
+    table seen_compare {
+        actions = { compute_seen; }
+        const default_action = compute_seen();
+        size = 1;
+    }
+    action compute_count_room() { count_room = meta.quorum |-| count; }
+    table count_compare {
+        actions = { compute_count_room; }
+        const default_action = compute_count_room();
+        size = 1;
+    }
+
     // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
     action to_element_pass(bit<8> element_op, bit<1> start, bit<8> emit) {
         hdr.pass.setValid();
@@ -231,8 +271,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         hdr.pass.element_op = element_op;
         hdr.pass.start = start;
         hdr.pass.emit = emit;
-        hdr.pass.slot_index = meta.slot_index;
-        hdr.pass.mcast_grp = meta.mcast_grp;
+        // slot_index and mcast_grp are copied where the packet recirculates (ingress.p4): one action
+        // may not write constants and several PHV sources into the pass header's containers.
     }
 
     apply {
@@ -253,7 +293,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
 
         // ---- slot_seq orders q (control pass); slot_round: set, flushed, or read ----
         if (control_pass) {
-            meta.slot_index = meta.slot_base + (bit<32>)hdr.lta.slot;
+            meta.slot_index = meta.slot_base + hdr.lta.slot;
             worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, closed_flags);
             packet_round = (bit<32>)hdr.lta.exp;
             if ((hdr.lta.flags & FLAG_MAX) != 0) {
@@ -269,12 +309,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             meta.slot_index = hdr.pass.slot_index;
         }
         seq_access_table.apply();
-        // Tofino's gateways compare fields with constants, so the order of q against seq is computed
-        // first: the saturating difference q |-| seq is nonzero exactly when q > seq (unsigned, as
-        // the register action compares), the XOR zero exactly when q == seq.
-        bit<32> seq_ahead = hdr.lta.seq |-| old_seq;
-        bit<32> seq_xor = hdr.lta.seq ^ old_seq;
         if (control_pass) {
+            seq_compare.apply();
             if (seq_ahead != 0) {
                 if (hdr.lta.op != OP_GRAD) {
                     packet_round = packet_round | ROUND_FLUSHED;
@@ -303,7 +339,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         if (control_pass) {
             newer = round == ROUND_NEWER;
             flushed = (round & ROUND_FLUSHED) != 0;
-            bit<32> exp_xor = round ^ packet_round;  // packet_round has no bit outside the mask here
+            exp_compare.apply();  // packet_round has no bit outside ROUND_EXP_MASK here
             same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
             if (round == ROUND_OLDER) {
                 if (hdr.lta.op == OP_GRAD) {
@@ -357,7 +393,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             }
         }
         bitmap_access_table.apply();
-        bool seen = (old_bitmap & meta.worker_bit) != 0;
+        seen_compare.apply();
+        bool seen = seen_bits != 0;
 
         // ---- slot_count: add while below the quorum; RESULTs read count, then weight ----
         if (bitmap_access == ACCESS_TEST_SET) {
@@ -372,9 +409,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             count_access = ACCESS_READ_HI;
         }
         count_access_table.apply();
-        // Tofino's gateways compare a field with a constant: quorum |-| count (saturating) is 0 when
-        // the count had reached the quorum (nothing added) and 1 when this packet brings it there.
-        bit<32> count_room = meta.quorum |-| count;
+        count_compare.apply();
         if (count_access == ACCESS_ADD) {
             if (count_room != 0) {
                 count = count + 1;
@@ -472,7 +507,6 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else {
                 hdr.lta.flags = 0;
             }
-            hdr.lta.count = count[7:0];
             hdr.lta.bitmap = (bit<64>)result_hi;
         } else if (!element_pass) {
             // Harvest pass: weight, the closer and SATURATED.
