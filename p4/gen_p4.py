@@ -295,10 +295,11 @@ def tofino_counters() -> str:
         branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
         extra = [n for n in names if n in EXTRA_COUNTED]
         always = [n for n in names if n in ALWAYS_COUNTED]
-        params = "in bit<32> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        # 16-bit index (the job id): PHV is scarce with K = 64 int32 in the packet.
+        params = "in bit<16> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
         out.append(f"\ncontrol {control}({params}) {{")
         out += [
-            f'    @name(".{n}") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
+            f'    @name(".{n}") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
             for n in names
         ]
         out.append("    apply {")

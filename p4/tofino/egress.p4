@@ -59,7 +59,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
             } else {
                 eg_dprsr_md.drop_ctl = 1;
             }
-            counters.apply((bit<32>)hdr.lta.job_id, meta.outcome);
+            counters.apply(hdr.lta.job_id, meta.outcome);
         }
         hdr.bridge.setInvalid();
     }

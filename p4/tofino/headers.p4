@@ -135,7 +135,7 @@ struct ingress_metadata_t {
     bit<32> worker_bit;   // 1 << worker_id
     bit<8>  branch;
     bool    result_quorum;
-    bit<32> counter_index;
+    bit<16> counter_index;
 }
 
 struct egress_metadata_t {

@@ -82,7 +82,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 slot_range.apply();
             }
             if (meta.job_known) {
-                meta.counter_index = (bit<32>)hdr.lta.job_id;
+                meta.counter_index = hdr.lta.job_id;
             } else {
                 meta.counter_index = 0;
             }

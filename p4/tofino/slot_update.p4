@@ -37,6 +37,7 @@ const bit<8> ACCESS_ADD = 5;      // slot_count
 const bit<8> ACCESS_OR_CLOSE = 6; // slot_result
 const bit<8> ACCESS_READ_LO = 7;  // every register: the lo word (slot_seq: the round word)
 const bit<8> ACCESS_READ_HI = 8;
+const bit<8> ACCESS_CLEAR = 9;    // slot_bitmap: a new round opened by FLUSH (empty)
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
@@ -53,12 +54,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     bit<32> old_bitmap;
     bit<32> count;         // slot_count's answer
     bit<32> result_hi;     // slot_result's answer
-    bit<32> start_bitmap;  // slot_bitmap on a new round: the sender's bit, or 0 for FLUSH
     bit<32> new_bitmap;    // slot_result's lo when it closes
     bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
     bit<32> closed_flags;  // RESULT_CLOSED | worker_id << 8 (from WorkerBit's table)
-    bit<32> new_count;     // slot_count's lo on a new round (1, or 0 for FLUSH)
-    bit<32> new_weight;
     bit<1>  closing;
     bit<8>  seq_access;
     bit<8>  round_access;
@@ -115,8 +113,12 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_bitmap -----------------------------------------------------------------------------
+    // A new round: the sender's bit (GRAD), or 0 (FLUSH of an unseen round).
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_set = {
-        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = start_bitmap; }
+        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = meta.worker_bit; }
+    };
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_clear = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = 0; }
     };
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_test_set = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | meta.worker_bit; }
@@ -125,13 +127,15 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
     action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); }
+    action do_bitmap_clear() { old_bitmap = bitmap_clear.execute(meta.slot_index); }
     action do_bitmap_test_set() { old_bitmap = bitmap_test_set.execute(meta.slot_index); }
     action do_bitmap_read() { old_bitmap = bitmap_read.execute(meta.slot_index); }
     table bitmap_access_table {
         key = { bitmap_access: exact @name("access"); }
-        actions = { do_bitmap_set; do_bitmap_test_set; do_bitmap_read; NoAction; }
+        actions = { do_bitmap_set; do_bitmap_clear; do_bitmap_test_set; do_bitmap_read; NoAction; }
         const entries = {
             ACCESS_SET: do_bitmap_set();
+            ACCESS_CLEAR: do_bitmap_clear();
             ACCESS_TEST_SET: do_bitmap_test_set();
             ACCESS_READ_LO: do_bitmap_read();
         }
@@ -140,10 +144,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_count {count, weight} --------------------------------------------------------------
+    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH of an unseen round), taken from the packet's
+    // count and weight, which the control pass sets for this (the later passes overwrite both from
+    // the registers; a register has at most 4 register actions on Tofino).
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = new_count;
-            value.hi = new_weight;
+            value.lo = (bit<32>)hdr.lta.count;
+            value.hi = hdr.lta.weight;
             rv = value.lo;
         }
     };
@@ -211,7 +218,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     };
     action do_result_set() { result_hi = result_set.execute(meta.slot_index); }
     action do_result_or_close() { result_hi = result_or_close.execute(meta.slot_index); }
-    action do_result_read_lo() { result_hi = result_read_lo.execute(meta.slot_index); }
+    // The element pass writes the bitmap at closure straight into the header.
+    action do_result_read_lo() { hdr.lta.bitmap = (bit<64>)result_read_lo.execute(meta.slot_index); }
     action do_result_read_hi() { result_hi = result_read_hi.execute(meta.slot_index); }
     table result_access_table {
         key = { result_access: exact @name("access"); }
@@ -349,10 +357,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
-                start_bitmap = meta.worker_bit;
                 new_bitmap = meta.worker_bit;
-                new_count = 1;
-                new_weight = hdr.lta.weight;
+                hdr.lta.count = 1;  // slot_count's {count, weight} = {1, the packet's weight}
                 bitmap_access = ACCESS_SET;
                 count_access = ACCESS_SET;
                 result_access = ACCESS_SET;
@@ -363,12 +369,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (newer) {
                 // flush_empty: the slot never saw round q: closed with count 0 and zeros.
-                start_bitmap = 0;
                 new_bitmap = 0;
-                new_count = 0;
-                new_weight = 0;
                 result_flags = closed_flags;
-                bitmap_access = ACCESS_SET;
+                hdr.lta.count = 0;  // slot_count's {count, weight} = {0, 0}
+                hdr.lta.weight = 0;
+                bitmap_access = ACCESS_CLEAR;
                 count_access = ACCESS_SET;
                 result_access = ACCESS_SET;
             } else if (hdr.lta.op == OP_FLUSH) {
@@ -455,7 +460,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 } else {
                     to_element_pass(ELEMENT_OP_STORE, 1, EMIT_NONE);
                 }
-            } else if (bitmap_access == ACCESS_SET) {
+            } else if (bitmap_access == ACCESS_CLEAR) {
                 meta.branch = BRANCH_FLUSH_EMPTY;
                 payload_clear.apply(hdr.payload);
                 to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);  // stores the zeroed payload
@@ -507,7 +512,6 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else {
                 hdr.lta.flags = 0;
             }
-            hdr.lta.bitmap = (bit<64>)result_hi;
         } else if (!element_pass) {
             // Harvest pass: weight, the closer and SATURATED.
             hdr.lta.weight = count;
