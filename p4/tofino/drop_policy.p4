@@ -90,21 +90,23 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
         size = 4;
     }
 
-    bit<32> p_room;     // p |-| draw: nonzero when draw < p
-    bit<32> r_room;
-    bit<32> loss_room;
+    // Whether a threshold is THRESHOLD_ALWAYS, decided before the threshold is replaced in place by
+    // threshold |-| draw (nonzero when draw < threshold; PHV is scarce).
+    bit<1> p_always;
+    bit<1> r_always;
+    bit<1> loss_always;
     // Keyless tables hold computations a later gateway tests: the compiler would otherwise fold a
     // temporary back into the condition, which Tofino's gateways cannot evaluate.
     action compute_move_rooms() {
-        p_room = p_threshold |-| move_draw;
-        r_room = r_threshold |-| move_draw;
+        p_threshold = p_threshold |-| move_draw;
+        r_threshold = r_threshold |-| move_draw;
     }
     table move_rooms {
         actions = { compute_move_rooms; }
         const default_action = compute_move_rooms();
         size = 1;
     }
-    action compute_loss_room() { loss_room = loss_threshold |-| loss_draw_value; }
+    action compute_loss_room() { loss_threshold = loss_threshold |-| loss_draw_value; }
     table loss_rooms {
         actions = { compute_loss_room; }
         const default_action = compute_loss_room();
@@ -121,15 +123,23 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
             move = 0;
             // draw < threshold as the saturating threshold |-| draw != 0 (a gateway compares with
             // constants only, and reads at most 4 bytes: one test per if).
-            move_rooms.apply();
+            p_always = 0;
+            r_always = 0;
             if (p_threshold == THRESHOLD_ALWAYS) {
-                move = move | 1;
-            } else if (p_room != 0) {
-                move = move | 1;
+                p_always = 1;
             }
             if (r_threshold == THRESHOLD_ALWAYS) {
+                r_always = 1;
+            }
+            move_rooms.apply();
+            if (p_always == 1) {
+                move = move | 1;
+            } else if (p_threshold != 0) {
+                move = move | 1;
+            }
+            if (r_always == 1) {
                 move = move | 2;
-            } else if (r_room != 0) {
+            } else if (r_threshold != 0) {
                 move = move | 2;
             }
             gilbert_elliott_state.apply();
@@ -140,10 +150,14 @@ control DropPolicy(in bit<16> job_id, in bit<8> worker_id, out bool drop) {
             }
         }
         if (model != 0) {
-            loss_rooms.apply();
+            loss_always = 0;
             if (loss_threshold == THRESHOLD_ALWAYS) {
+                loss_always = 1;
+            }
+            loss_rooms.apply();
+            if (loss_always == 1) {
                 drop = true;
-            } else if (loss_room != 0) {
+            } else if (loss_threshold != 0) {
                 drop = true;
             }
         }

@@ -240,13 +240,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // the XOR is zero exactly when q == seq), the exponent's XOR, the sender's bit in the old bitmap,
     // and quorum |-| count (0: the quorum was reached before this packet; 1: this packet reaches it).
     bit<32> seq_ahead;
-    bit<32> seq_xor;
     bit<32> exp_xor;
     bit<32> seen_bits;
-    bit<32> count_room;
     action compute_seq_order() {
         seq_ahead = hdr.lta.seq |-| old_seq;
-        seq_xor = hdr.lta.seq ^ old_seq;
+        old_seq = hdr.lta.seq ^ old_seq;  // in place (PHV is scarce): 0 exactly when q == seq
     }
     table seq_compare {
         actions = { compute_seq_order; }
@@ -265,7 +263,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         const default_action = compute_seen();
         size = 1;
     }
-    action compute_count_room() { count_room = meta.quorum |-| count; }
+    // In place (PHV is scarce): count becomes quorum |-| count; only whether and how the packet was
+    // added is used after this in the control pass.
+    action compute_count_room() { count = meta.quorum |-| count; }
     table count_compare {
         actions = { compute_count_room; }
         const default_action = compute_count_room();
@@ -324,7 +324,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     packet_round = packet_round | ROUND_FLUSHED;
                 }
                 round_access = ACCESS_SET;
-            } else if (seq_xor == 0) {
+            } else if (old_seq == 0) {  // q ^ seq
                 if (hdr.lta.op == OP_GRAD) {
                     round_access = ACCESS_READ_LO;
                 } else {
@@ -414,11 +414,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             count_access = ACCESS_READ_HI;
         }
         count_access_table.apply();
-        count_compare.apply();
         if (count_access == ACCESS_ADD) {
-            if (count_room != 0) {
-                count = count + 1;
-            } else {
+            count_compare.apply();  // only here: the other passes read count (or weight) out
+            if (count == 0) {
                 count = COUNT_NOT_ADDED;
             }
         }
@@ -426,7 +424,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
         if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
             result_access = ACCESS_OR_CLOSE;
-            if (count_room == 1) {  // this packet brought the count to the quorum
+            if (count == 1) {  // this packet brought the count to the quorum
                 closing = 1;
                 new_bitmap = old_bitmap | meta.worker_bit;
                 result_flags = result_flags | closed_flags;
