@@ -25,7 +25,6 @@ const bit<32> ROUND_FLUSHED = 0x200;
 const bit<32> COUNT_NOT_ADDED = 0xffffffff;
 // slot_result's hi word.
 const bit<32> RESULT_CLOSED = 0x80000000;
-const bit<32> RESULT_SATURATED = 0x02;   // FLAG_SATURATED
 
 // Accesses (each register has one table choosing its register action from these codes).
 const bit<8> ACCESS_NONE = 0;
@@ -37,6 +36,7 @@ const bit<8> ACCESS_ADD = 5;      // slot_count
 const bit<8> ACCESS_OR_CLOSE = 6; // slot_result
 const bit<8> ACCESS_READ_LO = 7;  // every register: the lo word (slot_seq: the round word)
 const bit<8> ACCESS_READ_HI = 8;
+const bit<8> ACCESS_HARVEST = 10; // slot_result in the harvest pass: read hi into the header
 const bit<8> ACCESS_CLEAR = 9;    // slot_bitmap: a new round opened by FLUSH (empty)
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
@@ -175,7 +175,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // The element pass writes the stored count straight into the header (an 8-bit field cannot take
     // a slice of a 32-bit one that is also added to).
     action do_count_read_lo() { hdr.lta.count = (bit<8>)count_read_lo.execute(meta.slot_index); }
-    action do_count_read_hi() { count = count_read_hi.execute(meta.slot_index); }
+    // Harvest pass: the weight straight into the header.
+    action do_count_read_hi() { hdr.lta.weight = count_read_hi.execute(meta.slot_index); }
     table count_access_table {
         key = { count_access: exact @name("access"); }
         actions = { do_count_set; do_count_add; do_count_read_lo; do_count_read_hi; NoAction; }
@@ -221,14 +222,23 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // The element pass writes the bitmap at closure straight into the header.
     action do_result_read_lo() { hdr.lta.bitmap = (bit<64>)result_read_lo.execute(meta.slot_index); }
     action do_result_read_hi() { result_hi = result_read_hi.execute(meta.slot_index); }
+    // Harvest pass: the closer and SATURATED straight from the register's answer into the header
+    // (the element pass left FLAG_SATURATED's bit 0, so setting it is the OR of the contract).
+    action do_result_harvest() {
+        bit<32> hi = result_read_hi.execute(meta.slot_index);
+        hdr.lta.worker_id = hi[15:8];
+        hdr.lta.flags[1:1] = hi[1:1];  // FLAG_SATURATED
+    }
     table result_access_table {
         key = { result_access: exact @name("access"); }
-        actions = { do_result_set; do_result_or_close; do_result_read_lo; do_result_read_hi; NoAction; }
+        actions = { do_result_set; do_result_or_close; do_result_read_lo; do_result_read_hi;
+                    do_result_harvest; NoAction; }
         const entries = {
             ACCESS_SET: do_result_set();
             ACCESS_OR_CLOSE: do_result_or_close();
             ACCESS_READ_LO: do_result_read_lo();
             ACCESS_READ_HI: do_result_read_hi();
+            ACCESS_HARVEST: do_result_harvest();
         }
         const default_action = NoAction();
         size = 8;
@@ -440,7 +450,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         } else if (element_pass && emits) {
             result_access = ACCESS_READ_LO;
         } else if (!control_pass && !element_pass) {
-            result_access = ACCESS_READ_HI;
+            result_access = ACCESS_HARVEST;
         }
         if (control_pass && hdr.lta.op == OP_FLUSH && bitmap_access == ACCESS_READ_LO) {
             new_bitmap = old_bitmap;
@@ -510,14 +520,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else {
                 hdr.lta.flags = 0;
             }
-        } else if (!element_pass) {
-            // Harvest pass: weight, the closer and SATURATED.
-            hdr.lta.weight = count;
-            hdr.lta.worker_id = result_hi[15:8];
-            if ((result_hi & RESULT_SATURATED) != 0) {
-                hdr.lta.flags = hdr.lta.flags | FLAG_SATURATED;
-            }
         }
+        // Harvest pass: weight, the closer and SATURATED were written by the access actions.
     }
 }
 
