@@ -54,7 +54,6 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     bit<32> old_bitmap;
     bit<32> count;         // slot_count's answer
     bit<32> result_hi;     // slot_result's answer
-    bit<32> new_bitmap;    // slot_result's lo when it closes
     bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
     bit<32> closed_flags;  // RESULT_CLOSED | worker_id << 8 (from WorkerBit's table)
     bit<1>  closing;
@@ -115,7 +114,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // ---- slot_bitmap -----------------------------------------------------------------------------
     // A new round: the sender's bit (GRAD), or 0 (FLUSH of an unseen round).
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_set = {
-        void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = meta.worker_bit; }
+        void apply(inout bit<32> value, out bit<32> rv) { value = meta.worker_bit; rv = value; }
     };
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_clear = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = 0; value = 0; }
@@ -193,7 +192,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = new_bitmap;
+            value.lo = old_bitmap;  // by then the bitmap slot_result takes
             value.hi = result_flags;
             rv = 0;
         }
@@ -205,7 +204,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
                 if (closing == 1) {
-                    value.lo = new_bitmap;
+                    value.lo = old_bitmap;  // by then the bitmap slot_result takes
                 }
                 value.hi = value.hi | result_flags;
             }
@@ -367,19 +366,15 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
-                new_bitmap = meta.worker_bit;
                 hdr.lta.count = 1;  // slot_count's {count, weight} = {1, the packet's weight}
                 bitmap_access = ACCESS_SET;
                 count_access = ACCESS_SET;
                 result_access = ACCESS_SET;
-                if (!quorum_of_one) {
-                    new_bitmap = 0;  // slot_result's lo is written at closure
-                } else {
+                if (quorum_of_one) {
                     result_flags = result_flags | closed_flags;
                 }
             } else if (newer) {
                 // flush_empty: the slot never saw round q: closed with count 0 and zeros.
-                new_bitmap = 0;
                 result_flags = closed_flags;
                 hdr.lta.count = 0;  // slot_count's {count, weight} = {0, 0}
                 hdr.lta.weight = 0;
@@ -436,7 +431,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             result_access = ACCESS_OR_CLOSE;
             if (count == 1) {  // this packet brought the count to the quorum
                 closing = 1;
-                new_bitmap = old_bitmap | meta.worker_bit;
+                old_bitmap = old_bitmap | meta.worker_bit;  // in place: the bitmap at closure
                 result_flags = result_flags | closed_flags;
             }
         } else if (count_access == ACCESS_ADD) {
@@ -445,15 +440,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             // added, with the bitmap of the contributions it has.
             result_access = ACCESS_OR_CLOSE;
             closing = 1;
-            new_bitmap = old_bitmap;
             result_flags = closed_flags;
+        } else if (bitmap_access == ACCESS_SET && !quorum_of_one) {
+            old_bitmap = 0;  // grad_start: bitmap_set answered the sender's bit; lo is written at closure
         } else if (element_pass && emits) {
             result_access = ACCESS_READ_LO;
         } else if (!control_pass && !element_pass) {
             result_access = ACCESS_HARVEST;
-        }
-        if (control_pass && hdr.lta.op == OP_FLUSH && bitmap_access == ACCESS_READ_LO) {
-            new_bitmap = old_bitmap;
         }
         result_access_table.apply();
         bool was_closed = result_hi >= RESULT_CLOSED;
