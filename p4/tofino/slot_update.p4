@@ -143,12 +143,17 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_count {count, weight} --------------------------------------------------------------
-    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH of an unseen round), taken from the packet's
-    // count and weight, which the control pass sets for this (the later passes overwrite both from
-    // the registers; a register has at most 4 register actions on Tofino).
+    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH of an unseen round: the control pass sets
+    // the packet's weight and meta.quorum to 0 for it, and later passes overwrite the header's weight
+    // from the register). A register has at most 4 register actions and its stateful ALU at most
+    // 2 PHV inputs on Tofino: slot_count's actions read only meta.quorum and hdr.lta.weight.
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = (bit<32>)hdr.lta.count;
+            if (meta.quorum == 0) {
+                value.lo = 0;
+            } else {
+                value.lo = 1;
+            }
             value.hi = hdr.lta.weight;
             rv = value.lo;
         }
@@ -203,7 +208,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
-                if (closing == 1) {
+                // closing == 1 exactly when result_flags carries RESULT_CLOSED (2 PHV inputs at most)
+                if (result_flags >= RESULT_CLOSED) {
                     value.lo = old_bitmap;  // by then the bitmap slot_result takes
                 }
                 value.hi = value.hi | result_flags;
@@ -306,7 +312,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         bool newer = false;
         bool flushed = false;
         bool same_exp = false;
-        bool quorum_of_one = meta.quorum <= 1;
+        bool quorum_of_one = false;
+        if (meta.quorum <= 1) {
+            quorum_of_one = true;
+        }
 
         // ---- slot_seq orders q (control pass); slot_round: set, flushed, or read ----
         if (control_pass) {
@@ -366,7 +375,6 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
-                hdr.lta.count = 1;  // slot_count's {count, weight} = {1, the packet's weight}
                 bitmap_access = ACCESS_SET;
                 count_access = ACCESS_SET;
                 result_access = ACCESS_SET;
@@ -376,7 +384,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else if (newer) {
                 // flush_empty: the slot never saw round q: closed with count 0 and zeros.
                 result_flags = closed_flags;
-                hdr.lta.count = 0;  // slot_count's {count, weight} = {0, 0}
+                meta.quorum = 0;  // slot_count's {count, weight} = {0, 0}
                 hdr.lta.weight = 0;
                 bitmap_access = ACCESS_CLEAR;
                 count_access = ACCESS_SET;
