@@ -186,15 +186,15 @@ def tofino_slot_elements() -> str:
         "// (`start` says a new round), MAX and LOAD have their own; each returns the pair's hi into payload",
         "// v(2i+1). Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per",
         "// pass, as Tofino requires.",
-        "control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> element_op,",
+        "control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,",
         "                     in bit<1> start, in bit<8> pass) {",
     ]
     for i in range(PAIRS):
         lo, hi = 2 * i, 2 * i + 1
         out += [
             "",
-            f"    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_{i};",
-            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_add = {{",
+            f"    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_{i};",
+            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_add = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) {",
             "            if (start == 1) {",
             f"                value.lo = payload.v{lo};",
@@ -206,17 +206,17 @@ def tofino_slot_elements() -> str:
             "            rv = value.hi;",
             "        }",
             "    };",
-            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_max = {{",
+            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_max = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) {",
             f"            if ((int<32>)payload.v{lo} > (int<32>)value.lo) {{ value.lo = payload.v{lo}; }}",
             f"            if ((int<32>)payload.v{hi} > (int<32>)value.hi) {{ value.hi = payload.v{hi}; }}",
             "            rv = value.hi;",
             "        }",
             "    };",
-            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_load_hi = {{",
+            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_load_hi = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }",
             "    };",
-            f"    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_{i}) acc_{i}_load_lo = {{",
+            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_load_lo = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }",
             "    };",
             f"    action pair_{i}_add() {{ payload.v{hi} = acc_{i}_add.execute(index); }}",
@@ -243,21 +243,29 @@ def tofino_slot_elements() -> str:
     out += [f"        pair_{i}.apply();" for i in range(PAIRS)]
     out.append("    }")
     out.append("}")
-    # Tofino shifts by constants only: the sender's bitmap bit comes from a const table.
+    # Tofino shifts by constants only: the sender's bitmap bit comes from a const table, and so does
+    # slot_result's hi word when this worker closes a round (an action does one operation per field).
     out += [
         "",
-        "// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).",
-        "control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {",
-        "    action set_bit(bit<32> value) { worker_bit = value; }",
+        "// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and",
+        "// slot_result's hi word when this worker closes a round: RESULT_CLOSED | worker_id << 8.",
+        "control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit, out bit<32> closed_flags) {",
+        "    action set_bit(bit<32> value, bit<32> closed) {",
+        "        worker_bit = value;",
+        "        closed_flags = closed;",
+        "    }",
         "    table bit_of_worker {",
         '        key = { worker_id: exact @name("worker_id"); }',
         "        actions = { set_bit; }",
         "        const entries = {",
     ]
-    out += [f"            {w}: set_bit(32w0x{1 << w:08x});" for w in range(TOFINO_MAX_WORKERS)]
+    out += [
+        f"            {w}: set_bit(32w0x{1 << w:08x}, 32w0x{(1 << 31) | (w << 8):08x});"
+        for w in range(TOFINO_MAX_WORKERS)
+    ]
     out += [
         "        }",
-        "        const default_action = set_bit(0);",
+        "        const default_action = set_bit(0, 32w0x80000000);",
         f"        size = {TOFINO_MAX_WORKERS};",
         "    }",
         "    apply { bit_of_worker.apply(); }",
@@ -287,10 +295,11 @@ def tofino_counters() -> str:
         branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
         extra = [n for n in names if n in EXTRA_COUNTED]
         always = [n for n in names if n in ALWAYS_COUNTED]
-        params = "in bit<32> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        # 16-bit index (the job id): PHV is scarce with K = 64 int32 in the packet.
+        params = "in bit<16> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
         out.append(f"\ncontrol {control}({params}) {{")
         out += [
-            f'    @name(".{n}") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
+            f'    @name(".{n}") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
             for n in names
         ]
         out.append("    apply {")

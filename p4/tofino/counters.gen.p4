@@ -5,27 +5,27 @@
 // One indirect counter per branch of the switch contract, indexed by job id (0: no known job).
 // The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.
 
-control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quorum) {
-    @name(".rx_packets") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) rx_packets_counter;
-    @name(".drop_malformed") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_malformed_counter;
-    @name(".drop_unknown_job") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_unknown_job_counter;
-    @name(".drop_slot_range") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_slot_range_counter;
-    @name(".drop_bad_worker") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_bad_worker_counter;
-    @name(".drop_policy_up") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_up_counter;
-    @name(".grad_start") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_start_counter;
-    @name(".grad_add") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_add_counter;
-    @name(".grad_dup") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_dup_counter;
-    @name(".grad_late_resend") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_late_resend_counter;
-    @name(".grad_stale") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_stale_counter;
-    @name(".grad_exp_mismatch") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_exp_mismatch_counter;
-    @name(".result_quorum") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) result_quorum_counter;
-    @name(".flush_partial") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_partial_counter;
-    @name(".flush_empty") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_empty_counter;
-    @name(".flush_resend") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_resend_counter;
-    @name(".flush_stale") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_stale_counter;
-    @name(".param_fwd") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_fwd_counter;
-    @name(".param_req_fwd") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_req_fwd_counter;
-    @name(".heartbeat") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) heartbeat_counter;
+control IngressCounters(in bit<16> index, in bit<8> branch, in bool result_quorum) {
+    @name(".rx_packets") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) rx_packets_counter;
+    @name(".drop_malformed") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_malformed_counter;
+    @name(".drop_unknown_job") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_unknown_job_counter;
+    @name(".drop_slot_range") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_slot_range_counter;
+    @name(".drop_bad_worker") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_bad_worker_counter;
+    @name(".drop_policy_up") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_up_counter;
+    @name(".grad_start") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_start_counter;
+    @name(".grad_add") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_add_counter;
+    @name(".grad_dup") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_dup_counter;
+    @name(".grad_late_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_late_resend_counter;
+    @name(".grad_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_stale_counter;
+    @name(".grad_exp_mismatch") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_exp_mismatch_counter;
+    @name(".result_quorum") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) result_quorum_counter;
+    @name(".flush_partial") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_partial_counter;
+    @name(".flush_empty") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_empty_counter;
+    @name(".flush_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_resend_counter;
+    @name(".flush_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_stale_counter;
+    @name(".param_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_fwd_counter;
+    @name(".param_req_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_req_fwd_counter;
+    @name(".heartbeat") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) heartbeat_counter;
     apply {
         rx_packets_counter.count(index);
         if (branch == BRANCH_DROP_MALFORMED) {
@@ -69,10 +69,10 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
     }
 }
 
-control EgressCounters(in bit<32> index, in bit<8> branch) {
-    @name(".drop_policy_down") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_down_counter;
-    @name(".drop_policy_param") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_param_counter;
-    @name(".tx_packets") Counter<bit<32>, bit<32>>(LTA_MAX_JOBS, CounterType_t.PACKETS) tx_packets_counter;
+control EgressCounters(in bit<16> index, in bit<8> branch) {
+    @name(".drop_policy_down") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_down_counter;
+    @name(".drop_policy_param") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_param_counter;
+    @name(".tx_packets") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) tx_packets_counter;
     apply {
         if (branch == BRANCH_DROP_POLICY_DOWN) {
             drop_policy_down_counter.count(index);

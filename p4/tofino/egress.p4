@@ -20,11 +20,23 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
     WorkerAddress() worker_address;
     EgressCounters() counters;
     bool drop;
+    bit<8> receiver_xor;  // 0: the receiver is the sender itself
+    action compute_receiver_xor() { receiver_xor = meta.receiver ^ hdr.lta.worker_id; }
+    // Keyless: keeps the XOR a field for the gateway (the compiler would fold it into the condition).
+    table receiver_check {
+        actions = { compute_receiver_xor; }
+        const default_action = compute_receiver_xor();
+        size = 1;
+    }
 
     apply {
         if (hdr.bridge.emit != EMIT_RECIRC && hdr.lta.isValid()) {
-            meta.receiver = (hdr.bridge.emit == EMIT_RESEND) ? hdr.bridge.receiver
-                                                              : (bit<8>)eg_intr_md.egress_rid;
+            if (hdr.bridge.emit == EMIT_RESEND) {
+                meta.receiver = hdr.bridge.receiver;
+            } else {
+                meta.receiver = (bit<8>)eg_intr_md.egress_rid;
+            }
+            receiver_check.apply();
             meta.outcome = BRANCH_TX_PACKETS;
             drop = false;
             if (hdr.lta.op == OP_RESULT) {
@@ -32,7 +44,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
                 if (drop) {
                     meta.outcome = BRANCH_DROP_POLICY_DOWN;
                 }
-            } else if (meta.receiver == hdr.lta.worker_id) {
+            } else if (receiver_xor == 0) {
                 meta.outcome = BRANCH_NONE;  // the sender's own copy of its PARAM: not a packet sent
             } else {
                 if ((hdr.lta.flags & FLAG_CRITICAL) == 0) {
@@ -47,7 +59,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
             } else {
                 eg_dprsr_md.drop_ctl = 1;
             }
-            counters.apply((bit<32>)hdr.lta.job_id, meta.outcome);
+            counters.apply(hdr.lta.job_id, meta.outcome);
         }
         hdr.bridge.setInvalid();
     }

@@ -84,7 +84,7 @@ header lta_pass_t {
     bit<7>  _pad1;
     PortId_t reply_port;  // the ingress port of the worker a resend goes back to
     bit<16> mcast_grp;
-    bit<32> slot_index;
+    bit<16> slot_index;   // slot_base + slot (below LTA_SLOT_CAPACITY)
 }
 
 // Ingress -> egress (bridged; stripped in egress).
@@ -116,13 +116,14 @@ struct slot_pair_t {
 }
 
 struct ingress_metadata_t {
-    bool    ipv4_checksum_error;
+    bool    ipv4_checksum_err;  // the parser's IPv4 checksum verification failed
     // job lookup
     bool    job_known;
     bit<8>  n_workers;
-    bit<8>  quorum;
+    bit<32> quorum;  // 32 bits: compared with slot_count's 32-bit count
     bit<16> pool_size;
-    bit<32> slot_base;
+    bit<16> slot_base;    // the action's 32-bit slot_base, below LTA_SLOT_CAPACITY
+
     bit<16> mcast_grp;
     // worker check
     bool    worker_known;
@@ -130,11 +131,11 @@ struct ingress_metadata_t {
     // loss emulation
     bool    policy_drop;
     // slot state machine (pass 1)
-    bit<32> slot_index;
+    bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
     bit<8>  branch;
     bool    result_quorum;
-    bit<32> counter_index;
+    bit<16> counter_index;
 }
 
 struct egress_metadata_t {

@@ -28,7 +28,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     ResultEmit() result_emit;
     IngressCounters() counters;
     @name(".worker_rx")
-    Counter<bit<32>, bit<32>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
+    Counter<bit<32>, bit<12>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
+    Hash<bit<12>>(HashAlgorithm_t.IDENTITY) worker_rx_hash;
 
     // To this pipe's recirculation port, with the pass header in front.
     action recirculate() {
@@ -39,6 +40,27 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         ig_dprsr_md.drop_ctl = 0;
     }
 
+    // Gateways compare fields with constants: differences are computed first, in keyless tables (the
+    // compiler would fold a temporary back into the condition).
+    bit<16> ip_udp_len_diff;  // total_len - udp.length: 20 for a sound header
+    bit<16> slot_room;        // pool_size |-| slot: 0 when the slot is out of the job's range
+    bit<16> nelem_over;       // nelem |-| K: nonzero when nelem > K
+    action compute_ip_len() {
+        ip_udp_len_diff = hdr.ipv4.total_len - hdr.udp.length;
+        nelem_over = hdr.lta.nelem |-| LTA_ELEMS;
+    }
+    table ip_len {
+        actions = { compute_ip_len; }
+        const default_action = compute_ip_len();
+        size = 1;
+    }
+    action compute_slot_room() { slot_room = meta.pool_size |-| hdr.lta.slot; }
+    table slot_range {
+        actions = { compute_slot_room; }
+        const default_action = compute_slot_room();
+        size = 1;
+    }
+
     apply {
         ig_dprsr_md.drop_ctl = 1;  // nothing leaves unless a branch below says so
         meta.branch = BRANCH_NONE;
@@ -46,19 +68,37 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         meta.policy_drop = false;
         // Element and harvest passes are internal packets: nothing is checked or counted again.
         bool recirculated = hdr.pass.isValid();
-        bool lta_packet = !recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT;
+        // (Tofino: a bool takes a constant or one comparison; compound conditions live in ifs.)
+        bool lta_packet = false;
+        if (!recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
+            lta_packet = true;
+        }
         bool to_slot = false;
         if (lta_packet) {
+            ip_len.apply();
             // ---- control pass: the checks in order ----
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
+                slot_range.apply();
             }
-            meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
-            if (meta.ipv4_checksum_error || (hdr.ipv4.flags & 1) == 1 || hdr.ipv4.frag_offset != 0
-                    || hdr.ipv4.total_len != hdr.udp.length + 20 || ig_prsr_md.parser_err != 0) {
-                // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
-                // included, so it counts on index 0. (Trailing bytes after the payload are not seen
-                // here: Tofino's ingress does not know the frame length.)
+            if (meta.job_known) {
+                meta.counter_index = hdr.lta.job_id;
+            } else {
+                meta.counter_index = 0;
+            }
+            // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
+            // included, so it counts on index 0. (Trailing bytes after the payload are not seen
+            // here: Tofino's ingress does not know the frame length.) A gateway reads at most 4 bytes
+            // and 12 bits, so the tests are split over three ifs of one outcome.
+            bool damaged = false;
+            if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1) {
+                damaged = true;
+            } else if (hdr.ipv4.frag_offset != 0 || ip_udp_len_diff != 20) {
+                damaged = true;
+            } else if (ig_prsr_md.parser_err != 0) {
+                damaged = true;
+            }
+            if (damaged) {
                 meta.counter_index = 0;
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
@@ -67,13 +107,19 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!meta.job_known) {
                 meta.branch = BRANCH_DROP_UNKNOWN_JOB;
-            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES
-                    || hdr.lta.nelem > LTA_ELEMS) {
+            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES) {
+                meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (nelem_over != 0) {
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else {
                 worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
                 if (meta.worker_known) {
-                    worker_rx.count((bit<32>)hdr.lta.job_id * LTA_MAX_WORKERS + (bit<32>)hdr.lta.worker_id);
+                    // A counter's index must be one field or a hash: the identity hash of
+                    // job_id[5:0] ++ worker_id[5:0] is job_id * 64 + worker_id for a known job and
+                    // worker (both below 64).
+                    bit<12> worker_rx_index = worker_rx_hash.get({hdr.lta.job_id[5:0],
+                                                                  hdr.lta.worker_id[5:0]});
+                    worker_rx.count(worker_rx_index);
                 }
                 if (!meta.worker_known || (bit<32>)hdr.lta.worker_id >= LTA_TOFINO_MAX_WORKERS) {
                     meta.branch = BRANCH_DROP_BAD_WORKER;
@@ -81,13 +127,17 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                     meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
                 } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
                     // Replicated unchanged; egress drops the sender's own copy.
-                    meta.branch = (hdr.lta.op == OP_PARAM) ? BRANCH_PARAM_FWD : BRANCH_PARAM_REQ_FWD;
+                    if (hdr.lta.op == OP_PARAM) {
+                        meta.branch = BRANCH_PARAM_FWD;
+                    } else {
+                        meta.branch = BRANCH_PARAM_REQ_FWD;
+                    }
                     ig_tm_md.mcast_grp_a = meta.mcast_grp;
                     hdr.bridge.setValid();
                     hdr.bridge.emit = EMIT_PARAM;
                     hdr.bridge.receiver = 0;
                     ig_dprsr_md.drop_ctl = 0;
-                } else if (hdr.lta.slot >= meta.pool_size) {
+                } else if (slot_room == 0) {
                     meta.branch = BRANCH_DROP_SLOT_RANGE;
                 } else {
                     if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
@@ -121,6 +171,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             // The slot needs its accumulators: on to the element pass.
             hdr.pass.receiver = hdr.lta.worker_id;
             hdr.pass.reply_port = ig_intr_md.ingress_port;
+            hdr.pass.slot_index = meta.slot_index;
+            hdr.pass.mcast_grp = meta.mcast_grp;
             recirculate();
         }
         if (lta_packet) {

@@ -11,9 +11,9 @@ control JobLookup(in lta_t lta, inout ingress_metadata_t meta) {
                    bit<16> mcast_grp, bit<32> generation) {
         meta.job_known = true;
         meta.n_workers = n_workers;
-        meta.quorum = quorum;
+        meta.quorum = (bit<32>)quorum;
         meta.pool_size = pool_size;
-        meta.slot_base = slot_base;
+        meta.slot_base = slot_base[15:0];  // slot_base + pool_size <= LTA_SLOT_CAPACITY = 16384
         meta.mcast_grp = mcast_grp;
     }
     action unknown_job() {

@@ -15,7 +15,6 @@ parser LtaIngressParser(packet_in pkt, out headers_t hdr, out ingress_metadata_t
     state start {
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
-        meta.ipv4_checksum_error = false;
         transition select(ig_intr_md.ingress_port[6:0]) {
             RECIRC_PORT_LOCAL: parse_pass;
             default: parse_ethernet;
@@ -35,7 +34,11 @@ parser LtaIngressParser(packet_in pkt, out headers_t hdr, out ingress_metadata_t
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
         ipv4_checksum.add(hdr.ipv4);
-        meta.ipv4_checksum_error = !ipv4_checksum.verify();
+        // A parser field is written once per path, so there is no default before this. The flag the
+        // checksum unit writes is read as an error (1: the checksum is wrong), as Intel's switch.p4
+        // and other TNA programs do, although tna.p4's comment on verify() says "valid"; metadata
+        // starts at 0, so a packet without IPv4 has no error here (it is not LTA either).
+        meta.ipv4_checksum_err = ipv4_checksum.verify();
         transition select(hdr.ipv4.ihl, hdr.ipv4.protocol) {
             (5, IP_PROTO_UDP): parse_udp;
             default: accept;
@@ -104,8 +107,9 @@ parser LtaEgressParser(packet_in pkt, out headers_t hdr, out egress_metadata_t m
         }
     }
     state parse_lta {
+        // Egress reads and rewrites headers only: the K elements stay unparsed and leave as they came
+        // (the egress parser's depth is 160 bytes on Tofino 1, less than headers plus payload).
         pkt.extract(hdr.lta);
-        pkt.extract(hdr.payload);
         transition accept;
     }
 }

@@ -7,11 +7,11 @@
 // (`start` says a new round), MAX and LOAD have their own; each returns the pair's hi into payload
 // v(2i+1). Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per
 // pass, as Tofino requires.
-control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> element_op,
+control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
                      in bit<1> start, in bit<8> pass) {
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_0;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_0) acc_0_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_0;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v0;
@@ -23,17 +23,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_0) acc_0_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v0 > (int<32>)value.lo) { value.lo = payload.v0; }
             if ((int<32>)payload.v1 > (int<32>)value.hi) { value.hi = payload.v1; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_0) acc_0_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_0) acc_0_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_0_add() { payload.v1 = acc_0_add.execute(index); }
@@ -55,8 +55,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_1;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_1) acc_1_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_1;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v2;
@@ -68,17 +68,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_1) acc_1_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v2 > (int<32>)value.lo) { value.lo = payload.v2; }
             if ((int<32>)payload.v3 > (int<32>)value.hi) { value.hi = payload.v3; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_1) acc_1_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_1) acc_1_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_1_add() { payload.v3 = acc_1_add.execute(index); }
@@ -100,8 +100,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_2;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_2) acc_2_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_2;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v4;
@@ -113,17 +113,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_2) acc_2_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v4 > (int<32>)value.lo) { value.lo = payload.v4; }
             if ((int<32>)payload.v5 > (int<32>)value.hi) { value.hi = payload.v5; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_2) acc_2_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_2) acc_2_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_2_add() { payload.v5 = acc_2_add.execute(index); }
@@ -145,8 +145,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_3;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_3) acc_3_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_3;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v6;
@@ -158,17 +158,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_3) acc_3_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v6 > (int<32>)value.lo) { value.lo = payload.v6; }
             if ((int<32>)payload.v7 > (int<32>)value.hi) { value.hi = payload.v7; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_3) acc_3_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_3) acc_3_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_3_add() { payload.v7 = acc_3_add.execute(index); }
@@ -190,8 +190,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_4;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_4) acc_4_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_4;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v8;
@@ -203,17 +203,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_4) acc_4_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v8 > (int<32>)value.lo) { value.lo = payload.v8; }
             if ((int<32>)payload.v9 > (int<32>)value.hi) { value.hi = payload.v9; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_4) acc_4_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_4) acc_4_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_4_add() { payload.v9 = acc_4_add.execute(index); }
@@ -235,8 +235,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_5;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_5) acc_5_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_5;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v10;
@@ -248,17 +248,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_5) acc_5_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v10 > (int<32>)value.lo) { value.lo = payload.v10; }
             if ((int<32>)payload.v11 > (int<32>)value.hi) { value.hi = payload.v11; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_5) acc_5_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_5) acc_5_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_5_add() { payload.v11 = acc_5_add.execute(index); }
@@ -280,8 +280,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_6;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_6) acc_6_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_6;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v12;
@@ -293,17 +293,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_6) acc_6_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v12 > (int<32>)value.lo) { value.lo = payload.v12; }
             if ((int<32>)payload.v13 > (int<32>)value.hi) { value.hi = payload.v13; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_6) acc_6_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_6) acc_6_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_6_add() { payload.v13 = acc_6_add.execute(index); }
@@ -325,8 +325,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_7;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_7) acc_7_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_7;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v14;
@@ -338,17 +338,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_7) acc_7_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v14 > (int<32>)value.lo) { value.lo = payload.v14; }
             if ((int<32>)payload.v15 > (int<32>)value.hi) { value.hi = payload.v15; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_7) acc_7_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_7) acc_7_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_7_add() { payload.v15 = acc_7_add.execute(index); }
@@ -370,8 +370,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_8;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_8) acc_8_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_8;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v16;
@@ -383,17 +383,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_8) acc_8_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v16 > (int<32>)value.lo) { value.lo = payload.v16; }
             if ((int<32>)payload.v17 > (int<32>)value.hi) { value.hi = payload.v17; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_8) acc_8_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_8) acc_8_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_8_add() { payload.v17 = acc_8_add.execute(index); }
@@ -415,8 +415,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_9;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_9) acc_9_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_9;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v18;
@@ -428,17 +428,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_9) acc_9_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v18 > (int<32>)value.lo) { value.lo = payload.v18; }
             if ((int<32>)payload.v19 > (int<32>)value.hi) { value.hi = payload.v19; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_9) acc_9_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_9) acc_9_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_9_add() { payload.v19 = acc_9_add.execute(index); }
@@ -460,8 +460,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_10;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_10) acc_10_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_10;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v20;
@@ -473,17 +473,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_10) acc_10_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v20 > (int<32>)value.lo) { value.lo = payload.v20; }
             if ((int<32>)payload.v21 > (int<32>)value.hi) { value.hi = payload.v21; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_10) acc_10_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_10) acc_10_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_10_add() { payload.v21 = acc_10_add.execute(index); }
@@ -505,8 +505,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_11;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_11) acc_11_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_11;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v22;
@@ -518,17 +518,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_11) acc_11_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v22 > (int<32>)value.lo) { value.lo = payload.v22; }
             if ((int<32>)payload.v23 > (int<32>)value.hi) { value.hi = payload.v23; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_11) acc_11_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_11) acc_11_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_11_add() { payload.v23 = acc_11_add.execute(index); }
@@ -550,8 +550,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_12;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_12) acc_12_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_12;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v24;
@@ -563,17 +563,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_12) acc_12_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v24 > (int<32>)value.lo) { value.lo = payload.v24; }
             if ((int<32>)payload.v25 > (int<32>)value.hi) { value.hi = payload.v25; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_12) acc_12_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_12) acc_12_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_12_add() { payload.v25 = acc_12_add.execute(index); }
@@ -595,8 +595,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_13;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_13) acc_13_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_13;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v26;
@@ -608,17 +608,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_13) acc_13_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v26 > (int<32>)value.lo) { value.lo = payload.v26; }
             if ((int<32>)payload.v27 > (int<32>)value.hi) { value.hi = payload.v27; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_13) acc_13_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_13) acc_13_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_13_add() { payload.v27 = acc_13_add.execute(index); }
@@ -640,8 +640,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_14;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_14) acc_14_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_14;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v28;
@@ -653,17 +653,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_14) acc_14_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v28 > (int<32>)value.lo) { value.lo = payload.v28; }
             if ((int<32>)payload.v29 > (int<32>)value.hi) { value.hi = payload.v29; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_14) acc_14_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_14) acc_14_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_14_add() { payload.v29 = acc_14_add.execute(index); }
@@ -685,8 +685,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_15;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_15) acc_15_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_15;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v30;
@@ -698,17 +698,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_15) acc_15_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v30 > (int<32>)value.lo) { value.lo = payload.v30; }
             if ((int<32>)payload.v31 > (int<32>)value.hi) { value.hi = payload.v31; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_15) acc_15_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_15) acc_15_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_15_add() { payload.v31 = acc_15_add.execute(index); }
@@ -730,8 +730,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_16;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_16) acc_16_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_16;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v32;
@@ -743,17 +743,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_16) acc_16_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v32 > (int<32>)value.lo) { value.lo = payload.v32; }
             if ((int<32>)payload.v33 > (int<32>)value.hi) { value.hi = payload.v33; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_16) acc_16_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_16) acc_16_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_16_add() { payload.v33 = acc_16_add.execute(index); }
@@ -775,8 +775,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_17;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_17) acc_17_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_17;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v34;
@@ -788,17 +788,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_17) acc_17_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v34 > (int<32>)value.lo) { value.lo = payload.v34; }
             if ((int<32>)payload.v35 > (int<32>)value.hi) { value.hi = payload.v35; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_17) acc_17_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_17) acc_17_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_17_add() { payload.v35 = acc_17_add.execute(index); }
@@ -820,8 +820,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_18;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_18) acc_18_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_18;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v36;
@@ -833,17 +833,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_18) acc_18_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v36 > (int<32>)value.lo) { value.lo = payload.v36; }
             if ((int<32>)payload.v37 > (int<32>)value.hi) { value.hi = payload.v37; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_18) acc_18_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_18) acc_18_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_18_add() { payload.v37 = acc_18_add.execute(index); }
@@ -865,8 +865,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_19;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_19) acc_19_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_19;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v38;
@@ -878,17 +878,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_19) acc_19_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v38 > (int<32>)value.lo) { value.lo = payload.v38; }
             if ((int<32>)payload.v39 > (int<32>)value.hi) { value.hi = payload.v39; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_19) acc_19_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_19) acc_19_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_19_add() { payload.v39 = acc_19_add.execute(index); }
@@ -910,8 +910,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_20;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_20) acc_20_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_20;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v40;
@@ -923,17 +923,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_20) acc_20_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v40 > (int<32>)value.lo) { value.lo = payload.v40; }
             if ((int<32>)payload.v41 > (int<32>)value.hi) { value.hi = payload.v41; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_20) acc_20_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_20) acc_20_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_20_add() { payload.v41 = acc_20_add.execute(index); }
@@ -955,8 +955,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_21;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_21) acc_21_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_21;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v42;
@@ -968,17 +968,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_21) acc_21_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v42 > (int<32>)value.lo) { value.lo = payload.v42; }
             if ((int<32>)payload.v43 > (int<32>)value.hi) { value.hi = payload.v43; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_21) acc_21_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_21) acc_21_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_21_add() { payload.v43 = acc_21_add.execute(index); }
@@ -1000,8 +1000,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_22;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_22) acc_22_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_22;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v44;
@@ -1013,17 +1013,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_22) acc_22_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v44 > (int<32>)value.lo) { value.lo = payload.v44; }
             if ((int<32>)payload.v45 > (int<32>)value.hi) { value.hi = payload.v45; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_22) acc_22_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_22) acc_22_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_22_add() { payload.v45 = acc_22_add.execute(index); }
@@ -1045,8 +1045,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_23;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_23) acc_23_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_23;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v46;
@@ -1058,17 +1058,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_23) acc_23_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v46 > (int<32>)value.lo) { value.lo = payload.v46; }
             if ((int<32>)payload.v47 > (int<32>)value.hi) { value.hi = payload.v47; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_23) acc_23_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_23) acc_23_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_23_add() { payload.v47 = acc_23_add.execute(index); }
@@ -1090,8 +1090,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_24;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_24) acc_24_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_24;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v48;
@@ -1103,17 +1103,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_24) acc_24_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v48 > (int<32>)value.lo) { value.lo = payload.v48; }
             if ((int<32>)payload.v49 > (int<32>)value.hi) { value.hi = payload.v49; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_24) acc_24_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_24) acc_24_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_24_add() { payload.v49 = acc_24_add.execute(index); }
@@ -1135,8 +1135,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_25;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_25) acc_25_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_25;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v50;
@@ -1148,17 +1148,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_25) acc_25_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v50 > (int<32>)value.lo) { value.lo = payload.v50; }
             if ((int<32>)payload.v51 > (int<32>)value.hi) { value.hi = payload.v51; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_25) acc_25_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_25) acc_25_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_25_add() { payload.v51 = acc_25_add.execute(index); }
@@ -1180,8 +1180,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_26;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_26) acc_26_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_26;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v52;
@@ -1193,17 +1193,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_26) acc_26_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v52 > (int<32>)value.lo) { value.lo = payload.v52; }
             if ((int<32>)payload.v53 > (int<32>)value.hi) { value.hi = payload.v53; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_26) acc_26_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_26) acc_26_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_26_add() { payload.v53 = acc_26_add.execute(index); }
@@ -1225,8 +1225,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_27;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_27) acc_27_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_27;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v54;
@@ -1238,17 +1238,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_27) acc_27_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v54 > (int<32>)value.lo) { value.lo = payload.v54; }
             if ((int<32>)payload.v55 > (int<32>)value.hi) { value.hi = payload.v55; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_27) acc_27_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_27) acc_27_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_27_add() { payload.v55 = acc_27_add.execute(index); }
@@ -1270,8 +1270,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_28;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_28) acc_28_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_28;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v56;
@@ -1283,17 +1283,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_28) acc_28_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v56 > (int<32>)value.lo) { value.lo = payload.v56; }
             if ((int<32>)payload.v57 > (int<32>)value.hi) { value.hi = payload.v57; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_28) acc_28_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_28) acc_28_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_28_add() { payload.v57 = acc_28_add.execute(index); }
@@ -1315,8 +1315,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_29;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_29) acc_29_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_29;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v58;
@@ -1328,17 +1328,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_29) acc_29_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v58 > (int<32>)value.lo) { value.lo = payload.v58; }
             if ((int<32>)payload.v59 > (int<32>)value.hi) { value.hi = payload.v59; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_29) acc_29_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_29) acc_29_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_29_add() { payload.v59 = acc_29_add.execute(index); }
@@ -1360,8 +1360,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_30;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_30) acc_30_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_30;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v60;
@@ -1373,17 +1373,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_30) acc_30_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v60 > (int<32>)value.lo) { value.lo = payload.v60; }
             if ((int<32>)payload.v61 > (int<32>)value.hi) { value.hi = payload.v61; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_30) acc_30_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_30) acc_30_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_30_add() { payload.v61 = acc_30_add.execute(index); }
@@ -1405,8 +1405,8 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
         size = 8;
     }
 
-    Register<acc_pair_t, bit<32>>(LTA_SLOT_CAPACITY) acc_31;
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_31) acc_31_add = {
+    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_31;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if (start == 1) {
                 value.lo = payload.v62;
@@ -1418,17 +1418,17 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_31) acc_31_max = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_max = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
             if ((int<32>)payload.v62 > (int<32>)value.lo) { value.lo = payload.v62; }
             if ((int<32>)payload.v63 > (int<32>)value.hi) { value.hi = payload.v63; }
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_31) acc_31_load_hi = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_load_hi = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    RegisterAction<acc_pair_t, bit<32>, bit<32>>(acc_31) acc_31_load_lo = {
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
     action pair_31_add() { payload.v63 = acc_31_add.execute(index); }
@@ -1486,47 +1486,51 @@ control SlotElements(inout lta_payload_t payload, in bit<32> index, in bit<8> el
     }
 }
 
-// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only).
-control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit) {
-    action set_bit(bit<32> value) { worker_bit = value; }
+// 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and
+// slot_result's hi word when this worker closes a round: RESULT_CLOSED | worker_id << 8.
+control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit, out bit<32> closed_flags) {
+    action set_bit(bit<32> value, bit<32> closed) {
+        worker_bit = value;
+        closed_flags = closed;
+    }
     table bit_of_worker {
         key = { worker_id: exact @name("worker_id"); }
         actions = { set_bit; }
         const entries = {
-            0: set_bit(32w0x00000001);
-            1: set_bit(32w0x00000002);
-            2: set_bit(32w0x00000004);
-            3: set_bit(32w0x00000008);
-            4: set_bit(32w0x00000010);
-            5: set_bit(32w0x00000020);
-            6: set_bit(32w0x00000040);
-            7: set_bit(32w0x00000080);
-            8: set_bit(32w0x00000100);
-            9: set_bit(32w0x00000200);
-            10: set_bit(32w0x00000400);
-            11: set_bit(32w0x00000800);
-            12: set_bit(32w0x00001000);
-            13: set_bit(32w0x00002000);
-            14: set_bit(32w0x00004000);
-            15: set_bit(32w0x00008000);
-            16: set_bit(32w0x00010000);
-            17: set_bit(32w0x00020000);
-            18: set_bit(32w0x00040000);
-            19: set_bit(32w0x00080000);
-            20: set_bit(32w0x00100000);
-            21: set_bit(32w0x00200000);
-            22: set_bit(32w0x00400000);
-            23: set_bit(32w0x00800000);
-            24: set_bit(32w0x01000000);
-            25: set_bit(32w0x02000000);
-            26: set_bit(32w0x04000000);
-            27: set_bit(32w0x08000000);
-            28: set_bit(32w0x10000000);
-            29: set_bit(32w0x20000000);
-            30: set_bit(32w0x40000000);
-            31: set_bit(32w0x80000000);
+            0: set_bit(32w0x00000001, 32w0x80000000);
+            1: set_bit(32w0x00000002, 32w0x80000100);
+            2: set_bit(32w0x00000004, 32w0x80000200);
+            3: set_bit(32w0x00000008, 32w0x80000300);
+            4: set_bit(32w0x00000010, 32w0x80000400);
+            5: set_bit(32w0x00000020, 32w0x80000500);
+            6: set_bit(32w0x00000040, 32w0x80000600);
+            7: set_bit(32w0x00000080, 32w0x80000700);
+            8: set_bit(32w0x00000100, 32w0x80000800);
+            9: set_bit(32w0x00000200, 32w0x80000900);
+            10: set_bit(32w0x00000400, 32w0x80000a00);
+            11: set_bit(32w0x00000800, 32w0x80000b00);
+            12: set_bit(32w0x00001000, 32w0x80000c00);
+            13: set_bit(32w0x00002000, 32w0x80000d00);
+            14: set_bit(32w0x00004000, 32w0x80000e00);
+            15: set_bit(32w0x00008000, 32w0x80000f00);
+            16: set_bit(32w0x00010000, 32w0x80001000);
+            17: set_bit(32w0x00020000, 32w0x80001100);
+            18: set_bit(32w0x00040000, 32w0x80001200);
+            19: set_bit(32w0x00080000, 32w0x80001300);
+            20: set_bit(32w0x00100000, 32w0x80001400);
+            21: set_bit(32w0x00200000, 32w0x80001500);
+            22: set_bit(32w0x00400000, 32w0x80001600);
+            23: set_bit(32w0x00800000, 32w0x80001700);
+            24: set_bit(32w0x01000000, 32w0x80001800);
+            25: set_bit(32w0x02000000, 32w0x80001900);
+            26: set_bit(32w0x04000000, 32w0x80001a00);
+            27: set_bit(32w0x08000000, 32w0x80001b00);
+            28: set_bit(32w0x10000000, 32w0x80001c00);
+            29: set_bit(32w0x20000000, 32w0x80001d00);
+            30: set_bit(32w0x40000000, 32w0x80001e00);
+            31: set_bit(32w0x80000000, 32w0x80001f00);
         }
-        const default_action = set_bit(0);
+        const default_action = set_bit(0, 32w0x80000000);
         size = 32;
     }
     apply { bit_of_worker.apply(); }

@@ -22,10 +22,19 @@ control WorkerCheck(in lta_t lta, in PortId_t ingress_port, inout ingress_metada
         default_action = unknown_worker();
         size = 4096;  // LTA_MAX_JOBS * LTA_MAX_WORKERS
     }
+    PortId_t port_xor;  // 0 when the packet came from the worker's port
+    action compute_port_xor() { port_xor = meta.worker_port ^ ingress_port; }
+    // Keyless: keeps the XOR a field for the gateway (the compiler would fold it into the condition).
+    table port_check {
+        actions = { compute_port_xor; }
+        const default_action = compute_port_xor();
+        size = 1;
+    }
     // True when the packet claims a worker id the job has and arrived on that worker's port.
     apply {
         worker_ports.apply();
-        if (meta.worker_known && meta.worker_port != ingress_port) {
+        port_check.apply();  // a gateway compares fields with constants
+        if (meta.worker_known && port_xor != 0) {
             meta.worker_known = false;
         }
     }
