@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
-import queue
 import traceback
 from datetime import timedelta
 
@@ -23,6 +22,7 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
 from hostlib.transport import Fallback, TransportConfig
+from tests.ranks import start_and_collect
 
 WORLD = 3
 
@@ -36,25 +36,7 @@ def spawn(target, tmp_path, *args) -> list:
         ctx.Process(target=_guarded, args=(target, r, WORLD, store_path, results, *args))
         for r in range(WORLD)
     ]
-    for proc in procs:
-        proc.start()
-    out: dict[int, object] = {}
-    try:
-        while len(out) < WORLD:
-            rank, ok, value = results.get(timeout=120)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
-    except queue.Empty:
-        raise AssertionError(
-            f"ranks {sorted(set(range(WORLD)) - set(out))} sent nothing within 120 s"
-        ) from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=20)
-            if proc.is_alive():
-                proc.terminate()
-    return [out[r] for r in range(WORLD)]
+    return start_and_collect(procs, results, WORLD, 120)
 
 
 def _guarded(target, rank, world, store_path, results, *args) -> None:

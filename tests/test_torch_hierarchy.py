@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import os
-import queue
 import random
 import socket
 import traceback
@@ -30,6 +29,7 @@ from hostlib.transport import Fallback, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
+from tests.ranks import start_and_collect
 
 WORLD, LEAVES = 4, 2
 K, POOL = 64, 512
@@ -89,25 +89,7 @@ def spawn(target, tmp_path, *args) -> list:
     results = ctx.Queue()
     store_path = str(tmp_path / "store")
     procs = [ctx.Process(target=_guarded, args=(target, r, store_path, results, *args)) for r in range(WORLD)]
-    for proc in procs:
-        proc.start()
-    out: dict[int, object] = {}
-    try:
-        while len(out) < WORLD:
-            rank, ok, value = results.get(timeout=180)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
-    except queue.Empty:
-        raise AssertionError(
-            f"ranks {sorted(set(range(WORLD)) - set(out))} sent nothing within 180 s"
-        ) from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=20)
-            if proc.is_alive():
-                proc.terminate()
-    return [out[r] for r in range(WORLD)]
+    return start_and_collect(procs, results, WORLD, 180)
 
 
 def _guarded(target, rank, store_path, results, *args) -> None:
