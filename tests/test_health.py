@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import queue
 import socket
 import time
 import traceback
@@ -24,6 +23,7 @@ from hostlib.protocol import PROBE_SEQ, Op
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
+from tests.ranks import start_and_collect
 
 K = 64
 
@@ -191,23 +191,7 @@ def _spawn(target, world: int, *args) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_guarded, args=(target, r, world, results, *args)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    out: dict[int, object] = {}
-    try:
-        while len(out) < world:
-            rank, ok, value = results.get(timeout=120)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
-    except queue.Empty:
-        raise AssertionError("ranks sent nothing within 120 s") from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=20)
-            if proc.is_alive():
-                proc.terminate()
-    return [out[r] for r in range(world)]
+    return start_and_collect(procs, results, world, 120)
 
 
 def _guarded(target, rank, world, results, *args) -> None:

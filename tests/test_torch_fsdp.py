@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import traceback
 from datetime import timedelta
 
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hostlib import codec
+from tests.ranks import start_and_collect
 
 K = 64  # small packets: every layer below is many chunks, so its gathers and reduce-scatters go lossy
 EXACT = {"LTA_EXACT_MS": "2000"}  # rounds close by the drop policy only: exact however ranks are scheduled
@@ -45,23 +45,7 @@ def spawn(target, world: int, tmp_path, env: dict[str, str], *args) -> list:
         ctx.Process(target=_guarded, args=(target, r, world, str(tmp_path), env, results, *args))
         for r in range(world)
     ]
-    for proc in procs:
-        proc.start()
-    out: dict[int, object] = {}
-    try:
-        while len(out) < world:
-            rank, ok, value = results.get(timeout=150)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
-    except queue.Empty:
-        raise AssertionError(f"ranks {sorted(set(range(world)) - set(out))} sent nothing in 150 s") from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=20)
-            if proc.is_alive():
-                proc.terminate()
-    return [out[r] for r in range(world)]
+    return start_and_collect(procs, results, world, 150)
 
 
 def _guarded(target, rank, world, tmp, env, results, *args) -> None:
