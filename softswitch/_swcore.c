@@ -639,8 +639,8 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return 0;
         }
         if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
-            /* forwarded by quorum: again, as a GRAD; flushed here before: as a FLUSH, closing the spine */
-            int again = g[K.reg[R_STATE]] == K.leaf_state[LS_FLUSHED];
+            /* again, as a GRAD; a worker's repeated FLUSH (RETX): as a FLUSH, closing the spine */
+            int again = (flags & retx_flag) != 0;
             count(R, job, C_UP_RESEND);
             g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
             return send_up(R, job, sl, s, again ? K.op[O_FLUSH] : K.op[O_GRAD], 1);

@@ -433,10 +433,10 @@ class SoftSwitch:
     def _flush(
         self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
     ) -> Egress:
-        """FLUSH at a flat switch or a leaf. A leaf's first FLUSH of a round closes it there (or, if it was
-        forwarded by quorum, sends it again) and sends the partial up as a GRAD: the spine still waits
-        for the other leaves, whose workers are flushing too. A FLUSH of a round flushed here before and
-        not answered sends the partial up as a FLUSH, which closes the spine's round."""
+        """FLUSH at a flat switch or a leaf. At a leaf, a FLUSH of an open round closes it there and sends
+        the partial up as a GRAD: the spine still waits for the other leaves, whose workers are flushing
+        too. A FLUSH of a round closed here and not answered sends the partial up again: as a GRAD, or,
+        when the FLUSH is a worker's repeated one (RETX), as a FLUSH, which closes the spine's round."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
         leaf = job.cfg.role == _LEAF
@@ -452,9 +452,13 @@ class SoftSwitch:
             self._count(job_id, "flush_stale")
             return []
         if closed and leaf and state != LEAF_FINAL:
+            # Only a worker's own repeated FLUSH (RETX: its first went unanswered for a FLUSH timeout)
+            # closes the spine. The first FLUSHes of a round come from many workers within one round
+            # trip (one designated worker, then the rest): had the second of them closed the spine, it
+            # would race the partials other leaves resend at their own first FLUSH, and shut them out.
             self._count(job_id, "up_resend")
             regs[s, _STATE] = LEAF_FLUSHED
-            return self._send_up(job, s, _FLUSH if state == LEAF_FLUSHED else _GRAD, retx=True)
+            return self._send_up(job, s, _FLUSH if flags & _RETX else _GRAD, retx=True)
         if closed:
             self._count(job_id, "flush_resend")
             return self._emit(job, s, [w], retx=True)
