@@ -290,6 +290,22 @@ def test_renormalized_mean_is_unbiased_over_1000_rounds_at_10_percent_loss_on_bo
     assert 0.6 * n < np.mean(counts) < n  # loss cost contributions (and no more than loss explains)
 
 
+def test_two_levels_count_every_worker_whose_grad_arrived():
+    """Efficiency under loss: a worker's GRAD is lost with p = 10% and never resent, so theory puts the
+    expected count at (1 - p) N. A leaf's partial, lost on its way up, is sent again at each of its
+    workers' first FLUSHes, and only a repeated FLUSH closes the spine, so the second level costs nothing
+    on top (before that rule, the second first-FLUSH at one leaf closed the spine ahead of the other
+    leaves' resent partials: 4 x 8 counted 0.60 N). Bound: 4.42 sigma of the binomial."""
+    n, leaves, p, rounds = 32, 4, 0.1, 300
+    fab = Fabric(n, leaves, pool_size=16, elems_per_packet=4, worker_loss=p, spine_loss=p, seed=21)
+    counts = []
+    for r in range(rounds):
+        got = [d.header.count for d in fab.round(r % 16, r // 16 + 1, np.ones((n, 4), np.int32)) if d]
+        counts.append(max(got, default=0))
+    expected, sigma = (1 - p), np.sqrt(p * (1 - p) / (n * rounds))
+    assert abs(np.mean(counts) / n - expected) < 4.42 * sigma, np.mean(counts) / n
+
+
 def test_native_engine_equals_reference_on_the_fabric():
     if batch_module._swcore is None:
         pytest.skip("softswitch._swcore is not built here")
