@@ -205,8 +205,8 @@ class Fabric:
         max_flushes: int = 8,
     ) -> list[Delivered | None]:
         """Every worker sends GRAD(slot, seq) with its row of ``values`` (int32, (N, K)); then, as long as
-        some worker lacks the RESULT, each such worker FLUSHes (at most ``max_flushes`` times; every FLUSH after a worker's
-        first carries RETX, as hosts do). Returns
+        some worker lacks the RESULT, each such worker FLUSHes (at most ``max_flushes`` times; every
+        FLUSH after a worker's first carries RETX, as hosts do). Returns
         the RESULT each worker got (None: none came)."""
         k = self.elems_per_packet
         for w in range(self.n_workers):
