@@ -79,8 +79,6 @@ header lta_pass_t {
     bit<8>  element_op;
     bit<8>  emit;         // what to do after the harvest pass: EMIT_MULTICAST or EMIT_RESEND
     bit<8>  receiver;     // the worker a resend goes back to
-    bit<7>  _pad0;
-    bit<1>  start;        // a new round: STORE (or zeros, for FLUSH of an unseen round)
     bit<7>  _pad1;
     PortId_t reply_port;  // the ingress port of the worker a resend goes back to
     bit<16> mcast_grp;

@@ -156,8 +156,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             slot_update.apply(hdr, meta);
         }
         if (recirculated) {
-            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.start,
-                           hdr.pass.pass);
+            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
             if (hdr.pass.pass == PASS_ELEMENTS) {
                 if (hdr.pass.emit != EMIT_NONE) {
                     hdr.pass.pass = PASS_HARVEST;

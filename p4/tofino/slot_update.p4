@@ -41,7 +41,6 @@ const bit<8> ACCESS_CLEAR = 9;    // slot_bitmap: a new round opened by FLUSH (e
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
-    PayloadClear() payload_clear;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
@@ -288,11 +287,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
-    action to_element_pass(bit<8> element_op, bit<1> start, bit<8> emit) {
+    action to_element_pass(bit<8> element_op, bit<8> emit) {
         hdr.pass.setValid();
         hdr.pass.pass = PASS_ELEMENTS;
         hdr.pass.element_op = element_op;
-        hdr.pass.start = start;
         hdr.pass.emit = emit;
         // slot_index and mcast_grp are copied where the packet recirculates (ingress.p4): one action
         // may not write constants and several PHV sources into the pass header's containers.
@@ -465,29 +463,28 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 meta.branch = BRANCH_GRAD_START;
                 if (quorum_of_one) {
                     meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);
+                    to_element_pass(ELEMENT_OP_STORE, EMIT_MULTICAST);
                 } else {
-                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_NONE);
+                    to_element_pass(ELEMENT_OP_STORE, EMIT_NONE);
                 }
             } else if (bitmap_access == ACCESS_CLEAR) {
                 meta.branch = BRANCH_FLUSH_EMPTY;
-                payload_clear.apply(hdr.payload);
-                to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);  // stores the zeroed payload
+                to_element_pass(ELEMENT_OP_CLEAR, EMIT_MULTICAST);  // stores zeros
             } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
                 if (was_closed) {
                     meta.branch = BRANCH_FLUSH_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
                     meta.branch = BRANCH_FLUSH_PARTIAL;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
                 meta.branch = BRANCH_GRAD_LATE_RESEND;
                 if (was_closed) {
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
                     meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE) {
                 meta.branch = BRANCH_GRAD_ADD;
@@ -497,21 +494,21 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
                 if (closing == 1) {
                     meta.result_quorum = true;
-                    to_element_pass(op, 0, EMIT_MULTICAST);
+                    to_element_pass(op, EMIT_MULTICAST);
                 } else {
-                    to_element_pass(op, 0, EMIT_NONE);
+                    to_element_pass(op, EMIT_NONE);
                 }
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
                     meta.branch = BRANCH_GRAD_LATE_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else if (seen) {
                     meta.branch = BRANCH_GRAD_DUP;
                 } else {
                     meta.branch = BRANCH_GRAD_EXP_MISMATCH;
                 }
             } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
-                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);  // closed by a FLUSH
+                to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);  // closed by a FLUSH
             }
         } else if (element_pass && emits) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
