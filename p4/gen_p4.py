@@ -289,19 +289,26 @@ def tofino_slot_elements() -> str:
 def tofino_counters() -> str:
     """TNA indirect counters (absolute names equal COUNTERS), each counted by its own if-branch.
 
-    A Tofino match table drives one counter, so each branch counter is its own small table (the
-    branches are mutually exclusive, so the compiler may place them in the same stage)."""
+    A Tofino match table drives one counter, and Tofino 1 places tables in the order the control flow
+    applies them, so ingress counts in two controls applied where their branches are known: the
+    checks' branches (and rx_packets) before the slot state machine, its branches after it."""
     out = [
         "// One indirect counter per branch of the switch contract, indexed by job id (0: no known job).",
         "// The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.",
     ]
-    for stage, control in (("ingress", "IngressCounters"), ("egress", "EgressCounters")):
-        names = counters_for(stage)
+    ingress = counters_for("ingress")
+    slot = [n for n in ingress if n.startswith(("grad_", "flush_")) or n in EXTRA_COUNTED]
+    controls = (
+        ("IngressCheckCounters", [n for n in ingress if n not in slot], "branch"),
+        ("IngressSlotCounters", slot, "slot_branch"),
+        ("EgressCounters", counters_for("egress"), "branch"),
+    )
+    for control, names, field in controls:
         branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
         extra = [n for n in names if n in EXTRA_COUNTED]
         always = [n for n in names if n in ALWAYS_COUNTED]
         # 16-bit index (the job id): PHV is scarce with K = 64 int32 in the packet.
-        params = "in bit<16> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        params = f"in bit<16> index, in bit<8> {field}" + "".join(f", in bool {n}" for n in extra)
         out.append(f"\ncontrol {control}({params}) {{")
         out += [
             f'    @name(".{n}") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
@@ -309,12 +316,10 @@ def tofino_counters() -> str:
         ]
         out.append("    apply {")
         out += [f"        {n}_counter.count(index);" for n in always]
-        first = True
-        for n in branch_names:
-            keyword = "if" if first else "} else if"
-            out.append(f"        {keyword} (branch == {branch_constant(n)}) {{")
+        for i, n in enumerate(branch_names):
+            keyword = "if" if i == 0 else "} else if"
+            out.append(f"        {keyword} ({field} == {branch_constant(n)}) {{")
             out.append(f"            {n}_counter.count(index);")
-            first = False
         if branch_names:
             out.append("        }")
         out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]

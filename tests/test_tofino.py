@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -260,3 +261,57 @@ def test_recompile_matches_committed_artifacts(tmp_path):
     assert fresh == committed_bfrt(), (
         "p4/tofino/build/bf-rt.json is stale: .venv/bin/python p4/tofino_build.py"
     )
+
+
+def _const_entries(table: str) -> list[tuple[list[str], str]]:
+    """(key values as written, action) of a const-entries table of drop_policy.p4, in priority order."""
+    text = without_comments((TOFINO / "drop_policy.p4").read_text())
+    body = re.search(
+        rf"table\s+{table}\s*\{{.*?const entries = \{{(.*?)\}}\s*const default_action", text, re.S
+    )
+    rows = re.findall(r"\(([^)]*)\)\s*:\s*(\w+)\(\)", body.group(1))
+    return [([v.strip() for v in keys.split(",")], action) for keys, action in rows]
+
+
+def _first_match(entries, values: dict[str, int], order: list[str], consts: dict[str, int]) -> str | None:
+    for keys, action in entries:
+        matched = (
+            k == "_" or consts.get(k) == values[f] or k == str(values[f])
+            for k, f in zip(keys, order, strict=True)
+        )
+        if all(matched):
+            return action
+    return None
+
+
+def test_drop_policy_tables_decide_as_the_contract_says():
+    """Every combination of the Gilbert-Elliott and decision tables' inputs (a threshold that always
+    fires, a draw below it or not, the state) against the rule itself: a transition is taken when its
+    threshold always fires or its draw fell below it; the new state's loss drops likewise."""
+    consts = {"MODEL_BERNOULLI": 1, "MODEL_GILBERT_ELLIOTT": 2}
+    state = _const_entries("gilbert_elliott_state")
+    decide = _const_entries("decide")
+    move = {"state_keep": lambda bad: bad, "state_bad": lambda bad: 1, "state_good": lambda bad: 0,
+            "state_toggle": lambda bad: 1 - bad}  # fmt: skip
+    # room: 0 (draw not below the threshold) or 5 (below); always: the threshold is 2^32 - 1
+    for p_always, p_room, r_always, r_room, old_bad in itertools.product(
+        (0, 1), (0, 5), (0, 1), (0, 5), (0, 1)
+    ):
+        values = {"p_always": p_always, "p_room": p_room, "r_always": r_always, "r_room": r_room}
+        action = _first_match(state, values, ["p_always", "p_room", "r_always", "r_room"], consts)
+        p_taken, r_taken = bool(p_always or p_room), bool(r_always or r_room)
+        expected = (1 if p_taken else 0) if old_bad == 0 else (0 if r_taken else 1)
+        assert move[action](old_bad) == expected, values
+    order = ["model", "bad", "good_always", "good_room", "bad_always", "bad_room"]
+    for model, bad, g_always, g_room, b_always, b_room in itertools.product(
+        (0, 1, 2), (0, 1), (0, 1), (0, 5), (0, 1), (0, 5)
+    ):
+        values = dict(zip(order, (model, bad, g_always, g_room, b_always, b_room), strict=True))
+        dropped = _first_match(decide, values, order, consts) == "drop_it"
+        if model == 0:
+            expected = False
+        elif model == 1 or bad == 0:
+            expected = bool(g_always or g_room)
+        else:
+            expected = bool(b_always or b_room)
+        assert dropped == expected, values

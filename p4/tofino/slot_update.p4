@@ -288,10 +288,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
 
     // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
     action to_element_pass(bit<8> element_op, bit<8> emit) {
-        hdr.pass.setValid();
-        hdr.pass.pass = PASS_ELEMENTS;
-        hdr.pass.element_op = element_op;
-        hdr.pass.emit = emit;
+        hdr.pass_out.setValid();
+        hdr.pass_out.pass = PASS_ELEMENTS;
+        hdr.pass_out.element_op = element_op;
+        hdr.pass_out.emit = emit;
         // slot_index and mcast_grp are copied where the packet recirculates (ingress.p4): one action
         // may not write constants and several PHV sources into the pass header's containers.
     }
@@ -367,9 +367,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
             if (round == ROUND_OLDER) {
                 if (hdr.lta.op == OP_GRAD) {
-                    meta.branch = BRANCH_GRAD_STALE;
+                    meta.slot_branch = BRANCH_GRAD_STALE;
                 } else {
-                    meta.branch = BRANCH_FLUSH_STALE;
+                    meta.slot_branch = BRANCH_FLUSH_STALE;
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
@@ -389,7 +389,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 result_access = ACCESS_SET;
             } else if (hdr.lta.op == OP_FLUSH) {
                 if (flushed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
+                    meta.slot_branch = BRANCH_FLUSH_RESEND;
                 } else {
                     // Close the round if it is open: the bitmap so far becomes the RESULT's.
                     bitmap_access = ACCESS_READ_LO;
@@ -398,7 +398,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     result_flags = closed_flags;
                 }
             } else if (flushed) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
+                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
             } else if (same_exp) {
                 bitmap_access = ACCESS_TEST_SET;
             } else {
@@ -460,7 +460,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         if (control_pass) {
             // The branch, and what the next passes do.
             if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
-                meta.branch = BRANCH_GRAD_START;
+                meta.slot_branch = BRANCH_GRAD_START;
                 if (quorum_of_one) {
                     meta.result_quorum = true;
                     to_element_pass(ELEMENT_OP_STORE, EMIT_MULTICAST);
@@ -468,18 +468,18 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     to_element_pass(ELEMENT_OP_STORE, EMIT_NONE);
                 }
             } else if (bitmap_access == ACCESS_CLEAR) {
-                meta.branch = BRANCH_FLUSH_EMPTY;
+                meta.slot_branch = BRANCH_FLUSH_EMPTY;
                 to_element_pass(ELEMENT_OP_CLEAR, EMIT_MULTICAST);  // stores zeros
             } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
                 if (was_closed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
+                    meta.slot_branch = BRANCH_FLUSH_RESEND;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
-                    meta.branch = BRANCH_FLUSH_PARTIAL;
+                    meta.slot_branch = BRANCH_FLUSH_PARTIAL;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;
+                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
                 if (was_closed) {
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
@@ -487,7 +487,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE) {
-                meta.branch = BRANCH_GRAD_ADD;
+                meta.slot_branch = BRANCH_GRAD_ADD;
                 bit<8> op = ELEMENT_OP_ADD;
                 if ((round & ROUND_MAX) != 0) {
                     op = ELEMENT_OP_MAX;
@@ -500,14 +500,14 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
-                    meta.branch = BRANCH_GRAD_LATE_RESEND;
+                    meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else if (seen) {
-                    meta.branch = BRANCH_GRAD_DUP;
+                    meta.slot_branch = BRANCH_GRAD_DUP;
                 } else {
-                    meta.branch = BRANCH_GRAD_EXP_MISMATCH;
+                    meta.slot_branch = BRANCH_GRAD_EXP_MISMATCH;
                 }
-            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
+            } else if (meta.slot_branch == BRANCH_FLUSH_RESEND || meta.slot_branch == BRANCH_GRAD_LATE_RESEND) {
                 to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);  // closed by a FLUSH
             }
         } else if (element_pass && emits) {
