@@ -140,6 +140,37 @@ def bfrt_names(bfrt: dict, pipe: str = PIPE) -> dict[str, set[str]]:
     return names
 
 
+def bfrt_signature(bfrt: dict) -> list:
+    """What the control plane relies on in a bf-rt.json, in a canonical order: every table's name, id,
+    type and size, its key fields, actions with their parameters, and data fields (names, ids, match
+    types, widths). Two compiles of the same sources have agreed on it; the file itself has once come
+    out in another order (the compiler orders some lists by address)."""
+
+    def field(raw: dict) -> tuple:
+        type_ = raw.get("type") or {}
+        return (
+            raw.get("name"),
+            raw.get("id"),
+            raw.get("match_type", ""),
+            type_.get("type"),
+            type_.get("width"),
+        )
+
+    def data(raw: dict) -> tuple:
+        return field(raw["singleton"]) if "singleton" in raw else ("", 0, "", None, None)
+
+    return sorted(
+        (
+            t["name"], t["id"], t["table_type"], t.get("size", 0),
+            tuple(sorted(field(k) for k in t.get("key", []))),
+            tuple(sorted((a["name"], a["id"], tuple(sorted(field(d) for d in a.get("data", []))))
+                         for a in t.get("action_specs", []))),
+            tuple(sorted(data(d) for d in t.get("data", []))),
+        )
+        for t in bfrt.get("tables", [])
+    )  # fmt: skip
+
+
 def missing_bfrt_names(bfrt: dict, required: dict[str, list[str]], pipe: str = PIPE) -> list[str]:
     """Every required name (``hostlib.p4schema.required_names()``'s shape) that bf-rt.json lacks."""
     present = bfrt_names(bfrt, pipe)
