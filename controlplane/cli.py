@@ -10,6 +10,8 @@ lta ctl stats [--job 1] [--all] [--json]   per-job counters, one per branch of t
 lta ctl watch [--interval 1]          counter rates, refreshed
 lta ctl liveness 1 [--timeout 3]      mark silent workers offline and lower the quorum while they
                                       are; restore it when they send again
+lta ctl bfrt jobs.toml                the BfRt writes that install a jobs file on a Tofino (JSON lines,
+                                      ids and widths from p4/tofino/build/bf-rt.json)
 
 Talking to a switch needs the p4rt extra: pip install 'lta[p4rt]'.
 """
@@ -252,6 +254,31 @@ def register(subparsers: Any) -> None:
     )
     live.add_argument("--json", action="store_true", help="one JSON object per event")
     live.set_defaults(func=_guarded(_liveness))
+
+    bfrt = _parser(
+        sub,
+        "bfrt",
+        help="print the BfRt writes that install a jobs file on a Tofino (JSON lines)",
+        description="Print, one JSON object per line, every BfRt write that installs the jobs and drop\n"
+        "policies of a jobs file on an empty Tofino running p4/tofino: multicast nodes and group\n"
+        "($pre.node, $pre.mgid), worker and job entries, counter clears, policies. Table, action and\n"
+        "field ids and value widths come from the compiled program's bf-rt.json; values are hex.\n"
+        "Nothing is sent: a BfRt client (the SDE's bfrt_grpc) sends them one to one.",
+    )
+    bfrt.add_argument("file", type=Path, help="the jobs file")
+    bfrt.add_argument("--bfrt-json", type=Path, default=None, help="default: p4/tofino/build/bf-rt.json")
+    bfrt.set_defaults(func=_guarded(_bfrt))
+
+
+def _bfrt(args: argparse.Namespace) -> int:
+    from controlplane import deployment, tofino
+
+    plan = deployment.load(args.file, target=args.target, device_id=args.device_id)
+    schema = tofino.BfrtSchema.load(args.bfrt_json or tofino.BFRT_PATH)
+    for switch, jobs in plan.jobs.items():
+        for write in tofino.deployment_writes(schema, jobs, plan.drops[switch]):
+            print(json.dumps({"switch": switch, **write}))
+    return 0
 
 
 def _liveness(args: argparse.Namespace) -> int:

@@ -182,27 +182,31 @@ def tofino_slot_elements() -> str:
     """K/2 pair registers, each with four register actions and one const table choosing among them."""
     out = [
         "// The K accumulators of a slot as K/2 pair registers {lo: element 2i, hi: element 2i+1}, one",
-        "// stateful ALU each. Element pass (PASS_ELEMENTS): STORE and ADD share one register action",
-        "// (`start` says a new round), MAX and LOAD have their own; each returns the pair's hi into payload",
-        "// v(2i+1). Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per",
-        "// pass, as Tofino requires.",
+        "// stateful ALU each, which takes at most 2 PHV inputs (the pair's two payload values) and has at",
+        "// most 4 register actions. Element pass (PASS_ELEMENTS): STORE, ADD and MAX return the pair's new",
+        "// hi into payload v(2i+1); CLEAR (a FLUSH of a round the slot never saw) is a STORE and LOAD",
+        "// an ADD of a payload cleared to zeros first, in the same pass.",
+        "// Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per pass, as",
+        "// Tofino requires.",
         "control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,",
-        "                     in bit<1> start, in bit<8> pass) {",
+        "                     in bit<8> pass) {",
     ]
     for i in range(PAIRS):
         lo, hi = 2 * i, 2 * i + 1
         out += [
             "",
             f"    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_{i};",
+            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_store = {{",
+            "        void apply(inout acc_pair_t value, out bit<32> rv) {",
+            f"            value.lo = payload.v{lo};",
+            f"            value.hi = payload.v{hi};",
+            "            rv = value.hi;",
+            "        }",
+            "    };",
             f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_add = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) {",
-            "            if (start == 1) {",
-            f"                value.lo = payload.v{lo};",
-            f"                value.hi = payload.v{hi};",
-            "            } else {",
-            f"                value.lo = value.lo + payload.v{lo};",
-            f"                value.hi = value.hi + payload.v{hi};",
-            "            }",
+            f"            value.lo = value.lo + payload.v{lo};",
+            f"            value.hi = value.hi + payload.v{hi};",
             "            rv = value.hi;",
             "        }",
             "    };",
@@ -213,33 +217,41 @@ def tofino_slot_elements() -> str:
             "            rv = value.hi;",
             "        }",
             "    };",
-            f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_load_hi = {{",
-            "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }",
-            "    };",
             f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_load_lo = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }",
             "    };",
+            f"    action pair_{i}_store() {{ payload.v{hi} = acc_{i}_store.execute(index); }}",
             f"    action pair_{i}_add() {{ payload.v{hi} = acc_{i}_add.execute(index); }}",
             f"    action pair_{i}_max() {{ payload.v{hi} = acc_{i}_max.execute(index); }}",
-            f"    action pair_{i}_load_hi() {{ payload.v{hi} = acc_{i}_load_hi.execute(index); }}",
             f"    action pair_{i}_load_lo() {{ payload.v{lo} = acc_{i}_load_lo.execute(index); }}",
             f"    table pair_{i} {{",
             '        key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }',
-            f"        actions = {{ pair_{i}_add; pair_{i}_max; pair_{i}_load_hi; pair_{i}_load_lo;",
+            f"        actions = {{ pair_{i}_store; pair_{i}_add; pair_{i}_max; pair_{i}_load_lo;",
             "                    NoAction; }",
             "        const entries = {",
-            f"            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_{i}_add();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_{i}_store();",
             f"            (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_{i}_add();",
             f"            (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_{i}_max();",
-            f"            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_{i}_load_hi();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_{i}_add();",
+            f"            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_{i}_store();",
             f"            (PASS_HARVEST, _): pair_{i}_load_lo();",
             "        }",
             "        const default_action = NoAction();",
             "        size = 8;",
             "    }",
         ]
-    out.append("")
-    out.append("    apply {")
+    out += [
+        "",
+        "    action clear_payload() {",
+        *[f"        payload.v{i} = 0;" for i in range(ELEMS)],
+        "    }",
+        "    apply {",
+        "        if (pass == PASS_ELEMENTS) {",
+        "            if (element_op == ELEMENT_OP_LOAD || element_op == ELEMENT_OP_CLEAR) {",
+        "                clear_payload();",
+        "            }",
+        "        }",
+    ]
     out += [f"        pair_{i}.apply();" for i in range(PAIRS)]
     out.append("    }")
     out.append("}")
@@ -270,33 +282,33 @@ def tofino_slot_elements() -> str:
         "    }",
         "    apply { bit_of_worker.apply(); }",
         "}",
-        "",
-        "// A FLUSH of a round the slot never saw stores zeros: the payload is cleared before the element",
-        "// pass.",
-        "control PayloadClear(inout lta_payload_t payload) {",
-        "    apply {",
     ]
-    out += [f"        payload.v{i} = 0;" for i in range(ELEMS)]
-    out += ["    }", "}"]
     return "\n".join(out) + "\n"
 
 
 def tofino_counters() -> str:
     """TNA indirect counters (absolute names equal COUNTERS), each counted by its own if-branch.
 
-    A Tofino match table drives one counter, so each branch counter is its own small table (the
-    branches are mutually exclusive, so the compiler may place them in the same stage)."""
+    A Tofino match table drives one counter, and Tofino 1 places tables in the order the control flow
+    applies them, so ingress counts in two controls applied where their branches are known: the
+    checks' branches (and rx_packets) before the slot state machine, its branches after it."""
     out = [
         "// One indirect counter per branch of the switch contract, indexed by job id (0: no known job).",
         "// The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.",
     ]
-    for stage, control in (("ingress", "IngressCounters"), ("egress", "EgressCounters")):
-        names = counters_for(stage)
+    ingress = counters_for("ingress")
+    slot = [n for n in ingress if n.startswith(("grad_", "flush_")) or n in EXTRA_COUNTED]
+    controls = (
+        ("IngressCheckCounters", [n for n in ingress if n not in slot], "branch"),
+        ("IngressSlotCounters", slot, "slot_branch"),
+        ("EgressCounters", counters_for("egress"), "branch"),
+    )
+    for control, names, field in controls:
         branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
         extra = [n for n in names if n in EXTRA_COUNTED]
         always = [n for n in names if n in ALWAYS_COUNTED]
         # 16-bit index (the job id): PHV is scarce with K = 64 int32 in the packet.
-        params = "in bit<16> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        params = f"in bit<16> index, in bit<8> {field}" + "".join(f", in bool {n}" for n in extra)
         out.append(f"\ncontrol {control}({params}) {{")
         out += [
             f'    @name(".{n}") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
@@ -304,12 +316,10 @@ def tofino_counters() -> str:
         ]
         out.append("    apply {")
         out += [f"        {n}_counter.count(index);" for n in always]
-        first = True
-        for n in branch_names:
-            keyword = "if" if first else "} else if"
-            out.append(f"        {keyword} (branch == {branch_constant(n)}) {{")
+        for i, n in enumerate(branch_names):
+            keyword = "if" if i == 0 else "} else if"
+            out.append(f"        {keyword} ({field} == {branch_constant(n)}) {{")
             out.append(f"            {n}_counter.count(index);")
-            first = False
         if branch_names:
             out.append("        }")
         out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]

@@ -1,10 +1,13 @@
 """Compile p4/tofino with p4c's Tofino backend and keep the artifacts that matter in git.
 
 The compiler (``p4c-barefoot``, p4lang/p4c configured with ``-DENABLE_TOFINO=ON``) is built from source
-outside the project (p4/tofino/README.md). This script runs it and copies into ``p4/tofino/build/``:
-``bf-rt.json`` (the control plane's names and ids), ``context.json`` (the driver's view of the program),
-the resource reports, and ``manifest.json`` naming the compiler and a hash of the sources they came
-from. ``tests/test_tofino.py`` fails when the sources changed and the artifacts did not::
+outside the project (p4/tofino/README.md). This script runs it, then its assembler ``bfas`` on the
+``.bfa`` it wrote (``p4c-barefoot`` alone exits 0 for a program that needs more stages than the chip has;
+``bfas`` is what refuses it), and copies into ``p4/tofino/build/``: ``bf-rt.json`` (the control plane's
+names, ids and widths; the compiler's front end writes it before the backend runs, so it is kept even
+when the backend fails), and, once the program fits, ``context.json`` and the resource reports; then
+``manifest.json`` naming the compiler, a hash of the sources, whether the program fits and, if not, the
+first error. ``tests/test_tofino.py`` fails when the sources changed and the artifacts did not::
 
     .venv/bin/python p4/tofino_build.py            # compile and refresh p4/tofino/build/
     .venv/bin/python p4/tofino_build.py --check    # exit 1 if the artifacts are stale
@@ -28,11 +31,13 @@ SOURCES = ROOT / "p4" / "tofino"
 BUILD = SOURCES / "build"
 MANIFEST = BUILD / "manifest.json"
 COMPILER = "p4c-barefoot"
+ASSEMBLER = "bfas"
 TARGET = "tofino"
 PIPE = "pipe"  # the Pipeline instance in lta.p4; BfRt prefixes table names with it
-# What is kept from the compiler's output folder: (path inside it, name under p4/tofino/build/).
+# What is kept from the compiler's output folder: (path inside it, name under p4/tofino/build/). The
+# schema is kept whatever the backend says; the rest exists only for a program that fits.
+SCHEMA = ("bf-rt.json", "bf-rt.json")
 ARTIFACTS = (
-    ("bf-rt.json", "bf-rt.json"),
     (f"{PIPE}/context.json", "context.json"),
     (f"{PIPE}/logs/resources.json", "resources.json"),
     (f"{PIPE}/logs/mau.resources.log", "mau.resources.log"),
@@ -55,19 +60,47 @@ def sources_hash(directory: Path = SOURCES) -> str:
     return digest.hexdigest()
 
 
-def compiler_version(compiler: str = COMPILER) -> str:
+def compiler_version(compiler: str = COMPILER, out: Path | None = None) -> str:
+    """``p4c-barefoot 9.13.4 (6b7ec98e77)``: the version and p4c commit the compiler wrote into its own
+    manifest in ``out``, else its ``--version`` line."""
+    name = Path(compiler).name
+    own = out / "manifest.json" if out is not None else None
+    if own is not None and own.is_file():
+        version = json.loads(own.read_text()).get("compiler_version")
+        if version:
+            return f"{name} {version}"
     result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
-    return (result.stdout or result.stderr).strip().splitlines()[-1]
+    return f"{name} {(result.stdout or result.stderr).strip().splitlines()[-1].removeprefix('Version ')}"
 
 
 def compile_into(out: Path, compiler: str = COMPILER) -> subprocess.CompletedProcess:
-    """Run the compiler on p4/tofino/lta.p4 with its output in ``out`` (run from the repository root)."""
+    """Run the compiler on p4/tofino/lta.p4 with its output in ``out`` (run from the repository root),
+    then the assembler on its ``.bfa``; the result is the first of the two that failed, else the last."""
     cmd = [
         compiler, "--target", TARGET, "--arch", "tna", "--std", "p4-16",
         "-o", str(out), "--bf-rt-schema", str(out / "bf-rt.json"),
         str((SOURCES / "lta.p4").relative_to(ROOT)),
     ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    bfa = out / PIPE / "lta.bfa"
+    if result.returncode != 0 or not bfa.is_file():
+        return result
+    assembler = str(Path(shutil.which(compiler) or compiler).with_name(ASSEMBLER))
+    cmd = [assembler, "-o", str(out / PIPE), str(bfa)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+
+
+def first_error(result: subprocess.CompletedProcess) -> str:
+    """The compiler's (or assembler's) first error line, the exit status if it printed none."""
+    lines = (result.stdout + result.stderr).splitlines()
+    for i, line in enumerate(lines):
+        if "error" in line.lower() and "0 errors" not in line:
+            # PHV allocation names its count of unallocated slices on the next line
+            follow = (
+                lines[i + 1].strip() if i + 1 < len(lines) and "remain unallocated" in lines[i + 1] else ""
+            )
+            return " ".join(p for p in (line.strip(), follow) if p)
+    return f"exit status {result.returncode}"
 
 
 def read_manifest(path: Path = MANIFEST) -> dict:
@@ -107,6 +140,37 @@ def bfrt_names(bfrt: dict, pipe: str = PIPE) -> dict[str, set[str]]:
     return names
 
 
+def bfrt_signature(bfrt: dict) -> list:
+    """What the control plane relies on in a bf-rt.json, in a canonical order: every table's name, id,
+    type and size, its key fields, actions with their parameters, and data fields (names, ids, match
+    types, widths). Two compiles of the same sources have agreed on it; the file itself has once come
+    out in another order (the compiler orders some lists by address)."""
+
+    def field(raw: dict) -> tuple:
+        type_ = raw.get("type") or {}
+        return (
+            raw.get("name"),
+            raw.get("id"),
+            raw.get("match_type", ""),
+            type_.get("type"),
+            type_.get("width"),
+        )
+
+    def data(raw: dict) -> tuple:
+        return field(raw["singleton"]) if "singleton" in raw else ("", 0, "", None, None)
+
+    return sorted(
+        (
+            t["name"], t["id"], t["table_type"], t.get("size", 0),
+            tuple(sorted(field(k) for k in t.get("key", []))),
+            tuple(sorted((a["name"], a["id"], tuple(sorted(field(d) for d in a.get("data", []))))
+                         for a in t.get("action_specs", []))),
+            tuple(sorted(data(d) for d in t.get("data", []))),
+        )
+        for t in bfrt.get("tables", [])
+    )  # fmt: skip
+
+
 def missing_bfrt_names(bfrt: dict, required: dict[str, list[str]], pipe: str = PIPE) -> list[str]:
     """Every required name (``hostlib.p4schema.required_names()``'s shape) that bf-rt.json lacks."""
     present = bfrt_names(bfrt, pipe)
@@ -119,28 +183,38 @@ def missing_bfrt_names(bfrt: dict, required: dict[str, list[str]], pipe: str = P
 
 
 def build(compiler: str = COMPILER) -> int:
+    """Compile, refresh p4/tofino/build/ and its manifest; 0 when the program fits the chip, 1 when only
+    the schema could be kept (the manifest then names the first error), 2 when not even that."""
     with tempfile.TemporaryDirectory(prefix="lta-tofino-") as tmp:
         out = Path(tmp)
         result = compile_into(out, compiler)
-        if result.returncode != 0:
+        fits = result.returncode == 0
+        if not (out / SCHEMA[0]).is_file():
             print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
-            print(f"{compiler} failed (exit {result.returncode})", file=sys.stderr)
-            return 1
+            print(f"{compiler} wrote no bf-rt.json: {first_error(result)}", file=sys.stderr)
+            return 2
         BUILD.mkdir(exist_ok=True)
+        for old in BUILD.iterdir():
+            old.unlink()
         kept = []
-        for inside, name in ARTIFACTS:
+        for inside, name in (SCHEMA, *(ARTIFACTS if fits else ())):
             if (out / inside).is_file():
                 shutil.copyfile(out / inside, BUILD / name)
                 kept.append(name)
         manifest = {
-            "compiler": compiler_version(compiler),
+            "compiler": compiler_version(compiler, out),
             "target": TARGET,
             "sources_sha256": sources_hash(),
+            "fits": fits,
+            "first_error": None if fits else first_error(result),
             "artifacts": kept,
         }
         MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
         print(f"wrote {', '.join(kept)} and manifest.json to {BUILD.relative_to(ROOT)}")
-    return 0
+        if not fits:
+            print((result.stdout + result.stderr)[-3000:], file=sys.stderr)
+            print(f"the program does not fit yet: {manifest['first_error']}", file=sys.stderr)
+    return 0 if fits else 1
 
 
 def main(argv: list[str] | None = None) -> int:

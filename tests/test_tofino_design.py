@@ -107,11 +107,13 @@ class TofinoSlot:
         return (["grad_add"], op, "")
 
     def element_pass(self, op: str, payload: np.ndarray) -> None:
-        if op == "store":
+        """The pair registers' four actions (store, add, max; load_lo in the harvest pass): LOAD and
+        CLEAR first zero the payload in the element pass, then add (LOAD) or store (CLEAR) it."""
+        if op in ("load", "clear"):
+            payload = np.zeros_like(payload)
+        if op in ("store", "clear"):
             self.acc[:] = payload
-        elif op == "clear":
-            self.acc[:] = 0
-        elif op == "add":
+        elif op in ("add", "load"):
             self.acc[:] = ((self.acc + payload + 2**31) % 2**32) - 2**31
         elif op == "max":
             np.maximum(self.acc, payload, out=self.acc)

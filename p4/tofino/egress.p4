@@ -40,7 +40,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
             meta.outcome = BRANCH_TX_PACKETS;
             drop = false;
             if (hdr.lta.op == OP_RESULT) {
-                down_loss.apply(hdr.lta.job_id, meta.receiver, drop);
+                down_loss.apply(hdr.lta.job_id, meta.receiver, true, drop);
                 if (drop) {
                     meta.outcome = BRANCH_DROP_POLICY_DOWN;
                 }
@@ -48,7 +48,7 @@ control LtaEgress(inout headers_t hdr, inout egress_metadata_t meta,
                 meta.outcome = BRANCH_NONE;  // the sender's own copy of its PARAM: not a packet sent
             } else {
                 if ((hdr.lta.flags & FLAG_CRITICAL) == 0) {
-                    param_loss.apply(hdr.lta.job_id, meta.receiver, drop);
+                    param_loss.apply(hdr.lta.job_id, meta.receiver, true, drop);
                 }
                 if (drop) {
                     meta.outcome = BRANCH_DROP_POLICY_PARAM;

@@ -79,8 +79,6 @@ header lta_pass_t {
     bit<8>  element_op;
     bit<8>  emit;         // what to do after the harvest pass: EMIT_MULTICAST or EMIT_RESEND
     bit<8>  receiver;     // the worker a resend goes back to
-    bit<7>  _pad0;
-    bit<1>  start;        // a new round: STORE (or zeros, for FLUSH of an unseen round)
     bit<7>  _pad1;
     PortId_t reply_port;  // the ingress port of the worker a resend goes back to
     bit<16> mcast_grp;
@@ -95,7 +93,8 @@ header lta_bridge_t {
 
 struct headers_t {
     lta_bridge_t  bridge;
-    lta_pass_t    pass;
+    lta_pass_t    pass_out;  // written by the control pass for the element pass (ingress only)
+    lta_pass_t    pass;      // parsed: the pass a recirculated packet is in
     ethernet_t    ethernet;
     ipv4_t        ipv4;
     udp_t         udp;
@@ -133,7 +132,8 @@ struct ingress_metadata_t {
     // slot state machine (pass 1)
     bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
-    bit<8>  branch;
+    bit<8>  branch;       // decided by the checks and the up-loss policy
+    bit<8>  slot_branch;  // decided by the slot state machine (slot_update.p4)
     bool    result_quorum;
     bit<16> counter_index;
 }

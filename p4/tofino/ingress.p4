@@ -26,7 +26,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     SlotUpdate() slot_update;
     SlotElements() elements;
     ResultEmit() result_emit;
-    IngressCounters() counters;
+    IngressCheckCounters() check_counters;
+    IngressSlotCounters() slot_counters;
     @name(".worker_rx")
     Counter<bit<32>, bit<12>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
     Hash<bit<12>>(HashAlgorithm_t.IDENTITY) worker_rx_hash;
@@ -64,16 +65,24 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     apply {
         ig_dprsr_md.drop_ctl = 1;  // nothing leaves unless a branch below says so
         meta.branch = BRANCH_NONE;
+        meta.slot_branch = BRANCH_NONE;
         meta.result_quorum = false;
         meta.policy_drop = false;
         // Element and harvest passes are internal packets: nothing is checked or counted again.
         bool recirculated = hdr.pass.isValid();
+        // The accumulators first: they need nothing the control pass decides (it writes pass_out, not
+        // the parsed pass header), and Tofino 1 places tables in the order they are applied.
+        if (recirculated) {
+            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
+        }
         // (Tofino: a bool takes a constant or one comparison; compound conditions live in ifs.)
         bool lta_packet = false;
         if (!recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
             lta_packet = true;
         }
         bool to_slot = false;
+        bool slot_candidate = false;  // passed every check before the up-loss policy
+        bool up_active = false;       // the up-loss policy applies (a checked, non-CRITICAL GRAD)
         if (lta_packet) {
             ip_len.apply();
             // ---- control pass: the checks in order ----
@@ -140,24 +149,31 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 } else if (slot_room == 0) {
                     meta.branch = BRANCH_DROP_SLOT_RANGE;
                 } else {
+                    slot_candidate = true;
                     if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
-                        up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, meta.policy_drop);
-                    }
-                    if (meta.policy_drop) {
-                        meta.branch = BRANCH_DROP_POLICY_UP;
-                    } else {
-                        to_slot = true;
+                        up_active = true;
                     }
                 }
             }
+        }
+        // The policy is looked up for every packet from the first stages (no side effect); only its
+        // state register and decision wait for the checks above (drop_policy.p4).
+        up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, up_active, meta.policy_drop);
+        if (slot_candidate) {
+            if (meta.policy_drop) {
+                meta.branch = BRANCH_DROP_POLICY_UP;
+            } else {
+                to_slot = true;
+            }
+        }
+        if (lta_packet) {
+            check_counters.apply(meta.counter_index, meta.branch);  // final here: the slot's come later
         }
 
         if (recirculated || to_slot) {
             slot_update.apply(hdr, meta);
         }
         if (recirculated) {
-            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.start,
-                           hdr.pass.pass);
             if (hdr.pass.pass == PASS_ELEMENTS) {
                 if (hdr.pass.emit != EMIT_NONE) {
                     hdr.pass.pass = PASS_HARVEST;
@@ -167,16 +183,18 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 result_emit.apply(hdr, ig_tm_md);
                 ig_dprsr_md.drop_ctl = 0;
             }
-        } else if (to_slot && hdr.pass.isValid()) {
-            // The slot needs its accumulators: on to the element pass.
-            hdr.pass.receiver = hdr.lta.worker_id;
-            hdr.pass.reply_port = ig_intr_md.ingress_port;
-            hdr.pass.slot_index = meta.slot_index;
-            hdr.pass.mcast_grp = meta.mcast_grp;
+        } else if (to_slot && hdr.pass_out.isValid()) {
+            // The slot needs its accumulators: on to the element pass. The control pass writes
+            // pass_out, never the parsed pass header the element pass reads, so the element tables do
+            // not depend on the control chain and share its stages.
+            hdr.pass_out.receiver = hdr.lta.worker_id;
+            hdr.pass_out.reply_port = ig_intr_md.ingress_port;
+            hdr.pass_out.slot_index = meta.slot_index;
+            hdr.pass_out.mcast_grp = meta.mcast_grp;
             recirculate();
         }
         if (lta_packet) {
-            counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
+            slot_counters.apply(meta.counter_index, meta.slot_branch, meta.result_quorum);
         }
     }
 }

@@ -62,6 +62,7 @@ control LtaIngressDeparser(packet_out pkt, inout headers_t hdr, in ingress_metad
                            in ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
     apply {
         pkt.emit(hdr.bridge);
+        pkt.emit(hdr.pass_out);  // valid after a control pass that recirculates (pass is not)
         pkt.emit(hdr.pass);
         pkt.emit(hdr.ethernet);
         pkt.emit(hdr.ipv4);

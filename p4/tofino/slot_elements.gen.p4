@@ -3,23 +3,27 @@
 #define LTA_SLOT_ELEMENTS_GEN
 
 // The K accumulators of a slot as K/2 pair registers {lo: element 2i, hi: element 2i+1}, one
-// stateful ALU each. Element pass (PASS_ELEMENTS): STORE and ADD share one register action
-// (`start` says a new round), MAX and LOAD have their own; each returns the pair's hi into payload
-// v(2i+1). Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per
-// pass, as Tofino requires.
+// stateful ALU each, which takes at most 2 PHV inputs (the pair's two payload values) and has at
+// most 4 register actions. Element pass (PASS_ELEMENTS): STORE, ADD and MAX return the pair's new
+// hi into payload v(2i+1); CLEAR (a FLUSH of a round the slot never saw) is a STORE and LOAD
+// an ADD of a payload cleared to zeros first, in the same pass.
+// Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per pass, as
+// Tofino requires.
 control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
-                     in bit<1> start, in bit<8> pass) {
+                     in bit<8> pass) {
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_0;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v0;
+            value.hi = payload.v1;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v0;
-                value.hi = payload.v1;
-            } else {
-                value.lo = value.lo + payload.v0;
-                value.hi = value.hi + payload.v1;
-            }
+            value.lo = value.lo + payload.v0;
+            value.hi = value.hi + payload.v1;
             rv = value.hi;
         }
     };
@@ -30,25 +34,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_0_store() { payload.v1 = acc_0_store.execute(index); }
     action pair_0_add() { payload.v1 = acc_0_add.execute(index); }
     action pair_0_max() { payload.v1 = acc_0_max.execute(index); }
-    action pair_0_load_hi() { payload.v1 = acc_0_load_hi.execute(index); }
     action pair_0_load_lo() { payload.v0 = acc_0_load_lo.execute(index); }
     table pair_0 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_0_add; pair_0_max; pair_0_load_hi; pair_0_load_lo;
+        actions = { pair_0_store; pair_0_add; pair_0_max; pair_0_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_0_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_0_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_0_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_0_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_0_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_0_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_0_store();
             (PASS_HARVEST, _): pair_0_load_lo();
         }
         const default_action = NoAction();
@@ -56,15 +58,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_1;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v2;
+            value.hi = payload.v3;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v2;
-                value.hi = payload.v3;
-            } else {
-                value.lo = value.lo + payload.v2;
-                value.hi = value.hi + payload.v3;
-            }
+            value.lo = value.lo + payload.v2;
+            value.hi = value.hi + payload.v3;
             rv = value.hi;
         }
     };
@@ -75,25 +79,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_1_store() { payload.v3 = acc_1_store.execute(index); }
     action pair_1_add() { payload.v3 = acc_1_add.execute(index); }
     action pair_1_max() { payload.v3 = acc_1_max.execute(index); }
-    action pair_1_load_hi() { payload.v3 = acc_1_load_hi.execute(index); }
     action pair_1_load_lo() { payload.v2 = acc_1_load_lo.execute(index); }
     table pair_1 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_1_add; pair_1_max; pair_1_load_hi; pair_1_load_lo;
+        actions = { pair_1_store; pair_1_add; pair_1_max; pair_1_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_1_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_1_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_1_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_1_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_1_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_1_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_1_store();
             (PASS_HARVEST, _): pair_1_load_lo();
         }
         const default_action = NoAction();
@@ -101,15 +103,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_2;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v4;
+            value.hi = payload.v5;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v4;
-                value.hi = payload.v5;
-            } else {
-                value.lo = value.lo + payload.v4;
-                value.hi = value.hi + payload.v5;
-            }
+            value.lo = value.lo + payload.v4;
+            value.hi = value.hi + payload.v5;
             rv = value.hi;
         }
     };
@@ -120,25 +124,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_2_store() { payload.v5 = acc_2_store.execute(index); }
     action pair_2_add() { payload.v5 = acc_2_add.execute(index); }
     action pair_2_max() { payload.v5 = acc_2_max.execute(index); }
-    action pair_2_load_hi() { payload.v5 = acc_2_load_hi.execute(index); }
     action pair_2_load_lo() { payload.v4 = acc_2_load_lo.execute(index); }
     table pair_2 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_2_add; pair_2_max; pair_2_load_hi; pair_2_load_lo;
+        actions = { pair_2_store; pair_2_add; pair_2_max; pair_2_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_2_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_2_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_2_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_2_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_2_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_2_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_2_store();
             (PASS_HARVEST, _): pair_2_load_lo();
         }
         const default_action = NoAction();
@@ -146,15 +148,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_3;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v6;
+            value.hi = payload.v7;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v6;
-                value.hi = payload.v7;
-            } else {
-                value.lo = value.lo + payload.v6;
-                value.hi = value.hi + payload.v7;
-            }
+            value.lo = value.lo + payload.v6;
+            value.hi = value.hi + payload.v7;
             rv = value.hi;
         }
     };
@@ -165,25 +169,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_3_store() { payload.v7 = acc_3_store.execute(index); }
     action pair_3_add() { payload.v7 = acc_3_add.execute(index); }
     action pair_3_max() { payload.v7 = acc_3_max.execute(index); }
-    action pair_3_load_hi() { payload.v7 = acc_3_load_hi.execute(index); }
     action pair_3_load_lo() { payload.v6 = acc_3_load_lo.execute(index); }
     table pair_3 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_3_add; pair_3_max; pair_3_load_hi; pair_3_load_lo;
+        actions = { pair_3_store; pair_3_add; pair_3_max; pair_3_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_3_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_3_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_3_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_3_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_3_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_3_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_3_store();
             (PASS_HARVEST, _): pair_3_load_lo();
         }
         const default_action = NoAction();
@@ -191,15 +193,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_4;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v8;
+            value.hi = payload.v9;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v8;
-                value.hi = payload.v9;
-            } else {
-                value.lo = value.lo + payload.v8;
-                value.hi = value.hi + payload.v9;
-            }
+            value.lo = value.lo + payload.v8;
+            value.hi = value.hi + payload.v9;
             rv = value.hi;
         }
     };
@@ -210,25 +214,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_4_store() { payload.v9 = acc_4_store.execute(index); }
     action pair_4_add() { payload.v9 = acc_4_add.execute(index); }
     action pair_4_max() { payload.v9 = acc_4_max.execute(index); }
-    action pair_4_load_hi() { payload.v9 = acc_4_load_hi.execute(index); }
     action pair_4_load_lo() { payload.v8 = acc_4_load_lo.execute(index); }
     table pair_4 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_4_add; pair_4_max; pair_4_load_hi; pair_4_load_lo;
+        actions = { pair_4_store; pair_4_add; pair_4_max; pair_4_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_4_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_4_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_4_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_4_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_4_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_4_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_4_store();
             (PASS_HARVEST, _): pair_4_load_lo();
         }
         const default_action = NoAction();
@@ -236,15 +238,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_5;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v10;
+            value.hi = payload.v11;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v10;
-                value.hi = payload.v11;
-            } else {
-                value.lo = value.lo + payload.v10;
-                value.hi = value.hi + payload.v11;
-            }
+            value.lo = value.lo + payload.v10;
+            value.hi = value.hi + payload.v11;
             rv = value.hi;
         }
     };
@@ -255,25 +259,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_5_store() { payload.v11 = acc_5_store.execute(index); }
     action pair_5_add() { payload.v11 = acc_5_add.execute(index); }
     action pair_5_max() { payload.v11 = acc_5_max.execute(index); }
-    action pair_5_load_hi() { payload.v11 = acc_5_load_hi.execute(index); }
     action pair_5_load_lo() { payload.v10 = acc_5_load_lo.execute(index); }
     table pair_5 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_5_add; pair_5_max; pair_5_load_hi; pair_5_load_lo;
+        actions = { pair_5_store; pair_5_add; pair_5_max; pair_5_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_5_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_5_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_5_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_5_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_5_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_5_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_5_store();
             (PASS_HARVEST, _): pair_5_load_lo();
         }
         const default_action = NoAction();
@@ -281,15 +283,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_6;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v12;
+            value.hi = payload.v13;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v12;
-                value.hi = payload.v13;
-            } else {
-                value.lo = value.lo + payload.v12;
-                value.hi = value.hi + payload.v13;
-            }
+            value.lo = value.lo + payload.v12;
+            value.hi = value.hi + payload.v13;
             rv = value.hi;
         }
     };
@@ -300,25 +304,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_6_store() { payload.v13 = acc_6_store.execute(index); }
     action pair_6_add() { payload.v13 = acc_6_add.execute(index); }
     action pair_6_max() { payload.v13 = acc_6_max.execute(index); }
-    action pair_6_load_hi() { payload.v13 = acc_6_load_hi.execute(index); }
     action pair_6_load_lo() { payload.v12 = acc_6_load_lo.execute(index); }
     table pair_6 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_6_add; pair_6_max; pair_6_load_hi; pair_6_load_lo;
+        actions = { pair_6_store; pair_6_add; pair_6_max; pair_6_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_6_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_6_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_6_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_6_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_6_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_6_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_6_store();
             (PASS_HARVEST, _): pair_6_load_lo();
         }
         const default_action = NoAction();
@@ -326,15 +328,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_7;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v14;
+            value.hi = payload.v15;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v14;
-                value.hi = payload.v15;
-            } else {
-                value.lo = value.lo + payload.v14;
-                value.hi = value.hi + payload.v15;
-            }
+            value.lo = value.lo + payload.v14;
+            value.hi = value.hi + payload.v15;
             rv = value.hi;
         }
     };
@@ -345,25 +349,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_7_store() { payload.v15 = acc_7_store.execute(index); }
     action pair_7_add() { payload.v15 = acc_7_add.execute(index); }
     action pair_7_max() { payload.v15 = acc_7_max.execute(index); }
-    action pair_7_load_hi() { payload.v15 = acc_7_load_hi.execute(index); }
     action pair_7_load_lo() { payload.v14 = acc_7_load_lo.execute(index); }
     table pair_7 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_7_add; pair_7_max; pair_7_load_hi; pair_7_load_lo;
+        actions = { pair_7_store; pair_7_add; pair_7_max; pair_7_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_7_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_7_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_7_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_7_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_7_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_7_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_7_store();
             (PASS_HARVEST, _): pair_7_load_lo();
         }
         const default_action = NoAction();
@@ -371,15 +373,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_8;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v16;
+            value.hi = payload.v17;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v16;
-                value.hi = payload.v17;
-            } else {
-                value.lo = value.lo + payload.v16;
-                value.hi = value.hi + payload.v17;
-            }
+            value.lo = value.lo + payload.v16;
+            value.hi = value.hi + payload.v17;
             rv = value.hi;
         }
     };
@@ -390,25 +394,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_8_store() { payload.v17 = acc_8_store.execute(index); }
     action pair_8_add() { payload.v17 = acc_8_add.execute(index); }
     action pair_8_max() { payload.v17 = acc_8_max.execute(index); }
-    action pair_8_load_hi() { payload.v17 = acc_8_load_hi.execute(index); }
     action pair_8_load_lo() { payload.v16 = acc_8_load_lo.execute(index); }
     table pair_8 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_8_add; pair_8_max; pair_8_load_hi; pair_8_load_lo;
+        actions = { pair_8_store; pair_8_add; pair_8_max; pair_8_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_8_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_8_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_8_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_8_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_8_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_8_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_8_store();
             (PASS_HARVEST, _): pair_8_load_lo();
         }
         const default_action = NoAction();
@@ -416,15 +418,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_9;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v18;
+            value.hi = payload.v19;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v18;
-                value.hi = payload.v19;
-            } else {
-                value.lo = value.lo + payload.v18;
-                value.hi = value.hi + payload.v19;
-            }
+            value.lo = value.lo + payload.v18;
+            value.hi = value.hi + payload.v19;
             rv = value.hi;
         }
     };
@@ -435,25 +439,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_9_store() { payload.v19 = acc_9_store.execute(index); }
     action pair_9_add() { payload.v19 = acc_9_add.execute(index); }
     action pair_9_max() { payload.v19 = acc_9_max.execute(index); }
-    action pair_9_load_hi() { payload.v19 = acc_9_load_hi.execute(index); }
     action pair_9_load_lo() { payload.v18 = acc_9_load_lo.execute(index); }
     table pair_9 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_9_add; pair_9_max; pair_9_load_hi; pair_9_load_lo;
+        actions = { pair_9_store; pair_9_add; pair_9_max; pair_9_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_9_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_9_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_9_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_9_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_9_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_9_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_9_store();
             (PASS_HARVEST, _): pair_9_load_lo();
         }
         const default_action = NoAction();
@@ -461,15 +463,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_10;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v20;
+            value.hi = payload.v21;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v20;
-                value.hi = payload.v21;
-            } else {
-                value.lo = value.lo + payload.v20;
-                value.hi = value.hi + payload.v21;
-            }
+            value.lo = value.lo + payload.v20;
+            value.hi = value.hi + payload.v21;
             rv = value.hi;
         }
     };
@@ -480,25 +484,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_10_store() { payload.v21 = acc_10_store.execute(index); }
     action pair_10_add() { payload.v21 = acc_10_add.execute(index); }
     action pair_10_max() { payload.v21 = acc_10_max.execute(index); }
-    action pair_10_load_hi() { payload.v21 = acc_10_load_hi.execute(index); }
     action pair_10_load_lo() { payload.v20 = acc_10_load_lo.execute(index); }
     table pair_10 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_10_add; pair_10_max; pair_10_load_hi; pair_10_load_lo;
+        actions = { pair_10_store; pair_10_add; pair_10_max; pair_10_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_10_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_10_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_10_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_10_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_10_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_10_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_10_store();
             (PASS_HARVEST, _): pair_10_load_lo();
         }
         const default_action = NoAction();
@@ -506,15 +508,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_11;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v22;
+            value.hi = payload.v23;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v22;
-                value.hi = payload.v23;
-            } else {
-                value.lo = value.lo + payload.v22;
-                value.hi = value.hi + payload.v23;
-            }
+            value.lo = value.lo + payload.v22;
+            value.hi = value.hi + payload.v23;
             rv = value.hi;
         }
     };
@@ -525,25 +529,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_11_store() { payload.v23 = acc_11_store.execute(index); }
     action pair_11_add() { payload.v23 = acc_11_add.execute(index); }
     action pair_11_max() { payload.v23 = acc_11_max.execute(index); }
-    action pair_11_load_hi() { payload.v23 = acc_11_load_hi.execute(index); }
     action pair_11_load_lo() { payload.v22 = acc_11_load_lo.execute(index); }
     table pair_11 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_11_add; pair_11_max; pair_11_load_hi; pair_11_load_lo;
+        actions = { pair_11_store; pair_11_add; pair_11_max; pair_11_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_11_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_11_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_11_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_11_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_11_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_11_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_11_store();
             (PASS_HARVEST, _): pair_11_load_lo();
         }
         const default_action = NoAction();
@@ -551,15 +553,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_12;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v24;
+            value.hi = payload.v25;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v24;
-                value.hi = payload.v25;
-            } else {
-                value.lo = value.lo + payload.v24;
-                value.hi = value.hi + payload.v25;
-            }
+            value.lo = value.lo + payload.v24;
+            value.hi = value.hi + payload.v25;
             rv = value.hi;
         }
     };
@@ -570,25 +574,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_12_store() { payload.v25 = acc_12_store.execute(index); }
     action pair_12_add() { payload.v25 = acc_12_add.execute(index); }
     action pair_12_max() { payload.v25 = acc_12_max.execute(index); }
-    action pair_12_load_hi() { payload.v25 = acc_12_load_hi.execute(index); }
     action pair_12_load_lo() { payload.v24 = acc_12_load_lo.execute(index); }
     table pair_12 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_12_add; pair_12_max; pair_12_load_hi; pair_12_load_lo;
+        actions = { pair_12_store; pair_12_add; pair_12_max; pair_12_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_12_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_12_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_12_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_12_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_12_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_12_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_12_store();
             (PASS_HARVEST, _): pair_12_load_lo();
         }
         const default_action = NoAction();
@@ -596,15 +598,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_13;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v26;
+            value.hi = payload.v27;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v26;
-                value.hi = payload.v27;
-            } else {
-                value.lo = value.lo + payload.v26;
-                value.hi = value.hi + payload.v27;
-            }
+            value.lo = value.lo + payload.v26;
+            value.hi = value.hi + payload.v27;
             rv = value.hi;
         }
     };
@@ -615,25 +619,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_13_store() { payload.v27 = acc_13_store.execute(index); }
     action pair_13_add() { payload.v27 = acc_13_add.execute(index); }
     action pair_13_max() { payload.v27 = acc_13_max.execute(index); }
-    action pair_13_load_hi() { payload.v27 = acc_13_load_hi.execute(index); }
     action pair_13_load_lo() { payload.v26 = acc_13_load_lo.execute(index); }
     table pair_13 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_13_add; pair_13_max; pair_13_load_hi; pair_13_load_lo;
+        actions = { pair_13_store; pair_13_add; pair_13_max; pair_13_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_13_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_13_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_13_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_13_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_13_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_13_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_13_store();
             (PASS_HARVEST, _): pair_13_load_lo();
         }
         const default_action = NoAction();
@@ -641,15 +643,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_14;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v28;
+            value.hi = payload.v29;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v28;
-                value.hi = payload.v29;
-            } else {
-                value.lo = value.lo + payload.v28;
-                value.hi = value.hi + payload.v29;
-            }
+            value.lo = value.lo + payload.v28;
+            value.hi = value.hi + payload.v29;
             rv = value.hi;
         }
     };
@@ -660,25 +664,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_14_store() { payload.v29 = acc_14_store.execute(index); }
     action pair_14_add() { payload.v29 = acc_14_add.execute(index); }
     action pair_14_max() { payload.v29 = acc_14_max.execute(index); }
-    action pair_14_load_hi() { payload.v29 = acc_14_load_hi.execute(index); }
     action pair_14_load_lo() { payload.v28 = acc_14_load_lo.execute(index); }
     table pair_14 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_14_add; pair_14_max; pair_14_load_hi; pair_14_load_lo;
+        actions = { pair_14_store; pair_14_add; pair_14_max; pair_14_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_14_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_14_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_14_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_14_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_14_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_14_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_14_store();
             (PASS_HARVEST, _): pair_14_load_lo();
         }
         const default_action = NoAction();
@@ -686,15 +688,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_15;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v30;
+            value.hi = payload.v31;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v30;
-                value.hi = payload.v31;
-            } else {
-                value.lo = value.lo + payload.v30;
-                value.hi = value.hi + payload.v31;
-            }
+            value.lo = value.lo + payload.v30;
+            value.hi = value.hi + payload.v31;
             rv = value.hi;
         }
     };
@@ -705,25 +709,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_15_store() { payload.v31 = acc_15_store.execute(index); }
     action pair_15_add() { payload.v31 = acc_15_add.execute(index); }
     action pair_15_max() { payload.v31 = acc_15_max.execute(index); }
-    action pair_15_load_hi() { payload.v31 = acc_15_load_hi.execute(index); }
     action pair_15_load_lo() { payload.v30 = acc_15_load_lo.execute(index); }
     table pair_15 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_15_add; pair_15_max; pair_15_load_hi; pair_15_load_lo;
+        actions = { pair_15_store; pair_15_add; pair_15_max; pair_15_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_15_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_15_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_15_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_15_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_15_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_15_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_15_store();
             (PASS_HARVEST, _): pair_15_load_lo();
         }
         const default_action = NoAction();
@@ -731,15 +733,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_16;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v32;
+            value.hi = payload.v33;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v32;
-                value.hi = payload.v33;
-            } else {
-                value.lo = value.lo + payload.v32;
-                value.hi = value.hi + payload.v33;
-            }
+            value.lo = value.lo + payload.v32;
+            value.hi = value.hi + payload.v33;
             rv = value.hi;
         }
     };
@@ -750,25 +754,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_16_store() { payload.v33 = acc_16_store.execute(index); }
     action pair_16_add() { payload.v33 = acc_16_add.execute(index); }
     action pair_16_max() { payload.v33 = acc_16_max.execute(index); }
-    action pair_16_load_hi() { payload.v33 = acc_16_load_hi.execute(index); }
     action pair_16_load_lo() { payload.v32 = acc_16_load_lo.execute(index); }
     table pair_16 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_16_add; pair_16_max; pair_16_load_hi; pair_16_load_lo;
+        actions = { pair_16_store; pair_16_add; pair_16_max; pair_16_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_16_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_16_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_16_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_16_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_16_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_16_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_16_store();
             (PASS_HARVEST, _): pair_16_load_lo();
         }
         const default_action = NoAction();
@@ -776,15 +778,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_17;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v34;
+            value.hi = payload.v35;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v34;
-                value.hi = payload.v35;
-            } else {
-                value.lo = value.lo + payload.v34;
-                value.hi = value.hi + payload.v35;
-            }
+            value.lo = value.lo + payload.v34;
+            value.hi = value.hi + payload.v35;
             rv = value.hi;
         }
     };
@@ -795,25 +799,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_17_store() { payload.v35 = acc_17_store.execute(index); }
     action pair_17_add() { payload.v35 = acc_17_add.execute(index); }
     action pair_17_max() { payload.v35 = acc_17_max.execute(index); }
-    action pair_17_load_hi() { payload.v35 = acc_17_load_hi.execute(index); }
     action pair_17_load_lo() { payload.v34 = acc_17_load_lo.execute(index); }
     table pair_17 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_17_add; pair_17_max; pair_17_load_hi; pair_17_load_lo;
+        actions = { pair_17_store; pair_17_add; pair_17_max; pair_17_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_17_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_17_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_17_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_17_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_17_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_17_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_17_store();
             (PASS_HARVEST, _): pair_17_load_lo();
         }
         const default_action = NoAction();
@@ -821,15 +823,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_18;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v36;
+            value.hi = payload.v37;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v36;
-                value.hi = payload.v37;
-            } else {
-                value.lo = value.lo + payload.v36;
-                value.hi = value.hi + payload.v37;
-            }
+            value.lo = value.lo + payload.v36;
+            value.hi = value.hi + payload.v37;
             rv = value.hi;
         }
     };
@@ -840,25 +844,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_18_store() { payload.v37 = acc_18_store.execute(index); }
     action pair_18_add() { payload.v37 = acc_18_add.execute(index); }
     action pair_18_max() { payload.v37 = acc_18_max.execute(index); }
-    action pair_18_load_hi() { payload.v37 = acc_18_load_hi.execute(index); }
     action pair_18_load_lo() { payload.v36 = acc_18_load_lo.execute(index); }
     table pair_18 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_18_add; pair_18_max; pair_18_load_hi; pair_18_load_lo;
+        actions = { pair_18_store; pair_18_add; pair_18_max; pair_18_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_18_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_18_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_18_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_18_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_18_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_18_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_18_store();
             (PASS_HARVEST, _): pair_18_load_lo();
         }
         const default_action = NoAction();
@@ -866,15 +868,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_19;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v38;
+            value.hi = payload.v39;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v38;
-                value.hi = payload.v39;
-            } else {
-                value.lo = value.lo + payload.v38;
-                value.hi = value.hi + payload.v39;
-            }
+            value.lo = value.lo + payload.v38;
+            value.hi = value.hi + payload.v39;
             rv = value.hi;
         }
     };
@@ -885,25 +889,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_19_store() { payload.v39 = acc_19_store.execute(index); }
     action pair_19_add() { payload.v39 = acc_19_add.execute(index); }
     action pair_19_max() { payload.v39 = acc_19_max.execute(index); }
-    action pair_19_load_hi() { payload.v39 = acc_19_load_hi.execute(index); }
     action pair_19_load_lo() { payload.v38 = acc_19_load_lo.execute(index); }
     table pair_19 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_19_add; pair_19_max; pair_19_load_hi; pair_19_load_lo;
+        actions = { pair_19_store; pair_19_add; pair_19_max; pair_19_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_19_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_19_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_19_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_19_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_19_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_19_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_19_store();
             (PASS_HARVEST, _): pair_19_load_lo();
         }
         const default_action = NoAction();
@@ -911,15 +913,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_20;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v40;
+            value.hi = payload.v41;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v40;
-                value.hi = payload.v41;
-            } else {
-                value.lo = value.lo + payload.v40;
-                value.hi = value.hi + payload.v41;
-            }
+            value.lo = value.lo + payload.v40;
+            value.hi = value.hi + payload.v41;
             rv = value.hi;
         }
     };
@@ -930,25 +934,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_20_store() { payload.v41 = acc_20_store.execute(index); }
     action pair_20_add() { payload.v41 = acc_20_add.execute(index); }
     action pair_20_max() { payload.v41 = acc_20_max.execute(index); }
-    action pair_20_load_hi() { payload.v41 = acc_20_load_hi.execute(index); }
     action pair_20_load_lo() { payload.v40 = acc_20_load_lo.execute(index); }
     table pair_20 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_20_add; pair_20_max; pair_20_load_hi; pair_20_load_lo;
+        actions = { pair_20_store; pair_20_add; pair_20_max; pair_20_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_20_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_20_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_20_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_20_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_20_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_20_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_20_store();
             (PASS_HARVEST, _): pair_20_load_lo();
         }
         const default_action = NoAction();
@@ -956,15 +958,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_21;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v42;
+            value.hi = payload.v43;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v42;
-                value.hi = payload.v43;
-            } else {
-                value.lo = value.lo + payload.v42;
-                value.hi = value.hi + payload.v43;
-            }
+            value.lo = value.lo + payload.v42;
+            value.hi = value.hi + payload.v43;
             rv = value.hi;
         }
     };
@@ -975,25 +979,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_21_store() { payload.v43 = acc_21_store.execute(index); }
     action pair_21_add() { payload.v43 = acc_21_add.execute(index); }
     action pair_21_max() { payload.v43 = acc_21_max.execute(index); }
-    action pair_21_load_hi() { payload.v43 = acc_21_load_hi.execute(index); }
     action pair_21_load_lo() { payload.v42 = acc_21_load_lo.execute(index); }
     table pair_21 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_21_add; pair_21_max; pair_21_load_hi; pair_21_load_lo;
+        actions = { pair_21_store; pair_21_add; pair_21_max; pair_21_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_21_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_21_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_21_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_21_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_21_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_21_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_21_store();
             (PASS_HARVEST, _): pair_21_load_lo();
         }
         const default_action = NoAction();
@@ -1001,15 +1003,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_22;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v44;
+            value.hi = payload.v45;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v44;
-                value.hi = payload.v45;
-            } else {
-                value.lo = value.lo + payload.v44;
-                value.hi = value.hi + payload.v45;
-            }
+            value.lo = value.lo + payload.v44;
+            value.hi = value.hi + payload.v45;
             rv = value.hi;
         }
     };
@@ -1020,25 +1024,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_22_store() { payload.v45 = acc_22_store.execute(index); }
     action pair_22_add() { payload.v45 = acc_22_add.execute(index); }
     action pair_22_max() { payload.v45 = acc_22_max.execute(index); }
-    action pair_22_load_hi() { payload.v45 = acc_22_load_hi.execute(index); }
     action pair_22_load_lo() { payload.v44 = acc_22_load_lo.execute(index); }
     table pair_22 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_22_add; pair_22_max; pair_22_load_hi; pair_22_load_lo;
+        actions = { pair_22_store; pair_22_add; pair_22_max; pair_22_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_22_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_22_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_22_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_22_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_22_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_22_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_22_store();
             (PASS_HARVEST, _): pair_22_load_lo();
         }
         const default_action = NoAction();
@@ -1046,15 +1048,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_23;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v46;
+            value.hi = payload.v47;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v46;
-                value.hi = payload.v47;
-            } else {
-                value.lo = value.lo + payload.v46;
-                value.hi = value.hi + payload.v47;
-            }
+            value.lo = value.lo + payload.v46;
+            value.hi = value.hi + payload.v47;
             rv = value.hi;
         }
     };
@@ -1065,25 +1069,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_23_store() { payload.v47 = acc_23_store.execute(index); }
     action pair_23_add() { payload.v47 = acc_23_add.execute(index); }
     action pair_23_max() { payload.v47 = acc_23_max.execute(index); }
-    action pair_23_load_hi() { payload.v47 = acc_23_load_hi.execute(index); }
     action pair_23_load_lo() { payload.v46 = acc_23_load_lo.execute(index); }
     table pair_23 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_23_add; pair_23_max; pair_23_load_hi; pair_23_load_lo;
+        actions = { pair_23_store; pair_23_add; pair_23_max; pair_23_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_23_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_23_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_23_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_23_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_23_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_23_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_23_store();
             (PASS_HARVEST, _): pair_23_load_lo();
         }
         const default_action = NoAction();
@@ -1091,15 +1093,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_24;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v48;
+            value.hi = payload.v49;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v48;
-                value.hi = payload.v49;
-            } else {
-                value.lo = value.lo + payload.v48;
-                value.hi = value.hi + payload.v49;
-            }
+            value.lo = value.lo + payload.v48;
+            value.hi = value.hi + payload.v49;
             rv = value.hi;
         }
     };
@@ -1110,25 +1114,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_24_store() { payload.v49 = acc_24_store.execute(index); }
     action pair_24_add() { payload.v49 = acc_24_add.execute(index); }
     action pair_24_max() { payload.v49 = acc_24_max.execute(index); }
-    action pair_24_load_hi() { payload.v49 = acc_24_load_hi.execute(index); }
     action pair_24_load_lo() { payload.v48 = acc_24_load_lo.execute(index); }
     table pair_24 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_24_add; pair_24_max; pair_24_load_hi; pair_24_load_lo;
+        actions = { pair_24_store; pair_24_add; pair_24_max; pair_24_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_24_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_24_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_24_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_24_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_24_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_24_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_24_store();
             (PASS_HARVEST, _): pair_24_load_lo();
         }
         const default_action = NoAction();
@@ -1136,15 +1138,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_25;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v50;
+            value.hi = payload.v51;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v50;
-                value.hi = payload.v51;
-            } else {
-                value.lo = value.lo + payload.v50;
-                value.hi = value.hi + payload.v51;
-            }
+            value.lo = value.lo + payload.v50;
+            value.hi = value.hi + payload.v51;
             rv = value.hi;
         }
     };
@@ -1155,25 +1159,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_25_store() { payload.v51 = acc_25_store.execute(index); }
     action pair_25_add() { payload.v51 = acc_25_add.execute(index); }
     action pair_25_max() { payload.v51 = acc_25_max.execute(index); }
-    action pair_25_load_hi() { payload.v51 = acc_25_load_hi.execute(index); }
     action pair_25_load_lo() { payload.v50 = acc_25_load_lo.execute(index); }
     table pair_25 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_25_add; pair_25_max; pair_25_load_hi; pair_25_load_lo;
+        actions = { pair_25_store; pair_25_add; pair_25_max; pair_25_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_25_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_25_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_25_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_25_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_25_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_25_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_25_store();
             (PASS_HARVEST, _): pair_25_load_lo();
         }
         const default_action = NoAction();
@@ -1181,15 +1183,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_26;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v52;
+            value.hi = payload.v53;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v52;
-                value.hi = payload.v53;
-            } else {
-                value.lo = value.lo + payload.v52;
-                value.hi = value.hi + payload.v53;
-            }
+            value.lo = value.lo + payload.v52;
+            value.hi = value.hi + payload.v53;
             rv = value.hi;
         }
     };
@@ -1200,25 +1204,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_26_store() { payload.v53 = acc_26_store.execute(index); }
     action pair_26_add() { payload.v53 = acc_26_add.execute(index); }
     action pair_26_max() { payload.v53 = acc_26_max.execute(index); }
-    action pair_26_load_hi() { payload.v53 = acc_26_load_hi.execute(index); }
     action pair_26_load_lo() { payload.v52 = acc_26_load_lo.execute(index); }
     table pair_26 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_26_add; pair_26_max; pair_26_load_hi; pair_26_load_lo;
+        actions = { pair_26_store; pair_26_add; pair_26_max; pair_26_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_26_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_26_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_26_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_26_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_26_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_26_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_26_store();
             (PASS_HARVEST, _): pair_26_load_lo();
         }
         const default_action = NoAction();
@@ -1226,15 +1228,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_27;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v54;
+            value.hi = payload.v55;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v54;
-                value.hi = payload.v55;
-            } else {
-                value.lo = value.lo + payload.v54;
-                value.hi = value.hi + payload.v55;
-            }
+            value.lo = value.lo + payload.v54;
+            value.hi = value.hi + payload.v55;
             rv = value.hi;
         }
     };
@@ -1245,25 +1249,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_27_store() { payload.v55 = acc_27_store.execute(index); }
     action pair_27_add() { payload.v55 = acc_27_add.execute(index); }
     action pair_27_max() { payload.v55 = acc_27_max.execute(index); }
-    action pair_27_load_hi() { payload.v55 = acc_27_load_hi.execute(index); }
     action pair_27_load_lo() { payload.v54 = acc_27_load_lo.execute(index); }
     table pair_27 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_27_add; pair_27_max; pair_27_load_hi; pair_27_load_lo;
+        actions = { pair_27_store; pair_27_add; pair_27_max; pair_27_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_27_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_27_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_27_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_27_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_27_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_27_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_27_store();
             (PASS_HARVEST, _): pair_27_load_lo();
         }
         const default_action = NoAction();
@@ -1271,15 +1273,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_28;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v56;
+            value.hi = payload.v57;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v56;
-                value.hi = payload.v57;
-            } else {
-                value.lo = value.lo + payload.v56;
-                value.hi = value.hi + payload.v57;
-            }
+            value.lo = value.lo + payload.v56;
+            value.hi = value.hi + payload.v57;
             rv = value.hi;
         }
     };
@@ -1290,25 +1294,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_28_store() { payload.v57 = acc_28_store.execute(index); }
     action pair_28_add() { payload.v57 = acc_28_add.execute(index); }
     action pair_28_max() { payload.v57 = acc_28_max.execute(index); }
-    action pair_28_load_hi() { payload.v57 = acc_28_load_hi.execute(index); }
     action pair_28_load_lo() { payload.v56 = acc_28_load_lo.execute(index); }
     table pair_28 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_28_add; pair_28_max; pair_28_load_hi; pair_28_load_lo;
+        actions = { pair_28_store; pair_28_add; pair_28_max; pair_28_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_28_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_28_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_28_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_28_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_28_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_28_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_28_store();
             (PASS_HARVEST, _): pair_28_load_lo();
         }
         const default_action = NoAction();
@@ -1316,15 +1318,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_29;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v58;
+            value.hi = payload.v59;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v58;
-                value.hi = payload.v59;
-            } else {
-                value.lo = value.lo + payload.v58;
-                value.hi = value.hi + payload.v59;
-            }
+            value.lo = value.lo + payload.v58;
+            value.hi = value.hi + payload.v59;
             rv = value.hi;
         }
     };
@@ -1335,25 +1339,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_29_store() { payload.v59 = acc_29_store.execute(index); }
     action pair_29_add() { payload.v59 = acc_29_add.execute(index); }
     action pair_29_max() { payload.v59 = acc_29_max.execute(index); }
-    action pair_29_load_hi() { payload.v59 = acc_29_load_hi.execute(index); }
     action pair_29_load_lo() { payload.v58 = acc_29_load_lo.execute(index); }
     table pair_29 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_29_add; pair_29_max; pair_29_load_hi; pair_29_load_lo;
+        actions = { pair_29_store; pair_29_add; pair_29_max; pair_29_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_29_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_29_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_29_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_29_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_29_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_29_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_29_store();
             (PASS_HARVEST, _): pair_29_load_lo();
         }
         const default_action = NoAction();
@@ -1361,15 +1363,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_30;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v60;
+            value.hi = payload.v61;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v60;
-                value.hi = payload.v61;
-            } else {
-                value.lo = value.lo + payload.v60;
-                value.hi = value.hi + payload.v61;
-            }
+            value.lo = value.lo + payload.v60;
+            value.hi = value.hi + payload.v61;
             rv = value.hi;
         }
     };
@@ -1380,25 +1384,23 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_30_store() { payload.v61 = acc_30_store.execute(index); }
     action pair_30_add() { payload.v61 = acc_30_add.execute(index); }
     action pair_30_max() { payload.v61 = acc_30_max.execute(index); }
-    action pair_30_load_hi() { payload.v61 = acc_30_load_hi.execute(index); }
     action pair_30_load_lo() { payload.v60 = acc_30_load_lo.execute(index); }
     table pair_30 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_30_add; pair_30_max; pair_30_load_hi; pair_30_load_lo;
+        actions = { pair_30_store; pair_30_add; pair_30_max; pair_30_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_30_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_30_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_30_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_30_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_30_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_30_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_30_store();
             (PASS_HARVEST, _): pair_30_load_lo();
         }
         const default_action = NoAction();
@@ -1406,15 +1408,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
     }
 
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_31;
+    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_store = {
+        void apply(inout acc_pair_t value, out bit<32> rv) {
+            value.lo = payload.v62;
+            value.hi = payload.v63;
+            rv = value.hi;
+        }
+    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_add = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
-            if (start == 1) {
-                value.lo = payload.v62;
-                value.hi = payload.v63;
-            } else {
-                value.lo = value.lo + payload.v62;
-                value.hi = value.hi + payload.v63;
-            }
+            value.lo = value.lo + payload.v62;
+            value.hi = value.hi + payload.v63;
             rv = value.hi;
         }
     };
@@ -1425,32 +1429,101 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
             rv = value.hi;
         }
     };
-    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_load_hi = {
-        void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.hi; }
-    };
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_load_lo = {
         void apply(inout acc_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
+    action pair_31_store() { payload.v63 = acc_31_store.execute(index); }
     action pair_31_add() { payload.v63 = acc_31_add.execute(index); }
     action pair_31_max() { payload.v63 = acc_31_max.execute(index); }
-    action pair_31_load_hi() { payload.v63 = acc_31_load_hi.execute(index); }
     action pair_31_load_lo() { payload.v62 = acc_31_load_lo.execute(index); }
     table pair_31 {
         key = { pass: exact @name("pass"); element_op: ternary @name("element_op"); }
-        actions = { pair_31_add; pair_31_max; pair_31_load_hi; pair_31_load_lo;
+        actions = { pair_31_store; pair_31_add; pair_31_max; pair_31_load_lo;
                     NoAction; }
         const entries = {
-            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_31_add();
+            (PASS_ELEMENTS, ELEMENT_OP_STORE): pair_31_store();
             (PASS_ELEMENTS, ELEMENT_OP_ADD): pair_31_add();
             (PASS_ELEMENTS, ELEMENT_OP_MAX): pair_31_max();
-            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_31_load_hi();
+            (PASS_ELEMENTS, ELEMENT_OP_LOAD): pair_31_add();
+            (PASS_ELEMENTS, ELEMENT_OP_CLEAR): pair_31_store();
             (PASS_HARVEST, _): pair_31_load_lo();
         }
         const default_action = NoAction();
         size = 8;
     }
 
+    action clear_payload() {
+        payload.v0 = 0;
+        payload.v1 = 0;
+        payload.v2 = 0;
+        payload.v3 = 0;
+        payload.v4 = 0;
+        payload.v5 = 0;
+        payload.v6 = 0;
+        payload.v7 = 0;
+        payload.v8 = 0;
+        payload.v9 = 0;
+        payload.v10 = 0;
+        payload.v11 = 0;
+        payload.v12 = 0;
+        payload.v13 = 0;
+        payload.v14 = 0;
+        payload.v15 = 0;
+        payload.v16 = 0;
+        payload.v17 = 0;
+        payload.v18 = 0;
+        payload.v19 = 0;
+        payload.v20 = 0;
+        payload.v21 = 0;
+        payload.v22 = 0;
+        payload.v23 = 0;
+        payload.v24 = 0;
+        payload.v25 = 0;
+        payload.v26 = 0;
+        payload.v27 = 0;
+        payload.v28 = 0;
+        payload.v29 = 0;
+        payload.v30 = 0;
+        payload.v31 = 0;
+        payload.v32 = 0;
+        payload.v33 = 0;
+        payload.v34 = 0;
+        payload.v35 = 0;
+        payload.v36 = 0;
+        payload.v37 = 0;
+        payload.v38 = 0;
+        payload.v39 = 0;
+        payload.v40 = 0;
+        payload.v41 = 0;
+        payload.v42 = 0;
+        payload.v43 = 0;
+        payload.v44 = 0;
+        payload.v45 = 0;
+        payload.v46 = 0;
+        payload.v47 = 0;
+        payload.v48 = 0;
+        payload.v49 = 0;
+        payload.v50 = 0;
+        payload.v51 = 0;
+        payload.v52 = 0;
+        payload.v53 = 0;
+        payload.v54 = 0;
+        payload.v55 = 0;
+        payload.v56 = 0;
+        payload.v57 = 0;
+        payload.v58 = 0;
+        payload.v59 = 0;
+        payload.v60 = 0;
+        payload.v61 = 0;
+        payload.v62 = 0;
+        payload.v63 = 0;
+    }
     apply {
+        if (pass == PASS_ELEMENTS) {
+            if (element_op == ELEMENT_OP_LOAD || element_op == ELEMENT_OP_CLEAR) {
+                clear_payload();
+            }
+        }
         pair_0.apply();
         pair_1.apply();
         pair_2.apply();
@@ -1534,77 +1607,6 @@ control WorkerBit(in bit<8> worker_id, out bit<32> worker_bit, out bit<32> close
         size = 32;
     }
     apply { bit_of_worker.apply(); }
-}
-
-// A FLUSH of a round the slot never saw stores zeros: the payload is cleared before the element
-// pass.
-control PayloadClear(inout lta_payload_t payload) {
-    apply {
-        payload.v0 = 0;
-        payload.v1 = 0;
-        payload.v2 = 0;
-        payload.v3 = 0;
-        payload.v4 = 0;
-        payload.v5 = 0;
-        payload.v6 = 0;
-        payload.v7 = 0;
-        payload.v8 = 0;
-        payload.v9 = 0;
-        payload.v10 = 0;
-        payload.v11 = 0;
-        payload.v12 = 0;
-        payload.v13 = 0;
-        payload.v14 = 0;
-        payload.v15 = 0;
-        payload.v16 = 0;
-        payload.v17 = 0;
-        payload.v18 = 0;
-        payload.v19 = 0;
-        payload.v20 = 0;
-        payload.v21 = 0;
-        payload.v22 = 0;
-        payload.v23 = 0;
-        payload.v24 = 0;
-        payload.v25 = 0;
-        payload.v26 = 0;
-        payload.v27 = 0;
-        payload.v28 = 0;
-        payload.v29 = 0;
-        payload.v30 = 0;
-        payload.v31 = 0;
-        payload.v32 = 0;
-        payload.v33 = 0;
-        payload.v34 = 0;
-        payload.v35 = 0;
-        payload.v36 = 0;
-        payload.v37 = 0;
-        payload.v38 = 0;
-        payload.v39 = 0;
-        payload.v40 = 0;
-        payload.v41 = 0;
-        payload.v42 = 0;
-        payload.v43 = 0;
-        payload.v44 = 0;
-        payload.v45 = 0;
-        payload.v46 = 0;
-        payload.v47 = 0;
-        payload.v48 = 0;
-        payload.v49 = 0;
-        payload.v50 = 0;
-        payload.v51 = 0;
-        payload.v52 = 0;
-        payload.v53 = 0;
-        payload.v54 = 0;
-        payload.v55 = 0;
-        payload.v56 = 0;
-        payload.v57 = 0;
-        payload.v58 = 0;
-        payload.v59 = 0;
-        payload.v60 = 0;
-        payload.v61 = 0;
-        payload.v62 = 0;
-        payload.v63 = 0;
-    }
 }
 
 #endif

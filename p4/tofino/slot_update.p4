@@ -41,7 +41,6 @@ const bit<8> ACCESS_CLEAR = 9;    // slot_bitmap: a new round opened by FLUSH (e
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
-    PayloadClear() payload_clear;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
@@ -288,12 +287,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
-    action to_element_pass(bit<8> element_op, bit<1> start, bit<8> emit) {
-        hdr.pass.setValid();
-        hdr.pass.pass = PASS_ELEMENTS;
-        hdr.pass.element_op = element_op;
-        hdr.pass.start = start;
-        hdr.pass.emit = emit;
+    action to_element_pass(bit<8> element_op, bit<8> emit) {
+        hdr.pass_out.setValid();
+        hdr.pass_out.pass = PASS_ELEMENTS;
+        hdr.pass_out.element_op = element_op;
+        hdr.pass_out.emit = emit;
         // slot_index and mcast_grp are copied where the packet recirculates (ingress.p4): one action
         // may not write constants and several PHV sources into the pass header's containers.
     }
@@ -369,9 +367,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
             if (round == ROUND_OLDER) {
                 if (hdr.lta.op == OP_GRAD) {
-                    meta.branch = BRANCH_GRAD_STALE;
+                    meta.slot_branch = BRANCH_GRAD_STALE;
                 } else {
-                    meta.branch = BRANCH_FLUSH_STALE;
+                    meta.slot_branch = BRANCH_FLUSH_STALE;
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
@@ -391,7 +389,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 result_access = ACCESS_SET;
             } else if (hdr.lta.op == OP_FLUSH) {
                 if (flushed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
+                    meta.slot_branch = BRANCH_FLUSH_RESEND;
                 } else {
                     // Close the round if it is open: the bitmap so far becomes the RESULT's.
                     bitmap_access = ACCESS_READ_LO;
@@ -400,7 +398,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     result_flags = closed_flags;
                 }
             } else if (flushed) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
+                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
             } else if (same_exp) {
                 bitmap_access = ACCESS_TEST_SET;
             } else {
@@ -462,56 +460,55 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         if (control_pass) {
             // The branch, and what the next passes do.
             if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
-                meta.branch = BRANCH_GRAD_START;
+                meta.slot_branch = BRANCH_GRAD_START;
                 if (quorum_of_one) {
                     meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);
+                    to_element_pass(ELEMENT_OP_STORE, EMIT_MULTICAST);
                 } else {
-                    to_element_pass(ELEMENT_OP_STORE, 1, EMIT_NONE);
+                    to_element_pass(ELEMENT_OP_STORE, EMIT_NONE);
                 }
             } else if (bitmap_access == ACCESS_CLEAR) {
-                meta.branch = BRANCH_FLUSH_EMPTY;
-                payload_clear.apply(hdr.payload);
-                to_element_pass(ELEMENT_OP_STORE, 1, EMIT_MULTICAST);  // stores the zeroed payload
+                meta.slot_branch = BRANCH_FLUSH_EMPTY;
+                to_element_pass(ELEMENT_OP_CLEAR, EMIT_MULTICAST);  // stores zeros
             } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
                 if (was_closed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    meta.slot_branch = BRANCH_FLUSH_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
-                    meta.branch = BRANCH_FLUSH_PARTIAL;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                    meta.slot_branch = BRANCH_FLUSH_PARTIAL;
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;
+                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
                 if (was_closed) {
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
                     meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_MULTICAST);
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE) {
-                meta.branch = BRANCH_GRAD_ADD;
+                meta.slot_branch = BRANCH_GRAD_ADD;
                 bit<8> op = ELEMENT_OP_ADD;
                 if ((round & ROUND_MAX) != 0) {
                     op = ELEMENT_OP_MAX;
                 }
                 if (closing == 1) {
                     meta.result_quorum = true;
-                    to_element_pass(op, 0, EMIT_MULTICAST);
+                    to_element_pass(op, EMIT_MULTICAST);
                 } else {
-                    to_element_pass(op, 0, EMIT_NONE);
+                    to_element_pass(op, EMIT_NONE);
                 }
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
-                    meta.branch = BRANCH_GRAD_LATE_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);
+                    meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
+                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else if (seen) {
-                    meta.branch = BRANCH_GRAD_DUP;
+                    meta.slot_branch = BRANCH_GRAD_DUP;
                 } else {
-                    meta.branch = BRANCH_GRAD_EXP_MISMATCH;
+                    meta.slot_branch = BRANCH_GRAD_EXP_MISMATCH;
                 }
-            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
-                to_element_pass(ELEMENT_OP_LOAD, 0, EMIT_RESEND);  // closed by a FLUSH
+            } else if (meta.slot_branch == BRANCH_FLUSH_RESEND || meta.slot_branch == BRANCH_GRAD_LATE_RESEND) {
+                to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);  // closed by a FLUSH
             }
         } else if (element_pass && emits) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
