@@ -131,8 +131,9 @@ assert HEADER_STRUCT.size == HEADER_BYTES
 MAX_ELEMS_PER_PACKET = (65507 - HEADER_BYTES) // 4
 
 # Counter names: one per branch of the switch contract. The softswitch, the P4 program (indirect
-# counters indexed by job id) and the control plane use exactly these names.
-COUNTERS: tuple[str, ...] = (
+# counters indexed by job id) and the control plane use exactly these names (the flat contract's, then
+# the hierarchy's: HIERARCHY_COUNTERS below).
+_FLAT_COUNTERS: tuple[str, ...] = (
     "rx_packets",  # every packet that reached the pipeline
     "drop_malformed",  # short, wrong version, bad op, nelem > K, wrong payload length
     "drop_unknown_job",
@@ -159,16 +160,17 @@ COUNTERS: tuple[str, ...] = (
 )
 
 
-# Counters of the hierarchy's branches (docs/protocol.md, "Hierarchy"). Kept beside COUNTERS, not in it:
-# COUNTERS is also the P4 program's counter list (generated), and the P4 program has no roles yet. The
-# softswitch counts both lists (read_counters returns COUNTERS + HIERARCHY_COUNTERS).
+# Counters of the hierarchy's branches (docs/protocol.md, "Hierarchy"): 0 for a flat job. They close
+# COUNTERS, so the branch codes of the flat contract keep their numbers.
 HIERARCHY_COUNTERS: tuple[str, ...] = (
     "up_partial",  # a leaf closed its round (quorum or FLUSH) and sent its partial aggregate up
     "up_resend",  # a leaf sent a forwarded partial up again (a worker asked for a round still unanswered)
     "down_result",  # a leaf took the spine's RESULT and multicast it to its workers
     "down_stale",  # a RESULT from the uplink for an older round than the slot's: dropped
 )
-SWITCH_COUNTERS: tuple[str, ...] = COUNTERS + HIERARCHY_COUNTERS
+COUNTERS: tuple[str, ...] = _FLAT_COUNTERS + HIERARCHY_COUNTERS
+# The softswitch's counters: the same list (kept as a name for its readers).
+SWITCH_COUNTERS: tuple[str, ...] = COUNTERS
 
 
 # Per-worker packet counter, for liveness: every packet that passes the worker check (GRAD, FLUSH,

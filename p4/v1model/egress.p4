@@ -1,6 +1,7 @@
 // Egress: one pass per replica. The receiver is egress_rid for multicast replicas (egress_rid = worker
 // id) and meta.receiver for a unicast resend. Each replica passes its receiver's drop policy (down for
-// RESULT, param for PARAM / PARAM_REQ unless CRITICAL), then is readdressed and counted tx_packets.
+// RESULT, param for PARAM / PARAM_REQ unless CRITICAL; none for a leaf's partial going up, receiver
+// LTA_UPLINK), then is readdressed and counted tx_packets.
 #ifndef LTA_EGRESS
 #define LTA_EGRESS
 
@@ -32,6 +33,8 @@ control LtaEgress(inout headers_t hdr, inout lta_metadata_t meta,
                 if (drop) {
                     outcome = BRANCH_DROP_POLICY_DOWN;
                 }
+            } else if (receiver == LTA_UPLINK) {
+                // a leaf's partial to its uplink: no policy here (the spine's up policy, by leaf, applies)
             } else if (receiver == hdr.lta.worker_id) {
                 outcome = BRANCH_NONE;  // the sender's own copy of its PARAM: not a packet sent
             } else {

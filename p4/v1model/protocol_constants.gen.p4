@@ -8,12 +8,16 @@ const bit<16> LTA_ELEMS = 64;  // K: int32 payload values per packet
 const bit<16> LTA_UDP_BYTES = 300;  // UDP header + LTA header + K int32
 const bit<32> LTA_MAX_JOBS = 64;
 const bit<32> LTA_MAX_WORKERS = 64;
+const bit<8> LTA_MAX_LEAVES = 32;
 const bit<8> OP_GRAD = 1;
 const bit<8> OP_RESULT = 2;
 const bit<8> OP_FLUSH = 3;
 const bit<8> OP_PARAM = 4;
 const bit<8> OP_PARAM_REQ = 5;
 const bit<8> OP_HEARTBEAT = 10;
+const bit<8> ROLE_FLAT = 0;
+const bit<8> ROLE_LEAF = 1;
+const bit<8> ROLE_SPINE = 2;
 const bit<8> FLAG_RETX = 0x01;
 const bit<8> FLAG_SATURATED = 0x02;
 const bit<8> FLAG_CRITICAL = 0x04;
@@ -49,5 +53,9 @@ const bit<8> BRANCH_HEARTBEAT = 19;
 const bit<8> BRANCH_DROP_POLICY_DOWN = 20;
 const bit<8> BRANCH_DROP_POLICY_PARAM = 21;
 const bit<8> BRANCH_TX_PACKETS = 22;
+const bit<8> BRANCH_UP_PARTIAL = 23;
+const bit<8> BRANCH_UP_RESEND = 24;
+const bit<8> BRANCH_DOWN_RESULT = 25;
+const bit<8> BRANCH_DOWN_STALE = 26;
 
 #endif

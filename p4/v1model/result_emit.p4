@@ -1,6 +1,7 @@
 // Result emit: turn the packet into the slot's RESULT (every field from the slot state just read from
 // or written to the registers; the payload already holds the accumulators) and address it: multicast
-// to the job's group (one replica per worker, egress_rid = worker id) or back to the asking worker.
+// to the job's group (one replica per worker, egress_rid = worker id) or back to the asking worker. A
+// leaf's partial (EMIT_UP) is the same packet as a GRAD or FLUSH from contributor leaf_id to its uplink.
 #ifndef LTA_RESULT_EMIT
 #define LTA_RESULT_EMIT
 
@@ -11,7 +12,7 @@ control ResultEmit(inout lta_t lta, inout lta_metadata_t meta, inout standard_me
         meta.receiver = lta.worker_id;
         lta.op = OP_RESULT;
         lta.flags = meta.slot.flags;
-        if (meta.emit == EMIT_RESEND) {
+        if (meta.emit == EMIT_RESEND || meta.retx) {
             lta.flags = lta.flags | FLAG_RETX;
         }
         lta.exp = meta.slot.exp;
@@ -25,6 +26,11 @@ control ResultEmit(inout lta_t lta, inout lta_metadata_t meta, inout standard_me
         lta.bitmap = meta.slot.bitmap;
         if (meta.emit == EMIT_MULTICAST) {
             standard_metadata.mcast_grp = meta.mcast_grp;
+        } else if (meta.emit == EMIT_UP) {
+            lta.op = meta.up_op;
+            lta.worker_id = meta.leaf_id;
+            meta.receiver = LTA_UPLINK;
+            standard_metadata.egress_spec = meta.uplink_port;
         } else {
             standard_metadata.egress_spec = standard_metadata.ingress_port;
         }
