@@ -163,7 +163,8 @@ def counters() -> str:
         out += [f"    action count_{n}() {{ {n}_counter.count(index); }}" for n in branch_names]
         out.append("    table branch_counter {")
         out.append('        key = { branch: exact @name("branch"); }')
-        out.append("        actions = { " + " ".join(f"count_{n};" for n in branch_names) + " NoAction; }")
+        actions = "        actions = { " + " ".join(f"count_{n};" for n in branch_names) + " NoAction; }"
+        out.append(actions)
         out.append("        const entries = {")
         out += [f"            {branch_constant(n)}: count_{n}();" for n in branch_names]
         out.append("        }")
@@ -172,7 +173,7 @@ def counters() -> str:
         if also:
             out.append("    table also_counter {")
             out.append('        key = { also: exact @name("also"); }')
-            out.append("        actions = { " + " ".join(f"count_{n};" for n in branch_names) + " NoAction; }")
+            out.append(actions)
             out.append("        const entries = {")
             out += [f"            {branch_constant(n)}: count_{n}();" for n in branch_names]
             out.append("        }")
