@@ -262,6 +262,54 @@ def test_spine_policies_are_by_leaf(fresh):
     )  # fmt: skip
 
 
+def test_seeded_random_leaf_and_spine_sequence(fresh):
+    """A leaf job and a spine job side by side, fed a seeded mix of GRADs, FLUSHes, RESULTs from the
+    uplink (and from elsewhere), partials with random bitmaps (some with a wrong count), exponents,
+    MAX / SATURATED / CRITICAL / RETX flags and spoofed ports: both switches agree packet by packet."""
+    fresh.configure(lambda ctl: ctl.add_job(leaf_spec(quorum=2)))
+    fresh.configure(lambda ctl: ctl.add_job(spine_spec()))
+    rng = random.Random(2027)
+    packets = []
+    for i in range(400):
+        fields = dict(
+            slot=rng.randrange(3),
+            seq=i // 25 + rng.choice((1, 1, 1, 0)),  # rounds move on, with some stale packets
+            exp=rng.choice((0, 0, 1)),
+            flags=rng.choice(
+                (0, 0, 0, int(Flag.MAX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.RETX))
+            ),
+            weight=rng.randrange(4),
+        )
+        values = vec(rng.randrange(10**6))
+        if rng.random() < 0.5:  # the leaf: its workers 2 and 3, or the spine's RESULT on port 4
+            kind = rng.choices(("grad", "flush", "result", "param"), (0.6, 0.2, 0.12, 0.08))[0]
+            w = rng.choice((2, 3, 3, 2, 0))
+            port = w - 1 if w else 1
+            if kind == "result":
+                bitmap = rng.randrange(16)
+                lta = result(1, rng.randrange(4), values, bitmap.bit_count(), bitmap, **fields)
+                port = UPLINK_PORT if rng.random() > 0.1 else 1
+            elif kind == "param":
+                lta = make_packet(Op.PARAM, job_id=1, worker_id=w, payload=values)
+            elif kind == "grad":
+                lta = grad(1, w, values, **fields)
+            else:
+                lta = flush(1, w, **fields)
+        else:  # the spine: partials from leaves 0..2 on ports 1..3
+            leaf = rng.randrange(3)
+            # mostly the leaf's own workers (2 per leaf, some lost), sometimes anyone's (overlaps)
+            bitmap = rng.randrange(4) << (2 * leaf) if rng.random() > 0.1 else rng.randrange(256)
+            count = bitmap.bit_count() + (1 if rng.random() < 0.05 else 0)
+            op = Op.GRAD if rng.random() < 0.75 else Op.FLUSH
+            lta = partial(2, leaf, values, count, bitmap, op=op, **fields)
+            port = leaf + 1 if rng.random() > 0.05 else rng.randint(1, 4)
+        packets.append((port, lta))
+    out = run(fresh, packets)
+    assert sum(len(o) for o in out) > 80  # rounds really closed, went up and came down
+    counters = fresh.counters()[0][0]
+    assert counters[1]["up_partial"] > 5 and counters[1]["down_result"] > 10 and counters[2]["grad_add"] > 10
+
+
 # ---- a whole tree: 2 leaves x 2 workers and a spine, loss on both levels ---------------------------
 class Fabric:
     """Moves packets between workers (2 per leaf, on leaf ports 1 and 2), the leaves (uplink port 3)

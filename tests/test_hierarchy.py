@@ -326,6 +326,9 @@ def test_jobs_file_roles_reach_the_switch():
         ('uplink = "127.0.0.1:1"', "only belong"),
         ('role = "leaf"\nuplink = "nowhere"', "HOST:PORT"),
         ('role = "leaf"\nuplink = "127.0.0.1:1"\nleaf_id = 40', "leaf_id"),
+        ('role = "leaf"\nuplink = { port = 3 }', "give the spine's ip and udp_port"),
+        ('role = "leaf"\nuplink = 3', "uplink is"),
+        ('role = "leaf"\nuplink = { ip = "10.0.0.9", udp_port = 1, port = 999 }', "port"),
     ],
 )
 def test_jobs_file_refuses_bad_roles(change, message):
