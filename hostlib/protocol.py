@@ -167,6 +167,7 @@ HIERARCHY_COUNTERS: tuple[str, ...] = (
     "up_resend",  # a leaf sent a forwarded partial up again (a worker asked for a round still unanswered)
     "down_result",  # a leaf took the spine's RESULT and multicast it to its workers
     "down_stale",  # a RESULT from the uplink for an older round than the slot's: dropped
+    "up_held",  # a leaf's first-try FLUSH of a round whose partial went up again at an earlier FLUSH: no send
 )
 COUNTERS: tuple[str, ...] = _FLAT_COUNTERS + HIERARCHY_COUNTERS
 # The softswitch's counters: the same list (kept as a name for its readers).

@@ -45,10 +45,21 @@ def simulate_reduce(
     exp_copies: int = 2,
     fallback: np.ndarray | None = None,
     seed: int = 0,
+    leaf_of: np.ndarray | None = None,
+    spine_up: DropPolicy = NO_LOSS,
+    spine_down: DropPolicy = NO_LOSS,
+    partial_tries: int = 2,
 ) -> SimulatedReduce:
     """Reduce ``inputs`` (N workers × n values) as the fabric would under the given loss.
 
-    ``fallback`` (N × n) is what a worker keeps where no RESULT reaches it (default: zeros)."""
+    ``fallback`` (N × n) is what a worker keeps where no RESULT reaches it (default: zeros).
+
+    ``leaf_of`` (N ints): a leaf-spine tree (docs/protocol.md, "Hierarchy") instead of one switch; worker
+    w sends to leaf ``leaf_of[w]`` (``up``/``down`` are the worker links), each leaf sends its partial of
+    each round to the spine (``spine_up``) and gets the RESULT back (``spine_down``). A leaf's partial and
+    the spine's RESULT to a leaf are lost only when all ``partial_tries`` tries are (the leaf sends its
+    partial again at its workers' first FLUSH, and a FLUSH brings a lost RESULT back); a worker's data
+    counts when its GRAD reached its leaf and its leaf's partial reached the spine."""
     n_workers, n = inputs.shape
     k = elems_per_packet
     c = -(-n // k)
@@ -59,6 +70,24 @@ def simulate_reduce(
     def lost(stream: DropStream, shape: tuple[int, ...]) -> np.ndarray:
         return stream.drop_many(int(np.prod(shape))).reshape(shape)
 
+    def leaf_links(policy: DropPolicy, stream_seed: int, units: int) -> np.ndarray:
+        """(N, units) bool: the link from/to each worker's leaf and the spine held (some try got through)."""
+        if leaf_of is None:
+            return np.ones((n_workers, units), dtype=bool)
+        tries = lost(DropStream(policy, stream_seed), (partial_tries, n_leaves, units))
+        return ~np.all(tries, axis=0)[leaf_of]
+
+    n_leaves = 0
+    if leaf_of is not None:
+        leaf_of = np.asarray(leaf_of, dtype=np.int64)
+        if leaf_of.shape != (n_workers,) or leaf_of.min() < 0:
+            raise ValueError(
+                f"leaf_of needs one leaf index >= 0 per worker ({n_workers}), got {leaf_of.shape}"
+            )
+        if partial_tries < 1:
+            raise ValueError(f"partial_tries must be >= 1, got {partial_tries}")
+        n_leaves = int(leaf_of.max()) + 1
+
     chunks = np.zeros((n_workers, c * k), dtype=np.float32)
     chunks[:, :n] = inputs
     chunks = chunks.reshape(n_workers, c, k)
@@ -67,9 +96,11 @@ def simulate_reduce(
     # Exponent round: a worker's proposal counts if any of its copies got through; each worker learns
     # the agreed exponents if that unit's RESULT reaches it.
     e_up = np.all(lost(streams[0], (exp_copies, n_workers, e_units)), axis=0)  # all copies lost
+    e_up |= ~leaf_links(spine_up, seed * 7919 + 3, e_units)  # the leaf's partial never reached the spine
     e_in = np.repeat(~e_up, k, axis=1)[:, :c]
     agreed = np.where(e_in, proposals, np.iinfo(np.int32).min).max(axis=0)
-    e_known = np.repeat(~lost(streams[1], (n_workers, e_units)), k, axis=1)[:, :c]
+    e_back = ~lost(streams[1], (n_workers, e_units)) & leaf_links(spine_down, seed * 7919 + 4, e_units)
+    e_known = np.repeat(e_back, k, axis=1)[:, :c]
     e_known &= e_in.any(axis=0, keepdims=True)
 
     shifts = codec.data_shifts(agreed, n_workers)
@@ -77,10 +108,12 @@ def simulate_reduce(
     ints = ints.reshape(n_workers, c, k)
     # Data round: sent if the exponent is known and fits; summed if the GRAD survives the up link.
     contributed = e_known & ~saturated.reshape(n_workers, c) & ~lost(streams[0], (n_workers, c))
+    contributed &= leaf_links(spine_up, seed * 7919 + 5, c)
     count = contributed.sum(axis=0)
     sums = np.einsum("wc,wck->ck", contributed.astype(np.int64), ints.astype(np.int64))
     mean = codec.dequantize(sums, shifts, np.maximum(count, 1))
     delivered = ~lost(streams[1], (n_workers, c)) & (count > 0)[None, :]
+    delivered &= leaf_links(spine_down, seed * 7919 + 6, c)
     base = (
         np.zeros((n_workers, c * k), np.float32)
         if fallback is None

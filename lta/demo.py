@@ -84,6 +84,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"K: float32 values per packet, 1..{MAX_ELEMS_PER_PACKET}",
     )
     p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of inputs and drops")
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="with --leaves L: the tree in network namespaces (root), each switch a softswitch process in "
+        "its own, --loss/--down-loss dropped by the kernel (nftables) on every worker link and leaf uplink",
+    )
+    p.add_argument(
+        "--netns-prefix",
+        type=_netns_prefix,
+        default="lta",
+        help="--netns: the namespaces' names start with it (default lta)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     p.set_defaults(func=run)
 
@@ -125,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--leaves {args.leaves} is more than --workers {args.workers}: every leaf needs a worker"
         )
+    if args.netns:
+        return _run_netns(args, n_values)
     drop = {"up": DropPolicy(p=args.loss), "down": DropPolicy(p=args.down_loss)}
     spec = JobSpec(
         n_workers=args.workers,
@@ -165,6 +179,37 @@ def run(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     _print_tables(args, results, counters, wall, ok, leaves)
     return 0 if ok else 1
+
+
+def _netns_prefix(text: str) -> str:
+    if not text.isalnum() or len(text) > 8:
+        raise argparse.ArgumentTypeError(f"a prefix is 1..8 letters or digits, got {text!r}")
+    return text
+
+
+def _run_netns(args: argparse.Namespace, n_values: int) -> int:
+    """``--netns``: the tree in network namespaces (lta/tree_netns.py)."""
+    from lta.bench.lossy import require_root_or_say
+    from lta.tree_netns import TreeDemoConfig, format_report, run_tree_demo
+
+    if not args.leaves:
+        raise UsageError("--netns builds a leaf-spine tree: give --leaves L (one switch: lta mininet)")
+    if args.elems_per_packet != 64 or args.fallback != "prev":
+        raise UsageError(
+            "--netns runs the workers with the transport's defaults: drop --elems-per-packet/--fallback"
+        )
+    require_root_or_say("lta demo --netns")
+    config = TreeDemoConfig(
+        workers=args.workers, leaves=args.leaves, loss=args.loss, down_loss=args.down_loss, elems=n_values,
+        rounds=args.rounds, seed=args.seed, prefix=args.netns_prefix,
+    )  # fmt: skip
+    with Status(f"lta demo --netns: {args.workers} workers, {args.leaves} leaves") as status:
+        report = run_tree_demo(config, status.update)
+    if args.json:
+        emit(SCHEMA, report.as_dict())
+    else:
+        print(format_report(report))
+    return 0 if report.ok else 1
 
 
 def _print_tables(args, results, counters, wall, ok, leaves) -> None:

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Self
 
 from mininet_topos.linkshape import (
     LinkSpec,
@@ -160,43 +160,18 @@ def remove_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
     return removed
 
 
-class NetnsNetwork:
-    """``n_workers`` worker hosts and one aggregator, bridged in a switch namespace. See the module doc."""
+class NamespaceSet:
+    """What every namespace harness here shares: a tag for its names, the namespaces it created, the
+    processes it started in them, a runtime bound, and a teardown that removes all of them by PID and by
+    name whatever happens (exceptions, SIGTERM, the bound). Subclasses build their links in
+    :meth:`setup` (creating namespaces with :meth:`add_namespace`, then calling
+    :meth:`start_watchdog`)."""
 
-    def __init__(
-        self,
-        n_workers: int,
-        link: LinkSpec | None = None,
-        aggregator_link: LinkSpec | None = None,
-        *,
-        subnet: str = "10.77.0",
-        prefix: str = DEFAULT_PREFIX,
-        max_runtime_s: float = 600.0,
-        loss_backend: str = "auto",
-        switch: str = "bridge",
-        mtu: int | None = None,
-    ) -> None:
-        if not 1 <= n_workers <= 250:
-            raise ValueError(f"n_workers must be in 1..250 (one /24), got {n_workers}")
-        if switch not in SWITCH_KINDS:
-            raise ValueError(f"switch must be one of {SWITCH_KINDS}, got {switch!r}")
+    def __init__(self, prefix: str, max_runtime_s: float) -> None:
         if "-" in prefix or not prefix:
             raise ValueError(f"prefix must be a non-empty name without '-', got {prefix!r}")
-        self.link = link or LinkSpec()
-        self.aggregator_link = aggregator_link or LinkSpec(rate_mbit=None)
-        if mtu is not None:
-            _check_mtu(mtu, [self.link, self.aggregator_link])
-        self.mtu = mtu  # None: the kernel's default (1500)
-        self.max_runtime_s = max_runtime_s
-        self.loss_backend = loss_backend
         self.tag = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.switch_ns = f"{self.tag}-sw"
-        self.workers = [Host(f"h{i}", f"{self.tag}-h{i}", f"{subnet}.{i + 1}") for i in range(n_workers)]
-        self.switch = switch
-        # bridge: an aggregation host on the bridge; raw: the switch namespace itself aggregates
-        # (run softswitch.rawport there on raw_ports(), reachable at switch_ip).
-        self.aggregator = Host("agg", f"{self.tag}-agg", f"{subnet}.254") if switch == "bridge" else None
-        self.switch_ip = f"{subnet}.253"
+        self.max_runtime_s = max_runtime_s
         self.use_netem = False
         self.expired = False
         self._procs: list[subprocess.Popen[Any]] = []
@@ -205,16 +180,8 @@ class NetnsNetwork:
         self._watchdog: threading.Timer | None = None
         self._old_sigterm: Any = None
 
-    @property
-    def hosts(self) -> list[Host]:
-        return [*self.workers, self.aggregator] if self.aggregator else list(self.workers)
-
-    def raw_ports(self) -> dict[int, str]:
-        """Switch port numbers (1-based, as in Mininet) to interfaces in the switch namespace."""
-        return {i + 1: self.port_of(h) for i, h in enumerate(self.workers)}
-
     # ---- lifecycle -----------------------------------------------------------------------------
-    def __enter__(self) -> NetnsNetwork:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             # SIGTERM would otherwise skip __exit__ and leave the namespaces behind.
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
@@ -240,32 +207,17 @@ class NetnsNetwork:
             )
 
     def setup(self) -> None:
-        require_root()
-        self.use_netem = resolve_backend(self.loss_backend)
-        for ns in [self.switch_ns, *(h.netns for h in self.hosts)]:
-            run_checked(["ip", "netns", "add", ns])
-            self._created.append(ns)
-            self._ns(ns, "ip", "link", "set", "lo", "up")
-            # No IPv6 chatter (router solicitations, DAD) on the emulated links.
-            self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-            self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        if self.switch == "bridge":
-            self._ns(self.switch_ns, "ip", "link", "add", BRIDGE, "type", "bridge")
-            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "up")
-        for host in self.hosts:
-            self._attach(host)
-        if self.switch == "bridge" and self.mtu is not None:
-            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu))
-        if self.use_netem:
-            pass
-        elif self.switch == "bridge":
-            links = {self.port_of(h): self.link_of(h) for h in self.hosts}
-            self._ns(self.switch_ns, "nft", "-f", "-", stdin=nft_bridge_loss_script(LOSS_TABLE, links))
-        else:
-            # Packet sockets see a frame before any hook on the switch side: drop at the host's interface.
-            for host in self.hosts:
-                script = nft_device_loss_script(LOSS_TABLE, host.dev, self.link_of(host))
-                self._ns(host.netns, "nft", "-f", "-", stdin=script)
+        raise NotImplementedError
+
+    def add_namespace(self, ns: str) -> None:
+        """Create ``ns`` (removed by teardown), loopback up, no IPv6 chatter (router solicitations, DAD)."""
+        run_checked(["ip", "netns", "add", ns])
+        self._created.append(ns)
+        self._ns(ns, "ip", "link", "set", "lo", "up")
+        self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+        self._ns(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+
+    def start_watchdog(self) -> None:
         self._watchdog = threading.Timer(self.max_runtime_s, self._on_deadline)
         self._watchdog.daemon = True
         self._watchdog.start()
@@ -283,6 +235,10 @@ class NetnsNetwork:
             raise NetnsError("teardown left namespaces behind: " + "; ".join(errors))
 
     # ---- running things ------------------------------------------------------------------------
+    def loss_before_segmentation(self) -> bool:
+        """Whether loss is applied before the kernel segments a UDP GSO train (see per_datagram_env)."""
+        return self.use_netem
+
     def run_in(self, host: Host | str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside the host's namespace; teardown (or the runtime bound) kills it."""
         ns = host.netns if isinstance(host, Host) else host
@@ -292,7 +248,7 @@ class NetnsNetwork:
             argv = ["ip", "netns", "exec", ns, *argv]
             # Loss before segmentation (netem, device hooks) would drop a GSO train whole: one datagram
             # per message there (linkshape.per_datagram_env).
-            env = per_datagram_env(self.use_netem or self.switch != "bridge")
+            env = per_datagram_env(self.loss_before_segmentation())
             if env is not None and "env" not in popen_kwargs:
                 popen_kwargs["env"] = env
             proc = subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
@@ -304,48 +260,9 @@ class NetnsNetwork:
         ns = host.netns if isinstance(host, Host) else host
         return run_checked(["ip", "netns", "exec", ns, *argv], stdin)
 
-    def port_of(self, host: Host) -> str:
-        """The bridge port (in the switch namespace) that the host's link ends on."""
-        return "pagg" if host == self.aggregator else f"p{self.workers.index(host)}"
-
-    def link_of(self, host: Host) -> LinkSpec:
-        return self.aggregator_link if host == self.aggregator else self.link
-
-    def loss_counters(self, host: Host) -> LossCounters:
-        """TCP/UDP packets seen and dropped on the host's link, per direction (nftables backend only)."""
-        if self.use_netem:
-            raise NetnsError("loss counters exist only with the nftables backend; this run uses netem")
-        if self.switch == "bridge":
-            listing = self.check(self.switch_ns, ["nft", "-j", "list", "table", "bridge", LOSS_TABLE])
-            return parse_loss_counters(listing)[loss_key(self.port_of(host))]
-        listing = self.check(host, ["nft", "-j", "list", "table", "netdev", LOSS_TABLE])
-        return parse_loss_counters(listing)[loss_key(host.dev)]
-
-    def qdisc_stats(self, host: Host) -> str:
-        return self.check(host, ["tc", "-s", "qdisc", "show", "dev", host.dev])
-
     # ---- internals -----------------------------------------------------------------------------
     def _ns(self, ns: str, *argv: str, stdin: str | None = None) -> str:
         return run_checked(["ip", "netns", "exec", ns, *argv], stdin)
-
-    def _attach(self, host: Host) -> None:
-        port, spec = self.port_of(host), self.link_of(host)
-        run_checked(["ip", "link", "add", host.dev, "netns", host.netns, "type", "veth",
-                     "peer", "name", port, "netns", self.switch_ns])  # fmt: skip
-        if self.mtu is not None:  # both ends before enslaving: the bridge takes its ports' smallest MTU
-            self._ns(self.switch_ns, "ip", "link", "set", port, "mtu", str(self.mtu))
-            self._ns(host.netns, "ip", "link", "set", host.dev, "mtu", str(self.mtu))
-        if self.switch == "bridge":
-            self._ns(self.switch_ns, "ip", "link", "set", port, "master", BRIDGE)
-        self._ns(self.switch_ns, "ip", "link", "set", port, "up")
-        self._ns(host.netns, "ip", "addr", "add", f"{host.ip}/24", "dev", host.dev)
-        self._ns(host.netns, "ip", "link", "set", host.dev, "up")
-        # Up is shaped where the host sends (its eth0), down where the bridge sends (its port).
-        mtu = self.mtu or DEFAULT_MTU
-        shape_egress(lambda argv, stdin: self._ns(host.netns, *argv, stdin=stdin),
-                     host.dev, spec, spec.loss_up, self.use_netem, mtu)  # fmt: skip
-        shape_egress(lambda argv, stdin: self._ns(self.switch_ns, *argv, stdin=stdin),
-                     port, spec, spec.loss_down, self.use_netem, mtu)  # fmt: skip
 
     def _stop_processes(self) -> None:
         with self._procs_lock:
@@ -376,6 +293,116 @@ class NetnsNetwork:
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
+
+
+class NetnsNetwork(NamespaceSet):
+    """``n_workers`` worker hosts and one aggregator, bridged in a switch namespace. See the module doc."""
+
+    def __init__(
+        self,
+        n_workers: int,
+        link: LinkSpec | None = None,
+        aggregator_link: LinkSpec | None = None,
+        *,
+        subnet: str = "10.77.0",
+        prefix: str = DEFAULT_PREFIX,
+        max_runtime_s: float = 600.0,
+        loss_backend: str = "auto",
+        switch: str = "bridge",
+        mtu: int | None = None,
+    ) -> None:
+        if not 1 <= n_workers <= 250:
+            raise ValueError(f"n_workers must be in 1..250 (one /24), got {n_workers}")
+        super().__init__(prefix, max_runtime_s)
+        if switch not in SWITCH_KINDS:
+            raise ValueError(f"switch must be one of {SWITCH_KINDS}, got {switch!r}")
+        self.link = link or LinkSpec()
+        self.aggregator_link = aggregator_link or LinkSpec(rate_mbit=None)
+        if mtu is not None:
+            _check_mtu(mtu, [self.link, self.aggregator_link])
+        self.mtu = mtu  # None: the kernel's default (1500)
+        self.loss_backend = loss_backend
+        self.switch_ns = f"{self.tag}-sw"
+        self.workers = [Host(f"h{i}", f"{self.tag}-h{i}", f"{subnet}.{i + 1}") for i in range(n_workers)]
+        self.switch = switch
+        # bridge: an aggregation host on the bridge; raw: the switch namespace itself aggregates
+        # (run softswitch.rawport there on raw_ports(), reachable at switch_ip).
+        self.aggregator = Host("agg", f"{self.tag}-agg", f"{subnet}.254") if switch == "bridge" else None
+        self.switch_ip = f"{subnet}.253"
+
+    @property
+    def hosts(self) -> list[Host]:
+        return [*self.workers, self.aggregator] if self.aggregator else list(self.workers)
+
+    def raw_ports(self) -> dict[int, str]:
+        """Switch port numbers (1-based, as in Mininet) to interfaces in the switch namespace."""
+        return {i + 1: self.port_of(h) for i, h in enumerate(self.workers)}
+
+    def setup(self) -> None:
+        require_root()
+        self.use_netem = resolve_backend(self.loss_backend)
+        for ns in [self.switch_ns, *(h.netns for h in self.hosts)]:
+            self.add_namespace(ns)
+        if self.switch == "bridge":
+            self._ns(self.switch_ns, "ip", "link", "add", BRIDGE, "type", "bridge")
+            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "up")
+        for host in self.hosts:
+            self._attach(host)
+        if self.switch == "bridge" and self.mtu is not None:
+            self._ns(self.switch_ns, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu))
+        if self.use_netem:
+            pass
+        elif self.switch == "bridge":
+            links = {self.port_of(h): self.link_of(h) for h in self.hosts}
+            self._ns(self.switch_ns, "nft", "-f", "-", stdin=nft_bridge_loss_script(LOSS_TABLE, links))
+        else:
+            # Packet sockets see a frame before any hook on the switch side: drop at the host's interface.
+            for host in self.hosts:
+                script = nft_device_loss_script(LOSS_TABLE, host.dev, self.link_of(host))
+                self._ns(host.netns, "nft", "-f", "-", stdin=script)
+        self.start_watchdog()
+
+    def loss_before_segmentation(self) -> bool:
+        return self.use_netem or self.switch != "bridge"
+
+    def port_of(self, host: Host) -> str:
+        """The bridge port (in the switch namespace) that the host's link ends on."""
+        return "pagg" if host == self.aggregator else f"p{self.workers.index(host)}"
+
+    def link_of(self, host: Host) -> LinkSpec:
+        return self.aggregator_link if host == self.aggregator else self.link
+
+    def loss_counters(self, host: Host) -> LossCounters:
+        """TCP/UDP packets seen and dropped on the host's link, per direction (nftables backend only)."""
+        if self.use_netem:
+            raise NetnsError("loss counters exist only with the nftables backend; this run uses netem")
+        if self.switch == "bridge":
+            listing = self.check(self.switch_ns, ["nft", "-j", "list", "table", "bridge", LOSS_TABLE])
+            return parse_loss_counters(listing)[loss_key(self.port_of(host))]
+        listing = self.check(host, ["nft", "-j", "list", "table", "netdev", LOSS_TABLE])
+        return parse_loss_counters(listing)[loss_key(host.dev)]
+
+    def qdisc_stats(self, host: Host) -> str:
+        return self.check(host, ["tc", "-s", "qdisc", "show", "dev", host.dev])
+
+    def _attach(self, host: Host) -> None:
+        port, spec = self.port_of(host), self.link_of(host)
+        run_checked(["ip", "link", "add", host.dev, "netns", host.netns, "type", "veth",
+                     "peer", "name", port, "netns", self.switch_ns])  # fmt: skip
+        if self.mtu is not None:  # both ends before enslaving: the bridge takes its ports' smallest MTU
+            self._ns(self.switch_ns, "ip", "link", "set", port, "mtu", str(self.mtu))
+            self._ns(host.netns, "ip", "link", "set", host.dev, "mtu", str(self.mtu))
+        if self.switch == "bridge":
+            self._ns(self.switch_ns, "ip", "link", "set", port, "master", BRIDGE)
+        self._ns(self.switch_ns, "ip", "link", "set", port, "up")
+        self._ns(host.netns, "ip", "addr", "add", f"{host.ip}/24", "dev", host.dev)
+        self._ns(host.netns, "ip", "link", "set", host.dev, "up")
+        # Up is shaped where the host sends (its eth0), down where the bridge sends (its port).
+        mtu = self.mtu or DEFAULT_MTU
+        shape_egress(lambda argv, stdin: self._ns(host.netns, *argv, stdin=stdin),
+                     host.dev, spec, spec.loss_up, self.use_netem, mtu)  # fmt: skip
+        shape_egress(lambda argv, stdin: self._ns(self.switch_ns, *argv, stdin=stdin),
+                     port, spec, spec.loss_down, self.use_netem, mtu)  # fmt: skip
 
 
 def _check_mtu(mtu: int, links: Sequence[LinkSpec]) -> None:

@@ -36,7 +36,8 @@ enum { RL_FLAT, RL_LEAF, RL_SPINE, N_JOB_ROLES }; /* hostlib.protocol.Role */
 enum { C_RX, C_MALFORMED, C_UNKNOWN_JOB, C_SLOT_RANGE, C_BAD_WORKER, C_POLICY_UP, C_GRAD_START, C_GRAD_ADD,
        C_GRAD_DUP, C_GRAD_LATE_RESEND, C_GRAD_STALE, C_GRAD_EXP_MISMATCH, C_RESULT_QUORUM, C_FLUSH_PARTIAL,
        C_FLUSH_EMPTY, C_FLUSH_RESEND, C_FLUSH_STALE, C_PARAM_FWD, C_PARAM_REQ_FWD, C_HEARTBEAT,
-       C_POLICY_DOWN, C_POLICY_PARAM, C_TX, C_UP_PARTIAL, C_UP_RESEND, C_DOWN_RESULT, C_DOWN_STALE, N_ROLES };
+       C_POLICY_DOWN, C_POLICY_PARAM, C_TX, C_UP_PARTIAL, C_UP_RESEND, C_DOWN_RESULT, C_DOWN_STALE, C_UP_HELD,
+       N_ROLES };
 enum { D_UP, D_DOWN, D_PARAM }; /* hostlib.dropmodels.DIRECTIONS */
 
 #define MAX_JOBS_C 4096
@@ -630,7 +631,7 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         }
         if (q > seq) {
             start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, flags & mx, nelem, step, chunk, w, 0,
-                        K.leaf_state[leaf ? LS_FLUSHED : LS_PARTIAL]);
+                        K.leaf_state[LS_PARTIAL]);
             count(R, job, C_FLUSH_EMPTY);
             return close_round(R, job, sl, s, K.op[O_GRAD]);
         }
@@ -639,8 +640,13 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return 0;
         }
         if (g[K.reg[R_CLOSED]] && leaf && g[K.reg[R_STATE]] != K.leaf_state[LS_FINAL]) {
-            /* forwarded by quorum: again, as a GRAD; flushed here before: as a FLUSH, closing the spine */
-            int again = g[K.reg[R_STATE]] == K.leaf_state[LS_FLUSHED];
+            /* a worker's repeated FLUSH (RETX): the partial up as a FLUSH, closing the spine; a first-try
+               FLUSH: as a GRAD, once (the round's later first-try FLUSHes send nothing) */
+            int again = (flags & retx_flag) != 0;
+            if (!again && g[K.reg[R_STATE]] == K.leaf_state[LS_FLUSHED]) {
+                count(R, job, C_UP_HELD);
+                return 0;
+            }
             count(R, job, C_UP_RESEND);
             g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
             return send_up(R, job, sl, s, again ? K.op[O_FLUSH] : K.op[O_GRAD], 1);
@@ -651,8 +657,6 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         }
         g[K.reg[R_CLOSED]] = 1;
         g[K.reg[R_CLOSER]] = w;
-        if (leaf)
-            g[K.reg[R_STATE]] = K.leaf_state[LS_FLUSHED];
         count(R, job, C_FLUSH_PARTIAL);
         return close_round(R, job, sl, s, K.op[O_GRAD]);
     }

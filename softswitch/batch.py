@@ -56,7 +56,7 @@ NO_KEY = int(np.iinfo(np.int64).min)
 # a set of slots is gathered and scattered with all its registers in one operation; the bitmap is a uint64
 # array of its own and the accumulator a (P, K) int32 array.
 # "parts" (a spine: the leaves whose partial is in the round) and "leaf_state" (a leaf: LEAF_PARTIAL, the
-# slot holds its own partial; LEAF_FLUSHED, and a worker FLUSHed it; LEAF_FINAL, it holds the spine's
+# slot holds its own partial; LEAF_FLUSHED, and sent it up again at a FLUSH; LEAF_FINAL, it holds the spine's
 # RESULT) serve the hierarchy (docs/protocol.md, "Hierarchy").
 SLOT_REGISTERS = (
     "seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer",
@@ -352,7 +352,7 @@ _COUNTER_ROLES = tuple(
     """rx_packets drop_malformed drop_unknown_job drop_slot_range drop_bad_worker drop_policy_up grad_start
     grad_add grad_dup grad_late_resend grad_stale grad_exp_mismatch result_quorum flush_partial flush_empty
     flush_resend flush_stale param_fwd param_req_fwd heartbeat drop_policy_down drop_policy_param
-    tx_packets up_partial up_resend down_result down_stale""".split()
+    tx_packets up_partial up_resend down_result down_stale up_held""".split()
 )
 assert set(_COUNTER_ROLES) == set(SWITCH_COUNTERS), "a counter of the contract has no branch in _swcore.c"
 

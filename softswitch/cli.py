@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         if p4rt is not None:
             p4rt.stop(None)
+    if args.stats_every:
+        print(json.dumps({j: switch.read_counters(j) for j in switch.jobs}), flush=True)  # the final counters
     return 0
 
 

@@ -205,19 +205,22 @@ class Fabric:
         max_flushes: int = 8,
     ) -> list[Delivered | None]:
         """Every worker sends GRAD(slot, seq) with its row of ``values`` (int32, (N, K)); then, as long as
-        some worker lacks the RESULT, each such worker FLUSHes (at most ``max_flushes`` times). Returns
+        some worker lacks the RESULT, each such worker FLUSHes (at most ``max_flushes`` times; every
+        FLUSH after a worker's first carries RETX, as hosts do). Returns
         the RESULT each worker got (None: none came)."""
         k = self.elems_per_packet
         for w in range(self.n_workers):
             weight = 1 if weights is None else int(weights[w])
             self.send(w, self._packet(Op.GRAD, w, slot, seq, values[w], exp, flags, weight, k))
         self.run()
-        for _ in range(max_flushes):
+        for attempt in range(max_flushes):
             waiting = [w for w in range(self.n_workers) if self.result_of(w, slot, seq) is None]
             if not waiting:
                 break
+            # as hosts do: a worker's repeated FLUSH carries RETX
+            fl = (flags & int(Flag.MAX)) | (int(Flag.RETX) if attempt else 0)
             for w in waiting:
-                self.send(w, self._packet(Op.FLUSH, w, slot, seq, None, exp, flags & int(Flag.MAX), 0, k))
+                self.send(w, self._packet(Op.FLUSH, w, slot, seq, None, exp, fl, 0, k))
             self.run()
         out = [self.result_of(w, slot, seq) for w in range(self.n_workers)]
         for w in range(self.n_workers):

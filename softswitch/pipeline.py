@@ -433,18 +433,18 @@ class SoftSwitch:
     def _flush(
         self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
     ) -> Egress:
-        """FLUSH at a flat switch or a leaf. A leaf's first FLUSH of a round closes it there (or, if it was
-        forwarded by quorum, sends it again) and sends the partial up as a GRAD: the spine still waits
-        for the other leaves, whose workers are flushing too. A FLUSH of a round flushed here before and
-        not answered sends the partial up as a FLUSH, which closes the spine's round."""
+        """FLUSH at a flat switch or a leaf. At a leaf, a FLUSH of an open round closes it there and sends
+        the partial up as a GRAD: the spine still waits for the other leaves, whose workers are flushing
+        too. A FLUSH of a round closed here and not answered sends the partial up again: as a FLUSH, which
+        closes the spine's round, when it is a worker's repeated one (RETX); otherwise as a GRAD, once
+        (a round closed by a FLUSH, or already sent again, holds the later first-try FLUSHes)."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
         leaf = job.cfg.role == _LEAF
         seq, closed, state = (int(v) for v in regs[s, [_SEQ, _CLOSED, _STATE]])
         if q > seq:
             slots.acc[s] = 0
-            state = LEAF_FLUSHED if leaf else LEAF_PARTIAL
-            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, state)
+            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, LEAF_PARTIAL)
             slots.bitmap[s] = 0
             self._count(job_id, "flush_empty")
             return self._close(job, s)
@@ -452,16 +452,24 @@ class SoftSwitch:
             self._count(job_id, "flush_stale")
             return []
         if closed and leaf and state != LEAF_FINAL:
+            # Only a worker's own repeated FLUSH (RETX: its first went unanswered for a FLUSH timeout)
+            # closes the spine. The first FLUSHes of a round come from many workers within one round
+            # trip (one designated worker, then the rest): had the second of them closed the spine, it
+            # would race the partials other leaves resend at their own first FLUSH, and shut them out.
+            # A first-try FLUSH sends the partial up again once (LEAF_PARTIAL -> LEAF_FLUSHED): every
+            # partial gets two tries before a repeated FLUSH closes the spine; the round's later
+            # first-try FLUSHes (up to one per worker, within a round trip) would only repeat it.
+            if not flags & _RETX and state == LEAF_FLUSHED:
+                self._count(job_id, "up_held")
+                return []
             self._count(job_id, "up_resend")
             regs[s, _STATE] = LEAF_FLUSHED
-            return self._send_up(job, s, _FLUSH if state == LEAF_FLUSHED else _GRAD, retx=True)
+            return self._send_up(job, s, _FLUSH if flags & _RETX else _GRAD, retx=True)
         if closed:
             self._count(job_id, "flush_resend")
             return self._emit(job, s, [w], retx=True)
         regs[s, _CLOSED] = True
         regs[s, _CLOSER] = w
-        if leaf:
-            regs[s, _STATE] = LEAF_FLUSHED
         self._count(job_id, "flush_partial")
         return self._close(job, s)
 

@@ -95,51 +95,63 @@ def test_leaf_sends_closed_rounds_up_and_multicasts_the_spines_result(fresh):
     fresh.configure(lambda ctl: ctl.add_job(leaf_spec()))
     assert all(ctl.jobs()[LEAF_JOB].role == Role.LEAF for ctl in fresh.controllers)
     total = vec(7) + vec(8) + vec(9)  # the spine's sum: leaf 0's workers 0, leaf 1's 2 and 3
+    retx = int(Flag.RETX)
     out = run(
         fresh,
         [
             (1, grad(1, 2, vec(8), weight=2, step=4, chunk=6)),
             (2, grad(1, 3, vec(9), weight=3, step=4, chunk=6)),  # quorum: the partial goes up
             (2, grad(1, 3, vec(9), weight=3)),  # no answer yet: the partial again (RETX)
-            (1, flush(1, 2)),  # first FLUSH of a forwarded round: again as a GRAD
-            (1, flush(1, 2)),  # second: as a FLUSH (closes the spine's round)
+            (1, flush(1, 2)),  # first-try FLUSH of a forwarded round: again as a GRAD (state 0 -> 1)
+            (1, flush(1, 2)),  # another first-try FLUSH: held (up_held)
+            (2, flush(1, 3, flags=retx)),  # a worker's repeated FLUSH: up as a FLUSH (closes the spine)
             (UPLINK_PORT, result(1, 0, total, 3, 0b1101, weight=9, step=4, chunk=6)),  # down
             (2, grad(1, 3, vec(9))),  # late: the global RESULT, unicast
-            (1, flush(1, 2)),  # FLUSH: the same
+            (1, flush(1, 2, flags=retx)),  # FLUSH (repeated or not): the same
             (UPLINK_PORT, result(1, 0, total, 3, 0b1101, seq=0)),  # older round: down_stale
             (1, result(1, 0, total, 3, 0b1101)),  # a RESULT from a worker's port: malformed
             (1, grad(1, 2, vec(1), slot=1)),  # slot 1 opens ...
             (UPLINK_PORT, result(1, 0, vec(2), 1, 0b1, slot=1)),  # ... and the spine closed it without us
-            (UPLINK_PORT, result(1, 0, vec(2), 1, 0b1, slot=1, flags=int(Flag.RETX))),  # RETX kept
-            (1, flush(1, 2, slot=2, flags=int(Flag.MAX), exp=3)),  # never seen: an empty partial up
-            (2, flush(1, 3, slot=2)),  # flushed here before: up as a FLUSH
+            (UPLINK_PORT, result(1, 0, vec(2), 1, 0b1, slot=1, flags=retx)),  # RETX kept
+            (1, flush(1, 2, slot=2, flags=int(Flag.MAX), exp=3)),  # never seen: an empty partial up (state 0)
+            (2, flush(1, 3, slot=2)),  # first-try FLUSH of a round a FLUSH closed: up again as a GRAD
+            (1, flush(1, 2, slot=2)),  # held
+            (2, flush(1, 3, slot=2, flags=retx)),  # repeated: up as a FLUSH
+            (1, grad(1, 2, vec(5), slot=3)),
+            (2, grad(1, 3, vec(6), slot=3)),  # quorum: up
+            (2, flush(1, 3, slot=3, flags=retx)),  # repeated FLUSH at state 0: up as a FLUSH (state 1)
+            (1, flush(1, 2, slot=3)),  # first-try FLUSH at state 1: held
             (2, make_packet(Op.PARAM, job_id=1, worker_id=3, payload=vec(3))),  # to worker 2 (port 1) only
             (1, grad(1, 0, vec(1))),  # worker 0 is leaf 0's: bad worker here
         ],
     )
-    assert [len(o) for o in out] == [0, 1, 1, 1, 1, 2, 1, 1, 0, 0, 0, 2, 2, 1, 1, 1, 0]
+    assert [len(o) for o in out] == [0, 1, 1, 1, 0, 1, 2, 1, 1, 0, 0, 0, 2, 2, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0]
     mine = vec(8) + vec(9)
     up = dict(count=2, bitmap=0b1100, weight=5, step=4, chunk=6, seq=1, slot=0)
     check_up(out[1], Op.GRAD, mine, flags=0, **up)
-    check_up(out[2], Op.GRAD, mine, flags=int(Flag.RETX), **up)
-    check_up(out[3], Op.GRAD, mine, flags=int(Flag.RETX), **up)
-    check_up(out[4], Op.FLUSH, mine, flags=int(Flag.RETX), **up)
+    check_up(out[2], Op.GRAD, mine, flags=retx, **up)
+    check_up(out[3], Op.GRAD, mine, flags=retx, **up)
+    check_up(out[5], Op.FLUSH, mine, flags=retx, **up)
     final = dict(count=3, bitmap=0b1101, weight=9, step=4, chunk=6, worker_id=0, job_id=1)
-    check_result(out[5], [1, 2], total, flags=0, **final)
-    check_result(out[6], [2], total, flags=int(Flag.RETX), **final)
-    check_result(out[7], [1], total, flags=int(Flag.RETX), **final)
-    check_result(out[11], [1, 2], vec(2), flags=0, count=1, bitmap=1, slot=1)
-    check_result(out[12], [1, 2], vec(2), flags=int(Flag.RETX), count=1, bitmap=1, slot=1)
+    check_result(out[6], [1, 2], total, flags=0, **final)
+    check_result(out[7], [2], total, flags=retx, **final)
+    check_result(out[8], [1], total, flags=retx, **final)
+    check_result(out[12], [1, 2], vec(2), flags=0, count=1, bitmap=1, slot=1)
+    check_result(out[13], [1, 2], vec(2), flags=retx, count=1, bitmap=1, slot=1)
     empty = dict(count=0, bitmap=0, weight=0, slot=2, exp=3)
-    check_up(out[13], Op.GRAD, np.zeros(64), flags=int(Flag.MAX), **empty)
-    check_up(out[14], Op.FLUSH, np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
-    assert out[15] == [(1, make_packet(Op.PARAM, job_id=1, worker_id=3, payload=vec(3)))]
+    check_up(out[14], Op.GRAD, np.zeros(64), flags=int(Flag.MAX), **empty)
+    check_up(out[15], Op.GRAD, np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
+    check_up(out[17], Op.FLUSH, np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
+    three = dict(count=2, bitmap=0b1100, weight=0, slot=3)
+    check_up(out[19], Op.GRAD, vec(5) + vec(6), flags=0, **three)
+    check_up(out[20], Op.FLUSH, vec(5) + vec(6), flags=retx, **three)
+    assert out[22] == [(1, make_packet(Op.PARAM, job_id=1, worker_id=3, payload=vec(3)))]
     check_counters(
         fresh,
-        {1: dict(rx_packets=17, grad_start=2, grad_add=1, result_quorum=1, up_partial=2, up_resend=4,
-                 down_result=3, down_stale=1, grad_late_resend=1, flush_resend=1, drop_malformed=1,
-                 flush_empty=1, param_fwd=1, drop_bad_worker=1, tx_packets=15)},
-        {1: [0, 0, 6, 5]},  # a RESULT passes no worker check; worker 0's GRAD is not leaf 1's
+        {1: dict(rx_packets=24, grad_start=3, grad_add=2, result_quorum=2, up_partial=3, up_resend=6,
+                 up_held=3, down_result=3, down_stale=1, grad_late_resend=1, flush_resend=1,
+                 drop_malformed=1, flush_empty=1, param_fwd=1, drop_bad_worker=1, tx_packets=18)},
+        {1: [0, 0, 9, 9]},  # a RESULT passes no worker check; worker 0's GRAD is not leaf 1's
     )  # fmt: skip
 
 
@@ -352,18 +364,19 @@ class Fabric:
                         got.setdefault(2 * leaf_id + out_port - 1, out)
 
     def round(self, slot: int, seq: int, values: dict[int, np.ndarray]) -> dict[int, bytes]:
-        """Every worker sends its GRAD, then FLUSHes (as hosts do, with no timing here) until it holds
-        the round's RESULT (at most 40 tries); returns worker -> the RESULT it took."""
+        """Every worker sends its GRAD, then FLUSHes (as hosts do, with no timing here; every FLUSH
+        after a worker's first carries RETX) until it holds the round's RESULT (at most 40 tries);
+        returns worker -> the RESULT it took."""
         got: dict[int, bytes] = {}
         for w in range(4):
             self.send(w, grad(1, w, values[w], slot=slot, seq=seq, weight=1))
         self.deliver(slot, seq, got)
-        for _ in range(40):
+        for attempt in range(40):
             waiting = [w for w in range(4) if w not in got]
             if not waiting:
                 break
             for w in waiting:
-                self.send(w, flush(1, w, slot=slot, seq=seq))
+                self.send(w, flush(1, w, slot=slot, seq=seq, flags=int(Flag.RETX) if attempt else 0))
             self.deliver(slot, seq, got)
         return got
 
@@ -469,3 +482,4 @@ def test_two_leaves_two_workers_each_with_loss_on_both_levels(tree):
     leaf_counters = [node.pair.controllers[-1].read_counters(1)[1] for node in (leaf0, leaf1)]
     assert sum(c["up_partial"] for c in leaf_counters) >= 16 and spine_counters["rx_packets"] >= 16
     assert sum(c["down_result"] for c in leaf_counters) >= 16
+    assert sum(c["up_held"] for c in leaf_counters) >= 1  # first-try FLUSHes after a resend were held

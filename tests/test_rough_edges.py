@@ -5,6 +5,7 @@ sizes and probabilities refused at parse time, and messages that name the fix.""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,8 +103,17 @@ def test_simulated_train_log_results_header_and_drift_note(tmp_path):
 
 # ---- 6, 7, 9: daemons: status on stderr, JSON alone on stdout, Ctrl-C exits 130, port 0 accepted ------
 def _daemon(*argv: str) -> subprocess.Popen:
+    """The daemon as a terminal's foreground job starts it: with Ctrl-C's default action. A background
+    job of a non-interactive shell (`make test &`, CI runners) inherits SIGINT ignored, and Python then
+    leaves it ignored — rightly, the daemon keeps running there — which is not what these tests test."""
     cmd = [sys.executable, "-m", "lta", *argv]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _listening_port(proc: subprocess.Popen) -> int:

@@ -191,6 +191,8 @@ class MixGenerator:
         flags = (int(Flag.MAX) if is_max else 0) | int(rng.integers(0, 16)) & ~int(Flag.MAX)
         if rng.random() < 0.5:
             flags &= ~int(Flag.CRITICAL)
+        if spec.role == Role.LEAF and op == Op.FLUSH and rng.random() < 0.6:
+            flags &= ~int(Flag.RETX)  # a worker's first FLUSH (sends the partial up once, then held)
         if spec.role == Role.LEAF and rng.random() < 0.15:
             op, port = Op.RESULT, spec.uplink  # the spine's answer
         count, bitmap = int(rng.integers(256)), int(rng.integers(0, 2**63))
@@ -245,7 +247,15 @@ class MixGenerator:
         return make_packet(op, **fields), port
 
     def packets(self, count: int) -> list[tuple[bytes, object]]:
-        return [self.packet() for _ in range(count)]
+        out: list[tuple[bytes, object]] = []
+        while len(out) < count:
+            data, port = self.packet()
+            out.append((data, port))
+            # The first FLUSHes of a unit come from several workers within a round trip: a leaf's first
+            # sends its partial up again, the next ones are held (up_held).
+            if len(data) > 2 and data[1] == Op.FLUSH and port in (20, 21) and self.rng.random() < 0.5:
+                out += [(data, port)] * int(self.rng.integers(1, 3))
+        return out[:count]
 
 
 def steady_stream(

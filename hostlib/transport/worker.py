@@ -173,6 +173,7 @@ class LtaWorker:
             if now >= resend_at:
                 self._send(rows)
                 resend_at, gap = now + gap, min(2 * gap, 0.5)
+                probe["flags"] |= _RETX  # the next ones are repeats (see _send_flushes); rows is a view
             if now >= give_up:
                 break
             n = self.io.recv(max(0.0, min(resend_at, give_up) - now))
@@ -705,7 +706,9 @@ class LtaWorker:
         b["slot"], b["seq"] = plan.slots[units], plan.seqs[units]
         exp = units < plan.exp_units
         c = np.where(exp, units, units - plan.exp_units)
-        b["flags"] = np.where(exp, _MAX, 0)
+        # A repeated FLUSH (this worker's earlier one went unanswered) says so with RETX: a leaf closes
+        # the spine's round only on such a FLUSH (docs/protocol.md, "Hierarchy").
+        b["flags"] = np.where(exp, _MAX, 0) | np.where(plan.flushes[units] > 1, _RETX, 0)
         b["exp"] = np.where(exp, 0, plan.shift[np.where(exp, 0, c)])
         b["chunk"] = c
         b["nelem"] = 0

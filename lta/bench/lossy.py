@@ -934,7 +934,7 @@ def config_from_args(args: argparse.Namespace) -> LossyConfig:
     return cfg
 
 
-def require_root_or_say() -> None:
+def require_root_or_say(command: str = "lta bench lossy") -> None:
     """Namespaces need root, iproute2 and nftables: a one-line user error otherwise (not a traceback from
     inside ``ip netns exec``)."""
     from mininet_topos.netns import missing_tools, require_root
@@ -946,8 +946,7 @@ def require_root_or_say() -> None:
     missing = missing_tools()
     if missing:
         raise LtaError(
-            f"lta bench lossy needs {', '.join(missing)} (not installed): "
-            "apt-get install -y iproute2 nftables"
+            f"{command} needs {', '.join(missing)} (not installed): apt-get install -y iproute2 nftables"
         )
 
 

@@ -18,6 +18,7 @@ from lta.bench.allreduce import grad_loss, lta_bench_worker
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_job
 from lta.progress import Status
+from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
 
@@ -42,22 +43,40 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
                 t = _p50_s(args, n, n_values, leaves)
                 rows.append(_scaling_row(f"leaves={leaves}", n, kib, t, n_values))
         for n in args.sim_workers:
-            say(f"{kib} KiB, {n} simulated workers")
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
-            times = []
-            for i in range(args.iters):
-                t0 = time.perf_counter()
-                simulate_reduce(x, elems_per_packet=args.elems_per_packet, up=DropPolicy(p=args.loss), seed=i)
-                times.append(time.perf_counter() - t0)
-            t = float(np.median(times))
-            rows.append(_scaling_row("simulator", n, kib, t, n_values))
+            for leaves in [0, *(lv for lv in args.leaves if lv <= n)]:
+                tree = f" behind {leaves} leaves and a spine" if leaves else ""
+                say(f"{kib} KiB, {n} simulated workers{tree}")
+                leaf_of = None
+                if leaves:
+                    leaf_of = np.concatenate(
+                        [np.full(len(b), j) for j, b in enumerate(leaf_blocks(n, leaves))]
+                    )
+                times, counted = [], []
+                for i in range(args.iters):
+                    t0 = time.perf_counter()
+                    out = simulate_reduce(
+                        x, elems_per_packet=args.elems_per_packet, up=DropPolicy(p=args.loss), seed=i,
+                        leaf_of=leaf_of, spine_up=DropPolicy(p=args.loss),
+                    )  # fmt: skip
+                    times.append(time.perf_counter() - t0)
+                    counted.append(float(out.count.mean()) / n)
+                mode = f"sim leaves={leaves}" if leaves else "simulator"
+                row = _scaling_row(mode, n, kib, float(np.median(times)), n_values)
+                row["counted"] = float(np.mean(counted))
+                rows.append(row)
     if args.plot:
         _plot_scaling(rows, args.plot)
     config = {
         key: getattr(args, key)
         for key in ("workers", "leaves", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
     }
-    return {"config": config, "rows": rows, "hierarchy": hierarchy_ratios(rows)}
+    return {
+        "config": config,
+        "rows": rows,
+        "hierarchy": hierarchy_ratios(rows),
+        "sim_hierarchy": sim_ratios(rows),
+    }
 
 
 def _p50_s(args: argparse.Namespace, n: int, n_values: int, leaves: int = 0) -> float:
@@ -90,6 +109,29 @@ def hierarchy_ratios(rows: list[dict]) -> list[dict]:
                     "one_level_p50_ms": one,
                     "two_level_p50_ms": r["ms"],
                     "ratio": r["ms"] / one,
+                }
+            )
+    return out
+
+
+def sim_ratios(rows: list[dict]) -> list[dict]:
+    """For each simulated tree row: the fraction of contributions counted, and the model's compute time,
+    against the simulated one-switch row of the same workers and size (same run, same drops at the
+    workers)."""
+    flat = {(r["workers"], r["kib"]): r for r in rows if r["mode"] == "simulator"}
+    out = []
+    for r in rows:
+        if r["mode"].startswith("sim leaves=") and (r["workers"], r["kib"]) in flat:
+            one = flat[(r["workers"], r["kib"])]
+            out.append(
+                {
+                    "leaves": int(r["mode"].split("=")[1]),
+                    "workers": r["workers"],
+                    "kib": r["kib"],
+                    "one_level_counted": one["counted"],
+                    "two_level_counted": r["counted"],
+                    "one_level_ms": one["ms"],
+                    "two_level_ms": r["ms"],
                 }
             )
     return out
@@ -167,7 +209,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_counts(argtypes.int_range(1, MAX_LEAVES, "leaves"), "leaf counts"),
         default=[],
         help="also run each process worker count through a leaf-spine tree of L leaves and a spine "
-        "(--loss on both levels), and print its p50 against one switch's at the same worker count",
+        "(--loss on both levels), and print its p50 against one switch's at the same worker count; "
+        "the simulator runs each --sim-workers count as such a tree too (L <= workers) and prints the "
+        "fraction of contributions counted at one and two levels",
     )
     sc.add_argument(
         "--sim-workers",
@@ -204,10 +248,10 @@ def _run_scaling(args: argparse.Namespace) -> int:
     if args.json:
         emit(SCHEMA, out)
         return 0
-    print(f"{'mode':10s} {'workers':>7s} {'KiB':>6s} {'ms':>9s} {'ns/elem':>9s} {'ns/(elem*worker)':>17s}")
+    print(f"{'mode':14s} {'workers':>7s} {'KiB':>6s} {'ms':>9s} {'ns/elem':>9s} {'ns/(elem*worker)':>17s}")
     for r in out["rows"]:
         print(
-            f"{r['mode']:10s} {r['workers']:7d} {r['kib']:6d} {r['ms']:9.1f} {r['ns_per_element']:9.1f} "
+            f"{r['mode']:14s} {r['workers']:7d} {r['kib']:6d} {r['ms']:9.1f} {r['ns_per_element']:9.1f} "
             f"{r['ns_per_contribution']:17.2f}"
         )
     if out["hierarchy"]:
@@ -225,6 +269,18 @@ def _run_scaling(args: argparse.Namespace) -> int:
             print(
                 f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
                 f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
+            )
+    if out["sim_hierarchy"]:
+        print(
+            f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links and leaf "
+            "uplinks; counted = mean count / workers; ms = the model's compute time, not a latency):"
+        )
+        print(f"{'leaves':>6s} {'workers':>7s} {'KiB':>6s} {'1 level counted':>15s} "
+              f"{'2 levels counted':>16s} {'1 level ms':>10s} {'2 levels ms':>11s}")  # fmt: skip
+        for h in out["sim_hierarchy"]:
+            print(
+                f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_counted']:15.4f} "
+                f"{h['two_level_counted']:16.4f} {h['one_level_ms']:10.1f} {h['two_level_ms']:11.1f}"
             )
     if args.plot:
         print(f"plot: {args.plot}")

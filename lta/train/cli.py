@@ -564,8 +564,13 @@ def check_out(out: Path | None, *, quick: bool, overwrite: bool) -> Path:
 def _cluster(args: argparse.Namespace, cfg: Any, extras: Any) -> Any:
     """Worker processes through a softswitch, or ``--simulate-workers`` in this process."""
     if args.simulate_workers is not None:
+        import torch
+
         from lta.train.simulated import SimulatedCluster
 
+        # One thread, as each --jobs process has: torch's default (one per core) spins on its barriers
+        # when anything else holds a core, which made a step about 9x slower at load 6 (measured).
+        torch.set_num_threads(1)
         return SimulatedCluster(args.simulate_workers, cfg)
     from lta.train.sweep import LocalCluster
 

@@ -30,6 +30,7 @@ control IngressCounters(in bit<16> index, in bit<8> branch, in bool result_quoru
     @name(".up_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_resend_counter;
     @name(".down_result") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_result_counter;
     @name(".down_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_stale_counter;
+    @name(".up_held") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_held_counter;
     apply {
         rx_packets_counter.count(index);
         if (branch == BRANCH_DROP_MALFORMED) {
@@ -76,6 +77,8 @@ control IngressCounters(in bit<16> index, in bit<8> branch, in bool result_quoru
             down_result_counter.count(index);
         } else if (branch == BRANCH_DOWN_STALE) {
             down_stale_counter.count(index);
+        } else if (branch == BRANCH_UP_HELD) {
+            up_held_counter.count(index);
         }
         if (result_quorum) { result_quorum_counter.count(index); }
     }

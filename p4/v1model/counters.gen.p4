@@ -30,6 +30,7 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bit<8> also, in b
     @name(".up_resend") counter(LTA_MAX_JOBS, CounterType.packets) up_resend_counter;
     @name(".down_result") counter(LTA_MAX_JOBS, CounterType.packets) down_result_counter;
     @name(".down_stale") counter(LTA_MAX_JOBS, CounterType.packets) down_stale_counter;
+    @name(".up_held") counter(LTA_MAX_JOBS, CounterType.packets) up_held_counter;
     action count_drop_malformed() { drop_malformed_counter.count(index); }
     action count_drop_unknown_job() { drop_unknown_job_counter.count(index); }
     action count_drop_slot_range() { drop_slot_range_counter.count(index); }
@@ -52,9 +53,10 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bit<8> also, in b
     action count_up_resend() { up_resend_counter.count(index); }
     action count_down_result() { down_result_counter.count(index); }
     action count_down_stale() { down_stale_counter.count(index); }
+    action count_up_held() { up_held_counter.count(index); }
     table branch_counter {
         key = { branch: exact @name("branch"); }
-        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; NoAction; }
+        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; count_up_held; NoAction; }
         const entries = {
             BRANCH_DROP_MALFORMED: count_drop_malformed();
             BRANCH_DROP_UNKNOWN_JOB: count_drop_unknown_job();
@@ -78,12 +80,13 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bit<8> also, in b
             BRANCH_UP_RESEND: count_up_resend();
             BRANCH_DOWN_RESULT: count_down_result();
             BRANCH_DOWN_STALE: count_down_stale();
+            BRANCH_UP_HELD: count_up_held();
         }
         default_action = NoAction();
     }
     table also_counter {
         key = { also: exact @name("also"); }
-        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; NoAction; }
+        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; count_up_held; NoAction; }
         const entries = {
             BRANCH_DROP_MALFORMED: count_drop_malformed();
             BRANCH_DROP_UNKNOWN_JOB: count_drop_unknown_job();
@@ -107,6 +110,7 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bit<8> also, in b
             BRANCH_UP_RESEND: count_up_resend();
             BRANCH_DOWN_RESULT: count_down_result();
             BRANCH_DOWN_STALE: count_down_stale();
+            BRANCH_UP_HELD: count_up_held();
         }
         default_action = NoAction();
     }

@@ -57,5 +57,6 @@ const bit<8> BRANCH_UP_PARTIAL = 23;
 const bit<8> BRANCH_UP_RESEND = 24;
 const bit<8> BRANCH_DOWN_RESULT = 25;
 const bit<8> BRANCH_DOWN_STALE = 26;
+const bit<8> BRANCH_UP_HELD = 27;
 
 #endif

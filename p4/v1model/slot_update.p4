@@ -47,6 +47,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
     bit<1> seen;       // this worker's bit (a spine: this leaf's part) is already in the round
     bit<1> overlap;    // a spine: one of the partial's workers is already in the round's bitmap
     bit<1> mismatch;   // both the round and the packet carry values, and exponent or MAX flag differ
+    bit<1> retx;       // the packet's RETX flag (a leaf: a worker's repeated FLUSH; ignored elsewhere)
     bit<8> contrib_count;
     bit<64> contrib_bitmap;
     bit<32> contrib_part;  // a spine: 1 << leaf id; else 0
@@ -148,7 +149,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
     action grad_stale() {
         meta.branch = BRANCH_GRAD_STALE;
     }
-    action flush_empty(bit<8> state) {
+    action flush_empty() {
         meta.branch = BRANCH_FLUSH_EMPTY;
         meta.slot.seq = hdr.lta.seq;
         meta.slot.closed = 1;
@@ -162,16 +163,15 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.chunk = hdr.lta.chunk;
         meta.slot.closer = hdr.lta.worker_id;
         meta.slot.parts = 0;
-        meta.slot.leaf_state = state;
+        meta.slot.leaf_state = LEAF_PARTIAL;  // a leaf: its partial gets one more try at a first-try FLUSH
         meta.element_op = ELEMENT_OP_CLEAR;
         meta.write_slot = true;
         meta.emit = EMIT_MULTICAST;
     }
-    action flush_partial(bit<8> state) {
+    action flush_partial() {
         meta.branch = BRANCH_FLUSH_PARTIAL;
         meta.slot.closed = 1;
         meta.slot.closer = hdr.lta.worker_id;
-        meta.slot.leaf_state = state;
         meta.element_op = ELEMENT_OP_LOAD;
         meta.write_slot = true;
         meta.emit = EMIT_MULTICAST;
@@ -193,12 +193,17 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.up_op = OP_GRAD;
         meta.retx = true;
     }
-    // A FLUSH: the first of the round goes up as a GRAD, a second one as a FLUSH (closes the spine).
+    // A FLUSH of a round closed here, unanswered: a worker's repeated FLUSH (RETX) sends the partial up
+    // as a FLUSH (closes the spine); a first-try FLUSH as a GRAD, once (leaf_state 0 -> 1).
     action up_resend_flush(bit<8> up_op) {
         up_resend_grad();
         meta.up_op = up_op;
         meta.slot.leaf_state = LEAF_FLUSHED;
         meta.write_slot = true;
+    }
+    // A first-try FLUSH of a round whose partial went up again at an earlier FLUSH: nothing is sent.
+    action up_held() {
+        meta.branch = BRANCH_UP_HELD;
     }
     // ---- a leaf: the spine's RESULT from the uplink, stored as the slot's final round and multicast
     action down_result() {
@@ -263,40 +268,41 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
             seen: ternary @name("seen");
             overlap: ternary @name("overlap");
             mismatch: ternary @name("mismatch");
+            retx: ternary @name("retx");
         }
         actions = {
             grad_start; grad_add; grad_late_resend; grad_dup; grad_exp_mismatch; grad_stale;
             flush_empty; flush_partial; flush_resend; flush_stale;
-            up_resend_grad; up_resend_flush; down_result; down_stale;
+            up_resend_grad; up_resend_flush; up_held; down_result; down_stale;
             spine_flush_start; spine_flush_add; spine_flush_close; NoAction;
         }
         const entries = {
-            // (op, role, seq_order, closed, leaf_state, seen, overlap, mismatch)
-            (OP_GRAD, _, SEQ_NEWER, _, _, _, _, _): grad_start();
-            (OP_GRAD, ROLE_LEAF, SEQ_SAME, 1, LEAF_FINAL, _, _, _): grad_late_resend();
-            (OP_GRAD, ROLE_LEAF, SEQ_SAME, 1, _, _, _, _): up_resend_grad();
-            (OP_GRAD, _, SEQ_SAME, 1, _, _, _, _): grad_late_resend();
-            (OP_GRAD, _, SEQ_SAME, 0, _, 1, _, _): grad_dup();
-            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 1, _): grad_dup();
-            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 0, 1): grad_exp_mismatch();
-            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 0, 0): grad_add();
-            (OP_GRAD, _, SEQ_OLDER, _, _, _, _, _): grad_stale();
-            (OP_FLUSH, _, SEQ_OLDER, _, _, _, _, _): flush_stale();
-            (OP_FLUSH, ROLE_SPINE, SEQ_NEWER, _, _, _, _, _): spine_flush_start();
-            (OP_FLUSH, ROLE_LEAF, SEQ_NEWER, _, _, _, _, _): flush_empty(LEAF_FLUSHED);
-            (OP_FLUSH, _, SEQ_NEWER, _, _, _, _, _): flush_empty(LEAF_PARTIAL);
-            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, LEAF_PARTIAL, _, _, _): up_resend_flush(OP_GRAD);
-            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, LEAF_FLUSHED, _, _, _): up_resend_flush(OP_FLUSH);
-            (OP_FLUSH, _, SEQ_SAME, 1, _, _, _, _): flush_resend();
-            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 1, _, _): spine_flush_close(BRANCH_NONE);
-            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 1, _): spine_flush_close(BRANCH_GRAD_DUP);
-            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 0, 1): spine_flush_close(BRANCH_GRAD_EXP_MISMATCH);
-            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 0, 0): spine_flush_add();
-            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 0, _, _, _, _): flush_partial(LEAF_FLUSHED);
-            (OP_FLUSH, _, SEQ_SAME, 0, _, _, _, _): flush_partial(LEAF_PARTIAL);
-            (OP_RESULT, ROLE_LEAF, SEQ_OLDER, _, _, _, _, _): down_stale();
-            (OP_RESULT, ROLE_LEAF, SEQ_SAME, _, _, _, _, _): down_result();
-            (OP_RESULT, ROLE_LEAF, SEQ_NEWER, _, _, _, _, _): down_result();
+            // (op, role, seq_order, closed, leaf_state, seen, overlap, mismatch, retx)
+            (OP_GRAD, _, SEQ_NEWER, _, _, _, _, _, _): grad_start();
+            (OP_GRAD, ROLE_LEAF, SEQ_SAME, 1, LEAF_FINAL, _, _, _, _): grad_late_resend();
+            (OP_GRAD, ROLE_LEAF, SEQ_SAME, 1, _, _, _, _, _): up_resend_grad();
+            (OP_GRAD, _, SEQ_SAME, 1, _, _, _, _, _): grad_late_resend();
+            (OP_GRAD, _, SEQ_SAME, 0, _, 1, _, _, _): grad_dup();
+            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 1, _, _): grad_dup();
+            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 0, 1, _): grad_exp_mismatch();
+            (OP_GRAD, _, SEQ_SAME, 0, _, 0, 0, 0, _): grad_add();
+            (OP_GRAD, _, SEQ_OLDER, _, _, _, _, _, _): grad_stale();
+            (OP_FLUSH, _, SEQ_OLDER, _, _, _, _, _, _): flush_stale();
+            (OP_FLUSH, ROLE_SPINE, SEQ_NEWER, _, _, _, _, _, _): spine_flush_start();
+            (OP_FLUSH, _, SEQ_NEWER, _, _, _, _, _, _): flush_empty();
+            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, LEAF_FINAL, _, _, _, _): flush_resend();
+            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, _, _, _, _, 1): up_resend_flush(OP_FLUSH);
+            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, LEAF_PARTIAL, _, _, _, 0): up_resend_flush(OP_GRAD);
+            (OP_FLUSH, ROLE_LEAF, SEQ_SAME, 1, LEAF_FLUSHED, _, _, _, 0): up_held();
+            (OP_FLUSH, _, SEQ_SAME, 1, _, _, _, _, _): flush_resend();
+            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 1, _, _, _): spine_flush_close(BRANCH_NONE);
+            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 1, _, _): spine_flush_close(BRANCH_GRAD_DUP);
+            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 0, 1, _): spine_flush_close(BRANCH_GRAD_EXP_MISMATCH);
+            (OP_FLUSH, ROLE_SPINE, SEQ_SAME, 0, _, 0, 0, 0, _): spine_flush_add();
+            (OP_FLUSH, _, SEQ_SAME, 0, _, _, _, _, _): flush_partial();
+            (OP_RESULT, ROLE_LEAF, SEQ_OLDER, _, _, _, _, _, _): down_stale();
+            (OP_RESULT, ROLE_LEAF, SEQ_SAME, _, _, _, _, _, _): down_result();
+            (OP_RESULT, ROLE_LEAF, SEQ_NEWER, _, _, _, _, _, _): down_result();
         }
         default_action = NoAction();
     }
@@ -329,6 +335,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
             seen = (bit<1>)(meta.slot.bitmap >> hdr.lta.worker_id);
             overlap = 0;
         }
+        retx = ((hdr.lta.flags & FLAG_RETX) != 0) ? (bit<1>)1 : (bit<1>)0;
         takes = meta.slot.count == 0 && contrib_count != 0;
         mismatch = (meta.slot.count != 0 && contrib_count != 0 && (hdr.lta.exp != meta.slot.exp
                     || ((hdr.lta.flags ^ meta.slot.flags) & FLAG_MAX) != 0)) ? (bit<1>)1 : (bit<1>)0;
