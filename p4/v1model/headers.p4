@@ -72,11 +72,12 @@ struct slot_state_t {
     bit<64> bitmap;
     bit<32> weight;
     bit<8>  exp;
-    bit<8>  flags;    // MAX | SATURATED of the round
+    bit<8>  flags;    // MAX | SATURATED | OWNER of the round
     bit<16> nelem;
     bit<32> step;
     bit<32> chunk;
     bit<8>  closer;   // worker whose packet closed the round (the RESULT's worker_id)
+    bit<8>  owner;    // OWNER rounds: the one worker the RESULT goes to
 }
 
 // How a packet leaves ingress: dropped, a RESULT to every worker, or a RESULT resent to its sender.

@@ -1,6 +1,7 @@
 // Result emit: turn the packet into the slot's RESULT (every field from the slot state just read from
 // or written to the registers; the payload already holds the accumulators) and address it: multicast
 // to the job's group (one replica per worker, egress_rid = worker id) or back to the asking worker.
+// An OWNER round goes to the job's group whether it closed or is resent: egress keeps the owner's replica.
 #ifndef LTA_RESULT_EMIT
 #define LTA_RESULT_EMIT
 
@@ -23,7 +24,7 @@ control ResultEmit(inout lta_t lta, inout lta_metadata_t meta, inout standard_me
         lta.chunk = meta.slot.chunk;
         lta.weight = meta.slot.weight;
         lta.bitmap = meta.slot.bitmap;
-        if (meta.emit == EMIT_MULTICAST) {
+        if (meta.emit == EMIT_MULTICAST || (meta.slot.flags & FLAG_OWNER) != 0) {
             standard_metadata.mcast_grp = meta.mcast_grp;
         } else {
             standard_metadata.egress_spec = standard_metadata.ingress_port;

@@ -24,6 +24,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
     register<bit<32>>(LTA_SLOT_CAPACITY) slot_step;
     register<bit<32>>(LTA_SLOT_CAPACITY) slot_chunk;
     register<bit<8>>(LTA_SLOT_CAPACITY) slot_closer;
+    register<bit<8>>(LTA_SLOT_CAPACITY) slot_owner;
     SlotElements() elements;
 
     bit<32> generation;
@@ -44,6 +45,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         slot_step.read(meta.slot.step, meta.slot_index);
         slot_chunk.read(meta.slot.chunk, meta.slot_index);
         slot_closer.read(meta.slot.closer, meta.slot_index);
+        slot_owner.read(meta.slot.owner, meta.slot_index);
     }
     // A slot last written under another generation (a reset or a re-added job) is a never-used slot.
     action forget_slot() {
@@ -58,6 +60,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.step = 0;
         meta.slot.chunk = 0;
         meta.slot.closer = 0;
+        meta.slot.owner = 0;
     }
     action write_slot() {
         slot_generation.write(meta.slot_index, meta.generation);
@@ -72,6 +75,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         slot_step.write(meta.slot_index, meta.slot.step);
         slot_chunk.write(meta.slot_index, meta.slot.chunk);
         slot_closer.write(meta.slot_index, meta.slot.closer);
+        slot_owner.write(meta.slot_index, meta.slot.owner);
     }
 
     action grad_start() {
@@ -82,7 +86,8 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.bitmap = ((bit<64>)1) << hdr.lta.worker_id;
         meta.slot.weight = hdr.lta.weight;
         meta.slot.exp = hdr.lta.exp;
-        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | FLAG_SATURATED);
+        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | FLAG_SATURATED | FLAG_OWNER);
+        meta.slot.owner = hdr.lta.count;  // a worker's GRAD names an OWNER round's owner in count
         meta.slot.nelem = hdr.lta.nelem;
         meta.slot.step = hdr.lta.step;
         meta.slot.chunk = hdr.lta.chunk;
@@ -122,7 +127,8 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.bitmap = 0;
         meta.slot.weight = 0;
         meta.slot.exp = hdr.lta.exp;
-        meta.slot.flags = hdr.lta.flags & FLAG_MAX;
+        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | FLAG_OWNER);
+        meta.slot.owner = hdr.lta.count;
         meta.slot.nelem = hdr.lta.nelem;
         meta.slot.step = hdr.lta.step;
         meta.slot.chunk = hdr.lta.chunk;
