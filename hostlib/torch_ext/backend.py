@@ -210,11 +210,14 @@ class ProcessGroupLta(dist.ProcessGroup):
         chunks, so every rank gets a RESULT every N units and learns its peers' progress from it (the slot
         reuse rule of hostlib/transport/reuse.py needs that news)."""
         m, world, rank = output.numel(), self._world, self._rank
-        k = self.manager.worker.config.elems_per_packet
+        worker = self.manager.worker
+        k = worker.config.elems_per_packet
         key = self.manager.keys.key("reduce_scatter", input.numel(), input.dtype)
-        staged, owners, mine_chunks = self._interleaved(key, m, k)
+        result, owners, mine_chunks = self._interleaved(key, m, k)
         per = -(-m // k)  # chunks per shard
         full, tail = divmod(m, k)
+        # Straight into the transport's own input buffer: no copy there.
+        staged = worker.input_buffer(per * world * k)
         src = _host_float32(input).reshape(world, m)
         lanes = staged.reshape(per, world, k)
         if full:
@@ -223,17 +226,25 @@ class ProcessGroupLta(dist.ProcessGroup):
             lanes[full, :, :tail] = src[:, full * k :]
             lanes[full, :, tail:] = 0.0
         self.manager.allreduce(
-            staged, stream="reduce_scatter", key=key, out=staged, owners=owners, mine=mine_chunks
-        )
+            staged, stream="reduce_scatter", key=key, out=result, owners=owners, mine=mine_chunks
+        )  # writes this rank's chunks of ``result`` alone
         self.manager.stream("reduce_scatter").chunks_received += len(mine_chunks)
-        mine = lanes[:, rank, :].reshape(-1)[:m]
-        if op == dist.ReduceOp.SUM:
-            mine = mine * np.float32(world)
-        output.copy_(torch.from_numpy(np.ascontiguousarray(mine)).view(output.shape))
+        mine = result.reshape(per, world, k)[:, rank, :]
+        scale = np.float32(world if op == dist.ReduceOp.SUM else 1)
+        cpu32 = output.device.type == "cpu" and output.dtype == torch.float32 and not output.requires_grad
+        host = output.numpy() if cpu32 else None
+        if host is not None and output.is_contiguous():
+            dst = host.reshape(-1)  # the shard, scaled straight into the output tensor
+            np.multiply(mine[:full], scale, out=dst[: full * k].reshape(full, k))
+            if tail:
+                np.multiply(mine[full, :tail], scale, out=dst[full * k :])
+        else:
+            values = np.ascontiguousarray(mine).reshape(-1)[:m] * scale
+            output.copy_(torch.from_numpy(values).view(output.shape))
 
     def _interleaved(self, key: Any, m: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The staging buffer of a reduce-scatter whose shards hold ``m`` values (reused per call key), the
-        chunks' owners and this rank's chunks."""
+        """For a reduce-scatter whose shards hold ``m`` values (reused per call key): the buffer its result
+        lands in (interleaved, as sent), the chunks' owners and this rank's chunks."""
         found = self.manager.scatter_staging.get(key)
         per, world = -(-m // k), self._world
         if found is None or found[0].size != per * world * k:

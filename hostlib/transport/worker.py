@@ -310,8 +310,7 @@ class LtaWorker:
         k = self.config.elems_per_packet
         exact = self.config.exact
         n_chunks = max(1, -(-n // k))
-        # Exact mode: one zero chunk after the data, the fence (critical: spared by emulated loss).
-        plan = self._plan((n_chunks + 1) * k if exact else n)
+        plan = self._plan_for(n)
         mask = None if critical is None else critical_chunks(critical, n, k)
         if exact:
             fenced = np.zeros(plan.chunks_count, dtype=bool)
@@ -320,8 +319,10 @@ class LtaWorker:
             fenced[n_chunks] = True
             mask = fenced
         chunks = plan.chunks
-        chunks.reshape(-1)[:n] = local
-        chunks.reshape(-1)[n:] = 0.0
+        staged = chunks.reshape(-1)
+        if local.ctypes.data != staged.ctypes.data:  # not filled in place (input_buffer)
+            staged[:n] = local
+        staged[n:] = 0.0
         if self.config.renormalize == "weight":
             chunks *= np.float32(weight)
         proposals = codec.exponent_proposals(chunks)
@@ -376,12 +377,14 @@ class LtaWorker:
                 self._prev[key] = values
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
-            values[:] = rows.reshape(-1)[:n]
+            kept = None
             if self._fallback == Fallback.PREV:  # a copy the caller cannot overwrite, reused
                 kept = self._prev.get(key)
                 if kept is None or kept.size != n:
-                    kept = self._prev[key] = np.empty(n, dtype=np.float32)
-                kept[:] = values
+                    kept = self._prev[key] = np.zeros(n, dtype=np.float32)
+            for dst in (values, kept):
+                if dst is not None:
+                    _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())))
@@ -498,7 +501,19 @@ class LtaWorker:
         self.reuse.restart_at(self._next_unit)
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
 
+    def input_buffer(self, n: int) -> np.ndarray:
+        """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
+        A caller that writes its input there and passes it as ``x`` to :meth:`allreduce` saves a copy; the
+        next reduce of that length overwrites it."""
+        return self._plan_for(n).chunks.reshape(-1)[:n]
+
     # ---- the unit engine -----------------------------------------------------------------------
+    def _plan_for(self, n: int) -> ReducePlan:
+        """The plan of a reduce of ``n`` values. Exact mode: one zero chunk after the data, the fence
+        (critical: spared by emulated loss)."""
+        k = self.config.elems_per_packet
+        return self._plan((max(1, -(-n // k)) + 1) * k if self.config.exact else n)
+
     def _plan(self, n: int) -> ReducePlan:
         if n == 0:
             raise ValueError("cannot allreduce an empty tensor")
@@ -919,6 +934,20 @@ class LtaWorker:
         work on the packets already sent."""
         plan.shift[c0:c1] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
         plan.exp_known[c0:c1] = True
+
+
+def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
+    """``dst[:n]`` = the first ``n`` values of ``rows`` (chunks of K), only in the chunks ``which`` (a bool
+    mask over the chunks; None: all)."""
+    if which is None or which.all():
+        dst[:n] = rows.reshape(-1)[:n]
+        return
+    k = rows.shape[1]
+    full = n // k
+    idx = np.flatnonzero(which[:full])
+    dst[: full * k].reshape(full, k)[idx] = rows[idx]
+    if full * k < n and which[full]:
+        dst[full * k : n] = rows[full, : n - full * k]
 
 
 def _as_float32(x: Any) -> np.ndarray:
