@@ -945,7 +945,10 @@ def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | No
     k = rows.shape[1]
     full = n // k
     idx = np.flatnonzero(which[:full])
-    dst[: full * k].reshape(full, k)[idx] = rows[idx]
+    sel: slice | np.ndarray = idx
+    if len(idx) > 1 and np.all(np.diff(idx) == idx[1] - idx[0]):  # every N-th (a reduce-scatter's)
+        sel = slice(int(idx[0]), int(idx[-1]) + 1, int(idx[1] - idx[0]))  # one strided pass, no gather
+    dst[: full * k].reshape(full, k)[sel] = rows[sel]
     if full * k < n and which[full]:
         dst[full * k : n] = rows[full, : n - full * k]
 
