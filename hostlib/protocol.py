@@ -56,6 +56,12 @@ class Flag(enum.IntFlag):
     SATURATED = 0x02  # some contribution was clamped by the codec
     CRITICAL = 0x04  # exempt from emulated drop policies (reliable resends)
     MAX = 0x08  # aggregate by element-wise max instead of sum (exponent rounds)
+    # The round's RESULT goes to one worker only, its owner, instead of every worker (a reduce-scatter
+    # chunk is needed by its owner alone: N times less downlink). A worker's GRAD or FLUSH that starts the
+    # round names the owner in its `count` field (unused in a worker's packet otherwise); resends of the
+    # round go to the owner too. Honoured by a flat switch only (docs/protocol.md, "Owner-only RESULT").
+    # 0x20, not 0x10: PsFlag.REJECTED holds 0x10 in the parameter-server exchange.
+    OWNER = 0x20
 
 
 class Role(enum.IntEnum):

@@ -322,6 +322,46 @@ def test_seeded_random_leaf_and_spine_sequence(fresh):
     assert counters[1]["up_partial"] > 5 and counters[1]["down_result"] > 10 and counters[2]["grad_add"] > 10
 
 
+# ---- OWNER (owner-only RESULT) is a flat job's: a leaf and a spine ignore it -----------------------
+def test_owner_flag_is_ignored_in_leaf_and_spine_rounds(fresh):
+    """Flag.OWNER with an owner in `count` (docs/protocol.md, "Owner-only RESULT"): a leaf's round does
+    not keep it (its partial goes up without it, with the partial's count), the spine's RESULT reaches
+    all the leaf's workers, and a spine reads a partial's `count` as its count, never as an owner."""
+    fresh.configure(lambda ctl: ctl.add_job(leaf_spec()))
+    fresh.configure(lambda ctl: ctl.add_job(spine_spec()))
+    own, retx = int(Flag.OWNER), int(Flag.RETX)
+    total = vec(1) + vec(2) + vec(3)
+    a, b, c = vec(4), vec(5), vec(6)
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 2, vec(1), flags=own, count=3)),  # owner 3 named: ignored at a leaf
+            (2, grad(1, 3, vec(2), flags=own, count=3)),  # quorum: the partial up, no OWNER, count 2
+            (UPLINK_PORT, result(1, 0, total, 3, 0b1101, flags=own)),  # to both workers, OWNER dropped
+            (2, grad(1, 3, vec(2), flags=own, count=3)),  # late: unicast to the asker
+            (1, flush(1, 2, slot=1, flags=own, count=2)),  # never seen: an empty partial up, no OWNER
+            (1, partial(2, 0, a, 2, 0b0011, flags=own)),  # a spine: count 2 is the partial's
+            (2, partial(2, 1, b, 1, 0b0100, flags=own)),
+            (3, partial(2, 2, c, 1, 0b1000)),  # quorum: the RESULT to every leaf
+            (1, partial(2, 0, None, 0, 0, slot=1, op=Op.FLUSH, flags=own)),  # never seen, empty: to all
+        ],
+    )
+    assert [len(o) for o in out] == [0, 1, 2, 1, 1, 0, 0, 3, 3]
+    check_up(out[1], Op.GRAD, vec(1) + vec(2), flags=0, count=2, bitmap=0b1100)
+    check_result(out[2], [1, 2], total, flags=0, count=3, bitmap=0b1101)
+    check_result(out[3], [2], total, flags=retx, count=3, bitmap=0b1101)
+    check_up(out[4], Op.GRAD, np.zeros(64), flags=0, count=0, bitmap=0, slot=1)
+    check_result(out[7], [1, 2, 3], a + b + c, flags=0, count=4, bitmap=0b1111, worker_id=2)
+    check_result(out[8], [1, 2, 3], np.zeros(64), flags=0, count=0, bitmap=0, slot=1)
+    check_counters(
+        fresh,
+        {1: dict(rx_packets=5, grad_start=1, grad_add=1, result_quorum=1, up_partial=2, down_result=1,
+                 grad_late_resend=1, flush_empty=1, tx_packets=5),
+         2: dict(rx_packets=4, grad_start=1, grad_add=2, result_quorum=1, flush_empty=1, tx_packets=6)},
+        {1: [0, 0, 2, 2], 2: [2, 1, 1]},
+    )  # fmt: skip
+
+
 # ---- a whole tree: 2 leaves x 2 workers and a spine, loss on both levels ---------------------------
 class Fabric:
     """Moves packets between workers (2 per leaf, on leaf ports 1 and 2), the leaves (uplink port 3)

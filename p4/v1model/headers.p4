@@ -72,13 +72,14 @@ struct slot_state_t {
     bit<64> bitmap;
     bit<32> weight;
     bit<8>  exp;
-    bit<8>  flags;    // MAX | SATURATED of the round
+    bit<8>  flags;    // MAX | SATURATED | OWNER of the round
     bit<16> nelem;
     bit<32> step;
     bit<32> chunk;
     bit<8>  closer;   // worker whose packet closed the round (the RESULT's worker_id)
     bit<32> parts;    // a spine: bit l = leaf l's partial is in the round
     bit<8>  leaf_state;  // a leaf: LEAF_PARTIAL, LEAF_FLUSHED or LEAF_FINAL
+    bit<8>  owner;    // OWNER rounds: the one worker the RESULT goes to
 }
 
 // A leaf's slot (docs/protocol.md, "Hierarchy"): it holds its own partial, a worker FLUSHed that partial,

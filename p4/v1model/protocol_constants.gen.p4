@@ -22,6 +22,7 @@ const bit<8> FLAG_RETX = 0x01;
 const bit<8> FLAG_SATURATED = 0x02;
 const bit<8> FLAG_CRITICAL = 0x04;
 const bit<8> FLAG_MAX = 0x08;
+const bit<8> FLAG_OWNER = 0x20;
 const bit<8> ELEMENT_OP_NONE = 0;
 const bit<8> ELEMENT_OP_STORE = 1;
 const bit<8> ELEMENT_OP_ADD = 2;

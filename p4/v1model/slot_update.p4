@@ -40,6 +40,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
     register<bit<8>>(LTA_SLOT_CAPACITY) slot_closer;
     register<bit<32>>(LTA_SLOT_CAPACITY) slot_parts;
     register<bit<8>>(LTA_SLOT_CAPACITY) slot_leaf_state;
+    register<bit<8>>(LTA_SLOT_CAPACITY) slot_owner;
     SlotElements() elements;
 
     bit<32> generation;
@@ -51,6 +52,8 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
     bit<8> contrib_count;
     bit<64> contrib_bitmap;
     bit<32> contrib_part;  // a spine: 1 << leaf id; else 0
+    bit<8> owner_flag;  // FLAG_OWNER at a flat switch; 0 at a leaf or a spine (OWNER is ignored there)
+    bit<8> owner;       // a flat switch: the owner a worker's GRAD or FLUSH names in its count; else 0
     bool takes;        // a round with count 0 takes the packet's values, exponent and MAX flag
 
     action read_slot() {
@@ -68,6 +71,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         slot_closer.read(meta.slot.closer, meta.slot_index);
         slot_parts.read(meta.slot.parts, meta.slot_index);
         slot_leaf_state.read(meta.slot.leaf_state, meta.slot_index);
+        slot_owner.read(meta.slot.owner, meta.slot_index);
     }
     // A slot last written under another generation (a reset or a re-added job) is a never-used slot.
     action forget_slot() {
@@ -84,6 +88,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.closer = 0;
         meta.slot.parts = 0;
         meta.slot.leaf_state = LEAF_PARTIAL;
+        meta.slot.owner = 0;
     }
     action write_slot() {
         slot_generation.write(meta.slot_index, meta.generation);
@@ -100,6 +105,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         slot_closer.write(meta.slot_index, meta.slot.closer);
         slot_parts.write(meta.slot_index, meta.slot.parts);
         slot_leaf_state.write(meta.slot_index, meta.slot.leaf_state);
+        slot_owner.write(meta.slot_index, meta.slot.owner);
     }
 
     action grad_start() {
@@ -110,7 +116,8 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.bitmap = contrib_bitmap;
         meta.slot.weight = hdr.lta.weight;
         meta.slot.exp = hdr.lta.exp;
-        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | FLAG_SATURATED);
+        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | FLAG_SATURATED | owner_flag);
+        meta.slot.owner = owner;
         meta.slot.nelem = hdr.lta.nelem;
         meta.slot.step = hdr.lta.step;
         meta.slot.chunk = hdr.lta.chunk;
@@ -157,7 +164,8 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.bitmap = 0;
         meta.slot.weight = 0;
         meta.slot.exp = hdr.lta.exp;
-        meta.slot.flags = hdr.lta.flags & FLAG_MAX;
+        meta.slot.flags = hdr.lta.flags & (FLAG_MAX | owner_flag);
+        meta.slot.owner = owner;
         meta.slot.nelem = hdr.lta.nelem;
         meta.slot.step = hdr.lta.step;
         meta.slot.chunk = hdr.lta.chunk;
@@ -221,6 +229,7 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
         meta.slot.closer = hdr.lta.worker_id;
         meta.slot.parts = 0;
         meta.slot.leaf_state = LEAF_FINAL;
+        meta.slot.owner = 0;  // the spine's RESULT goes to all the leaf's workers (OWNER is not kept)
         meta.element_op = ELEMENT_OP_STORE;
         meta.write_slot = true;
         meta.emit = EMIT_MULTICAST;
@@ -336,6 +345,9 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
             overlap = 0;
         }
         retx = ((hdr.lta.flags & FLAG_RETX) != 0) ? (bit<1>)1 : (bit<1>)0;
+        // Owner-only RESULT: a flat job's only. At a spine `count` is a partial's count, not an owner.
+        owner_flag = (meta.role == ROLE_FLAT) ? FLAG_OWNER : (bit<8>)0;
+        owner = (meta.role == ROLE_FLAT) ? hdr.lta.count : (bit<8>)0;
         takes = meta.slot.count == 0 && contrib_count != 0;
         mismatch = (meta.slot.count != 0 && contrib_count != 0 && (hdr.lta.exp != meta.slot.exp
                     || ((hdr.lta.flags ^ meta.slot.flags) & FLAG_MAX) != 0)) ? (bit<1>)1 : (bit<1>)0;
