@@ -277,19 +277,20 @@ def test_spine_policies_are_by_leaf(fresh):
 def test_seeded_random_leaf_and_spine_sequence(fresh):
     """A leaf job and a spine job side by side, fed a seeded mix of GRADs, FLUSHes, RESULTs from the
     uplink (and from elsewhere), partials with random bitmaps (some with a wrong count), exponents,
-    MAX / SATURATED / CRITICAL / RETX flags and spoofed ports: both switches agree packet by packet."""
+    MAX / SATURATED / CRITICAL / RETX / OWNER flags and spoofed ports: both switches agree packet by
+    packet."""
     fresh.configure(lambda ctl: ctl.add_job(leaf_spec(quorum=2)))
     fresh.configure(lambda ctl: ctl.add_job(spine_spec()))
     rng = random.Random(2027)
+    flags_ = (Flag.MAX, Flag.SATURATED, Flag.CRITICAL, Flag.RETX, Flag.OWNER)
+    flag_choices = (0, 0, 0, *(int(f) for f in flags_))
     packets = []
     for i in range(400):
         fields = dict(
             slot=rng.randrange(3),
             seq=i // 25 + rng.choice((1, 1, 1, 0)),  # rounds move on, with some stale packets
             exp=rng.choice((0, 0, 1)),
-            flags=rng.choice(
-                (0, 0, 0, int(Flag.MAX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.RETX))
-            ),
+            flags=rng.choice(flag_choices),
             weight=rng.randrange(4),
         )
         values = vec(rng.randrange(10**6))
