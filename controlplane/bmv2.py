@@ -112,6 +112,9 @@ class Bmv2Switch:
             for port in range(1, self.n_ports + 1):
                 self._add_veth(port)
             cmd = ["simple_switch_grpc", "--no-p4", "--device-id", "0", "--log-console", "-L", "off"]
+            # Own Thrift port and notification socket: several switches may run at once (a tree).
+            cmd += ["--thrift-port", str(free_tcp_port())]
+            cmd += ["--notifications-addr", f"ipc://{self.log_dir}/notifications.ipc"]
             for port in range(1, self.n_ports + 1):
                 cmd += ["-i", f"{port}@{self.switch_side(port)}"]
             cmd += ["--", "--grpc-server-addr", self.target]

@@ -41,13 +41,15 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.jobconfig import JobEntry, JobFile, SwitchEntry, load_jobs, parse_jobs
 from hostlib.p4schema import describe
-from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET
+from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, Role
 
 logger = logging.getLogger(__name__)
 
 
 # A switch of a deployment is the jobs file's [[switches]] entry as parsed.
 SwitchSpec = SwitchEntry
+# A leaf's partials go to this MAC when its uplink has none: a switch running LTA does not check it.
+UPLINK_BROADCAST_MAC = "ff:ff:ff:ff:ff:ff"
 
 
 @dataclass(frozen=True)
@@ -73,25 +75,46 @@ def job_spec(job: JobEntry, job_file: JobFile) -> JobSpec:
             f"elems_per_packet = {job.elems_per_packet}: a P4 switch runs its compiled "
             f"K = {DEFAULT_ELEMS_PER_PACKET} and P4Runtime cannot change it; leave the key out for lta ctl",
         )
-    if job.role != "flat":
-        raise job_file.error(
-            job.where,
-            f'role = "{job.role}": the P4 program has no leaf/spine roles yet (docs/protocol.md, '
-            f'"Hierarchy"); serve this job with lta softswitch --config FILE',
-        )
-    workers = []
+    # A leaf's workers are global ids worker_base, worker_base + 1, ... (docs/protocol.md, "Hierarchy").
+    workers: list[WorkerSpec | None] = [None] * job.worker_base
     for w, worker in enumerate(job.workers):
         try:
-            workers.append(WorkerSpec.from_entry(worker, w))
+            workers.append(WorkerSpec.from_entry(worker, job.worker_base + w))
         except ValueError as exc:
             raise job_file.error(f"{job.where}.workers[{w}]", str(exc)) from None
     try:
         check_distinct_addresses(tuple(workers))
     except ValueError as exc:
         raise job_file.error(job.where, f"{exc} (after filling in the addresses left out)") from None
-    return JobSpec(
-        job.job_id, tuple(workers), quorum=job.quorum, pool_size=job.pool_size, slot_base=job.slot_base
-    )
+    uplink = None
+    if job.role == "leaf":
+        assert job.uplink is not None  # the schema requires it
+        if job.uplink_port is None:
+            raise job_file.error(
+                f"{job.where}.uplink",
+                "lta ctl needs the leaf's switch port toward the spine: "
+                'uplink = { ip = "...", udp_port = N, port = P, mac = "..." }',
+            )
+        host, udp_port = job.uplink
+        try:
+            uplink = WorkerSpec(
+                job.uplink_port, mac=job.uplink_mac or UPLINK_BROADCAST_MAC, ip=host, udp_port=udp_port
+            )
+        except ValueError as exc:
+            raise job_file.error(f"{job.where}.uplink", str(exc)) from None
+    try:
+        return JobSpec(
+            job.job_id,
+            tuple(workers),
+            quorum=job.quorum,
+            pool_size=job.pool_size,
+            slot_base=job.slot_base,
+            role=Role[job.role.upper()],
+            uplink=uplink,
+            leaf_id=job.leaf_id,
+        )
+    except ValueError as exc:
+        raise job_file.error(job.where, str(exc)) from None
 
 
 def from_jobs(job_file: JobFile, target: str = DEFAULT_TARGET, device_id: int = 0) -> Deployment:
@@ -105,7 +128,12 @@ def from_jobs(job_file: JobFile, target: str = DEFAULT_TARGET, device_id: int = 
     for job in job_file.jobs:
         name = job.switch or only  # the schema checked that a job names a switch when there are several
         deployment.jobs[name].append(job_spec(job, job_file))
-        deployment.drops[name] += [DropSpec(job.job_id, d.direction, d.policy, d.worker) for d in job.drops]
+        deployment.drops[name] += [
+            DropSpec(
+                job.job_id, d.direction, d.policy, None if d.worker is None else job.worker_base + d.worker
+            )
+            for d in job.drops
+        ]
     return deployment
 
 
@@ -128,7 +156,7 @@ def _same_job(wanted: JobSpec, present: JobSpec) -> bool:
         wanted,
         generation=0,
         slot_base=wanted.slot_base if pinned else 0,
-        quorum=wanted.quorum or len(wanted.workers),
+        quorum=wanted.quorum or len(wanted.local),
     )
     b = replace(present, generation=0, slot_base=present.slot_base if pinned else 0)
     return a == b

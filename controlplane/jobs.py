@@ -1,7 +1,9 @@
 """A job as the switch sees it, and the table entries that configure it: the job lookup entry
 (p4/v1model/job_lookup.p4), one worker-port entry and one worker-address entry per worker
 (worker_check.p4, worker_address.p4) and a multicast group whose replica i goes to worker i's port
-with egress_rid = i (result_emit.p4, egress.p4)."""
+with egress_rid = i (result_emit.p4, egress.p4). A leaf or spine job (docs/protocol.md, "Hierarchy")
+adds its job-role entry, and a leaf its uplink's address; a leaf has entries, and replicas, only for
+the workers it serves."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hostlib import jobentries
 from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_SWITCH_PORT, WorkerEntry, format_mac, parse_mac
 from hostlib.jobentries import place_pool
 from hostlib.p4schema import Entry
-from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_WORKERS
+from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_LEAVES, MAX_WORKERS, Role
 
 if TYPE_CHECKING:
     from p4.v1 import p4runtime_pb2
@@ -30,6 +32,7 @@ __all__ = [
     "multicast_group",
     "new_generation",
     "place_pool",
+    "role_entries",
     "worker_entries",
 ]
 
@@ -77,40 +80,73 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class JobSpec:
     """One aggregation job. ``slot_base`` None lets the control plane place the pool; ``generation``
-    is chosen by the control plane (a new one resets every slot of the job)."""
+    is chosen by the control plane (a new one resets every slot of the job).
+
+    ``role`` (docs/protocol.md, "Hierarchy"): a LEAF serves the workers whose entry is not None (the
+    others, global worker ids of the same job, sit behind other leaves) and sends closed rounds to
+    ``uplink`` (the spine: switch port and address) as contributor ``leaf_id``; a SPINE's workers are
+    its leaves (entry l: leaf l's port and address). The quorum counts the workers (leaves) served here."""
 
     job_id: int
-    workers: tuple[WorkerSpec, ...]
+    workers: tuple[WorkerSpec | None, ...]
     quorum: int | None = None
     pool_size: int = DEFAULT_POOL_SIZE
     slot_base: int | None = None
     generation: int = field(default_factory=lambda: new_generation())
+    role: Role = Role.FLAT
+    uplink: WorkerSpec | None = None
+    leaf_id: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id < MAX_JOBS:
             raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
         if not 1 <= len(self.workers) <= MAX_WORKERS:
             raise ValueError(f"job {self.job_id} needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
-        if self.quorum is not None and not 1 <= self.quorum <= len(self.workers):
+        object.__setattr__(self, "role", Role(self.role))
+        if self.role == Role.LEAF:
+            if self.uplink is None:
+                raise ValueError(f"job {self.job_id}: a leaf needs an uplink (the spine's port and address)")
+            if not 0 <= self.leaf_id < MAX_LEAVES:
+                raise ValueError(
+                    f"job {self.job_id}: leaf_id must be in 0..{MAX_LEAVES - 1}, got {self.leaf_id}"
+                )
+        elif self.uplink is not None or self.leaf_id:
+            raise ValueError(f"job {self.job_id}: only a leaf has an uplink and a leaf_id")
+        elif None in self.workers:
+            raise ValueError(f"job {self.job_id}: only a leaf may leave workers out (served by another leaf)")
+        if self.role == Role.SPINE and len(self.workers) > MAX_LEAVES:
             raise ValueError(
-                f"job {self.job_id}: quorum must be in 1..{len(self.workers)}, got {self.quorum}"
+                f"job {self.job_id}: a spine has at most {MAX_LEAVES} leaves, got {len(self.workers)}"
             )
+        local = len(self.local)
+        if local == 0:
+            raise ValueError(f"job {self.job_id}: no worker is served here (every entry is None)")
+        if self.quorum is not None and not 1 <= self.quorum <= local:
+            raise ValueError(f"job {self.job_id}: quorum must be in 1..{local}, got {self.quorum}")
         if not 1 <= self.pool_size <= 65535:
             raise ValueError(f"job {self.job_id}: pool_size must be in 1..65535, got {self.pool_size}")
 
     @property
     def n_workers(self) -> int:
+        """Worker ids 0..n_workers-1 are valid (a leaf's include those served by other leaves)."""
         return len(self.workers)
+
+    @property
+    def local(self) -> list[int]:
+        """The worker ids served here (replicas go to them): all but a leaf's None entries."""
+        return [w for w, worker in enumerate(self.workers) if worker is not None]
 
     @property
     def mcast_grp(self) -> int:
         return jobentries.multicast_group_id(self.job_id)
 
 
-def check_distinct_addresses(workers: tuple[WorkerSpec, ...]) -> None:
+def check_distinct_addresses(workers: tuple[WorkerSpec | None, ...]) -> None:
     """Refuse two workers with one (ip, udp_port): RESULTs for both would go to one socket."""
     seen: dict[tuple[str, int], int] = {}
     for w, worker in enumerate(workers):
+        if worker is None:
+            continue
         address = (worker.ip, worker.udp_port)
         if address in seen:
             raise ValueError(
@@ -134,12 +170,18 @@ def mac_str(value: int) -> str:
 def job_entry(job: JobSpec) -> Entry:
     assert job.slot_base is not None, "place the job's slot pool first"
     return jobentries.job_lookup_entry(
-        job.job_id, job.n_workers, job.quorum or job.n_workers, job.pool_size, job.slot_base, job.generation
+        job.job_id, job.n_workers, job.quorum or len(job.local), job.pool_size, job.slot_base, job.generation
     )
 
 
 def worker_entries(job: JobSpec) -> list[Entry]:
-    return jobentries.worker_entries(job.job_id, [w.entry() for w in job.workers])
+    return jobentries.worker_entries(job.job_id, [None if w is None else w.entry() for w in job.workers])
+
+
+def role_entries(job: JobSpec) -> list[Entry]:
+    """The job-role entry (none for a flat job) and a leaf's uplink address."""
+    uplink = None if job.uplink is None else job.uplink.entry()
+    return jobentries.role_entries(job.job_id, job.role, job.leaf_id, uplink)
 
 
 def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
@@ -149,5 +191,6 @@ def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
     group = pre.multicast_group_entry
     group.multicast_group_id = job.mcast_grp
     for w, worker in enumerate(job.workers):
-        group.replicas.add(egress_port=worker.port, instance=w)
+        if worker is not None:  # a leaf replicates to its own workers only
+            group.replicas.add(egress_port=worker.port, instance=w)
     return pre

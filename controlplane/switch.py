@@ -23,6 +23,7 @@ from controlplane.jobs import (
     mac_str,
     multicast_group,
     new_generation,
+    role_entries,
     worker_entries,
 )
 from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
@@ -32,9 +33,13 @@ from hostlib.jobentries import place_pools
 from hostlib.p4info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
 from hostlib.p4schema import (
     BMV2_JSON_PATH,
+    JOB_ROLES_TABLE,
     JOBS_TABLE,
     P4INFO_PATH,
     POLICY_CONTROLS,
+    SET_LEAF,
+    SET_SPINE,
+    UPLINK_WORKER_ID,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
     Entry,
@@ -42,7 +47,7 @@ from hostlib.p4schema import (
     policy_of,
     policy_table,
 )
-from hostlib.protocol import COUNTERS, MAX_WORKERS, WORKER_COUNTER, worker_counter_index
+from hostlib.protocol import COUNTERS, MAX_WORKERS, WORKER_COUNTER, Role, worker_counter_index
 
 
 class LtaSwitch:
@@ -150,20 +155,34 @@ class LtaSwitch:
         addresses: dict[tuple[int, int], dict] = {}
         for e in self.read_table(WORKER_ADDRESSES_TABLE):
             addresses[(e.match["job_id"], e.match["worker_id"])] = e.params
+        has_roles = self.names.has_roles()  # a program without roles (Tofino) holds flat jobs only
+        roles = {e.match["job_id"]: e for e in self.read_table(JOB_ROLES_TABLE)} if has_roles else {}
+
+        def spec(job_id: int, w: int, port: int) -> WorkerSpec:
+            a = addresses.get((job_id, w), {"mac": 0, "ipv4": 0, "udp_port": 1})
+            return WorkerSpec(
+                port=port,
+                mac=mac_str(a["mac"]),
+                ip=str(ipaddress.IPv4Address(a["ipv4"])),
+                udp_port=a["udp_port"],
+            )
+
         found = {}
         for e in self.read_table(JOBS_TABLE):
             job_id, p = e.match["job_id"], e.params
-            workers = []
+            role_entry = roles.get(job_id)
+            role, uplink, leaf_id = Role.FLAT, None, 0
+            if role_entry is not None and role_entry.action == SET_SPINE:
+                role = Role.SPINE
+            elif role_entry is not None and role_entry.action == SET_LEAF:
+                role, leaf_id = Role.LEAF, role_entry.params["leaf_id"]
+                uplink = spec(job_id, UPLINK_WORKER_ID, role_entry.params["uplink_port"])
+            workers: list[WorkerSpec | None] = []
             for w in range(p["n_workers"]):
-                a = addresses.get((job_id, w), {"mac": 0, "ipv4": 0, "udp_port": 1})
-                workers.append(
-                    WorkerSpec(
-                        port=ports.get((job_id, w), 0),
-                        mac=mac_str(a["mac"]),
-                        ip=str(ipaddress.IPv4Address(a["ipv4"])),
-                        udp_port=a["udp_port"],
-                    )
-                )
+                if role == Role.LEAF and (job_id, w) not in ports:
+                    workers.append(None)  # served by another leaf
+                else:
+                    workers.append(spec(job_id, w, ports.get((job_id, w), 0)))
             found[job_id] = JobSpec(
                 job_id,
                 tuple(workers),
@@ -171,6 +190,9 @@ class LtaSwitch:
                 pool_size=p["pool_size"],
                 slot_base=p["slot_base"],
                 generation=p["generation"],
+                role=role,
+                uplink=uplink,
+                leaf_id=leaf_id,
             )
         return found
 
@@ -182,12 +204,17 @@ class LtaSwitch:
                 f"job {job.job_id} already exists on {self.target}; "
                 f"remove it first (lta ctl job rm {job.job_id})"
             )
+        if job.role != Role.FLAT and not self.names.has_roles():
+            raise ControlPlaneError(
+                f"job {job.job_id} is a {job.role.name.lower()}, but the program on {self.target} has no job "
+                f'roles (docs/protocol.md, "Hierarchy": only p4/v1model has them)'
+            )
         used = [(j.job_id, j.slot_base, j.pool_size) for j in existing.values()]
         # ValueError when the pool does not fit or overlaps another job's (a user error: lta ctl says so).
         base = place_pools([(job.job_id, job.slot_base, job.pool_size)], used, self.names.slot_capacity())
         job = replace(job, slot_base=base[job.job_id])
         self._write("INSERT", [multicast_group(job)])
-        self._write("INSERT", worker_entries(job))
+        self._write("INSERT", worker_entries(job) + role_entries(job))
         self._write("INSERT", [job_entry(job)])  # last: packets are only accepted once all is in place
         self.clear_counters(job.job_id)
         return job
@@ -197,7 +224,7 @@ class LtaSwitch:
         if job is None:
             raise ControlPlaneError(f"no job {job_id} on {self.target} (lta ctl stats lists the jobs)")
         self._write("DELETE", [job_entry(job)])  # first: the job stops accepting packets
-        self._write("DELETE", worker_entries(job))
+        self._write("DELETE", worker_entries(job) + role_entries(job))
         policies = [
             e
             for d in POLICY_CONTROLS
@@ -223,10 +250,9 @@ class LtaSwitch:
         job = self.jobs().get(job_id)
         if job is None:
             raise ControlPlaneError(f"no job {job_id} on {self.target} (lta ctl stats lists the jobs)")
-        if not 1 <= quorum <= job.n_workers:
-            raise ControlPlaneError(
-                f"job {job_id} has {job.n_workers} workers: quorum must be 1..{job.n_workers}"
-            )
+        local = len(job.local)  # a leaf's quorum counts its own workers, a spine's its leaves
+        if not 1 <= quorum <= local:
+            raise ControlPlaneError(f"job {job_id} has {local} workers here: quorum must be 1..{local}")
         job = replace(job, quorum=quorum)
         self._write("MODIFY", [job_entry(job)])
         return job

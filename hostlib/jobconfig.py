@@ -148,6 +148,10 @@ class JobEntry:
     uplink: tuple[str, int] | None = None
     leaf_id: int = 0
     worker_base: int = 0
+    # A leaf's switch port toward the spine and the spine's MAC (uplink = { ip, udp_port, port, mac }):
+    # a P4 switch (lta ctl) needs the port; the softswitch sends to the address alone.
+    uplink_port: int | None = None
+    uplink_mac: str | None = None
 
     @property
     def n_workers(self) -> int:
@@ -370,7 +374,8 @@ class TableReader:
             drops.append(drop)
         elems = self.integer(where, table, "elems_per_packet", 1, MAX_ELEMS_PER_PACKET)
         pool_size = self.integer(where, table, "pool_size", 1, MAX_POOL_SIZE)
-        role, uplink, leaf_id, worker_base = self.hierarchy(where, table, n)
+        role, uplink_entry, leaf_id, worker_base = self.hierarchy(where, table, n)
+        uplink = None if uplink_entry is None else uplink_entry.address
         return JobEntry(
             job_id=job_id,
             workers=workers,
@@ -385,12 +390,15 @@ class TableReader:
             uplink=uplink,
             leaf_id=leaf_id,
             worker_base=worker_base,
+            uplink_port=None if uplink_entry is None else uplink_entry.port,
+            uplink_mac=None if uplink_entry is None else uplink_entry.mac,
         )
 
     def hierarchy(
         self, where: str, table: dict[str, Any], n: int
-    ) -> tuple[str, tuple[str, int] | None, int, int]:
-        """``role``, ``uplink``, ``leaf_id`` and ``worker_base`` of a job, checked together."""
+    ) -> tuple[str, WorkerEntry | None, int, int]:
+        """``role``, ``uplink``, ``leaf_id`` and ``worker_base`` of a job, checked together. ``uplink`` is
+        "IP:UDP_PORT" or a table like a worker's ({ ip, udp_port, port, mac }; ip and udp_port needed)."""
         role = self.string(where, table, "role") or "flat"
         if role not in ROLES:
             raise self.fail(where, f"role = {role!r}: must be one of {', '.join(ROLES)}")
@@ -401,13 +409,24 @@ class TableReader:
             raise self.fail(where, f"a spine's workers are its leaves: at most {MAX_LEAVES}, got {n}")
         if role != "leaf":
             return role, None, 0, 0
-        text = self.string(where, table, "uplink")
-        if text is None:
+        value = table.get("uplink")
+        if value is None:
             raise self.fail(where, 'a leaf needs uplink = "IP:UDP_PORT" (the spine\'s address)')
-        try:
-            uplink = parse_address(text)
-        except ValueError as exc:
-            raise self.fail(f"{where}.uplink", str(exc)) from None
+        if isinstance(value, dict):
+            uplink = self.worker(f"{where}.uplink", value)
+            if uplink.address is None:
+                raise self.fail(f"{where}.uplink", "give the spine's ip and udp_port")
+        elif isinstance(value, str):
+            try:
+                host, udp_port = parse_address(value)
+            except ValueError as exc:
+                raise self.fail(f"{where}.uplink", str(exc)) from None
+            uplink = WorkerEntry(ip=host, udp_port=udp_port)
+        else:
+            raise self.fail(
+                where,
+                f'uplink is "IP:UDP_PORT" or a table {{ ip, udp_port, port, mac }}, got {_toml_value(value)}',
+            )
         leaf_id = self.integer(where, table, "leaf_id", 0, MAX_LEAVES - 1)
         worker_base = self.integer(where, table, "worker_base", 0, MAX_WORKERS - n)
         return role, uplink, leaf_id or 0, worker_base or 0

@@ -1,7 +1,9 @@
 """How a job is written into the P4 program's tables: one job-lookup entry (p4/v1model/job_lookup.p4),
 and per worker w one worker-port entry (worker_check.p4) and one worker-address entry
 (worker_address.p4); the job's multicast group is numbered like the job and replica w goes to worker
-w's port (result_emit.p4, egress.p4).
+w's port (result_emit.p4, egress.p4). A leaf or spine job (docs/protocol.md, "Hierarchy") also has a
+job-role entry, and a leaf the address of its uplink (worker-address key ``UPLINK_WORKER_ID``); a leaf
+has entries only for the workers it serves.
 
 ``controlplane`` writes these entries over P4Runtime; the softswitch's P4Runtime server writes the same
 ones for the jobs of its ``--config`` file, as if a controller had, so ``lta ctl`` sees every job the
@@ -16,13 +18,18 @@ from collections.abc import Sequence
 from hostlib.jobconfig import WorkerEntry, parse_mac
 from hostlib.p4schema import (
     EXPECT_PORT,
+    JOB_ROLES_TABLE,
     JOBS_TABLE,
     SET_ADDRESS,
     SET_JOB,
+    SET_LEAF,
+    SET_SPINE,
+    UPLINK_WORKER_ID,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
     Entry,
 )
+from hostlib.protocol import MAX_LEAVES, Role
 
 
 def multicast_group_id(job_id: int) -> int:
@@ -45,24 +52,49 @@ def job_lookup_entry(
     return Entry(JOBS_TABLE, {"job_id": job_id}, SET_JOB, params)
 
 
-def worker_entries(job_id: int, workers: Sequence[WorkerEntry]) -> list[Entry]:
+def _address(job_id: int, worker_id: int, worker: WorkerEntry, what: str) -> Entry:
+    if worker.port is None or worker.ip is None or worker.mac is None or worker.udp_port is None:
+        raise ValueError(f"job {job_id} {what}: port, ip, mac and udp_port are all needed, got {worker}")
+    address = {
+        "mac": int.from_bytes(parse_mac(worker.mac), "big"),
+        "ipv4": int(ipaddress.IPv4Address(worker.ip)),
+        "udp_port": worker.udp_port,
+    }
+    return Entry(WORKER_ADDRESSES_TABLE, {"job_id": job_id, "worker_id": worker_id}, SET_ADDRESS, address)
+
+
+def worker_entries(job_id: int, workers: Sequence[WorkerEntry | None]) -> list[Entry]:
     """Worker w's port entry (checked on every packet) and address entry (where replicas go), for
-    every worker; each must have all four fields (:meth:`WorkerEntry.filled`)."""
+    every worker but a leaf's None (served by another leaf); each must have all four fields
+    (:meth:`WorkerEntry.filled`)."""
     entries = []
     for w, worker in enumerate(workers):
-        if worker.port is None or worker.ip is None or worker.mac is None or worker.udp_port is None:
-            raise ValueError(
-                f"job {job_id} worker {w}: port, ip, mac and udp_port are all needed, got {worker}"
-            )
+        if worker is None:
+            continue
+        address = _address(job_id, w, worker, f"worker {w}")
+        assert worker.port is not None
         key = {"job_id": job_id, "worker_id": w}
         entries.append(Entry(WORKER_PORTS_TABLE, key, EXPECT_PORT, {"port": worker.port}))
-        address = {
-            "mac": int.from_bytes(parse_mac(worker.mac), "big"),
-            "ipv4": int(ipaddress.IPv4Address(worker.ip)),
-            "udp_port": worker.udp_port,
-        }
-        entries.append(Entry(WORKER_ADDRESSES_TABLE, key, SET_ADDRESS, address))
+        entries.append(address)
     return entries
+
+
+def role_entries(job_id: int, role: Role, leaf_id: int = 0, uplink: WorkerEntry | None = None) -> list[Entry]:
+    """A job's role entry (none for a flat job); a leaf's also the address of its ``uplink`` (the
+    spine: its switch port toward it, and the MAC, IPv4 and UDP port its partials are sent to)."""
+    role = Role(role)
+    if role == Role.FLAT:
+        return []
+    key = {"job_id": job_id}
+    if role == Role.SPINE:
+        return [Entry(JOB_ROLES_TABLE, key, SET_SPINE, {})]
+    if uplink is None:
+        raise ValueError(f"job {job_id}: a leaf needs its uplink (the spine's port and address)")
+    if not 0 <= leaf_id < MAX_LEAVES:
+        raise ValueError(f"job {job_id}: leaf_id must be in 0..{MAX_LEAVES - 1}, got {leaf_id}")
+    address = _address(job_id, UPLINK_WORKER_ID, uplink, "uplink")
+    assert uplink.port is not None
+    return [Entry(JOB_ROLES_TABLE, key, SET_LEAF, {"uplink_port": uplink.port, "leaf_id": leaf_id}), address]
 
 
 def place_pool(pool_size: int, used: Sequence[tuple[int, int]], capacity: int) -> int:

@@ -16,7 +16,16 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.context import Context, P4Type
 
-from hostlib.p4schema import P4INFO_PATH, SLOT_REGISTER, Entry, Ternary, decode, encode, required_names
+from hostlib.p4schema import (
+    P4INFO_PATH,
+    ROLE_NAMES,
+    SLOT_REGISTER,
+    Entry,
+    Ternary,
+    decode,
+    encode,
+    required_names,
+)
 
 
 class P4InfoMismatch(ValueError):
@@ -83,6 +92,14 @@ class P4Names:
 
     def counter_size(self, name: str) -> int:
         return self.ctx.get_obj(P4Type.counter, name).size
+
+    def has_roles(self) -> bool:
+        """Whether the program has job roles (docs/protocol.md, "Hierarchy"): the v1model one does."""
+        return all(
+            name in {obj.preamble.name for obj in getattr(self.info, kind)}
+            for kind, names in ROLE_NAMES.items()
+            for name in names
+        )
 
     def slot_capacity(self) -> int:
         return next(r.size for r in self.info.registers if r.preamble.name == SLOT_REGISTER)

@@ -40,6 +40,15 @@ WORKER_PORTS_TABLE = "LtaIngress.worker_check.worker_ports"
 EXPECT_PORT = "LtaIngress.worker_check.expect_port"
 WORKER_ADDRESSES_TABLE = "LtaEgress.worker_address.worker_addresses"
 SET_ADDRESS = "LtaEgress.worker_address.set_address"
+# A job's role in a hierarchy (docs/protocol.md, "Hierarchy"): no entry is a flat job.
+JOB_ROLES_TABLE = "LtaIngress.job_lookup.job_roles"
+SET_LEAF = "LtaIngress.job_lookup.leaf"  # params uplink_port, leaf_id
+SET_SPINE = "LtaIngress.job_lookup.spine"
+# Only a program with roles has these (the v1model one; not the Tofino one): not in required_names().
+ROLE_NAMES = {"tables": [JOB_ROLES_TABLE], "actions": [SET_LEAF, SET_SPINE]}
+# The worker_addresses key (worker_id) of a leaf's uplink: where its partials are addressed to
+# (p4/v1model/headers.p4 LTA_UPLINK; above every worker id).
+UPLINK_WORKER_ID = 0xFF
 # One DropPolicy control instance per direction (see p4/v1model/drop_policy.p4).
 POLICY_CONTROLS = {
     "up": "LtaIngress.up_loss",

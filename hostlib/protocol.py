@@ -56,6 +56,12 @@ class Flag(enum.IntFlag):
     SATURATED = 0x02  # some contribution was clamped by the codec
     CRITICAL = 0x04  # exempt from emulated drop policies (reliable resends)
     MAX = 0x08  # aggregate by element-wise max instead of sum (exponent rounds)
+    # The round's RESULT goes to one worker only, its owner, instead of every worker (a reduce-scatter
+    # chunk is needed by its owner alone: N times less downlink). A worker's GRAD or FLUSH that starts the
+    # round names the owner in its `count` field (unused in a worker's packet otherwise); resends of the
+    # round go to the owner too. Honoured by a flat switch only (docs/protocol.md, "Owner-only RESULT").
+    # 0x20, not 0x10: PsFlag.REJECTED holds 0x10 in the parameter-server exchange.
+    OWNER = 0x20
 
 
 class Role(enum.IntEnum):
@@ -131,8 +137,9 @@ assert HEADER_STRUCT.size == HEADER_BYTES
 MAX_ELEMS_PER_PACKET = (65507 - HEADER_BYTES) // 4
 
 # Counter names: one per branch of the switch contract. The softswitch, the P4 program (indirect
-# counters indexed by job id) and the control plane use exactly these names.
-COUNTERS: tuple[str, ...] = (
+# counters indexed by job id) and the control plane use exactly these names (the flat contract's, then
+# the hierarchy's: HIERARCHY_COUNTERS below).
+_FLAT_COUNTERS: tuple[str, ...] = (
     "rx_packets",  # every packet that reached the pipeline
     "drop_malformed",  # short, wrong version, bad op, nelem > K, wrong payload length
     "drop_unknown_job",
@@ -159,9 +166,8 @@ COUNTERS: tuple[str, ...] = (
 )
 
 
-# Counters of the hierarchy's branches (docs/protocol.md, "Hierarchy"). Kept beside COUNTERS, not in it:
-# COUNTERS is also the P4 program's counter list (generated), and the P4 program has no roles yet. The
-# softswitch counts both lists (read_counters returns COUNTERS + HIERARCHY_COUNTERS).
+# Counters of the hierarchy's branches (docs/protocol.md, "Hierarchy"): 0 for a flat job. They close
+# COUNTERS, so the branch codes of the flat contract keep their numbers.
 HIERARCHY_COUNTERS: tuple[str, ...] = (
     "up_partial",  # a leaf closed its round (quorum or FLUSH) and sent its partial aggregate up
     "up_resend",  # a leaf sent a forwarded partial up again (a worker asked for a round still unanswered)
@@ -169,7 +175,9 @@ HIERARCHY_COUNTERS: tuple[str, ...] = (
     "down_stale",  # a RESULT from the uplink for an older round than the slot's: dropped
     "up_held",  # a leaf's first-try FLUSH of a round whose partial went up again at an earlier FLUSH: no send
 )
-SWITCH_COUNTERS: tuple[str, ...] = COUNTERS + HIERARCHY_COUNTERS
+COUNTERS: tuple[str, ...] = _FLAT_COUNTERS + HIERARCHY_COUNTERS
+# The softswitch's counters: the same list (kept as a name for its readers).
+SWITCH_COUNTERS: tuple[str, ...] = COUNTERS
 
 
 # Per-worker packet counter, for liveness: every packet that passes the worker check (GRAD, FLUSH,

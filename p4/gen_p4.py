@@ -28,10 +28,12 @@ from hostlib.protocol import (
     HEADER_BYTES,
     LTA_PORT,
     MAX_JOBS,
+    MAX_LEAVES,
     MAX_WORKERS,
     VERSION,
     Flag,
     Op,
+    Role,
 )
 
 V1MODEL_DIR = Path(__file__).resolve().parent / "v1model"
@@ -62,8 +64,10 @@ def protocol_constants() -> str:
         f"const bit<16> LTA_UDP_BYTES = {udp_bytes};  // UDP header + LTA header + K int32",
         f"const bit<32> LTA_MAX_JOBS = {MAX_JOBS};",
         f"const bit<32> LTA_MAX_WORKERS = {MAX_WORKERS};",
+        f"const bit<8> LTA_MAX_LEAVES = {MAX_LEAVES};",
     ]
     lines += [f"const bit<8> OP_{op.name} = {int(op)};" for op in Op]
+    lines += [f"const bit<8> ROLE_{role.name} = {int(role)};" for role in Role]
     lines += [f"const bit<8> FLAG_{flag.name} = 0x{int(flag):02x};" for flag in Flag]
     lines += [f"const bit<8> ELEMENT_OP_{op.upper()} = {i};" for i, op in enumerate(ELEMENT_OPS)]
     lines.append("// Branch codes: the index of the branch's name in hostlib.protocol.COUNTERS; 0xff = none.")
@@ -149,21 +153,37 @@ def counters() -> str:
         branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
         extra = [n for n in names if n in EXTRA_COUNTED]
         always = [n for n in names if n in ALWAYS_COUNTED]
-        params = "in bit<32> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+        # Ingress may count a second branch (`also`): a leaf's close that sends its partial up
+        # (up_partial), or a spine FLUSH that closes without adding a duplicate or mismatched partial.
+        also = stage == "ingress"
+        params = "in bit<32> index, in bit<8> branch" + (", in bit<8> also" if also else "")
+        params += "".join(f", in bool {n}" for n in extra)
         out.append(f"\ncontrol {control}({params}) {{")
         out += [f'    @name(".{n}") counter(LTA_MAX_JOBS, CounterType.packets) {n}_counter;' for n in names]
         out += [f"    action count_{n}() {{ {n}_counter.count(index); }}" for n in branch_names]
         out.append("    table branch_counter {")
         out.append('        key = { branch: exact @name("branch"); }')
-        out.append("        actions = { " + " ".join(f"count_{n};" for n in branch_names) + " NoAction; }")
+        actions = "        actions = { " + " ".join(f"count_{n};" for n in branch_names) + " NoAction; }"
+        out.append(actions)
         out.append("        const entries = {")
         out += [f"            {branch_constant(n)}: count_{n}();" for n in branch_names]
         out.append("        }")
         out.append("        default_action = NoAction();")
         out.append("    }")
+        if also:
+            out.append("    table also_counter {")
+            out.append('        key = { also: exact @name("also"); }')
+            out.append(actions)
+            out.append("        const entries = {")
+            out += [f"            {branch_constant(n)}: count_{n}();" for n in branch_names]
+            out.append("        }")
+            out.append("        default_action = NoAction();")
+            out.append("    }")
         out.append("    apply {")
         out += [f"        {n}_counter.count(index);" for n in always]
         out.append("        branch_counter.apply();")
+        if also:
+            out.append("        also_counter.apply();")
         out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]
         out.append("    }")
         out.append("}")

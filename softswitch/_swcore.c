@@ -28,9 +28,9 @@ enum { F_VERSION, F_OP, F_FLAGS, F_EXP, F_JOB, F_WORKER, F_COUNT, F_SLOT, F_NELE
        F_WEIGHT, F_BITMAP, N_FIELDS };
 /* Ops, flags, registers and counter roles: configure() gives their values / indices. */
 enum { O_GRAD, O_RESULT, O_FLUSH, O_PARAM, O_PARAM_REQ, O_HEARTBEAT, N_OPS };
-enum { FL_RETX, FL_SATURATED, FL_CRITICAL, FL_MAX, N_FLAGS };
+enum { FL_RETX, FL_SATURATED, FL_CRITICAL, FL_MAX, FL_OWNER, N_FLAGS };
 enum { R_SEQ, R_CLOSED, R_COUNT, R_WEIGHT, R_EXP, R_FLAGS, R_NELEM, R_STEP, R_CHUNK, R_CLOSER, R_PARTS, R_STATE,
-       N_REGS };
+       R_OWNER, N_REGS };
 enum { LS_PARTIAL, LS_FLUSHED, LS_FINAL, N_LEAF_STATES }; /* softswitch.batch.LEAF_* */
 enum { RL_FLAT, RL_LEAF, RL_SPINE, N_JOB_ROLES }; /* hostlib.protocol.Role */
 enum { C_RX, C_MALFORMED, C_UNKNOWN_JOB, C_SLOT_RANGE, C_BAD_WORKER, C_POLICY_UP, C_GRAD_START, C_GRAD_ADD,
@@ -367,10 +367,17 @@ static Py_ssize_t slot_row(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int
 }
 
 /* RESULT replicas of slot s of job to worker `only` (>= 0: a unicast resend) or to every worker served
- * here (a leaf's local workers; a spine's leaves). */
+ * here (a leaf's local workers; a spine's leaves). An owner-only round goes to its owner alone, whoever
+ * asked (to no one when the owner is no worker served here). */
 static int emit(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int only, int retx) {
     const int64_t *g = (const int64_t *)sl->regs.view.buf + s * K.nregs;
     Py_ssize_t len = K.header_bytes + 4 * (Py_ssize_t)R->elems[job];
+    if (g[K.reg[R_FLAGS]] & K.flag[FL_OWNER]) {
+        int64_t owner = g[K.reg[R_OWNER]];
+        if (owner < 0 || owner >= R->nworkers[job] || !(R->local[job] >> owner & 1))
+            return 0;
+        only = (int)owner;
+    }
     Py_ssize_t rowno = slot_row(R, job, sl, s, K.op[O_RESULT], retx ? K.flag[FL_RETX] : 0, (int)g[K.reg[R_CLOSER]]);
     if (rowno < 0)
         return -1;
@@ -458,7 +465,8 @@ static void add_part(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payl
 /* A new round from a packet: its header fields, count hcount, bitmap hbitmap; closed or not. */
 static void start_round(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *payload, int64_t k, int64_t q,
                         int closed, int64_t hcount, uint64_t hbitmap, int64_t weight, int exp, int64_t flags,
-                        int64_t nelem, int64_t step, int64_t chunk, int64_t closer, int64_t parts, int64_t state) {
+                        int64_t nelem, int64_t step, int64_t chunk, int64_t closer, int64_t parts, int64_t state,
+                        int64_t owner) {
     store_acc(acc, payload, k, hcount);
     g[K.reg[R_SEQ]] = q;
     g[K.reg[R_CLOSED]] = closed;
@@ -473,6 +481,7 @@ static void start_round(int64_t *g, uint64_t *bm, int32_t *acc, const uint8_t *p
     g[K.reg[R_CLOSER]] = closer;
     g[K.reg[R_PARTS]] = parts;
     g[K.reg[R_STATE]] = state;
+    g[K.reg[R_OWNER]] = owner;
 }
 
 static int one_packet(run_t *R, Py_ssize_t i) {
@@ -586,11 +595,16 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return 0;
         }
         start_round(g, bm, acc, payload, k, q, 1, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
-                    chunk, w, 0, K.leaf_state[LS_FINAL]);
+                    chunk, w, 0, K.leaf_state[LS_FINAL], 0);
         store_acc(acc, payload, k, 1);
         count(R, job, C_DOWN_RESULT);
         return emit(R, job, sl, s, -1, flags & retx_flag);
     }
+    /* Owner-only RESULT: a flat switch's worker names the owner in `count`; a leaf or a spine multicasts
+     * as before (the flag is not kept). */
+    int flat = role == K.role[RL_FLAT];
+    int64_t owner = flat ? hcount : 0;
+    int owner_flag = flat ? flags & K.flag[FL_OWNER] : 0;
     if (!spine) { /* a worker's packet is one contribution; a leaf's partial carries its own */
         hcount = 1;
         hbitmap = (uint64_t)1 << w;
@@ -600,7 +614,7 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         if (spine) { /* the leaf's partial is added if the round lacks it, and the round closes */
             if (q > seq) {
                 start_round(g, bm, acc, payload, k, q, 1, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem,
-                            step, chunk, w, (int64_t)1 << w, 0);
+                            step, chunk, w, (int64_t)1 << w, 0, 0);
                 count(R, job, hcount ? C_FLUSH_PARTIAL : C_FLUSH_EMPTY);
                 return emit(R, job, sl, s, -1, 0);
             }
@@ -630,8 +644,8 @@ static int one_packet(run_t *R, Py_ssize_t i) {
             return emit(R, job, sl, s, -1, 0);
         }
         if (q > seq) {
-            start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, flags & mx, nelem, step, chunk, w, 0,
-                        K.leaf_state[LS_PARTIAL]);
+            start_round(g, bm, acc, payload, k, q, 1, 0, 0, 0, exp, (flags & mx) | owner_flag, nelem, step, chunk,
+                        w, 0, K.leaf_state[LS_PARTIAL], owner);
             count(R, job, C_FLUSH_EMPTY);
             return close_round(R, job, sl, s, K.op[O_GRAD]);
         }
@@ -672,8 +686,9 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         }
     }
     if (q > seq) {
-        start_round(g, bm, acc, payload, k, q, 0, hcount, hbitmap, weight, exp, flags & (mx | sat), nelem, step,
-                    chunk, g[K.reg[R_CLOSER]], spine ? (int64_t)1 << w : 0, K.leaf_state[LS_PARTIAL]);
+        start_round(g, bm, acc, payload, k, q, 0, hcount, hbitmap, weight, exp, (flags & (mx | sat)) | owner_flag,
+                    nelem, step, chunk, g[K.reg[R_CLOSER]], spine ? (int64_t)1 << w : 0, K.leaf_state[LS_PARTIAL],
+                    owner);
         count(R, job, C_GRAD_START);
     } else if (q < seq) {
         count(R, job, C_GRAD_STALE);

@@ -57,16 +57,18 @@ NO_KEY = int(np.iinfo(np.int64).min)
 # array of its own and the accumulator a (P, K) int32 array.
 # "parts" (a spine: the leaves whose partial is in the round) and "leaf_state" (a leaf: LEAF_PARTIAL, the
 # slot holds its own partial; LEAF_FLUSHED, and sent it up again at a FLUSH; LEAF_FINAL, it holds the spine's
-# RESULT) serve the hierarchy (docs/protocol.md, "Hierarchy").
+# RESULT) serve the hierarchy (docs/protocol.md, "Hierarchy"). "owner": the worker an owner-only round's
+# RESULT goes to (Flag.OWNER in "flags").
 SLOT_REGISTERS = (
     "seq", "closed", "count", "weight", "exp", "flags", "nelem", "step", "chunk", "closer",
-    "parts", "leaf_state",
+    "parts", "leaf_state", "owner",
 )  # fmt: skip
 LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL = 0, 1, 2
 
 _C = {name: i for i, name in enumerate(SWITCH_COUNTERS)}
 _NC = len(SWITCH_COUNTERS)
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
+_OWNER = int(Flag.OWNER)
 _NO_PORT = object()  # the ingress of a packet from no worker's port
 
 
@@ -337,7 +339,7 @@ def _configure() -> None:
         tuple(int(op) for op in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)),
         tuple(int(role) for role in (Role.FLAT, Role.LEAF, Role.SPINE)),
         tuple(valid),
-        (_RETX, _SATURATED, _CRITICAL, _MAX),
+        (_RETX, _SATURATED, _CRITICAL, _MAX, _OWNER),
         tuple(range(len(SLOT_REGISTERS))),
         (LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL),
         tuple(_C[name] for name in _COUNTER_ROLES),

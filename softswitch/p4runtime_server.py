@@ -39,14 +39,18 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from p4runtime_sh.context import P4Type
 
-from hostlib.jobconfig import JobEntry
-from hostlib.jobentries import job_lookup_entry, multicast_group_id, place_pools, worker_entries
+from hostlib.jobconfig import JobEntry, WorkerEntry
+from hostlib.jobentries import job_lookup_entry, multicast_group_id, place_pools, role_entries, worker_entries
 from hostlib.p4info import P4Names, from_proto, load_p4info, missing_names, to_proto, update
 from hostlib.p4schema import (
     BMV2_JSON_PATH,
+    JOB_ROLES_TABLE,
     JOBS_TABLE,
     P4INFO_PATH,
     POLICY_CONTROLS,
+    SET_LEAF,
+    SET_SPINE,
+    UPLINK_WORKER_ID,
     WORKER_ADDRESSES_TABLE,
     WORKER_PORTS_TABLE,
     Entry,
@@ -54,12 +58,12 @@ from hostlib.p4schema import (
     policy_of,
     policy_table,
 )
-from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, WORKER_COUNTER
+from hostlib.protocol import COUNTERS, DEFAULT_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, WORKER_COUNTER, Role
 from softswitch.pipeline import JobConfig, Port, SoftSwitch
 
 log = logging.getLogger(__name__)
 API_VERSION = "1.4.1"
-WRITABLE_TABLES = (JOBS_TABLE, WORKER_PORTS_TABLE, WORKER_ADDRESSES_TABLE) + tuple(
+WRITABLE_TABLES = (JOBS_TABLE, WORKER_PORTS_TABLE, WORKER_ADDRESSES_TABLE, JOB_ROLES_TABLE) + tuple(
     policy_table(d) for d in POLICY_CONTROLS
 )
 
@@ -202,14 +206,29 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
             bases = place_pools(pools, used, names.slot_capacity())
             for job in jobs:
                 base = bases[job.job_id]
-                workers = [worker.filled(w) for w, worker in enumerate(job.workers)]
+                # A leaf's workers are global ids worker_base, worker_base + 1, ...
+                workers: list[WorkerEntry | None] = [None] * job.worker_base
+                workers += [worker.filled(job.worker_base + w) for w, worker in enumerate(job.workers)]
+                uplink = None
+                if job.uplink is not None:  # a leaf; its uplink port matters only to a port-keyed switch
+                    port = job.uplink_port or 0
+                    uplink = WorkerEntry(
+                        job.uplink[0], job.uplink[1], port, job.uplink_mac or "ff:ff:ff:ff:ff:ff"
+                    )
+                role = Role[job.role.upper()]
                 entries = [
                     job_lookup_entry(
-                        job.job_id, job.n_workers, job.quorum or job.n_workers, job.pool_size, base, 1
+                        job.job_id, len(workers), job.quorum or job.n_workers, job.pool_size, base, 1
                     ),
                     *worker_entries(job.job_id, workers),
+                    *role_entries(job.job_id, role, job.leaf_id, uplink),
                     *(
-                        policy_entry(job.job_id, d.direction, d.policy, d.worker)
+                        policy_entry(
+                            job.job_id,
+                            d.direction,
+                            d.policy,
+                            None if d.worker is None else job.worker_base + d.worker,
+                        )
                         for d in job.drops
                         if d.policy
                     ),
@@ -217,7 +236,8 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 group = p4runtime_pb2.PacketReplicationEngineEntry()
                 group.multicast_group_entry.multicast_group_id = multicast_group_id(job.job_id)
                 for w, worker in enumerate(workers):
-                    group.multicast_group_entry.replicas.add(egress_port=worker.port, instance=w)
+                    if worker is not None:
+                        group.multicast_group_entry.replicas.add(egress_port=worker.port, instance=w)
                 updates = [update("INSERT", group), *(update("INSERT", to_proto(names, e)) for e in entries)]
                 if job.elems_per_packet != self.elems_per_packet:
                     self._job_elems[job.job_id] = job.elems_per_packet
@@ -404,7 +424,22 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
             return None
         p = entry.params
         workers = [self._worker_port(job_id, w) for w in range(p["n_workers"])]
-        if any(port is None for port in workers):
+        role_entry = self.pipeline.tables[JOB_ROLES_TABLE].get((JOB_ROLES_TABLE, (("job_id", job_id),), 0))
+        role, uplink, leaf_id = Role.FLAT, None, 0
+        if role_entry is not None and role_entry.action == SET_SPINE:
+            role = Role.SPINE
+        elif role_entry is not None and role_entry.action == SET_LEAF:
+            # A leaf: workers without entries are served by other leaves (None); the uplink is its port
+            # (a port-keyed switch) or the address of its worker-address entry UPLINK_WORKER_ID.
+            role, leaf_id = Role.LEAF, role_entry.params["leaf_id"]
+            if self.port_key == "port":
+                uplink = role_entry.params["uplink_port"]
+            else:
+                uplink = self._worker_port(job_id, UPLINK_WORKER_ID)
+                if uplink is None:
+                    log.warning("job %d: the leaf's uplink address is missing; not installed yet", job_id)
+                    return None
+        if role != Role.LEAF and any(port is None for port in workers):
             log.warning("job %d: worker entries incomplete; not installed yet", job_id)
             return None
         try:
@@ -414,6 +449,9 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
                 quorum=p["quorum"],
                 pool_size=p["pool_size"],
                 elems_per_packet=self._job_elems.get(job_id, self.elems_per_packet),
+                role=role,
+                uplink=uplink,
+                leaf_id=leaf_id,
             )
         except ValueError as exc:
             log.warning("job %d not installed: %s", job_id, exc)

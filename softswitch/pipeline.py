@@ -51,11 +51,14 @@ Egress = list[tuple[Port, bytes]]
 _C = {name: i for i, name in enumerate(SWITCH_COUNTERS)}
 # Plain ints for the per-packet path: IntEnum/IntFlag operators go through Python-level __and__.
 _RETX, _SATURATED, _CRITICAL, _MAX = int(Flag.RETX), int(Flag.SATURATED), int(Flag.CRITICAL), int(Flag.MAX)
+_OWNER = int(Flag.OWNER)
 _GRAD, _RESULT, _FLUSH, _PARAM, _PARAM_REQ, _HEARTBEAT = (
     int(o) for o in (Op.GRAD, Op.RESULT, Op.FLUSH, Op.PARAM, Op.PARAM_REQ, Op.HEARTBEAT)
 )
 _ROUND_FLAGS = _MAX | _SATURATED
-_SEQ, _CLOSED, _CLOSER, _STATE = (SLOT_REGISTERS.index(n) for n in ("seq", "closed", "closer", "leaf_state"))
+_SEQ, _CLOSED, _CLOSER, _STATE, _FLAGS, _OWNER_REG = (
+    SLOT_REGISTERS.index(n) for n in ("seq", "closed", "closer", "leaf_state", "flags", "owner")
+)
 _FLAT, _LEAF, _SPINE = int(Role.FLAT), int(Role.LEAF), int(Role.SPINE)
 _VALID_OPS = {int(op) for op in Op}
 
@@ -343,6 +346,9 @@ class SoftSwitch:
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
+        # Owner-only RESULT (Flag.OWNER): a flat switch's worker names the owner in `count`; a leaf or a
+        # spine multicasts as before (the flag is not kept).
+        owner, owner_flag = (hcount, flags & _OWNER) if cfg.role == _FLAT else (0, 0)
         if not spine:  # a worker's packet is one contribution; a leaf's partial carries its own
             hcount, hbitmap = 1, 1 << w
         if op == _FLUSH:
@@ -350,7 +356,8 @@ class SoftSwitch:
                 return self._spine_flush(
                     job, data, w, s, q, exp, flags, nelem, step, chunk, hcount, weight, hbitmap
                 )
-            return self._flush(job, w, s, q, exp, flags, nelem, step, chunk)
+            fflags = flags & (_MAX | _RETX) | owner_flag
+            return self._flush(job, w, s, q, exp, fflags, nelem, step, chunk, owner)
 
         # GRAD
         if not flags & _CRITICAL * self.spare_critical and job.drops("up", w):
@@ -359,13 +366,15 @@ class SoftSwitch:
         slots = job.slots
         regs = slots.regs
         row_values = regs[s].tolist()
-        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state) = row_values
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state, sowner) = (
+            row_values
+        )
         bitmap = int(slots.bitmap[s])
         if q > seq:
             self._store(job, s, data, hcount)
             seq, closed, count, bitmap, sweight, sexp = q, False, hcount, hbitmap, weight, exp
-            sflags, snelem, sstep, schunk = flags & _ROUND_FLAGS, nelem, step, chunk
-            parts, state = (1 << w if spine else 0), LEAF_PARTIAL
+            sflags, snelem, sstep, schunk = flags & _ROUND_FLAGS | owner_flag, nelem, step, chunk
+            parts, state, sowner = (1 << w if spine else 0), LEAF_PARTIAL, owner
             self._count(job_id, "grad_start")
         elif q < seq:
             self._count(job_id, "grad_stale")
@@ -399,7 +408,9 @@ class SoftSwitch:
         reached = (parts.bit_count() if spine else count) >= cfg.quorum
         if reached:
             closed, closer = True, w
-        regs[s] = (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state)
+        regs[s] = (
+            seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, closer, parts, state, sowner
+        )  # fmt: skip
         slots.bitmap[s] = bitmap
         if reached:
             self._count(job_id, "result_quorum")
@@ -431,20 +442,24 @@ class SoftSwitch:
         return self._emit(job, s, job.cfg.local)
 
     def _flush(
-        self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int
-    ) -> Egress:
+        self, job: _Job, w: int, s: int, q: int, exp: int, flags: int, nelem: int, step: int, chunk: int,
+        owner: int,
+    ) -> Egress:  # fmt: skip
         """FLUSH at a flat switch or a leaf. At a leaf, a FLUSH of an open round closes it there and sends
         the partial up as a GRAD: the spine still waits for the other leaves, whose workers are flushing
         too. A FLUSH of a round closed here and not answered sends the partial up again: as a FLUSH, which
         closes the spine's round, when it is a worker's repeated one (RETX); otherwise as a GRAD, once
-        (a round closed by a FLUSH, or already sent again, holds the later first-try FLUSHes)."""
+        (a round closed by a FLUSH, or already sent again, holds the later first-try FLUSHes). ``flags``:
+        the packet's MAX and RETX, and OWNER (with its ``owner``) at a flat switch only; a never-seen
+        round closes with MAX and OWNER."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
         leaf = job.cfg.role == _LEAF
         seq, closed, state = (int(v) for v in regs[s, [_SEQ, _CLOSED, _STATE]])
         if q > seq:
             slots.acc[s] = 0
-            regs[s] = (q, True, 0, 0, exp, flags & _MAX, nelem, step, chunk, w, 0, LEAF_PARTIAL)
+            rflags = flags & (_MAX | _OWNER)
+            regs[s] = (q, True, 0, 0, exp, rflags, nelem, step, chunk, w, 0, LEAF_PARTIAL, owner)
             slots.bitmap[s] = 0
             self._count(job_id, "flush_empty")
             return self._close(job, s)
@@ -492,10 +507,12 @@ class SoftSwitch:
         """FLUSH from leaf ``w`` at a spine: its partial is added if the round lacks it; the round closes."""
         slots, job_id = job.slots, job.cfg.job_id
         regs = slots.regs
-        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, _, parts, _) = regs[s].tolist()
+        (seq, closed, count, sweight, sexp, sflags, snelem, sstep, schunk, _, parts, _, _) = regs[s].tolist()
         if q > seq:
             self._store(job, s, data, hcount)
-            regs[s] = (q, True, hcount, weight, exp, flags & _ROUND_FLAGS, nelem, step, chunk, w, 1 << w, 0)
+            regs[s] = (
+                q, True, hcount, weight, exp, flags & _ROUND_FLAGS, nelem, step, chunk, w, 1 << w, 0, 0
+            )  # fmt: skip
             slots.bitmap[s] = hbitmap
             self._count(job_id, "flush_partial" if hcount else "flush_empty")
             return self._emit(job, s, job.cfg.local)
@@ -523,7 +540,7 @@ class SoftSwitch:
                 parts |= 1 << w
                 sweight = (sweight + weight) & 0xFFFFFFFF
                 sflags |= flags & _SATURATED
-        regs[s] = (seq, True, count, sweight, sexp, sflags, snelem, sstep, schunk, w, parts, 0)
+        regs[s] = (seq, True, count, sweight, sexp, sflags, snelem, sstep, schunk, w, parts, 0, 0)
         self._count(job_id, "flush_partial")
         return self._emit(job, s, job.cfg.local)
 
@@ -568,6 +585,7 @@ class SoftSwitch:
             closer,
             0,
             LEAF_FINAL,
+            0,
         )
         job.slots.bitmap[s] = hbitmap
         self._count(job_id, "down_result")
@@ -575,7 +593,7 @@ class SoftSwitch:
 
     def _header(self, job: _Job, s: int, op: int, flags: int, worker_id: int) -> bytes:
         """Header of a packet built from slot ``s``: a RESULT, or a leaf's partial going up."""
-        (seq, _closed, count, weight, exp, sflags, nelem, step, chunk, _closer, _parts, _state) = (
+        (seq, _closed, count, weight, exp, sflags, nelem, step, chunk, _closer, _parts, _state, _owner) = (
             job.slots.regs[s].tolist()
         )
         return HEADER_STRUCT.pack(
@@ -592,9 +610,13 @@ class SoftSwitch:
         return [(cfg.uplink, b"".join((header, job.slots.acc[s].astype(">i4").data)))]
 
     def _emit(self, job: _Job, s: int, receivers: Iterable[int], retx: bool = False) -> Egress:
-        """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy."""
+        """RESULT replicas of slot ``s`` to ``receivers``, each passing the down drop policy. An owner-only
+        round (Flag.OWNER) goes to its owner alone, whoever asked (none if the owner is no worker here)."""
         slots, cfg = job.slots, job.cfg
         closer = int(slots.regs[s, _CLOSER])
+        if slots.regs[s, _FLAGS] & _OWNER:
+            owner = int(slots.regs[s, _OWNER_REG])
+            receivers = [owner] if owner in cfg.local else []
         header = self._header(job, s, _RESULT, _RETX if retx else 0, closer)
         packet = b"".join((header, slots.acc[s].astype(">i4").data))  # one copy into the packet
         out: Egress = []

@@ -6,6 +6,7 @@ everywhere (behind its own P4Runtime server, through the same control plane), an
 where BMv2 is installed.
 
 Every branch of the switch contract is driven: full rounds, retransmission after the result, duplicates,
+owner-only RESULTs (Flag.OWNER: to the owner alone, resends too),
 slot reuse with a higher seq, stale packets, FLUSH partial / empty (count 0) / resend / stale, quorum < N,
 exponent (MAX) rounds and mismatches, SATURATED, spoofed and out-of-range workers, unknown jobs, slots
 out of range, malformed headers and payloads, PARAM / PARAM_REQ replication and the up / down / param
@@ -572,6 +573,74 @@ def test_drop_policies_up_down_param(fresh):
                  tx_packets=5)},
         {1: [2, 4, 2]},  # counted before the policies
     )  # fmt: skip
+
+
+def test_owner_only_result_goes_to_the_owner_alone(fresh):
+    """Flag.OWNER: the RESULT of the round goes to the worker named in the starting packet's count, never
+    to the others, whether the round closes by quorum or by FLUSH, and resends go to the owner too."""
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3), pool_size=8))
+    own = int(Flag.OWNER)
+    to = {0: 1, 1: 2, 2: 3}  # worker id -> port
+    out = run(
+        fresh,
+        [
+            # slot 0: a full round owned by worker 1
+            (1, grad(1, 0, vec(1), flags=own, count=1, weight=1)),
+            (2, grad(1, 1, vec(2), flags=own, count=1, weight=1)),
+            (3, grad(1, 2, vec(3), flags=own, count=1, weight=1)),  # closes: to worker 1 only
+            (3, grad(1, 2, vec(3), flags=own, count=1)),  # a non-owner's late GRAD: resent to the owner
+            (2, flush(1, 1, flags=own, count=1)),  # the owner's FLUSH after the close: resent to it
+            # slot 1: owner 0; worker 1's GRAD is lost upstream, the owner's FLUSH closes the partial
+            (1, grad(1, 0, vec(4), slot=1, flags=own, count=0, weight=1)),
+            (3, grad(1, 2, vec(5), slot=1, flags=own, count=0, weight=1)),
+            (1, flush(1, 0, slot=1, flags=own, count=0)),
+            # slot 2: a round the slot never saw, FLUSHed empty by worker 2 for owner 2
+            (3, flush(1, 2, slot=2, seq=4, flags=own, count=2, exp=7, nelem=9)),
+            # slot 3: an owner that is no worker of the job: the RESULT goes to no one
+            (1, grad(1, 0, vec(6), slot=3, flags=own, count=9)),
+            (2, grad(1, 1, vec(6), slot=3, flags=own, count=9)),
+            (3, grad(1, 2, vec(6), slot=3, flags=own, count=9)),
+        ],
+    )
+    assert [[p for p, _ in o] for o in out] == [[], [], [to[1]], [to[1]], [to[1]], [], [], [to[0]], [to[2]],
+                                                [], [], []]  # fmt: skip
+    full = vec(1) + vec(2) + vec(3)
+    check_result(out[2], [to[1]], full, count=3, bitmap=0b111, weight=3, flags=own, worker_id=2)
+    check_result(out[3], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
+    check_result(out[4], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
+    # The owner renormalizes over the workers counted: numpy's mean over exactly those.
+    partial = decode(out[7][0][1])
+    assert (partial["count"], partial["bitmap"], partial["flags"]) == (2, 0b101, own)
+    counted = [vec(4), vec(5)]
+    np.testing.assert_allclose(partial["payload"] / partial["count"], np.mean(counted, axis=0))
+    check_result(out[8], [to[2]], np.zeros(64), count=0, bitmap=0, flags=own, exp=7, nelem=9, seq=4)
+    check_counters(
+        fresh,
+        {1: dict(rx_packets=12, grad_start=3, grad_add=5, result_quorum=2, grad_late_resend=1,
+                 flush_resend=1, flush_partial=1, flush_empty=1, tx_packets=5)},
+    )  # fmt: skip
+
+
+def test_owner_only_result_passes_the_owners_drop_policy_alone(fresh):
+    """The down policy is drawn for the owner's replica only: a policy on another worker never counts."""
+    add_jobs(fresh, JobSpec(1, workers(1, 2)))
+    drop_all = DropPolicy("bernoulli", p=1.0)
+    fresh.configure(lambda ctl: ctl.set_drop_policy(1, "down", drop_all, worker=1))
+    own = int(Flag.OWNER)
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), flags=own, count=0)),
+            (2, grad(1, 1, vec(2), flags=own, count=0)),  # to worker 0: worker 1's policy never drawn
+            (1, grad(1, 0, vec(1), slot=1, flags=own, count=1)),
+            (2, grad(1, 1, vec(2), slot=1, flags=own, count=1)),  # to worker 1: dropped by its policy
+        ],
+    )
+    assert [[p for p, _ in o] for o in out] == [[], [1], [], []]
+    check_counters(
+        fresh,
+        {1: dict(rx_packets=4, grad_start=2, grad_add=2, result_quorum=2, drop_policy_down=1, tx_packets=1)},
+    )
 
 
 def test_two_jobs_share_ports_and_slot_numbers(fresh):

@@ -28,8 +28,8 @@ from controlplane.jobs import JobSpec, job_entry
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
 from hostlib.p4info import load_p4info, update
-from hostlib.p4schema import BMV2_JSON_PATH
-from hostlib.protocol import COUNTERS, Flag, Header, Op, make_packet
+from hostlib.p4schema import BMV2_JSON_PATH, JOB_ROLES_TABLE, WORKER_ADDRESSES_TABLE
+from hostlib.protocol import COUNTERS, Flag, Header, Op, Role, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch
 
@@ -355,3 +355,149 @@ def test_quorum_lowered_and_restored_keeps_the_slots(rig, ctl):
     assert len(rig.send(3, grad(2, c, slot=1), expect=3)) == 3
     with pytest.raises(ControlPlaneError, match="quorum must be 1..3"):
         ctl.set_quorum(1, 4)
+
+
+# ---- hierarchy roles (docs/protocol.md, "Hierarchy") -----------------------------------------------
+def leaf_job(quorum: int | None = None) -> JobSpec:
+    """Leaf 1 of job 1: global workers 2 and 3 on ports 1 and 2; the spine behind port 4."""
+    return JobSpec(
+        1,
+        (None, None, host_worker(1), host_worker(2)),
+        quorum=quorum,
+        role=Role.LEAF,
+        uplink=host_worker(4),
+        leaf_id=1,
+    )
+
+
+def test_leaf_and_spine_jobs_are_written_read_back_and_removed(rig, ctl):
+    leaf = ctl.add_job(leaf_job(quorum=1))
+    spine = ctl.add_job(JobSpec(2, workers(3), role=Role.SPINE, pool_size=16))
+    assert ctl.jobs() == {1: leaf, 2: replace(spine, quorum=3)}  # quorum None: all 3 leaves
+    assert (leaf.quorum, leaf.local) == (1, [2, 3])
+    roles = {e.match["job_id"]: e for e in ctl.read_table(JOB_ROLES_TABLE)}
+    assert roles[1].action.endswith(".leaf") and roles[1].params == {"uplink_port": 4, "leaf_id": 1}
+    assert roles[2].action.endswith(".spine") and roles[2].params == {}
+    uplink = [e for e in ctl.read_table(WORKER_ADDRESSES_TABLE) if e.match == {"job_id": 1, "worker_id": 255}]
+    assert uplink[0].params["udp_port"] == host_worker(4).udp_port
+    entity = p4runtime_pb2.Entity()
+    entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 1
+    replicas = list(ctl.session.read([entity]))[
+        0
+    ].packet_replication_engine_entry.multicast_group_entry.replicas
+    assert sorted((r.egress_port, r.instance) for r in replicas) == [(1, 2), (2, 3)]  # its own workers only
+    # The data plane: the leaf's round closes at quorum 1 and goes up as contributor 1.
+    a = np.arange(64) * 3
+    out = rig.send(1, grad(2, a, weight=2), expect=1)
+    assert [p for p, _ in out] == [4]
+    header = Header.unpack(out[0][1])
+    assert (header.op, header.worker_id, header.count, header.bitmap, header.weight) == (
+        Op.GRAD,
+        1,
+        1,
+        0b100,
+        2,
+    )
+    np.testing.assert_array_equal(np.frombuffer(out[0][1][36:], dtype=">i4"), a)
+    # The spine takes a partial from leaf 0 on port 1 (count 2, workers 0 and 1).
+    part = make_packet(Op.GRAD, job_id=2, worker_id=0, seq=1, payload=a, count=2, bitmap=0b11)
+    assert rig.send(1, part, expect=0) == []
+    assert nonzero(ctl.read_counters(1)[1]) == {
+        "rx_packets": 1, "grad_start": 1, "result_quorum": 1, "up_partial": 1, "tx_packets": 1
+    }  # fmt: skip
+    assert nonzero(ctl.read_counters(2)[2]) == {"rx_packets": 1, "grad_start": 1}
+    with pytest.raises(ControlPlaneError, match="quorum must be 1..2"):
+        ctl.set_quorum(1, 3)  # a leaf's quorum counts its own workers
+    ctl.remove_job(1)
+    assert set(ctl.jobs()) == {2}
+    assert [e.match["job_id"] for e in ctl.read_table(JOB_ROLES_TABLE)] == [2]
+    assert not [e for e in ctl.read_table(WORKER_ADDRESSES_TABLE) if e.match["job_id"] == 1]
+    assert rig.send(1, grad(2, a, slot=1), expect=0) == []
+    assert nonzero(ctl.read_counters(0)[0]) == {"rx_packets": 1, "drop_unknown_job": 1}
+
+
+def test_lta_ctl_apply_installs_a_leaf_from_a_jobs_file(rig):
+    from controlplane.deployment import apply, parse
+
+    text = """
+[[jobs]]
+job_id = 3
+role = "leaf"
+leaf_id = 2
+worker_base = 4
+uplink = { ip = "10.0.0.9", udp_port = 48879, port = 3, mac = "02:00:00:00:00:09" }
+workers = [1, 2]
+[[jobs.drop]]
+direction = "up"
+worker = 1
+model = "bernoulli"
+p = 1.0
+"""
+    deployment = parse(text, "leaf.toml", target=rig.target)
+    logs: list[str] = []
+    apply(deployment, log=logs.append)  # loads the pipeline too
+    with LtaSwitch.connect(rig.target, timeout_s=5, read_only=True) as ctl:
+        job = ctl.jobs()[3]
+        policies = [(d, j, w) for d, j, w, _ in ctl.drop_policies(3)]
+    assert (job.role, job.leaf_id, job.local, job.uplink.port, job.uplink.ip) == (
+        Role.LEAF, 2, [4, 5], 3, "10.0.0.9"
+    )  # fmt: skip
+    assert policies == [("up", 3, 5)]  # the file's worker 1 is global worker 5
+    apply(deployment, log=logs.append)
+    assert logs[-2].endswith("job 3 unchanged"), logs
+
+
+def test_roles_need_a_program_that_has_them(tmp_path: Path):
+    """A P4 program without job roles (the Tofino one) holds flat jobs only: lta ctl says so."""
+    info = load_p4info()
+    role_tables = {t.preamble.id for t in info.tables if t.preamble.name == JOB_ROLES_TABLE}
+    kept = [t for t in info.tables if t.preamble.id not in role_tables]
+    del info.tables[:]
+    info.tables.extend(kept)
+    path = tmp_path / "no_roles.p4info.txtpb"
+    path.write_text(text_format.MessageToString(info))
+
+    class NoTables:
+        target = "tofino:50052"
+
+        def read(self, entities):
+            return []
+
+    switch = LtaSwitch(session=NoTables(), p4info_path=path)
+    assert not switch.names.has_roles() and LtaSwitch(session=None).names.has_roles()
+    with pytest.raises(ControlPlaneError, match="job 1 is a leaf.*no job roles"):
+        switch.add_job(leaf_job())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(role=Role.LEAF), "a leaf needs an uplink"),
+        (dict(workers=(None, host_worker(1))), "only a leaf may leave workers out"),
+        (dict(uplink=host_worker(4)), "only a leaf has an uplink"),
+        (dict(role=Role.LEAF, uplink=host_worker(4), leaf_id=32), "leaf_id must be in 0..31"),
+        (dict(role=Role.SPINE, workers=tuple(host_worker(1) for _ in range(33))), "at most 32 leaves"),
+        (dict(role=Role.LEAF, uplink=host_worker(4), workers=(None, host_worker(1)), quorum=2), "1..1"),
+        (dict(role=Role.LEAF, uplink=host_worker(4), workers=(None, None)), "no worker is served here"),
+    ],
+)
+def test_job_spec_refuses_bad_roles(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        JobSpec(1, **{"workers": workers(2), **kwargs})
+
+
+def test_role_entries():
+    from hostlib.jobconfig import WorkerEntry
+    from hostlib.jobentries import role_entries
+    from hostlib.p4schema import SET_LEAF, SET_SPINE, UPLINK_WORKER_ID
+
+    assert role_entries(5, Role.FLAT) == []
+    (spine,) = role_entries(5, Role.SPINE)
+    assert (spine.table, spine.match, spine.action) == (JOB_ROLES_TABLE, {"job_id": 5}, SET_SPINE)
+    uplink = WorkerEntry(ip="10.0.0.9", udp_port=48879, port=7, mac="02:00:00:00:00:09")
+    leaf, address = role_entries(5, Role.LEAF, 3, uplink)
+    assert (leaf.action, leaf.params) == (SET_LEAF, {"uplink_port": 7, "leaf_id": 3})
+    assert address.match == {"job_id": 5, "worker_id": UPLINK_WORKER_ID}
+    assert address.params == {"mac": 0x020000000009, "ipv4": 0x0A000009, "udp_port": 48879}
+    with pytest.raises(ValueError, match="needs its uplink"):
+        role_entries(5, Role.LEAF, 3, None)

@@ -361,6 +361,9 @@ def test_jobs_file_roles_reach_the_switch():
         ('uplink = "127.0.0.1:1"', "only belong"),
         ('role = "leaf"\nuplink = "nowhere"', "HOST:PORT"),
         ('role = "leaf"\nuplink = "127.0.0.1:1"\nleaf_id = 40', "leaf_id"),
+        ('role = "leaf"\nuplink = { port = 3 }', "give the spine's ip and udp_port"),
+        ('role = "leaf"\nuplink = 3', "uplink is"),
+        ('role = "leaf"\nuplink = { ip = "10.0.0.9", udp_port = 1, port = 999 }', "port"),
     ],
 )
 def test_jobs_file_refuses_bad_roles(change, message):
@@ -372,12 +375,12 @@ def test_jobs_file_refuses_bad_roles(change, message):
         parse_jobs(text, "bad.toml")
 
 
-def test_lta_ctl_apply_refuses_roles_until_p4_has_them():
+def test_lta_ctl_apply_needs_the_leafs_uplink_port():
     from controlplane.deployment import parse
     from hostlib.errors import ConfigError
 
     text = LEAF_FILE.replace('"127.0.0.1:41003", "127.0.0.1:41004"', "1, 2").split("[[jobs.drop]]")[0]
-    with pytest.raises(ConfigError, match="no leaf/spine roles"):
+    with pytest.raises(ConfigError, match="switch port toward the spine"):
         parse(text)
 
 

@@ -188,7 +188,8 @@ class MixGenerator:
             exp = int(rng.integers(-128, 128))  # exponent mismatch
         if rng.random() < 0.04:
             is_max = not is_max  # MAX-flag mismatch
-        flags = (int(Flag.MAX) if is_max else 0) | int(rng.integers(0, 16)) & ~int(Flag.MAX)
+        # (0..63: OWNER too, with a random owner in count, often no worker of the job)
+        flags = (int(Flag.MAX) if is_max else 0) | int(rng.integers(0, 64)) & ~int(Flag.MAX)
         if rng.random() < 0.5:
             flags &= ~int(Flag.CRITICAL)
         if spec.role == Role.LEAF and op == Op.FLUSH and rng.random() < 0.6:
@@ -312,9 +313,9 @@ class RoundGenerator:
         self.spec, self.window = spec, window
         self.rng = np.random.default_rng(seed)
 
-    def grad(self, g: int, w: int, exp: int, is_max: bool) -> bytes:
+    def grad(self, g: int, w: int, exp: int, is_max: bool, owner: int = -1) -> bytes:
         rng, spec = self.rng, self.spec
-        flags = int(Flag.MAX) if is_max else 0
+        flags = (int(Flag.MAX) if is_max else 0) | (int(Flag.OWNER) if owner >= 0 else 0)
         if rng.random() < 0.02:
             exp = int(rng.integers(-128, 128))
         if rng.random() < 0.02:
@@ -339,6 +340,7 @@ class RoundGenerator:
             chunk=g,
             weight=int(rng.integers(0, 2**32)) if rng.random() < 0.1 else int(rng.integers(1, 4)),
             nelem=int(rng.integers(0, spec.k + 1)),
+            count=max(owner, 0),
         )
 
     def packets(self, units: int) -> list[tuple[bytes, object]]:
@@ -349,10 +351,12 @@ class RoundGenerator:
             is_max = bool(rng.random() < 0.2)
             exp = 0 if is_max else int(rng.integers(-20, 40))
             senders = rng.permutation(n)[: int(rng.integers(max(1, n - 2), n + 1))]
+            # an owner-only round (its RESULT to one worker; now and then an id that is no worker's)
+            owner = int(rng.integers(n + 1)) if rng.random() < 0.3 else -1
             for w in senders:
-                out.append((self.grad(g, int(w), exp, is_max), int(w), g + rng.random()))
+                out.append((self.grad(g, int(w), exp, is_max, owner), int(w), g + rng.random()))
                 if rng.random() < 0.03:  # a duplicate, or a late GRAD after the close
-                    out.append((self.grad(g, int(w), exp, is_max), int(w), g + rng.random() * 3))
+                    out.append((self.grad(g, int(w), exp, is_max, owner), int(w), g + rng.random() * 3))
             if rng.random() < 0.03:  # a stale GRAD of the previous round of this slot
                 w = int(rng.integers(n))
                 out.append((self.grad(max(g - spec.pool, 0), w, exp, is_max), w, g + rng.random()))
@@ -360,7 +364,8 @@ class RoundGenerator:
                 w = int(rng.integers(n))
                 flush = make_packet(
                     Op.FLUSH, job_id=spec.job_id, worker_id=w, slot=g % spec.pool, seq=g // spec.pool + 1,
-                    elems_per_packet=spec.k, exp=exp, flags=int(Flag.MAX) if is_max else 0, chunk=g,
+                    elems_per_packet=spec.k, exp=exp, chunk=g, count=max(owner, 0),
+                    flags=(int(Flag.MAX) if is_max else 0) | (int(Flag.OWNER) if owner >= 0 else 0),
                 )  # fmt: skip
                 out.append((flush, w, g + 1 + rng.random() * 2))
         out.sort(key=lambda item: item[2])

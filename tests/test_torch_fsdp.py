@@ -249,16 +249,22 @@ def test_lossy_reduce_scatter_is_the_counted_sum_over_count_per_chunk(fsdp_runs)
     for rank, res in enumerate(r["reduce_scatter"] for r in fsdp_runs):
         stats = res[-1]
         assert stats["lossy_calls"] == calls and 0.1 < stats["loss_seen"] < 0.4
+        # Owner-only RESULTs: this rank waited for its own chunks alone and got nothing of the others'.
+        assert stats["chunks_received"] == stats["chunks"] == calls * m // K
         for call, (y, count, bitmap, fallback, shift) in enumerate(res[:-1]):
             inputs = np.stack([_rs_inputs(w, call, numel) for w in range(world)]).astype(np.float64)
-            for c in range(rank * m // K, (rank + 1) * m // K):  # this rank's chunks (m is whole chunks)
+            # The shards go interleaved: chunk j of rank r's shard is unit chunk j * world + r.
+            assert np.all(count.reshape(-1, world)[:, np.arange(world) != rank] == 0)
+            for j in range(m // K):  # this rank's chunks (m is whole chunks)
+                c = j * world + rank
                 if fallback[c] != 0:
                     continue
                 who = [w for w in range(world) if int(bitmap[c]) >> w & 1]
                 assert len(who) == count[c] > 0
                 partial += len(who) < world
-                expected = inputs[who, c * K : (c + 1) * K].sum(axis=0) / count[c] * world
-                got = y[c * K - rank * m : (c + 1) * K - rank * m]
+                lo = rank * m + j * K
+                expected = inputs[who, lo : lo + K].sum(axis=0) / count[c] * world
+                got = y[j * K : (j + 1) * K]
                 bound = world * codec.error_bound(shift)[c] + np.abs(expected) * 2**-22
                 assert np.all(np.abs(got - expected) <= bound), (rank, call, c, who)
     assert partial > 10  # loss happened, and the partial chunks were renormalized

@@ -47,7 +47,7 @@ def _worker(counts: list[np.ndarray], rank: int = 0) -> mock.MagicMock:
     worker.unhealthy_since_mark.return_value = False
     replies = iter(counts)
 
-    def allreduce(x, *, step=0, key=None, weight=1, critical=None, out=None):  # noqa: ANN001, ANN202
+    def allreduce(x, *, step=0, key=None, weight=1, critical=None, out=None, owners=None):  # noqa: ANN001, ANN202
         values = np.asarray(x, dtype=np.float32).reshape(-1).copy()
         if out is not None:
             out[...] = values

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -350,3 +351,50 @@ def test_tail_units_wait_the_lag_deadline_for_a_peer_that_has_not_sent_them(make
     for r in results:
         assert (r.count == 2).all(), np.flatnonzero(r.count != 2)
         np.testing.assert_allclose(r.values, 1.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("loss", [0.0, 0.1])
+def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
+    """A reduce-scatter's chunks (``owners``, interleaved as the process group sends them): each worker's
+    own chunks equal numpy's mean over the workers in their bitmap, the others' chunks never reach it (no
+    RESULT received, no FLUSH sent for them) and count nothing in its stats."""
+    if loss == 0.0:  # late is not lost here (see test_every_chunk_is_the_mean_over_its_bitmap)
+        deadlines = {f"{name}_deadline_ms": 5000 for name in ("sync", "lag", "min", "max")}
+    else:
+        deadlines = {"sync_deadline_ms": 300, "min_deadline_ms": 50}
+    cluster = make_cluster(n, up=loss, down=loss / 2, seed=n, **deadlines)
+    chunks = 40 * n
+    owners = np.arange(chunks) % n
+    rng = np.random.default_rng(n)
+    for step in range(3):
+        inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step, owners=owners)
+        for w, r in enumerate(results):
+            theirs = owners != w
+            assert np.all(r.count[theirs] == 0) and np.all(r.fallback[theirs] == Fallback.NONE)
+        # only each worker's own chunks are checked: the others' values are unspecified
+        masked = []
+        for w, r in enumerate(results):
+            fallback = r.fallback.copy()
+            fallback[owners != w] = Fallback.ZERO  # skip them in the check
+            masked.append(dataclasses.replace(r, fallback=fallback))
+        assert check_mean_over_bitmap(masked, inputs, K) > 0
+        if loss == 0.0:
+            for w, r in enumerate(results):
+                assert np.all(r.count[owners == w] == n)
+    exp_units = -(-chunks // K)
+    for w in cluster.workers:
+        # RESULTs: the exponent units (every worker's) and its own chunks, each once or resent; never a
+        # chunk of another worker's
+        own = chunks // n  # per reduce
+        assert w.stats.chunks == 3 * own
+        if loss == 0.0:
+            assert w.stats.flushes_sent == 0
+            # (an exponent unit's second copy, exp_copies, may find its round closed: its RESULT is
+            # resent, and ignored)
+            assert w.stats.packets_received - w.stats.packets_ignored == 3 * (exp_units + own)
+    counters = cluster.switch.read_counters(cluster.job_id)
+    if loss == 0.0:  # every data RESULT left once, to its owner; exponent RESULTs to all
+        resent = counters["grad_late_resend"] + counters["flush_resend"]
+        assert counters["tx_packets"] - resent == 3 * (exp_units * n + chunks)

@@ -204,20 +204,61 @@ class ProcessGroupLta(dist.ProcessGroup):
 
     def _reduce_scatter_lossy(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:  # noqa: A002
         """Every chunk of ``input`` summed in the switch with its arrival count and renormalized; this rank
-        keeps its part. The switch multicasts every RESULT (the P4 program has no owner-only RESULT), so
-        each rank receives N times what it keeps and drops the rest."""
-        m = output.numel()
-        lo, hi = self._rank * m, (self._rank + 1) * m
-        k = self.manager.worker.config.elems_per_packet
+        keeps its part. The chunks go owner-only (docs/protocol.md, "Owner-only RESULT"): the switch sends
+        each chunk's RESULT to the rank that keeps it, and no rank waits for the others' chunks. The shards
+        are sent interleaved (chunk j of every rank's shard, then chunk j + 1), each shard padded to whole
+        chunks, so every rank gets a RESULT every N units and learns its peers' progress from it (the slot
+        reuse rule of hostlib/transport/reuse.py needs that news)."""
+        m, world, rank = output.numel(), self._world, self._rank
+        worker = self.manager.worker
+        k = worker.config.elems_per_packet
         key = self.manager.keys.key("reduce_scatter", input.numel(), input.dtype)
-        result = self.manager.allreduce(
-            _host_float32(input), stream="reduce_scatter", key=key, mine=(lo // k, -(-hi // k))
-        )
-        self.manager.stream("reduce_scatter").chunks_received += len(result.count)
-        mine = result.values[lo:hi]
-        if op == dist.ReduceOp.SUM:
-            mine = mine * np.float32(self._world)
-        output.copy_(torch.from_numpy(mine).view(output.shape))
+        result, owners, mine_chunks = self._interleaved(key, m, k)
+        per = -(-m // k)  # chunks per shard
+        full, tail = divmod(m, k)
+        # Straight into the transport's own input buffer: no copy there.
+        staged = worker.input_buffer(per * world * k)
+        src = _host_float32(input).reshape(world, m)
+        lanes = staged.reshape(per, world, k)
+        if full:
+            np.copyto(lanes[:full].transpose(1, 0, 2), src[:, : full * k].reshape(world, full, k))
+        if tail:
+            lanes[full, :, :tail] = src[:, full * k :]
+            lanes[full, :, tail:] = 0.0
+        self.manager.allreduce(
+            staged, stream="reduce_scatter", key=key, out=result, owners=owners, mine=mine_chunks
+        )  # writes this rank's chunks of ``result`` alone
+        self.manager.stream("reduce_scatter").chunks_received += len(mine_chunks)
+        mine = result.reshape(per, world, k)[:, rank, :]
+        scale = np.float32(world if op == dist.ReduceOp.SUM else 1)
+        cpu32 = output.device.type == "cpu" and output.dtype == torch.float32 and not output.requires_grad
+        host = output.numpy() if cpu32 else None
+        if host is not None and output.is_contiguous():
+            dst = host.reshape(-1)  # the shard, scaled straight into the output tensor
+            np.multiply(mine[:full], scale, out=dst[: full * k].reshape(full, k))
+            if tail:
+                np.multiply(mine[full, :tail], scale, out=dst[full * k :])
+        else:
+            values = np.ascontiguousarray(mine).reshape(-1)[:m] * scale
+            output.copy_(torch.from_numpy(values).view(output.shape))
+
+    def _interleaved(self, key: Any, m: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a reduce-scatter whose shards hold ``m`` values (reused per call key): the buffer its result
+        lands in (interleaved, as sent), the chunks' owners and this rank's chunks."""
+        found = self.manager.scatter_staging.get(key)
+        per, world = -(-m // k), self._world
+        if found is None or found[0].size != per * world * k:
+            if (
+                len(self.manager.scatter_staging) >= 64
+            ):  # FSDP2's call keys are few; a script's ad hoc ones are not
+                self.manager.scatter_staging.clear()
+            owners = np.tile(np.arange(world, dtype=np.int64), per)
+            found = self.manager.scatter_staging[key] = (
+                np.empty(per * world * k, dtype=np.float32),
+                owners,
+                np.flatnonzero(owners == self._rank),
+            )
+        return found
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:  # noqa: A002
         stats = self.manager.stream("reduce_scatter")

@@ -66,20 +66,20 @@ class ReduceStats:
     chunks_critical: int = 0  # chunks marked critical
     chunks_critical_full: int = 0  # ... that came back with every worker counted
     resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
-    # reduce-scatter: chunks whose RESULT reached this rank (every chunk: RESULTs are multicast), against
-    # ``chunks``, the ones it keeps (an owner-only RESULT would send it those alone)
+    # reduce-scatter: chunks whose RESULT this rank waited for, against ``chunks``, the ones it keeps
+    # (RESULTs are owner-only: equal unless the switch multicasts them, docs/protocol.md)
     chunks_received: int = 0
     lossy_s: float = 0.0
 
-    def count(self, result: ReduceResult, n_workers: int, first: int = 0, last: int | None = None) -> None:
-        """Add the chunks ``[first, last)`` of ``result`` (default: all)."""
-        count = result.count[first:last]
+    def count(self, result: ReduceResult, n_workers: int, sel: slice | np.ndarray = slice(None)) -> None:
+        """Add the chunks ``sel`` of ``result`` (a slice or index array; default: all)."""
+        count = result.count[sel]
         self.chunks += len(count)
         self.contributions += int(count.sum())
         self.chunks_full += int(np.sum(count == n_workers))
         self.chunks_partial += int(np.sum((count > 0) & (count < n_workers)))
-        self.chunks_fallback += int(np.sum(result.fallback[first:last] != Fallback.NONE))
-        critical = result.critical[first:last] if len(result.critical) else None
+        self.chunks_fallback += int(np.sum(result.fallback[sel] != Fallback.NONE))
+        critical = result.critical[sel] if len(result.critical) else None
         if critical is not None and critical.any():
             self.chunks_critical += int(critical.sum())
             self.chunks_critical_full += int(np.sum(critical & (count == n_workers)))
@@ -122,6 +122,9 @@ class LtaManager:
         self._gatherer: StaleGather | None = None
         self._mirrors: dict[Hashable, HostMirror] = {}
         self._transient: dict[Hashable, HostMirror] = {}
+        # reduce-scatter: per call key, the interleaved staging buffer, chunk owners and this rank's
+        # chunks (ProcessGroupLta._interleaved)
+        self.scatter_staging: dict[Hashable, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def of(cls, source: LtaManager | Link) -> LtaManager:
@@ -190,22 +193,31 @@ class LtaManager:
         step: int | None = None,
         critical: Any = None,
         out: np.ndarray | None = None,
-        mine: tuple[int, int] | None = None,
+        mine: tuple[int, int] | np.ndarray | None = None,
+        owners: np.ndarray | None = None,
     ) -> ReduceResult:
         """``LtaWorker.allreduce`` (renormalized mean over the workers whose packets arrived), counted in
-        ``stream``'s row over the chunks ``mine = (first, last)`` this rank uses (default: all).
-        ``step`` is the transport's step number (default: the manager's ``reduces``)."""
+        ``stream``'s row over the chunks this rank uses: ``mine = (first, last)`` or an index array
+        (default: all). ``step`` is the transport's step number (default: the manager's ``reduces``);
+        ``owners``: per chunk, the one rank its result goes to (``LtaWorker.allreduce``)."""
         worker = self.worker
         t0 = time.perf_counter()
         result = worker.allreduce(
-            values, step=self.reduces if step is None else step, key=key, critical=critical, out=out
+            values,
+            step=self.reduces if step is None else step,
+            key=key,
+            critical=critical,
+            out=out,
+            owners=owners,
         )
         self.reduces += 1
         self.last_reduce = result
         row = self.stream(stream)
         row.reduces += 1
-        first, last = mine if mine is not None else (0, None)
-        row.count(result, worker.n_workers, first, last)
+        if isinstance(mine, tuple):
+            row.count(result, worker.n_workers, slice(*mine))
+        else:
+            row.count(result, worker.n_workers, slice(None) if mine is None else mine)
         row.lossy_s += time.perf_counter() - t0
         return result
 

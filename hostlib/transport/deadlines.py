@@ -232,7 +232,9 @@ class Deadlines:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
         srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
         srtt_s = max(srtt_ms, 1.0) / 1000.0
-        at = np.where(units % self.n_workers == self.worker_id, now, now + srtt_s)
+        # (An owner-only unit is in flight at its owner alone, whose FLUSH is the only one.)
+        designated = (units % self.n_workers == self.worker_id) | (plan.owner_of_unit(units) >= 0)
+        at = np.where(designated, now, now + srtt_s)
         # A critical unit is resent, not flushed, and any worker's GRAD may be the lost one: every
         # worker resends its own at once (a duplicate costs one packet; the switch drops it).
         crit = self.resending(plan, units)

@@ -16,8 +16,9 @@ import numpy as np
 
 from hostlib.protocol import INT32_MIN, Flag, Op, batch_rows, empty_batch
 
-# Unit states, ordered: a unit at or past DONE is settled.
-PENDING, IN_FLIGHT, DONE, GAVE_UP = 0, 1, 2, 3
+# Unit states, ordered: a unit at or past DONE is settled. ELSEWHERE: an owner-only unit another worker
+# owns, settled once sent (its RESULT goes to the owner alone; docs/protocol.md, "Owner-only RESULT").
+PENDING, IN_FLIGHT, DONE, GAVE_UP, ELSEWHERE = 0, 1, 2, 3, 4
 
 
 def critical_chunks(spec: Any, n: int, k: int) -> np.ndarray:
@@ -77,6 +78,11 @@ class ReducePlan:
         # Critical data (LTP): units resent until every worker is counted, never FLUSHed (deadlines.py).
         self.critical = np.zeros(c, dtype=bool)  # per chunk
         self.critical_unit = np.zeros(self.units, dtype=bool)  # an exponent unit: any of its chunks
+        # Owner-only RESULTs: the worker each chunk's RESULT goes to (-1: every worker), and the chunks
+        # another worker owns (this worker sends them and awaits nothing).
+        self.owner = np.full(c, -1, dtype=np.int64)
+        self.elsewhere = np.zeros(c, dtype=bool)
+        self.any_owned = False
         self.any_critical = False
         self.retx = np.zeros(self.units, dtype=np.int64)  # GRAD resends of a critical unit
         # Adaptive early close: when each unit's RESULT is expected (send time + queue + own frame at the
@@ -111,11 +117,14 @@ class ReducePlan:
         critical: np.ndarray | None = None,
         *,
         exponents_critical: bool = False,
+        owners: np.ndarray | None = None,
+        worker_id: int = 0,
     ) -> None:
         """Start a reduce whose first unit is global unit ``base``; ``header`` holds the fields every
         packet of this worker carries (version, job_id, worker_id, step); ``critical``: the critical
         chunk mask (:func:`critical_chunks`), or None; ``exponents_critical``: every exponent unit is
-        critical, whatever its chunks (exact mode: TransportConfig.exact)."""
+        critical, whatever its chunks (exact mode: TransportConfig.exact); ``owners``: per chunk, the one
+        worker its RESULT goes to (-1: every worker), or None; ``worker_id``: this worker."""
         k = self.k
         self.base = base
         g = base + np.arange(self.units, dtype=np.int64)
@@ -155,6 +164,13 @@ class ReducePlan:
         d["chunk"] = np.arange(self.chunks_count)
         d["nelem"] = np.minimum(k, self.n - k * np.arange(self.chunks_count))
         d["weight"] = weight
+        if owners is None:
+            self.owner[:] = -1
+        else:
+            self.owner[:] = owners
+        self.any_owned = bool((self.owner >= 0).any())
+        self.elsewhere[:] = (self.owner >= 0) & (self.owner != worker_id)
+        d["count"] = np.maximum(self.owner, 0)  # a worker's GRAD names the owner in count
         for arr in (self.count, self.bitmap, self.weight, self.shift, self.result_flags, self.flushes):
             arr[:] = 0
         self.probes[:] = 0
@@ -186,6 +202,11 @@ class ReducePlan:
         """Move ``low`` past the settled prefix."""
         pending = np.flatnonzero(self.state[self.low : max(self.low, self.next_unit)] < DONE)
         self.low = self.low + int(pending[0]) if pending.size else max(self.low, self.next_unit)
+
+    def owner_of_unit(self, units: np.ndarray) -> np.ndarray:
+        """The owner of each unit's RESULT (-1: every worker; exponent units are every worker's)."""
+        data = units >= self.exp_units
+        return np.where(data, self.owner[np.where(data, units - self.exp_units, 0)], -1)
 
     def in_flight(self) -> np.ndarray:
         """Indices of the units in flight (they all lie in [low, next_unit))."""

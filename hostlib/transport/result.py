@@ -92,9 +92,10 @@ class TransportStats:
         """Add one reduce to the totals; returns how many of its chunks got no aggregate (no RESULT, or
         a RESULT with count 0), what the worker's health check looks at."""
         done = plan.state[plan.exp_units :] == DONE
-        empty, no_result = int(np.sum(done & (plan.count == 0))), int(np.sum(~done))
+        mine = ~plan.elsewhere  # another worker's owner-only chunks: no RESULT was due here
+        empty, no_result = int(np.sum(done & (plan.count == 0))), int(np.sum(~done & mine))
         self.reduces += 1
-        self.chunks += plan.chunks_count
+        self.chunks += int(mine.sum())
         self.chunks_full += int(np.sum(done & (plan.count == n_workers)))
         self.chunks_partial += int(np.sum(done & (plan.count > 0) & (plan.count < n_workers)))
         self.chunks_empty += empty

@@ -41,13 +41,13 @@ from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.heartbeat import Heartbeat
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
-from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
+from hostlib.transport.plan import DONE, ELSEWHERE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
 from hostlib.transport.result import ReduceResult, TransportStats, fallback_rows
 from hostlib.transport.reuse import SlotReuse
 
 _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
-_RETX, _MAX, _CRITICAL = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL)
+_RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL), int(Flag.OWNER)
 _SATURATED = int(Flag.SATURATED)
 
 log = logging.getLogger(__name__)
@@ -261,6 +261,7 @@ class LtaWorker:
         weight: int = 1,
         critical: Any = None,
         out: np.ndarray | None = None,
+        owners: np.ndarray | None = None,
     ) -> ReduceResult:
         """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
 
@@ -285,7 +286,13 @@ class LtaWorker:
         ``out``: a C-contiguous float32 array of ``x``'s size to write the result into (it may be ``x``'s
         own memory: the input is read before anything is written); ``ReduceResult.values`` is then
         ``out`` itself, flattened. Without it every call returns a new array. Reusing one buffer saves a
-        fresh allocation (and its page faults) per reduce."""
+        fresh allocation (and its page faults) per reduce.
+
+        ``owners``: one int per chunk, the only worker that needs that chunk's result (-1: every worker),
+        the same on every worker (a reduce-scatter). Those chunks go owner-only (Flag.OWNER): the switch
+        sends their RESULT to the owner alone; a worker sends the chunks others own and waits for none of
+        them. In the result, a chunk another worker owns has count 0, no fallback, and unspecified
+        values; stats and the health check count only the chunks this worker waits for."""
         t0 = time.perf_counter()
         local = _as_float32(x)
         n = local.size
@@ -304,8 +311,7 @@ class LtaWorker:
         k = self.config.elems_per_packet
         exact = self.config.exact
         n_chunks = max(1, -(-n // k))
-        # Exact mode: one zero chunk after the data, the fence (critical: spared by emulated loss).
-        plan = self._plan((n_chunks + 1) * k if exact else n)
+        plan = self._plan_for(n)
         mask = None if critical is None else critical_chunks(critical, n, k)
         if exact:
             fenced = np.zeros(plan.chunks_count, dtype=bool)
@@ -314,12 +320,23 @@ class LtaWorker:
             fenced[n_chunks] = True
             mask = fenced
         chunks = plan.chunks
-        chunks.reshape(-1)[:n] = local
-        chunks.reshape(-1)[n:] = 0.0
+        staged = chunks.reshape(-1)
+        if local.ctypes.data != staged.ctypes.data:  # not filled in place (input_buffer)
+            staged[:n] = local
+        staged[n:] = 0.0
         if self.config.renormalize == "weight":
             chunks *= np.float32(weight)
         proposals = codec.exponent_proposals(chunks)
         self._header["step"] = step
+        if owners is not None:
+            owners = np.asarray(owners, dtype=np.int64).reshape(-1)
+            if len(owners) != n_chunks or owners.max(initial=-1) >= self.n_workers:
+                raise ValueError(
+                    f"owners must hold one worker id (< {self.n_workers}) or -1 per chunk: {n_chunks} "
+                    f"values, got {len(owners)} (max {owners.max(initial=-1)})"
+                )
+            if exact:  # the fence is every worker's
+                owners = np.append(owners, -1)
         plan.reset(
             self._next_unit,
             self._slots,
@@ -329,6 +346,8 @@ class LtaWorker:
             self.n_workers,
             mask,
             exponents_critical=exact,
+            owners=owners,
+            worker_id=self.worker_id,
         )
         self._next_unit += plan.units
         self._start_pacing()
@@ -345,10 +364,11 @@ class LtaWorker:
         else:
             got = arrived
         rows = plan.out
-        missing = ~got
+        missing = ~got & ~plan.elsewhere
         fallback = np.where(got, Fallback.NONE, self._fallback).astype(np.int8)
         if renorm == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
             fallback[plan.count < self.n_workers] = self._fallback
+        fallback[plan.elsewhere] = Fallback.NONE
         key = n if key is None else key
         if missing.any():
             rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, chunks)
@@ -358,15 +378,17 @@ class LtaWorker:
                 self._prev[key] = values
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
-            values[:] = rows.reshape(-1)[:n]
+            kept = None
             if self._fallback == Fallback.PREV:  # a copy the caller cannot overwrite, reused
                 kept = self._prev.get(key)
                 if kept is None or kept.size != n:
-                    kept = self._prev[key] = np.empty(n, dtype=np.float32)
-                kept[:] = values
+                    kept = self._prev[key] = np.zeros(n, dtype=np.float32)
+            for dst in (values, kept):
+                if dst is not None:
+                    _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
-        self._check_health(got_nothing, plan.chunks_count)
+        self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())))
         done = plan.state[plan.exp_units :][:n_chunks] == DONE
         c = slice(0, n_chunks)  # without the exact mode's fence
         return ReduceResult(
@@ -480,7 +502,19 @@ class LtaWorker:
         self.reuse.restart_at(self._next_unit)
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
 
+    def input_buffer(self, n: int) -> np.ndarray:
+        """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
+        A caller that writes its input there and passes it as ``x`` to :meth:`allreduce` saves a copy; the
+        next reduce of that length overwrites it."""
+        return self._plan_for(n).chunks.reshape(-1)[:n]
+
     # ---- the unit engine -----------------------------------------------------------------------
+    def _plan_for(self, n: int) -> ReducePlan:
+        """The plan of a reduce of ``n`` values. Exact mode: one zero chunk after the data, the fence
+        (critical: spared by emulated loss)."""
+        k = self.config.elems_per_packet
+        return self._plan((max(1, -(-n // k)) + 1) * k if self.config.exact else n)
+
     def _plan(self, n: int) -> ReducePlan:
         if n == 0:
             raise ValueError("cannot allreduce an empty tensor")
@@ -586,6 +620,12 @@ class LtaWorker:
                 self._send(plan.data_rows[c])
         now = time.perf_counter()
         state[units] = IN_FLIGHT
+        if plan.any_owned:  # another worker's chunk: sent, nothing to wait for
+            data = units >= plan.exp_units
+            theirs = units[data][plan.elsewhere[units[data] - plan.exp_units]]
+            if theirs.size:
+                state[theirs] = ELSEWHERE
+                units = units[state[units] == IN_FLIGHT]
         plan.sent_at[units] = now
         rate = self._bottleneck_bps()
         if rate > 0:  # each unit's frame leaves the bottleneck after those queued before it
@@ -640,8 +680,10 @@ class LtaWorker:
         # whose proposal was counted cannot exceed the bound; if the codec clamps one all the same, it
         # goes flagged SATURATED (docs/protocol.md).
         counted = plan.own_exp[sel]
-        d["flags"][sel] = np.where(plan.critical[sel], _CRITICAL, 0) | np.where(
-            saturated & counted, _SATURATED, 0
+        d["flags"][sel] = (
+            np.where(plan.critical[sel], _CRITICAL, 0)
+            | np.where(saturated & counted, _SATURATED, 0)
+            | np.where(plan.owner[sel] >= 0, _OWNER, 0)
         )
         plan.has_exp[sel] = counted  # the others are withheld (ReducePlan.withheld)
         plan.quantized[sel] = True
@@ -895,6 +937,23 @@ class LtaWorker:
         work on the packets already sent."""
         plan.shift[c0:c1] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
         plan.exp_known[c0:c1] = True
+
+
+def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
+    """``dst[:n]`` = the first ``n`` values of ``rows`` (chunks of K), only in the chunks ``which`` (a bool
+    mask over the chunks; None: all)."""
+    if which is None or which.all():
+        dst[:n] = rows.reshape(-1)[:n]
+        return
+    k = rows.shape[1]
+    full = n // k
+    idx = np.flatnonzero(which[:full])
+    sel: slice | np.ndarray = idx
+    if len(idx) > 1 and np.all(np.diff(idx) == idx[1] - idx[0]):  # every N-th (a reduce-scatter's)
+        sel = slice(int(idx[0]), int(idx[-1]) + 1, int(idx[1] - idx[0]))  # one strided pass, no gather
+    dst[: full * k].reshape(full, k)[sel] = rows[sel]
+    if full * k < n and which[full]:
+        dst[full * k : n] = rows[full, : n - full * k]
 
 
 def _as_float32(x: Any) -> np.ndarray:

@@ -6,9 +6,14 @@ loss; with lta's default setting (gradients lossy, parameters reliable) at 0%; a
 Reports step-time percentiles, the loss curve's end, and per collective what lta saw: loss, stale
 parameter copies, their largest age (never above S) and resyncs.
 
-The reduce-scatter's RESULTs are multicast (the switch has no owner-only RESULT): every rank receives the
-RESULT of every chunk and keeps its own part. ``rs_result_packets`` says how many RESULT packets a rank
-received for reduce-scatters and how many an owner-only RESULT would have sent it."""
+The reduce-scatter's RESULTs are owner-only (docs/protocol.md): a rank receives the RESULTs of its own
+chunks alone. ``rs_result_packets`` says how many RESULT packets a rank waited for in reduce-scatters and
+how many chunks it keeps (equal with owner-only RESULTs).
+
+Step time is wall time, which the other work on a shared machine inflates; ``cpu_ms_per_step`` is the CPU
+time every rank's process spent per timed step (summed over the ranks; the embedded softswitch's thread
+runs in rank 0's process and counts), steadier under load. ``loadavg`` is the 1-minute load average at the
+start and the end of the run."""
 
 from __future__ import annotations
 
@@ -63,7 +68,10 @@ def fsdp_worker(
         gen = torch.Generator().manual_seed(rank)
         x, y = torch.randn(32, IN_FEATURES, generator=gen), torch.randint(0, 10, (32,), generator=gen)
         times, losses = [], []
+        cpu0 = 0.0
         for i in range(warmup + steps):
+            if i == warmup:
+                cpu0 = time.process_time()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -72,7 +80,8 @@ def fsdp_worker(
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
             losses.append(loss.item())
-        out: dict[str, Any] = {"times_s": times, "losses": losses, "params": params}
+        cpu_s = time.process_time() - cpu0
+        out: dict[str, Any] = {"times_s": times, "losses": losses, "params": params, "cpu_s": cpu_s}
         if backend == "lta":
             pg = dist.group.WORLD
             out["collectives"] = pg.collective_stats()
@@ -108,6 +117,7 @@ def run_variant(
         "p50_ms": float(np.percentile(step, 50) * 1e3),
         "p99_ms": float(np.percentile(step, 99) * 1e3),
         "mean_ms": float(step.mean() * 1e3),
+        "cpu_ms_per_step": sum(results[r]["cpu_s"] for r in range(world)) / steps * 1e3,
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
         "params": results[0]["params"],
@@ -128,7 +138,7 @@ def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
         "grad_loss_seen": 1.0 - sum(s["contributions"] for s in rs) / (world * chunks) if chunks else 0.0,
         "grad_chunks_fallback": sum(s["chunks_fallback"] for s in rs),
         "rs_lossy_calls": rs[0]["lossy_calls"],
-        # every chunk's RESULT is multicast to every rank; an owner-only RESULT would reach its owner alone
+        # owner-only RESULTs: a rank waits for its own chunks' RESULTs alone
         "rs_result_packets": {
             "received_per_rank": rs[0]["chunks_received"],
             "owner_only_per_rank": rs[0]["chunks"],
@@ -177,13 +187,15 @@ def _run(args: argparse.Namespace) -> int:
         "lta_grads_only": ("lta", {"LTA_LOSSY_OPS": "allreduce,reduce_scatter"}),  # the default setting
         "lta_lossy": ("lta", {**lossy_env, "LTA_DROP_UP": str(args.loss), "LTA_DROP_PARAM": str(args.loss)}),
     }
-    out: dict[str, Any] = {"config": config}
+    out: dict[str, Any] = {"config": config, "loadavg": {"start": os.getloadavg()[0]}}
     title = f"lta bench fsdp: {args.workers} ranks, {args.steps} steps: gloo, lta, lta {args.loss:.0%} loss"
     with Status(title) as status:
         for name, (backend, env) in variants.items():
             status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup)
+    out["loadavg"]["end"] = os.getloadavg()[0]
     out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
     out["ratio_lta_grads_only_over_gloo_p50"] = out["lta_grads_only"]["p50_ms"] / out["gloo"]["p50_ms"]
     out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
     if args.json:
@@ -194,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         r = out[name]
         print(
             f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+            f"cpu {r['cpu_ms_per_step']:7.1f} ms/step  "
             f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
         )
         if "summary" in r:
@@ -203,5 +216,9 @@ def _run(args: argparse.Namespace) -> int:
                 f"{s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age {s['max_age']} "
                 f"(S={s['stale_bound']}), resyncs {s['resyncs']}"
             )
-    print(f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f} (all three collectives lossy)")
+    print(
+        f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}, cpu per step: "
+        f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
+        f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
+    )
     return 0

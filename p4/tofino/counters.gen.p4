@@ -15,6 +15,11 @@ control IngressCheckCounters(in bit<16> index, in bit<8> branch) {
     @name(".param_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_fwd_counter;
     @name(".param_req_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_req_fwd_counter;
     @name(".heartbeat") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) heartbeat_counter;
+    @name(".up_partial") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_partial_counter;
+    @name(".up_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_resend_counter;
+    @name(".down_result") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_result_counter;
+    @name(".down_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_stale_counter;
+    @name(".up_held") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_held_counter;
     apply {
         rx_packets_counter.count(index);
         if (branch == BRANCH_DROP_MALFORMED) {
@@ -33,6 +38,16 @@ control IngressCheckCounters(in bit<16> index, in bit<8> branch) {
             param_req_fwd_counter.count(index);
         } else if (branch == BRANCH_HEARTBEAT) {
             heartbeat_counter.count(index);
+        } else if (branch == BRANCH_UP_PARTIAL) {
+            up_partial_counter.count(index);
+        } else if (branch == BRANCH_UP_RESEND) {
+            up_resend_counter.count(index);
+        } else if (branch == BRANCH_DOWN_RESULT) {
+            down_result_counter.count(index);
+        } else if (branch == BRANCH_DOWN_STALE) {
+            down_stale_counter.count(index);
+        } else if (branch == BRANCH_UP_HELD) {
+            up_held_counter.count(index);
         }
     }
 }

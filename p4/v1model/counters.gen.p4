@@ -5,7 +5,7 @@
 // One indirect counter per branch of the switch contract, indexed by job id (0: no known job).
 // The names are absolute so the P4Info names equal hostlib.protocol.COUNTERS.
 
-control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quorum) {
+control IngressCounters(in bit<32> index, in bit<8> branch, in bit<8> also, in bool result_quorum) {
     @name(".rx_packets") counter(LTA_MAX_JOBS, CounterType.packets) rx_packets_counter;
     @name(".drop_malformed") counter(LTA_MAX_JOBS, CounterType.packets) drop_malformed_counter;
     @name(".drop_unknown_job") counter(LTA_MAX_JOBS, CounterType.packets) drop_unknown_job_counter;
@@ -26,6 +26,11 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
     @name(".param_fwd") counter(LTA_MAX_JOBS, CounterType.packets) param_fwd_counter;
     @name(".param_req_fwd") counter(LTA_MAX_JOBS, CounterType.packets) param_req_fwd_counter;
     @name(".heartbeat") counter(LTA_MAX_JOBS, CounterType.packets) heartbeat_counter;
+    @name(".up_partial") counter(LTA_MAX_JOBS, CounterType.packets) up_partial_counter;
+    @name(".up_resend") counter(LTA_MAX_JOBS, CounterType.packets) up_resend_counter;
+    @name(".down_result") counter(LTA_MAX_JOBS, CounterType.packets) down_result_counter;
+    @name(".down_stale") counter(LTA_MAX_JOBS, CounterType.packets) down_stale_counter;
+    @name(".up_held") counter(LTA_MAX_JOBS, CounterType.packets) up_held_counter;
     action count_drop_malformed() { drop_malformed_counter.count(index); }
     action count_drop_unknown_job() { drop_unknown_job_counter.count(index); }
     action count_drop_slot_range() { drop_slot_range_counter.count(index); }
@@ -44,9 +49,14 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
     action count_param_fwd() { param_fwd_counter.count(index); }
     action count_param_req_fwd() { param_req_fwd_counter.count(index); }
     action count_heartbeat() { heartbeat_counter.count(index); }
+    action count_up_partial() { up_partial_counter.count(index); }
+    action count_up_resend() { up_resend_counter.count(index); }
+    action count_down_result() { down_result_counter.count(index); }
+    action count_down_stale() { down_stale_counter.count(index); }
+    action count_up_held() { up_held_counter.count(index); }
     table branch_counter {
         key = { branch: exact @name("branch"); }
-        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; NoAction; }
+        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; count_up_held; NoAction; }
         const entries = {
             BRANCH_DROP_MALFORMED: count_drop_malformed();
             BRANCH_DROP_UNKNOWN_JOB: count_drop_unknown_job();
@@ -66,12 +76,48 @@ control IngressCounters(in bit<32> index, in bit<8> branch, in bool result_quoru
             BRANCH_PARAM_FWD: count_param_fwd();
             BRANCH_PARAM_REQ_FWD: count_param_req_fwd();
             BRANCH_HEARTBEAT: count_heartbeat();
+            BRANCH_UP_PARTIAL: count_up_partial();
+            BRANCH_UP_RESEND: count_up_resend();
+            BRANCH_DOWN_RESULT: count_down_result();
+            BRANCH_DOWN_STALE: count_down_stale();
+            BRANCH_UP_HELD: count_up_held();
+        }
+        default_action = NoAction();
+    }
+    table also_counter {
+        key = { also: exact @name("also"); }
+        actions = { count_drop_malformed; count_drop_unknown_job; count_drop_slot_range; count_drop_bad_worker; count_drop_policy_up; count_grad_start; count_grad_add; count_grad_dup; count_grad_late_resend; count_grad_stale; count_grad_exp_mismatch; count_flush_partial; count_flush_empty; count_flush_resend; count_flush_stale; count_param_fwd; count_param_req_fwd; count_heartbeat; count_up_partial; count_up_resend; count_down_result; count_down_stale; count_up_held; NoAction; }
+        const entries = {
+            BRANCH_DROP_MALFORMED: count_drop_malformed();
+            BRANCH_DROP_UNKNOWN_JOB: count_drop_unknown_job();
+            BRANCH_DROP_SLOT_RANGE: count_drop_slot_range();
+            BRANCH_DROP_BAD_WORKER: count_drop_bad_worker();
+            BRANCH_DROP_POLICY_UP: count_drop_policy_up();
+            BRANCH_GRAD_START: count_grad_start();
+            BRANCH_GRAD_ADD: count_grad_add();
+            BRANCH_GRAD_DUP: count_grad_dup();
+            BRANCH_GRAD_LATE_RESEND: count_grad_late_resend();
+            BRANCH_GRAD_STALE: count_grad_stale();
+            BRANCH_GRAD_EXP_MISMATCH: count_grad_exp_mismatch();
+            BRANCH_FLUSH_PARTIAL: count_flush_partial();
+            BRANCH_FLUSH_EMPTY: count_flush_empty();
+            BRANCH_FLUSH_RESEND: count_flush_resend();
+            BRANCH_FLUSH_STALE: count_flush_stale();
+            BRANCH_PARAM_FWD: count_param_fwd();
+            BRANCH_PARAM_REQ_FWD: count_param_req_fwd();
+            BRANCH_HEARTBEAT: count_heartbeat();
+            BRANCH_UP_PARTIAL: count_up_partial();
+            BRANCH_UP_RESEND: count_up_resend();
+            BRANCH_DOWN_RESULT: count_down_result();
+            BRANCH_DOWN_STALE: count_down_stale();
+            BRANCH_UP_HELD: count_up_held();
         }
         default_action = NoAction();
     }
     apply {
         rx_packets_counter.count(index);
         branch_counter.apply();
+        also_counter.apply();
         if (result_quorum) { result_quorum_counter.count(index); }
     }
 }

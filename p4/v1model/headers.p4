@@ -72,17 +72,31 @@ struct slot_state_t {
     bit<64> bitmap;
     bit<32> weight;
     bit<8>  exp;
-    bit<8>  flags;    // MAX | SATURATED of the round
+    bit<8>  flags;    // MAX | SATURATED | OWNER of the round
     bit<16> nelem;
     bit<32> step;
     bit<32> chunk;
     bit<8>  closer;   // worker whose packet closed the round (the RESULT's worker_id)
+    bit<32> parts;    // a spine: bit l = leaf l's partial is in the round
+    bit<8>  leaf_state;  // a leaf: LEAF_PARTIAL, LEAF_FLUSHED or LEAF_FINAL
+    bit<8>  owner;    // OWNER rounds: the one worker the RESULT goes to
 }
 
-// How a packet leaves ingress: dropped, a RESULT to every worker, or a RESULT resent to its sender.
+// A leaf's slot (docs/protocol.md, "Hierarchy"): it holds its own partial, a worker FLUSHed that partial,
+// or it holds the spine's RESULT (softswitch/batch.py: LEAF_PARTIAL, LEAF_FLUSHED, LEAF_FINAL).
+const bit<8> LEAF_PARTIAL = 0;
+const bit<8> LEAF_FLUSHED = 1;
+const bit<8> LEAF_FINAL = 2;
+// The receiver id of a leaf's partial going up (hostlib/p4schema.py UPLINK_WORKER_ID): its address is
+// the worker_addresses entry (job, LTA_UPLINK).
+const bit<8> LTA_UPLINK = 0xff;
+
+// How a packet leaves ingress: dropped, a RESULT to every worker, a RESULT resent to its sender, or a
+// leaf's partial to its uplink.
 const bit<2> EMIT_NONE = 0;
 const bit<2> EMIT_MULTICAST = 1;
 const bit<2> EMIT_RESEND = 2;
+const bit<2> EMIT_UP = 3;  // a leaf's partial (GRAD or FLUSH) to its uplink
 
 struct lta_metadata_t {
     // job lookup
@@ -93,6 +107,11 @@ struct lta_metadata_t {
     bit<32> slot_base;
     bit<16> mcast_grp;
     bit<32> generation;   // slots written under another generation read as never used
+    // job role (docs/protocol.md, "Hierarchy")
+    bit<8>  role;         // ROLE_FLAT (no job_roles entry), ROLE_LEAF or ROLE_SPINE
+    bit<9>  uplink_port;  // a leaf: the port toward the spine
+    bit<8>  leaf_id;      // a leaf: its contributor id at the spine
+    bool    down;         // a RESULT from a leaf's uplink: the spine's answer
     // worker check
     bool    worker_known;
     bit<9>  worker_port;
@@ -106,9 +125,12 @@ struct lta_metadata_t {
     bool    check_quorum;
     bool    result_quorum;
     bit<2>  emit;
+    bool    retx;         // the packet sent carries RETX (besides every EMIT_RESEND)
+    bit<8>  up_op;        // EMIT_UP: OP_GRAD or OP_FLUSH
     // counting and replicas
     bit<32> counter_index;
     bit<8>  branch;
+    bit<8>  also;         // a second branch counted (up_partial; a spine FLUSH's grad_dup / mismatch)
     bit<8>  receiver;     // the worker a unicast RESULT goes to (replicas use egress_rid)
 }
 

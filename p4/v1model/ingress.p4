@@ -1,6 +1,7 @@
 // Ingress: the checks of docs/protocol.md in order (a damaged IPv4/UDP header first), then the slot
 // update or the PARAM replication.
-// Every LTA packet counts rx_packets and exactly one branch counter (indexed by its job, 0 if unknown).
+// Every LTA packet counts rx_packets and exactly one branch counter (indexed by its job, 0 if unknown),
+// plus at most one more (`also`: up_partial when a leaf sends a closed round up; docs/protocol.md).
 // A packet that passes the worker check also counts worker_rx[job_id * LTA_MAX_WORKERS + worker_id]
 // (liveness: the control plane marks a worker offline when its count stops moving).
 #ifndef LTA_INGRESS
@@ -25,12 +26,17 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
     @name(".worker_rx") counter(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType.packets) worker_rx;
 
     apply {
+        bool update = false;  // the packet goes to the slot update (a GRAD or FLUSH, or a leaf's RESULT)
         mark_to_drop(standard_metadata);  // nothing leaves unless a branch below says so
         if (hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
             meta.branch = BRANCH_NONE;
+            meta.also = BRANCH_NONE;
             meta.emit = EMIT_NONE;
             if (hdr.lta.isValid()) {
                 job_lookup.apply(hdr.lta, meta);
+                // A RESULT reaches a switch only as the spine's answer to a leaf, from the leaf's uplink.
+                meta.down = hdr.lta.op == OP_RESULT && meta.job_known && meta.role == ROLE_LEAF
+                    && standard_metadata.ingress_port == meta.uplink_port;
             }
             meta.counter_index = meta.job_known ? (bit<32>)hdr.lta.job_id : 0;
             if (standard_metadata.checksum_error == 1 || (hdr.ipv4.flags & 1) == 1
@@ -44,13 +50,24 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
                     || (hdr.lta.op > OP_PARAM_REQ && hdr.lta.op != OP_HEARTBEAT)
-                    || hdr.lta.op == OP_RESULT) {
+                    || (hdr.lta.op == OP_RESULT && !meta.down)) {
                 meta.branch = BRANCH_DROP_MALFORMED;
             } else if (!meta.job_known) {
                 meta.branch = BRANCH_DROP_UNKNOWN_JOB;
             } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES
-                    || hdr.lta.nelem > LTA_ELEMS) {
+                    || hdr.lta.nelem > LTA_ELEMS
+                    || (meta.role == ROLE_SPINE && (hdr.lta.op == OP_GRAD || hdr.lta.op == OP_FLUSH)
+                        && hdr.lta.count != popcount64(hdr.lta.bitmap))) {
+                // (a spine: a partial's count must be the size of its bitmap, so no round's count can
+                // differ from its bitmap's)
                 meta.branch = BRANCH_DROP_MALFORMED;
+            } else if (meta.down) {
+                // The spine's RESULT at a leaf: no worker check, no up policy (docs/protocol.md, "Hierarchy").
+                if (hdr.lta.slot >= meta.pool_size) {
+                    meta.branch = BRANCH_DROP_SLOT_RANGE;
+                } else {
+                    update = true;
+                }
             } else {
                 worker_check.apply(hdr.lta, standard_metadata.ingress_port, meta);
                 if (meta.worker_known) {
@@ -73,14 +90,17 @@ control LtaIngress(inout headers_t hdr, inout lta_metadata_t meta,
                     if (meta.policy_drop) {
                         meta.branch = BRANCH_DROP_POLICY_UP;
                     } else {
-                        slot_update.apply(hdr, meta);
-                        if (meta.emit != EMIT_NONE) {
-                            result_emit.apply(hdr.lta, meta, standard_metadata);
-                        }
+                        update = true;
                     }
                 }
             }
-            counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
+            if (update) {  // (one call site: BMv2 applies each table from one place)
+                slot_update.apply(hdr, meta);
+                if (meta.emit != EMIT_NONE) {
+                    result_emit.apply(hdr.lta, meta, standard_metadata);
+                }
+            }
+            counters.apply(meta.counter_index, meta.branch, meta.also, meta.result_quorum);
         }
     }
 }

@@ -1,4 +1,5 @@
-// Job lookup: job_id -> the job's shape. Managed by controlplane/jobs.py (table LtaIngress.job_lookup.jobs).
+// Job lookup: job_id -> the job's shape and role. Managed by controlplane/jobs.py (tables
+// LtaIngress.job_lookup.jobs and LtaIngress.job_lookup.job_roles).
 #ifndef LTA_JOB_LOOKUP
 #define LTA_JOB_LOOKUP
 
@@ -26,7 +27,29 @@ control JobLookup(in lta_t lta, inout lta_metadata_t meta) {
         default_action = unknown_job();
         size = LTA_MAX_JOBS;
     }
-    apply { jobs.apply(); }
+    // The job's role in a hierarchy (docs/protocol.md, "Hierarchy"): no entry is a flat job. A leaf
+    // sends its closed rounds to uplink_port as contributor leaf_id and takes RESULTs only from there.
+    action flat() {
+        meta.role = ROLE_FLAT;
+    }
+    action leaf(bit<9> uplink_port, bit<8> leaf_id) {
+        meta.role = ROLE_LEAF;
+        meta.uplink_port = uplink_port;
+        meta.leaf_id = leaf_id;
+    }
+    action spine() {
+        meta.role = ROLE_SPINE;
+    }
+    table job_roles {
+        key = { lta.job_id: exact @name("job_id"); }
+        actions = { leaf; spine; @defaultonly flat; }
+        default_action = flat();
+        size = LTA_MAX_JOBS;
+    }
+    apply {
+        jobs.apply();
+        job_roles.apply();
+    }
 }
 
 #endif
