@@ -91,8 +91,9 @@ class TransportStats:
     def account(self, plan: ReducePlan, fallback: np.ndarray, n_workers: int, elapsed: float) -> int:
         """Add one reduce to the totals; returns how many of its chunks got no aggregate (no RESULT, or
         a RESULT with count 0), what the worker's health check looks at."""
-        done = plan.state[plan.exp_units :] == DONE
-        mine = ~plan.elsewhere  # another worker's owner-only chunks: no RESULT was due here
+        mine = ~plan.elsewhere  # another worker's owner-only chunks: no RESULT was due here (one that
+        # came all the same, from a switch that multicasts them, is not counted either)
+        done = (plan.state[plan.exp_units :] == DONE) & mine
         empty, no_result = int(np.sum(done & (plan.count == 0))), int(np.sum(~done & mine))
         self.reduces += 1
         self.chunks += int(mine.sum())

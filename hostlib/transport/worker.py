@@ -389,7 +389,7 @@ class LtaWorker:
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())))
-        done = plan.state[plan.exp_units :][:n_chunks] == DONE
+        done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
         return ReduceResult(
             values=values,
