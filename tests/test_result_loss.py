@@ -80,21 +80,65 @@ def test_a_peer_that_went_on_is_followed_and_an_excused_peer_is_waited_for_again
     assert reuse.limit()[0] == 15
     # Worker 1's GRAD of unit 30 was counted: it went past unit 15 = where worker 2 holds us (settled
     # -1 + 15 + 1), so it stopped waiting for worker 2: follow it. Worker 1 itself proved settled 22.
+    # It is followed as far as it went (unit 30), not further: worker 2 holds us at 31 (not 22 + 16).
     reuse.saw(0, np.array([5, 30, 5]))
     first, holders = reuse.limit()
-    assert first == 22 + 16 and holders.tolist() == [False, True, False]
-    # Worker 2 shows its bit again (unit 36; not past worker 1's hold at 22 + 16): waited for again, from
-    # what that proves (28).
-    reuse.saw(0, np.array([40, 30, 36]))
-    assert reuse.settled.tolist()[1:] == [22, 28]
+    assert first == 31 and holders.tolist() == [False, False, True]
+    reuse.saw(0, np.array([5, 34, 5]))  # worker 1 went on to 34: follow it (its own bit proves 26)
     first, holders = reuse.limit()
-    assert first == 22 + 16 and holders.tolist() == [False, True, False]
+    assert first == 35 and holders.tolist() == [False, False, True]
+    # Worker 2 shows its bit again (unit 36; not past worker 1's hold at 26 + 16): waited for again, from
+    # what that proves (28).
+    reuse.saw(0, np.array([40, 34, 36]))
+    assert reuse.settled.tolist()[1:] == [26, 28]
+    first, holders = reuse.limit()
+    assert first == 26 + 16 and holders.tolist() == [False, True, False]
     reuse.excuse(holders)
     assert reuse.limit()[0] == 28 + 16
     # A restored worker takes its peers to have settled every unit before its own next unit.
     fresh = SlotReuse(15, worker_id=1, n_workers=2)
     fresh.restart_at(1000)
     assert fresh.limit()[0] == 999 + 16
+
+
+def test_an_excused_late_peer_is_waited_for_again_one_pool_later_so_it_can_rejoin():
+    """D = 15. Worker 2 reaches the job late: peers 0 and 1 wait for it, then excuse it (peer_hold_s).
+    A slot keeps one round, so once a peer sends unit g every GRAD of unit g - 15 is stale at the switch:
+    if the peers ran on without bound, none of the late worker's GRADs could be counted again, its bit
+    never showed, and it stayed excused (and without aggregates) for good. The excuse lapses one pool of
+    units later: the peers stop there (a unit the late worker can still reach while the round is open,
+    so its bit shows), and follow it again from what its bit proves."""
+    leader = SlotReuse(15, worker_id=0, n_workers=3)
+    leader.saw(0, np.array([10, 10, -1]))  # worker 2 not seen: it holds us at unit 15 (slot 0's 2nd round)
+    first, holders = leader.limit()
+    assert first == 15 and holders.tolist() == [False, False, True]
+    leader.excuse(holders)  # no news of worker 2 for peer_hold_s
+    for v in range(10, 30):  # worker 1 and we run on, worker 2 never seen
+        leader.saw(0, np.array([v, v, -1]))
+        first, holders = leader.limit()
+        assert first <= 30, f"may send unit {first - 1}: worker 2's GRADs of unit {first - 16} are stale"
+    # Held at unit 30: worker 2's units 15..29 are still the rounds the leaders sent (closed, or open
+    # for its GRAD), its unit 30 would start a new round with its bit.
+    assert first == 30 and holders.tolist() == [False, False, True]
+    # Worker 2 gets there: its bit in the RESULT of unit 31 proves it settled unit 23. The excuse is over:
+    # it holds us at 23 + 16 once worker 1 is past that.
+    leader.saw(0, np.array([29, 36, 31]))
+    first, holders = leader.limit()
+    assert first == 23 + 16 and holders.tolist() == [False, False, True]
+    # A worker following a peer that stopped waiting for worker 2 is bounded the same way.
+    follower = SlotReuse(15, worker_id=1, n_workers=3)
+    follower.saw(0, np.array([10, 10, -1]))
+    for v in (25, 29):  # worker 0's GRAD of unit v counted: past where worker 2 holds us (15)
+        follower.saw(0, np.array([v, 10, -1]))
+        first, holders = follower.limit()
+        assert first == 30 and holders.tolist() == [False, False, True]
+    # A dead peer costs one hold (peer_hold_s) per pool of units: each excuse lets us go one pool on.
+    alone = SlotReuse(15, worker_id=0, n_workers=2)
+    assert alone.limit()[0] == 15
+    alone.excuse(np.array([False, True]))
+    assert alone.limit()[0] == 30
+    alone.excuse(np.array([False, True]))
+    assert alone.limit()[0] == 45
 
 
 def test_a_resent_result_times_the_flush_not_the_round_trip():

@@ -52,6 +52,9 @@ class SlotReuse:
         self._peers = np.ones(n_workers, dtype=bool)
         self._peers[worker_id] = False
         self._excused = np.zeros(n_workers, dtype=bool)  # not waited for until they show progress
+        # excused_to[w]: while w is excused, the first global unit this worker may not send all the same
+        # (one pool past where w held it): the excuse lapses there, so a late w can catch up.
+        self.excused_to = np.full(n_workers, -1, dtype=np.int64)
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are
@@ -77,18 +80,25 @@ class SlotReuse:
         top = int(np.argmax(newest))
         others = np.full(len(newest), newest[top])  # the newest unit of any peer but w itself
         others[top] = np.delete(newest, top).max(initial=-1)
-        self._excused |= self._peers & (others > self.settled + self.data_slots)
+        follow = self._peers & (others > self.settled + self.data_slots)
+        if follow.any():  # as far as that peer's own excuse (or one unit past its newest GRAD)
+            reach = np.maximum(self.settled + 2 * self.data_slots + 1, others + 1)
+            self.excused_to[follow] = np.maximum(self.excused_to[follow], reach[follow])
+            self._excused |= follow
 
     def limit(self) -> tuple[int, np.ndarray]:
         """The first global unit this worker may not send yet, and the peers that hold it there (a bool
         mask)."""
-        alive = self._peers & ~self._excused
-        if not alive.any():
-            return _NO_LIMIT, alive
-        bound = self.settled + self.data_slots + 1
-        first = int(bound[alive].min())
-        return first, alive & (bound == first)
+        if not self._peers.any():
+            return _NO_LIMIT, self._peers.copy()
+        bound = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
+        first = int(bound[self._peers].min())
+        return first, self._peers & (bound == first)
 
     def excuse(self, peers: np.ndarray) -> None:
-        """Stop waiting for ``peers`` until they show progress (:meth:`saw`)."""
+        """Stop waiting for ``peers`` until they show progress (:meth:`saw`), for one pool of units at most:
+        past that this worker waits for them again (and may excuse them again)."""
+        peers = peers & self._peers
+        hold = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
+        self.excused_to[peers] = hold[peers] + self.data_slots
         self._excused |= peers
