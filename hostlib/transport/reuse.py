@@ -24,8 +24,14 @@ worker keep about ``A`` units in flight (the window is no larger in practice: 25
 and the span gives a worker that lost a RESULT ``S`` units of its own pipeline to recover it before it
 stalls. A worker that has nothing in flight and is held only by this rule waits a bounded time for news
 of its peers (``Deadlines.peer_hold_s``: long enough for a peer to give a unit up), then goes on without
-the ones that hold it until they show progress again: a dead peer costs that one wait, a peer that far
-behind falls back for the chunks it loses, as before.
+the ones that hold it until they show progress again, but for one pool of units at most (``D`` past where
+they held it; a worker that follows a peer which stopped waiting goes no further either). Without that
+bound a peer late to a round (slow start-up, descheduled, its clock stepped) was locked out for good: once
+the others were ``D`` units past it, every GRAD it sent was stale at the switch, so its bit could never
+show again and it got no aggregate at all. Held there, the others let it reach their rounds (closed ones
+answer it at once; the first round past their hold it starts itself, with its bit), and they wait for it
+normally again from what its bit proves. A dead peer costs one wait per pool of units; a late one falls
+back for the chunks it missed, as before.
 The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not apply
 here: a peer held up by its recovery for a few hundred ms misses that many RESULTs, and a leader that
 stopped waiting for it ran on ahead for good, its GRADs always arriving at closed rounds.
