@@ -14,7 +14,7 @@ import pytest
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
 from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from hostlib.transport.reuse import SlotReuse
-from tests.conftest import check_mean_over_bitmap
+from tests.conftest import check_mean_over_bitmap, run_workers
 
 K = 16
 
@@ -191,3 +191,45 @@ def test_a_resent_result_times_the_flush_not_the_round_trip():
         assert worker.stats.results_retx == 1
         assert seen["srtt_ms"] is not None and worker.srtt_ms == seen["srtt_ms"]
         assert delay * 1000 <= worker.deadlines.flush_srtt_ms < delay * 1000 + 50
+
+
+def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_cluster):
+    """Three workers, 15 data slots; worker 2 reaches the job late (held back while its peers excuse it,
+    peer_hold_s). Before the fix the peers then ran on without bound: they finished every reduce without
+    waiting for it again, so its GRADs were stale or late and its bit never showed (in the chaos repro:
+    UnhealthyTraining). Now the excuse lapses one pool of units on: the peers wait for it again, it is
+    released once they have (twice), and its contributions are counted again before the last reduce
+    ends. Every chunk is still the mean over its bitmap."""
+    n, reduces = 3, 4
+    cluster = make_cluster(
+        n, seed=3, elems_per_packet=K, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=100, lag_deadline_ms=50,
+    )  # fmt: skip
+    leader = cluster.workers[0]
+    holds: list[int] = []
+    excuse = leader.reuse.excuse
+
+    def counted_excuse(peers: np.ndarray) -> None:
+        holds.append(int(np.flatnonzero(peers).sum()))
+        excuse(peers)
+
+    leader.reuse.excuse = counted_excuse  # type: ignore[method-assign]
+    leaders_done = threading.Event()
+    rng = np.random.default_rng(5)
+    inputs = [[rng.standard_normal(60 * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+
+    def body(w: LtaWorker, i: int) -> list:
+        if i == 2:  # late: until the leaders waited for it twice (or, before the fix, were all done)
+            while holds.count(2) < 2 and not leaders_done.is_set():
+                time.sleep(0.005)
+        out = [w.allreduce(inputs[r][i], step=r) for r in range(reduces)]
+        if i == 0:
+            leaders_done.set()
+        return out
+
+    results = run_workers(cluster.workers, body)
+    last = [res[-1] for res in results]
+    rejoined = (last[0].bitmap & 0b100) != 0
+    assert rejoined.any(), f"worker 2 never counted again (leader waited for it {holds.count(2)} times)"
+    for r in range(reduces):
+        assert check_mean_over_bitmap([res[r] for res in results], inputs[r], K) > 0
