@@ -31,7 +31,8 @@ the others were ``D`` units past it, every GRAD it sent was stale at the switch,
 show again and it got no aggregate at all. Held there, the others let it reach their rounds (closed ones
 answer it at once; the first round past their hold it starts itself, with its bit), and they wait for it
 normally again from what its bit proves. A dead peer costs one wait per pool of units; a late one falls
-back for the chunks it missed, as before.
+back for the chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs of later
+reduces too: a late worker is then not held, pool by pool, waiting for its peers' bits in a reduce they left.
 The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not apply
 here: a peer held up by its recovery for a few hundred ms misses that many RESULTs, and a leader that
 stopped waiting for it ran on ahead for good, its GRADs always arriving at closed rounds.
