@@ -62,6 +62,9 @@ class SlotReuse:
         # excused_to[w]: while w is excused, the first global unit this worker may not send all the same
         # (one pool past where w held it): the excuse lapses there, so a late w can catch up.
         self.excused_to = np.full(n_workers, -1, dtype=np.int64)
+        # Peers the deadlines presume dead (absent from a window of RESULTs; the worker keeps it current):
+        # excused without that bound, so survivors do not stop once a pool for a peer that never comes.
+        self.presumed_dead = np.zeros(n_workers, dtype=bool)
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are
@@ -90,6 +93,7 @@ class SlotReuse:
         follow = self._peers & (others > self.settled + self.data_slots)
         if follow.any():  # as far as that peer's own excuse (or one unit past its newest GRAD)
             reach = np.maximum(self.settled + 2 * self.data_slots + 1, others + 1)
+            reach[self.presumed_dead] = _NO_LIMIT
             self.excused_to[follow] = np.maximum(self.excused_to[follow], reach[follow])
             self._excused |= follow
 
@@ -107,5 +111,5 @@ class SlotReuse:
         past that this worker waits for them again (and may excuse them again)."""
         peers = peers & self._peers
         hold = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
-        self.excused_to[peers] = hold[peers] + self.data_slots
+        self.excused_to[peers] = np.where(self.presumed_dead, _NO_LIMIT, hold + self.data_slots)[peers]
         self._excused |= peers

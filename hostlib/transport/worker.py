@@ -527,6 +527,8 @@ class LtaWorker:
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
+                self.reuse.presumed_dead = dead.astype(bool)
                 self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
