@@ -30,12 +30,13 @@ bound a peer late to a round (slow start-up, descheduled, its clock stepped) was
 the others were ``D`` units past it, every GRAD it sent was stale at the switch, so its bit could never
 show again and it got no aggregate at all. Held there, the others let it reach their rounds (closed ones
 answer it at once; the first round past their hold it starts itself, with its bit), and they wait for it
-normally again from what its bit proves. A dead peer costs one wait per pool of units; a late one falls
-back for the chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs of later
+normally again from what its bit proves. A peer the deadlines presume dead is excused without that bound
+(survivors held at different moments closed each other's rounds short); a late one falls back for the
+chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs of later
 reduces too: a late worker is then not held, pool by pool, waiting for its peers' bits in a reduce they left.
-The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not apply
-here: a peer held up by its recovery for a few hundred ms misses that many RESULTs, and a leader that
-stopped waiting for it ran on ahead for good, its GRADs always arriving at closed rounds.
+The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not start
+an excuse here (a peer held up by its recovery for a few hundred ms misses that many RESULTs); it only
+lifts the bound of one already given.
 """
 
 from __future__ import annotations
