@@ -132,7 +132,7 @@ def test_an_excused_late_peer_is_waited_for_again_one_pool_later_so_it_can_rejoi
         follower.saw(0, np.array([v, 10, -1]))
         first, holders = follower.limit()
         assert first == 30 and holders.tolist() == [False, False, True]
-    # A dead peer costs one hold (peer_hold_s) per pool of units: each excuse lets us go one pool on.
+    # A silent peer not (yet) presumed dead costs one hold (peer_hold_s) per pool of units.
     alone = SlotReuse(15, worker_id=0, n_workers=2)
     assert alone.limit()[0] == 15
     alone.excuse(np.array([False, True]))
