@@ -16,6 +16,7 @@ from hostlib.transport.config import TransportConfig
 from hostlib.transport.plan import IN_FLIGHT, ReducePlan
 
 _DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
+_SWITCH_VIEW_WINDOW = 16  # see Deadlines.track_switch_view
 _RTPROP_SAMPLES = 128  # RTprop: the smallest round trip among this many receive batches (BBR's min filter)
 _ADAPTIVE_FLOOR_S = 0.001  # a per-unit deadline is never shorter than this
 
@@ -35,6 +36,11 @@ class Deadlines:
         # (presumed dead; the parameter exchange stops waiting for its shard). Cleared when it shows up.
         self.presumed_dead = 0
         self._absent_window = 0
+        # Bit w: the switch itself counts worker w offline (its liveness monitor lowered the quorum), as
+        # this worker's own GRADs show (track_switch_view). Only such a peer is excused without bound.
+        self.switch_offline = 0
+        self._offline_window = 0
+        self._short_closed = 0
         self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
         # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
         self.flush_srtt_ms: float | None = None
@@ -125,6 +131,27 @@ class Deadlines:
             self.early_close = False  # everyone contributed again
             self._update_rto()
 
+    def track_switch_view(self, bitmaps: np.ndarray, by_grad: np.ndarray, by_flush: np.ndarray) -> None:
+        """Learn whom the switch counts live from the rounds this worker closed short (count < N).
+
+        ``by_grad``: the round was closed by this worker's GRAD (it is the closer and never FLUSHed or
+        resent the unit), so the job's quorum was at most the count: the switch's liveness monitor has
+        the missing workers offline (docs/protocol.md, Liveness). ``by_flush``: closed by this worker's
+        FLUSH, so the quorum was above the count. A worker is taken offline at the first GRAD-closed
+        round without it, and online again after a window of ``_SWITCH_VIEW_WINDOW`` short rounds this
+        worker closed, none of them by a GRAD without it (a FLUSH may be read as the closer where its
+        unit's RESULT was only late, so one FLUSH-closed round proves nothing, a window of them does)."""
+        missing = ~bitmaps & np.uint64(self._all_workers)
+        grad = missing[by_grad]
+        if grad.size:
+            offline = int(np.bitwise_or.reduce(grad))
+            self.switch_offline |= offline
+            self._offline_window |= offline
+        self._short_closed += int(np.count_nonzero((by_grad | by_flush) & (missing != 0)))
+        if self._short_closed >= _SWITCH_VIEW_WINDOW:
+            self.switch_offline = self._offline_window
+            self._offline_window, self._short_closed = 0, 0
+
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:
         """How long a unit waits before its first FLUSH (units behind every frontier are flushed
@@ -136,9 +163,11 @@ class Deadlines:
             return self.rto_s()  # a peer looks dead, or this is the tail of the reduce
         return max(self.rto_s(), self.config.lag_deadline_ms / 1000.0)
 
-    def slowest_frontier(self, plan: ReducePlan) -> int:
-        """The lowest frontier among this worker and the peers not presumed dead (see track_absent)."""
-        dead = (np.uint64(self.presumed_dead) >> self._bits) & np.uint64(1)
+    def slowest_frontier(self, plan: ReducePlan, dead_mask: int | None = None) -> int:
+        """The lowest frontier among this worker and the peers not presumed dead (see track_absent), or
+        not in ``dead_mask``."""
+        mask = self.presumed_dead if dead_mask is None else dead_mask
+        dead = (np.uint64(mask) >> self._bits) & np.uint64(1)
         live = plan.frontier[dead == 0]
         return int(live.min()) if live.size else int(plan.frontier.max())
 
@@ -201,6 +230,14 @@ class Deadlines:
             # and 16% of the chunks came back full where the loss leaves 81%.
             beyond = units > self.slowest_frontier(plan)
             first[beyond] = np.maximum(first[beyond], self.config.lag_deadline_ms / 1000.0)
+        elif plan.synced and self.early_close:
+            # While a peer looks dead, a unit past the frontier of a peer the switch has not put offline
+            # waits as long as that peer may be held by a dead one (peer_hold_s): two survivors that
+            # stopped waiting for it at different moments (reuse.py) closed each other's rounds short
+            # with the RTO alone; one of them, held, missed 64 RESULTs and looked dead to the other.
+            offline = self.switch_offline if self.config.switch_liveness else self.presumed_dead
+            beyond = units > self.slowest_frontier(plan, self.presumed_dead & offline)
+            first[beyond] = np.maximum(first[beyond], self.peer_hold_s(plan))
         base_s = np.where(flushes > 0, self.flush_rto_s(), first)
         at = start + base_s * self._stagger * np.left_shift(1, flushes)
         crit = self.resending(plan, units)
