@@ -163,11 +163,9 @@ class Deadlines:
             return self.rto_s()  # a peer looks dead, or this is the tail of the reduce
         return max(self.rto_s(), self.config.lag_deadline_ms / 1000.0)
 
-    def slowest_frontier(self, plan: ReducePlan, dead_mask: int | None = None) -> int:
-        """The lowest frontier among this worker and the peers not presumed dead (see track_absent), or
-        not in ``dead_mask``."""
-        mask = self.presumed_dead if dead_mask is None else dead_mask
-        dead = (np.uint64(mask) >> self._bits) & np.uint64(1)
+    def slowest_frontier(self, plan: ReducePlan) -> int:
+        """The lowest frontier among this worker and the peers not presumed dead (see track_absent)."""
+        dead = (np.uint64(self.presumed_dead) >> self._bits) & np.uint64(1)
         live = plan.frontier[dead == 0]
         return int(live.min()) if live.size else int(plan.frontier.max())
 
@@ -230,14 +228,6 @@ class Deadlines:
             # and 16% of the chunks came back full where the loss leaves 81%.
             beyond = units > self.slowest_frontier(plan)
             first[beyond] = np.maximum(first[beyond], self.config.lag_deadline_ms / 1000.0)
-        elif plan.synced and self.early_close:
-            # While a peer looks dead, a unit past the frontier of a peer the switch has not put offline
-            # waits as long as that peer may be held by a dead one (peer_hold_s): two survivors that
-            # stopped waiting for it at different moments (reuse.py) closed each other's rounds short
-            # with the RTO alone; one of them, held, missed 64 RESULTs and looked dead to the other.
-            offline = self.switch_offline if self.config.switch_liveness else self.presumed_dead
-            beyond = units > self.slowest_frontier(plan, self.presumed_dead & offline)
-            first[beyond] = np.maximum(first[beyond], self.peer_hold_s(plan))
         base_s = np.where(flushes > 0, self.flush_rto_s(), first)
         at = start + base_s * self._stagger * np.left_shift(1, flushes)
         crit = self.resending(plan, units)

@@ -532,6 +532,8 @@ class LtaWorker:
                 offline = dl.switch_offline if self.config.switch_liveness else dl.presumed_dead
                 mask = np.uint64(dl.presumed_dead & offline)
                 dead = ((mask >> self._worker_bits) & np.uint64(1)).astype(bool)
+                late = ((np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)).astype(bool)
+                self.reuse.presume_late(late & ~dead)
                 self.reuse.presume_dead(dead, plan.base + plan.next_unit)
                 self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
