@@ -252,8 +252,6 @@ def join_job(
         switch_addr = options.switch
     port = options.bind_port_base + rank if options.bind_port_base else 0
     transport = replace(options.transport, seed=options.seed)
-    if options.switch is None and not transport.exact and options.liveness_timeout_s > 0:
-        transport = replace(transport, switch_liveness=True)  # the embedded switch's monitor (below)
     try:
         worker = LtaWorker(
             options.job_id, rank, world, switch_addr, config=transport, bind=(options.bind_host, port)

@@ -98,12 +98,6 @@ class TransportConfig:
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (hostlib/liveness.py).
     heartbeat_interval_s: float = 0.5
-    # The switch runs a liveness monitor (its quorum follows the live workers; the self-hosted softswitch
-    # does unless exact or LTA_LIVENESS_TIMEOUT=0). Then a peer presumed dead is excused without bound
-    # only while the switch has it offline too (reuse.py): a peer that is merely late keeps its
-    # heartbeats, so its peers stop a pool ahead of it and it can rejoin. Without a monitor the switch
-    # cannot tell, and a peer presumed dead (64 RESULTs) is excused without bound as before.
-    switch_liveness: bool = False
     # Exact experiments under *emulated* loss (a lossless path whose switch drops packets by seeded
     # policies that spare CRITICAL packets, as the softswitch does): no round is closed by a timer. Each
     # reduce ends with a fence, one zero chunk marked critical (so spared), whose RESULT carries every

@@ -16,7 +16,6 @@ from hostlib.transport.config import TransportConfig
 from hostlib.transport.plan import IN_FLIGHT, ReducePlan
 
 _DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
-_SWITCH_VIEW_WINDOW = 16  # see Deadlines.track_switch_view
 _RTPROP_SAMPLES = 128  # RTprop: the smallest round trip among this many receive batches (BBR's min filter)
 _ADAPTIVE_FLOOR_S = 0.001  # a per-unit deadline is never shorter than this
 
@@ -36,11 +35,6 @@ class Deadlines:
         # (presumed dead; the parameter exchange stops waiting for its shard). Cleared when it shows up.
         self.presumed_dead = 0
         self._absent_window = 0
-        # Bit w: the switch itself counts worker w offline (its liveness monitor lowered the quorum), as
-        # this worker's own GRADs show (track_switch_view). Only such a peer is excused without bound.
-        self.switch_offline = 0
-        self._offline_window = 0
-        self._short_closed = 0
         self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
         # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
         self.flush_srtt_ms: float | None = None
@@ -130,27 +124,6 @@ class Deadlines:
         elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
             self.early_close = False  # everyone contributed again
             self._update_rto()
-
-    def track_switch_view(self, bitmaps: np.ndarray, by_grad: np.ndarray, by_flush: np.ndarray) -> None:
-        """Learn whom the switch counts live from the rounds this worker closed short (count < N).
-
-        ``by_grad``: the round was closed by this worker's GRAD (it is the closer and never FLUSHed or
-        resent the unit), so the job's quorum was at most the count: the switch's liveness monitor has
-        the missing workers offline (docs/protocol.md, Liveness). ``by_flush``: closed by this worker's
-        FLUSH, so the quorum was above the count. A worker is taken offline at the first GRAD-closed
-        round without it, and online again after a window of ``_SWITCH_VIEW_WINDOW`` short rounds this
-        worker closed, none of them by a GRAD without it (a FLUSH may be read as the closer where its
-        unit's RESULT was only late, so one FLUSH-closed round proves nothing, a window of them does)."""
-        missing = ~bitmaps & np.uint64(self._all_workers)
-        grad = missing[by_grad]
-        if grad.size:
-            offline = int(np.bitwise_or.reduce(grad))
-            self.switch_offline |= offline
-            self._offline_window |= offline
-        self._short_closed += int(np.count_nonzero((by_grad | by_flush) & (missing != 0)))
-        if self._short_closed >= _SWITCH_VIEW_WINDOW:
-            self.switch_offline = self._offline_window
-            self._offline_window, self._short_closed = 0, 0
 
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:

@@ -36,14 +36,7 @@ chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs 
 reduces too: a late worker is then not held, pool by pool, waiting for its peers' bits in a reduce they left.
 The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not start
 an excuse here (a peer held up by its recovery for a few hundred ms misses that many RESULTs); it only
-lifts the bound of one already given, and only while the switch counts that peer offline too
-(``Deadlines.switch_offline``: its liveness monitor lowered the quorum). 64 RESULTs are a few ms at 10%
-loss: a peer merely late that long used to be excused for good, the others ran more than a pool ahead and
-it was locked out (issue 22's known failures). Such a peer, presumed dead but heard by the switch, is
-excused ``LATE_POOLS`` pools at a time (a peer a little behind, as a sharded run's peers are, costs a
-hold rarely). A presumption that lifts (the switch hears the peer again) bounds its excuse at this
-worker's next unit (:meth:`SlotReuse.presume_dead`). Without a liveness monitor at the switch
-(``TransportConfig.switch_liveness`` false) the 64-RESULT presumption alone excuses without bound.
+lifts the bound of one already given.
 """
 
 from __future__ import annotations
@@ -51,7 +44,6 @@ from __future__ import annotations
 import numpy as np
 
 _NO_LIMIT = int(np.iinfo(np.int64).max)
-LATE_POOLS = 4  # pools of units a peer presumed dead but heard by the switch is excused for at a time
 
 
 class SlotReuse:
@@ -71,13 +63,9 @@ class SlotReuse:
         # excused_to[w]: while w is excused, the first global unit this worker may not send all the same
         # (one pool past where w held it): the excuse lapses there, so a late w can catch up.
         self.excused_to = np.full(n_workers, -1, dtype=np.int64)
-        # Peers presumed dead (absent from a window of RESULTs, and offline at the switch itself; the
-        # worker keeps it current through presume_dead): excused without that bound, so survivors do not
-        # stop once a pool for a peer that never comes.
+        # Peers the deadlines presume dead (absent from a window of RESULTs; the worker keeps it current):
+        # excused without that bound, so survivors do not stop once a pool for a peer that never comes.
         self.presumed_dead = np.zeros(n_workers, dtype=bool)
-        # Peers absent from a window of RESULTs that the switch still hears (late, not dead): excused for
-        # LATE_POOLS pools at a time, so a peer that is only a little behind costs a hold rarely.
-        self.presumed_late = np.zeros(n_workers, dtype=bool)
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are
@@ -110,20 +98,6 @@ class SlotReuse:
             self.excused_to[follow] = np.maximum(self.excused_to[follow], reach[follow])
             self._excused |= follow
 
-    def presume_late(self, late: np.ndarray) -> None:
-        """The peers absent from a window of RESULTs but not offline at the switch (a bool mask)."""
-        self.presumed_late = late.copy()
-
-    def presume_dead(self, dead: np.ndarray, next_unit: int) -> None:
-        """The peers presumed dead now (a bool mask). A peer whose presumption lifts while it is excused
-        without bound (the switch hears it again: it was stopped or descheduled, not dead) is waited for
-        again from ``next_unit``, this worker's next global unit: unbounded, the others would stay more
-        than a pool ahead of it, so none of its GRADs could count again (a lasting lockout)."""
-        lifted = self.presumed_dead & ~dead & self._excused & (self.excused_to == _NO_LIMIT)
-        if lifted.any():
-            self.excused_to[lifted] = next_unit
-        self.presumed_dead = dead.copy()
-
     def limit(self) -> tuple[int, np.ndarray]:
         """The first global unit this worker may not send yet, and the peers that hold it there (a bool
         mask)."""
@@ -138,8 +112,5 @@ class SlotReuse:
         past that this worker waits for them again (and may excuse them again)."""
         peers = peers & self._peers
         hold = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
-        pools = np.where(self.presumed_late, LATE_POOLS, 1)
-        self.excused_to[peers] = np.where(self.presumed_dead, _NO_LIMIT, hold + pools * self.data_slots)[
-            peers
-        ]
+        self.excused_to[peers] = np.where(self.presumed_dead, _NO_LIMIT, hold + self.data_slots)[peers]
         self._excused |= peers

@@ -527,14 +527,8 @@ class LtaWorker:
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
-                # Excused without bound: absent from a window of RESULTs, and offline at the switch too
-                # where the switch runs a liveness monitor (TransportConfig.switch_liveness).
-                offline = dl.switch_offline if self.config.switch_liveness else dl.presumed_dead
-                mask = np.uint64(dl.presumed_dead & offline)
-                dead = ((mask >> self._worker_bits) & np.uint64(1)).astype(bool)
-                late = ((np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)).astype(bool)
-                self.reuse.presume_late(late & ~dead)
-                self.reuse.presume_dead(dead, plan.base + plan.next_unit)
+                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
+                self.reuse.presumed_dead = dead.astype(bool)
                 self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
@@ -846,12 +840,6 @@ class LtaWorker:
             mid = len(flush_ms) // 2
             self.deadlines.flush_sample(float(np.partition(flush_ms, mid)[mid]))
         self.deadlines.track_absent(bitmap)
-        # Rounds this worker closed short tell whom the switch counts live (Deadlines.track_switch_view).
-        mine = (prior == IN_FLIGHT) & ~retx & (hdr["worker_id"][rows] == self.worker_id) & (count < n_workers)
-        mine &= plan.retx[u] == 0
-        if mine.any():
-            by_grad = mine & (plan.flushes[u] == 0) & (count > 0)
-            self.deadlines.track_switch_view(bitmap, by_grad, mine & (plan.flushes[u] > 0))
         plan.full_units += int(np.count_nonzero(count == n_workers))
         if plan.any_critical:
             short = plan.critical_unit[u] & (count < n_workers)
