@@ -1,16 +1,18 @@
 """Run one chaos run (``schedule.RunSpec``) and judge it.
 
 The parent starts ``world`` processes of :mod:`lta.chaos.worker`, watches their progress files, injects
-the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and allows ``bound_s`` seconds without a
-step of any rank once every live rank has made its first (``STARTUP_S`` for the start-up). A bound on
-progress, not on the whole run: on a host loaded 10x past its cores a healthy step took 1.5 s instead of
-0.05 s. The verdict (:func:`judge`) is one of:
+the faults it owns (SIGKILL, SIGSTOP/SIGCONT, a killed rank started again: ``restart``) at their steps,
+and allows ``bound_s`` seconds without a step of any rank once every live rank has made its first
+(``STARTUP_S`` for the start-up only). A bound on progress, not on the whole run: on a host loaded 10x
+past its cores a healthy step took 1.5 s instead of 0.05 s, and a 64-slot sharded run 20 s. Ranks of a
+run with ``reorder``/``duplicate`` faults run inside a network namespace (``netns.py``). The verdict
+(:func:`judge`) is one of:
 
-- ``ok``: every rank that was not killed exited 0, trained (final evaluation loss below
-  ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``) where the design says
-  they are identical, within the staleness bound ``(B + 1) x`` the largest one-step change of a
-  parameter where it says they may differ (B: the exchange's stale bound, the hook's re-broadcast period,
-  the whole run for a backend whose replicas are never reset);
+- ``ok``: every rank that was not killed (or was started again and finished) exited 0, trained (final
+  evaluation loss below ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``)
+  where the design says they are identical, within the staleness bound ``(B + 1) x`` the largest one-step
+  change of a parameter where it says they may differ (B: the exchange's stale bound, the hook's
+  re-broadcast period, the whole run for a backend whose replicas are never reset);
 - ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
   the cause);
 - ``hang``: no rank made a step for the bound and some were still running (the parent then has each
