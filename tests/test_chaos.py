@@ -23,10 +23,62 @@ def test_a_seed_replays_its_run_and_seeds_cover_every_door_and_fault():
         for f in r.faults:
             if f["kind"].startswith("loss-"):
                 assert 0.1 <= f["rate"] <= 0.4
-            if f["kind"] in ("kill", "stop", "clock"):
+            if f["kind"] in ("kill", "restart", "stop", "clock"):
                 assert 1 <= f["rank"] < r.world and 0 < f["step"] < r.steps
+            if f["kind"] in ("reorder", "duplicate"):
+                assert 0.02 <= f["fraction"] <= 0.3
         if r.door == "ps":
-            assert not {"loss-param", "switch-restart", "small-pool"} & set(r.kinds)
+            assert not {"loss-param", "switch-restart", "small-pool", "reorder", "duplicate"} & set(r.kinds)
+    # Without network namespaces the same seeds draw no reordering or duplication.
+    assert not {k for s in range(60) for k in draw(s, netns=False).kinds} & {"reorder", "duplicate"}
+
+
+_PROBE = """
+import socket, sys
+r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+r.bind(("127.0.0.1", 0))
+r.settimeout(1.0)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(2000):
+    s.sendto(i.to_bytes(4, "big") + bytes(300), r.getsockname())
+got = []
+try:
+    while True:
+        got.append(int.from_bytes(r.recv(400)[:4], "big"))
+except TimeoutError:
+    pass
+print(len(got), len(set(got)), sum(b < a for a, b in zip(got, got[1:])))
+"""
+
+
+@pytest.mark.parametrize("kind", ["reorder", "duplicate"])
+def test_netns_fault_reorders_or_duplicates_udp(kind):
+    """2000 UDP datagrams over the namespace's loopback at a 20% fault: with ``duplicate`` about 400
+    extra copies (binomial: 3 sigma is 54) and every datagram once at least, in order; with ``reorder``
+    every one once, some arriving after a later one."""
+    import subprocess
+    import sys
+
+    from lta.chaos import netns
+
+    why = netns.available()
+    if why is not None:
+        pytest.skip(why)
+    name = f"P3test-{kind}"
+    prefix = netns.create(name, [{"kind": kind, "fraction": 0.2}])
+    try:
+        out = subprocess.run(
+            [*prefix, sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True
+        )
+    finally:
+        netns.delete(name)
+    received, unique, descents = map(int, out.stdout.split())
+    assert unique == 2000
+    if kind == "duplicate":
+        assert 400 - 60 <= received - unique <= 400 + 60 and descents == 0
+    else:
+        assert received == 2000 and descents > 0
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.4])

@@ -14,7 +14,7 @@ import pytest
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
 from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from hostlib.transport.reuse import SlotReuse
-from tests.conftest import check_mean_over_bitmap
+from tests.conftest import check_mean_over_bitmap, run_workers
 
 K = 16
 
@@ -80,21 +80,65 @@ def test_a_peer_that_went_on_is_followed_and_an_excused_peer_is_waited_for_again
     assert reuse.limit()[0] == 15
     # Worker 1's GRAD of unit 30 was counted: it went past unit 15 = where worker 2 holds us (settled
     # -1 + 15 + 1), so it stopped waiting for worker 2: follow it. Worker 1 itself proved settled 22.
+    # It is followed as far as it went (unit 30), not further: worker 2 holds us at 31 (not 22 + 16).
     reuse.saw(0, np.array([5, 30, 5]))
     first, holders = reuse.limit()
-    assert first == 22 + 16 and holders.tolist() == [False, True, False]
-    # Worker 2 shows its bit again (unit 36; not past worker 1's hold at 22 + 16): waited for again, from
-    # what that proves (28).
-    reuse.saw(0, np.array([40, 30, 36]))
-    assert reuse.settled.tolist()[1:] == [22, 28]
+    assert first == 31 and holders.tolist() == [False, False, True]
+    reuse.saw(0, np.array([5, 34, 5]))  # worker 1 went on to 34: follow it (its own bit proves 26)
     first, holders = reuse.limit()
-    assert first == 22 + 16 and holders.tolist() == [False, True, False]
+    assert first == 35 and holders.tolist() == [False, False, True]
+    # Worker 2 shows its bit again (unit 36; not past worker 1's hold at 26 + 16): waited for again, from
+    # what that proves (28).
+    reuse.saw(0, np.array([40, 34, 36]))
+    assert reuse.settled.tolist()[1:] == [26, 28]
+    first, holders = reuse.limit()
+    assert first == 26 + 16 and holders.tolist() == [False, True, False]
     reuse.excuse(holders)
     assert reuse.limit()[0] == 28 + 16
     # A restored worker takes its peers to have settled every unit before its own next unit.
     fresh = SlotReuse(15, worker_id=1, n_workers=2)
     fresh.restart_at(1000)
     assert fresh.limit()[0] == 999 + 16
+
+
+def test_an_excused_late_peer_is_waited_for_again_one_pool_later_so_it_can_rejoin():
+    """D = 15. Worker 2 reaches the job late: peers 0 and 1 wait for it, then excuse it (peer_hold_s).
+    A slot keeps one round, so once a peer sends unit g every GRAD of unit g - 15 is stale at the switch:
+    if the peers ran on without bound, none of the late worker's GRADs could be counted again, its bit
+    never showed, and it stayed excused (and without aggregates) for good. The excuse lapses one pool of
+    units later: the peers stop there (a unit the late worker can still reach while the round is open,
+    so its bit shows), and follow it again from what its bit proves."""
+    leader = SlotReuse(15, worker_id=0, n_workers=3)
+    leader.saw(0, np.array([10, 10, -1]))  # worker 2 not seen: it holds us at unit 15 (slot 0's 2nd round)
+    first, holders = leader.limit()
+    assert first == 15 and holders.tolist() == [False, False, True]
+    leader.excuse(holders)  # no news of worker 2 for peer_hold_s
+    for v in range(10, 30):  # worker 1 and we run on, worker 2 never seen
+        leader.saw(0, np.array([v, v, -1]))
+        first, holders = leader.limit()
+        assert first <= 30, f"may send unit {first - 1}: worker 2's GRADs of unit {first - 16} are stale"
+    # Held at unit 30: worker 2's units 15..29 are still the rounds the leaders sent (closed, or open
+    # for its GRAD), its unit 30 would start a new round with its bit.
+    assert first == 30 and holders.tolist() == [False, False, True]
+    # Worker 2 gets there: its bit in the RESULT of unit 31 proves it settled unit 23. The excuse is over:
+    # it holds us at 23 + 16 once worker 1 is past that.
+    leader.saw(0, np.array([29, 36, 31]))
+    first, holders = leader.limit()
+    assert first == 23 + 16 and holders.tolist() == [False, False, True]
+    # A worker following a peer that stopped waiting for worker 2 is bounded the same way.
+    follower = SlotReuse(15, worker_id=1, n_workers=3)
+    follower.saw(0, np.array([10, 10, -1]))
+    for v in (25, 29):  # worker 0's GRAD of unit v counted: past where worker 2 holds us (15)
+        follower.saw(0, np.array([v, 10, -1]))
+        first, holders = follower.limit()
+        assert first == 30 and holders.tolist() == [False, False, True]
+    # A silent peer not (yet) presumed dead costs one hold (peer_hold_s) per pool of units.
+    alone = SlotReuse(15, worker_id=0, n_workers=2)
+    assert alone.limit()[0] == 15
+    alone.excuse(np.array([False, True]))
+    assert alone.limit()[0] == 30
+    alone.excuse(np.array([False, True]))
+    assert alone.limit()[0] == 45
 
 
 def test_a_resent_result_times_the_flush_not_the_round_trip():
@@ -147,3 +191,45 @@ def test_a_resent_result_times_the_flush_not_the_round_trip():
         assert worker.stats.results_retx == 1
         assert seen["srtt_ms"] is not None and worker.srtt_ms == seen["srtt_ms"]
         assert delay * 1000 <= worker.deadlines.flush_srtt_ms < delay * 1000 + 50
+
+
+def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_cluster):
+    """Three workers, 15 data slots; worker 2 reaches the job late (held back while its peers excuse it,
+    peer_hold_s). Before the fix the peers then ran on without bound: they finished every reduce without
+    waiting for it again, so its GRADs were stale or late and its bit never showed (in the chaos repro:
+    UnhealthyTraining). Now the excuse lapses one pool of units on: the peers wait for it again, it is
+    released once they have (twice), and its contributions are counted again before the last reduce
+    ends. Every chunk is still the mean over its bitmap."""
+    n, reduces = 3, 4
+    cluster = make_cluster(
+        n, seed=3, elems_per_packet=K, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=100, lag_deadline_ms=50,
+    )  # fmt: skip
+    leader = cluster.workers[0]
+    holds: list[int] = []
+    excuse = leader.reuse.excuse
+
+    def counted_excuse(peers: np.ndarray) -> None:
+        holds.append(int(np.flatnonzero(peers).sum()))
+        excuse(peers)
+
+    leader.reuse.excuse = counted_excuse  # type: ignore[method-assign]
+    leaders_done = threading.Event()
+    rng = np.random.default_rng(5)
+    inputs = [[rng.standard_normal(60 * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+
+    def body(w: LtaWorker, i: int) -> list:
+        if i == 2:  # late: until the leaders waited for it twice (or, before the fix, were all done)
+            while holds.count(2) < 2 and not leaders_done.is_set():
+                time.sleep(0.005)
+        out = [w.allreduce(inputs[r][i], step=r) for r in range(reduces)]
+        if i == 0:
+            leaders_done.set()
+        return out
+
+    results = run_workers(cluster.workers, body)
+    last = [res[-1] for res in results]
+    rejoined = (last[0].bitmap & 0b100) != 0
+    assert rejoined.any(), f"worker 2 never counted again (leader waited for it {holds.count(2)} times)"
+    for r in range(reduces):
+        assert check_mean_over_bitmap([res[r] for res in results], inputs[r], K) > 0

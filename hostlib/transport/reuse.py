@@ -24,11 +24,19 @@ worker keep about ``A`` units in flight (the window is no larger in practice: 25
 and the span gives a worker that lost a RESULT ``S`` units of its own pipeline to recover it before it
 stalls. A worker that has nothing in flight and is held only by this rule waits a bounded time for news
 of its peers (``Deadlines.peer_hold_s``: long enough for a peer to give a unit up), then goes on without
-the ones that hold it until they show progress again: a dead peer costs that one wait, a peer that far
-behind falls back for the chunks it loses, as before.
-The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not apply
-here: a peer held up by its recovery for a few hundred ms misses that many RESULTs, and a leader that
-stopped waiting for it ran on ahead for good, its GRADs always arriving at closed rounds.
+the ones that hold it until they show progress again, but for one pool of units at most (``D`` past where
+they held it; a worker that follows a peer which stopped waiting goes no further either). Without that
+bound a peer late to a round (slow start-up, descheduled, its clock stepped) was locked out for good: once
+the others were ``D`` units past it, every GRAD it sent was stale at the switch, so its bit could never
+show again and it got no aggregate at all. Held there, the others let it reach their rounds (closed ones
+answer it at once; the first round past their hold it starts itself, with its bit), and they wait for it
+normally again from what its bit proves. A peer the deadlines presume dead is excused without that bound
+(survivors held at different moments closed each other's rounds short); a late one falls back for the
+chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs of later
+reduces too: a late worker is then not held, pool by pool, waiting for its peers' bits in a reduce they left.
+The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not start
+an excuse here (a peer held up by its recovery for a few hundred ms misses that many RESULTs); it only
+lifts the bound of one already given.
 """
 
 from __future__ import annotations
@@ -52,6 +60,12 @@ class SlotReuse:
         self._peers = np.ones(n_workers, dtype=bool)
         self._peers[worker_id] = False
         self._excused = np.zeros(n_workers, dtype=bool)  # not waited for until they show progress
+        # excused_to[w]: while w is excused, the first global unit this worker may not send all the same
+        # (one pool past where w held it): the excuse lapses there, so a late w can catch up.
+        self.excused_to = np.full(n_workers, -1, dtype=np.int64)
+        # Peers the deadlines presume dead (absent from a window of RESULTs; the worker keeps it current):
+        # excused without that bound, so survivors do not stop once a pool for a peer that never comes.
+        self.presumed_dead = np.zeros(n_workers, dtype=bool)
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are
@@ -77,18 +91,26 @@ class SlotReuse:
         top = int(np.argmax(newest))
         others = np.full(len(newest), newest[top])  # the newest unit of any peer but w itself
         others[top] = np.delete(newest, top).max(initial=-1)
-        self._excused |= self._peers & (others > self.settled + self.data_slots)
+        follow = self._peers & (others > self.settled + self.data_slots)
+        if follow.any():  # as far as that peer's own excuse (or one unit past its newest GRAD)
+            reach = np.maximum(self.settled + 2 * self.data_slots + 1, others + 1)
+            reach[self.presumed_dead] = _NO_LIMIT
+            self.excused_to[follow] = np.maximum(self.excused_to[follow], reach[follow])
+            self._excused |= follow
 
     def limit(self) -> tuple[int, np.ndarray]:
         """The first global unit this worker may not send yet, and the peers that hold it there (a bool
         mask)."""
-        alive = self._peers & ~self._excused
-        if not alive.any():
-            return _NO_LIMIT, alive
-        bound = self.settled + self.data_slots + 1
-        first = int(bound[alive].min())
-        return first, alive & (bound == first)
+        if not self._peers.any():
+            return _NO_LIMIT, self._peers.copy()
+        bound = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
+        first = int(bound[self._peers].min())
+        return first, self._peers & (bound == first)
 
     def excuse(self, peers: np.ndarray) -> None:
-        """Stop waiting for ``peers`` until they show progress (:meth:`saw`)."""
+        """Stop waiting for ``peers`` until they show progress (:meth:`saw`), for one pool of units at most:
+        past that this worker waits for them again (and may excuse them again)."""
+        peers = peers & self._peers
+        hold = np.where(self._excused, self.excused_to, self.settled + self.data_slots + 1)
+        self.excused_to[peers] = np.where(self.presumed_dead, _NO_LIMIT, hold + self.data_slots)[peers]
         self._excused |= peers

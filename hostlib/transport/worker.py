@@ -97,6 +97,9 @@ class LtaWorker:
         self._prev: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(self.config, worker_id, n_workers)
         self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
+        # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
+        self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
         # Since when only the peers' progress holds this worker's next unit, nothing of its own in flight
         # (_peer_limit); inf while it is not so held. Kept across reduces: a worker held at every reduce
         # by a dead peer must not start its wait afresh each time.
@@ -500,6 +503,7 @@ class LtaWorker:
         self._rng.bit_generator.state = state["rng"]
         self._next_unit = int(state["next_unit"])
         self.reuse.restart_at(self._next_unit)
+        self._slot_newest[:] = -1  # units numbered afresh from the checkpoint's
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
 
     def input_buffer(self, n: int) -> np.ndarray:
@@ -534,6 +538,7 @@ class LtaWorker:
     def _run_units(self, plan: ReducePlan, step: int, t0: float) -> None:
         dl = self.deadlines
         give_up_at = t0 + self.config.reduce_timeout_s
+        self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         while True:
             plan.advance_low()
             if not np.any(plan.state < DONE):
@@ -557,6 +562,8 @@ class LtaWorker:
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
+                self.reuse.presumed_dead = dead.astype(bool)
                 self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
@@ -797,6 +804,11 @@ class LtaWorker:
                 self.param_responder()
         # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
         result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
+        if result.any():  # a slot's newest round, remembered even between reduces (a late worker's news)
+            slot = hdr["slot"][result].astype(np.int64)
+            mine = slot < self._slots
+            unit = (hdr["seq"][result].astype(np.int64) - 1) * self._slots + slot
+            np.maximum.at(self._slot_newest, slot[mine], unit[mine])
         results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
         self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
         if plan is not None and results.size:
@@ -823,16 +835,22 @@ class LtaWorker:
         state = plan.state
         take = (u_all >= 0) & (u_all < plan.units)
         take[take] = state[u_all[take]] != DONE
+        rows_all = rows
         rows, u = rows[take], u_all[take]
         # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
         first = np.sort(np.unique(u, return_index=True)[1])
         rows, u = rows[first], u[first]
         self.stats.packets_ignored += len(u_all) - len(u)
+        later = u_all >= plan.units
+        if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
+            bitmap = hdr["bitmap"][rows_all[later]].astype(np.uint64)
+            bits = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+            self.reuse.saw(plan.base, np.where(bits, u_all[later][:, None], -1).max(axis=0))
         # Every RESULT frame of this batch crossed this worker's link: one point of the delivery rate.
         plan.rx_batches.append((time.perf_counter(), len(u_all)))
         if u.size:
             self._settle(plan, hdr, rows, u)
-        self._drop_overtaken(plan, u_all[u_all >= 0])
+        self._drop_overtaken(plan)
 
     def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
         k, n_workers = self.config.elems_per_packet, self.n_workers
@@ -912,21 +930,20 @@ class LtaWorker:
                 payload, shift[got], divisor[got], plan.out, rows=rows[data][got], out_rows=c[got]
             )
 
-    def _drop_overtaken(self, plan: ReducePlan, u: np.ndarray) -> None:
-        """A RESULT for unit ``u`` means slot ``u mod D`` (D data slots) has moved past every older
-        round: units u-D, u-2D, ... of this reduce that are still open can never be answered (the switch drops
-        their FLUSHes as stale). Give them up now instead of waiting through every deadline: the
-        worker that fell behind falls back for those chunks and catches up."""
-        p = self._slots
-        u = u[u - p >= plan.low]
-        if not u.size:
+    def _drop_overtaken(self, plan: ReducePlan) -> None:
+        """A RESULT for global unit ``g`` means slot ``g mod D`` (D data slots) has moved past every older
+        round: units g-D, g-2D, ... that are still open can never be answered (the switch drops their
+        GRADs and FLUSHes as stale). Give them up now instead of waiting through every deadline: the
+        worker that fell behind falls back for those chunks and catches up. The newest round of each
+        slot is remembered across reduces, so a worker that starts a reduce its peers left skips at once
+        to where they are (before, its own span held it on stale units until their FLUSHes gave up)."""
+        d, base = self._slots, plan.base
+        hi = min(plan.units, int(self._slot_newest.max()) - base - d + 1)
+        if hi <= plan.low:
             return
-        newest = np.full(p, -1, dtype=np.int64)
-        np.maximum.at(newest, u % p, u)
-        hi = min(plan.units, int(u.max()) - p + 1)
         v = np.arange(plan.low, hi)
         v = v[plan.state[v] < DONE]
-        over = v[v < newest[v % p]]
+        over = v[base + v < self._slot_newest[(base + v) % d]]
         if over.size:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)

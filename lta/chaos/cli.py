@@ -2,6 +2,7 @@
 
     lta chaos --seeds 0-99 --out chaos-100        # the long run: 100 seeded runs
     lta chaos --seeds 7                            # replay run 7 exactly as drawn
+    lta chaos --seeds 0-99 --out chaos-100 --resume  # go on after an interruption (seeds done are kept)
 
 Each seed draws one run (schedule.py: a front door and one to three faults); the runner starts the ranks,
 injects the faults and judges (runner.py: ok / loud / hang / silent). ``--out`` gets ``chaos.json``
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lta.chaos import netns
 from lta.chaos.report import markdown, summary
 from lta.chaos.runner import run_one
 from lta.chaos.schedule import draw
@@ -63,14 +65,34 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("lta-chaos"), help="folder for chaos.json and chaos.md")
     p.add_argument("--keep", action="store_true", help="keep every run's files (logs, progress) under --out")
+    p.add_argument(
+        "--no-netns",
+        action="store_true",
+        help="draw no reorder/duplicate faults (they need root, ip, tc and nft; off by itself without them)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out/chaos.json and run only the seeds it lacks",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
+    why_not = netns.available()
+    use_netns = not args.no_netns and why_not is None
+    if not args.no_netns and why_not is not None:
+        print(f"lta chaos: no reorder/duplicate faults drawn: {why_not}", flush=True)
     rows: list[dict[str, Any]] = []
+    done: set[int] = set()
+    if args.resume and (args.out / "chaos.json").exists():
+        rows = json.loads((args.out / "chaos.json").read_text())["runs"]
+        done = {int(r["seed"]) for r in rows}
     for seed in args.seeds:
-        spec = draw(seed, args.doors, args.workers, args.steps)
+        if seed in done:
+            continue
+        spec = draw(seed, args.doors, args.workers, args.steps, netns=use_netns)
         t0 = time.monotonic()
         outcome = run_one(spec, args.bound, args.out / f"run{seed}" if args.keep else None)
         rows.append(outcome.as_dict())

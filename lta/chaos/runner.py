@@ -1,16 +1,18 @@
 """Run one chaos run (``schedule.RunSpec``) and judge it.
 
 The parent starts ``world`` processes of :mod:`lta.chaos.worker`, watches their progress files, injects
-the faults it owns (SIGKILL, SIGSTOP/SIGCONT) at their steps, and allows ``bound_s`` seconds without a
-step of any rank once every live rank has made its first (``STARTUP_S`` for the start-up). A bound on
-progress, not on the whole run: on a host loaded 10x past its cores a healthy step took 1.5 s instead of
-0.05 s. The verdict (:func:`judge`) is one of:
+the faults it owns (SIGKILL, SIGSTOP/SIGCONT, a killed rank started again: ``restart``) at their steps,
+and allows ``bound_s`` seconds without a step of any rank once every live rank has made its first
+(``STARTUP_S`` for the start-up only). A bound on progress, not on the whole run: on a host loaded 10x
+past its cores a healthy step took 1.5 s instead of 0.05 s, and a 64-slot sharded run 20 s. Ranks of a
+run with ``reorder``/``duplicate`` faults run inside a network namespace (``netns.py``). The verdict
+(:func:`judge`) is one of:
 
-- ``ok``: every rank that was not killed exited 0, trained (final evaluation loss below
-  ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``) where the design says
-  they are identical, within the staleness bound ``(B + 1) x`` the largest one-step change of a
-  parameter where it says they may differ (B: the exchange's stale bound, the hook's re-broadcast period,
-  the whole run for a backend whose replicas are never reset);
+- ``ok``: every rank that was not killed (or was started again and finished) exited 0, trained (final
+  evaluation loss below ``TRAINED_RATIO`` of the first), and the replicas agree: exactly (``EXACT_TOL``)
+  where the design says they are identical, within the staleness bound ``(B + 1) x`` the largest one-step
+  change of a parameter where it says they may differ (B: the exchange's stale bound, the hook's
+  re-broadcast period, the whole run for a backend whose replicas are never reset);
 - ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
   the cause);
 - ``hang``: no rank made a step for the bound and some were still running (the parent then has each
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from lta.chaos.schedule import RunSpec, drop_policy
+from lta.chaos import netns
+from lta.chaos.schedule import NETNS_KINDS, RunSpec, drop_policy
 
 TRAINED_RATIO = 0.5
 EXACT_TOL = 1e-5
@@ -93,6 +96,7 @@ def _worker_spec(spec: RunSpec, out: Path) -> dict[str, Any]:
         "rebroadcast_every": REBROADCAST_EVERY,
         "clock": clock,
         "switch_restart_at": restart,
+        "hidden": spec.hidden,
     }
 
 
@@ -137,31 +141,40 @@ def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None
         server = _ps_server(spec) if spec.door == "ps" else None
         if server is not None:
             env["LTA_PS"] = "{}:{}".format(*server.address)
+        disorder = [f for f in spec.faults if f["kind"] in NETNS_KINDS]
+        ns = f"P3chaos{spec.seed}-{os.getpid()}"
         try:
-            return _watch(spec, out, env, bound_s(spec, base_bound_s))
+            prefix = netns.create(ns, disorder) if disorder else []
+            return _watch(spec, out, env, bound_s(spec, base_bound_s), prefix)
         finally:
+            if disorder:
+                netns.delete(ns)
             if server is not None:
                 server.stop()
 
 
-def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Outcome:
-    procs = {}
-    for r in range(spec.world):
-        err = open(out / f"rank{r}.err", "w")  # noqa: SIM115 (closed with the process below)
-        procs[r] = (
-            subprocess.Popen(
-                [sys.executable, "-m", "lta.chaos.worker", str(out / "spec.json"), str(r)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-            ),
-            err,
-        )
+def _start(out: Path, env: dict[str, str], r: int, prefix: list[str], restarted: bool = False) -> Any:
+    """Start rank ``r`` (again, with ``restarted``: its stderr is appended to, after a marker line)."""
+    err = open(out / f"rank{r}.err", "a" if restarted else "w")  # noqa: SIM115 (closed with the process)
+    argv = [*prefix, sys.executable, "-m", "lta.chaos.worker", str(out / "spec.json"), str(r)]
+    if restarted:
+        err.write("--- restarted by the chaos parent ---\n")
+        err.flush()
+        argv.append("restarted")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    return proc, err
+
+
+def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix: list[str]) -> Outcome:
+    procs = {r: _start(out, env, r, prefix) for r in range(spec.world)}
     t0 = time.monotonic()
     steps_at: dict[int, list[float]] = {r: [] for r in procs}  # the parent's clock at each rank's steps
-    pending = [dict(f) for f in spec.faults if f["kind"] in ("kill", "stop")]
+    pending = [dict(f) for f in spec.faults if f["kind"] in ("kill", "restart", "stop")]
     resume: list[tuple[float, int]] = []
-    killed: dict[int, float] = {}
+    restart: list[tuple[float, int]] = []
+    killed: dict[int, float] = {}  # ranks killed and not (yet) restarted
+    kill_times: dict[int, float] = {}
+    old: list[tuple[Any, Any]] = []  # the killed processes, closed at the end
     outcome = Outcome(spec)
     try:
         while True:
@@ -177,9 +190,11 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                     proc = procs[f["rank"]][0]
                     if proc.poll() is not None:
                         continue
-                    if f["kind"] == "kill":
+                    if f["kind"] in ("kill", "restart"):
                         proc.send_signal(signal.SIGKILL)
-                        killed[f["rank"]] = now
+                        killed[f["rank"]] = kill_times[f["rank"]] = now
+                        if f["kind"] == "restart":
+                            restart.append((now + f["delay_s"], f["rank"]))
                     else:
                         proc.send_signal(signal.SIGSTOP)
                         resume.append((now + f["seconds"], f["rank"]))
@@ -188,19 +203,32 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                     resume.remove((at, r))
                     if procs[r][0].poll() is None:
                         procs[r][0].send_signal(signal.SIGCONT)
+            for at, r in list(restart):
+                if now >= at:  # the killed rank starts again: from now on its exit status counts
+                    restart.remove((at, r))
+                    procs[r][0].wait()
+                    old.append(procs[r])
+                    procs[r] = _start(out, env, r, prefix, restarted=True)
+                    del killed[r]
             codes = {r: p.poll() for r, (p, _) in procs.items()}
             live = [r for r, c in codes.items() if c is None]
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
-            if not live or (failed and now - t0 > 0):
+            if (not live and not restart) or failed:
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
                     _drain(procs, killed, time.monotonic(), limit_s)
                 break
             started = all(steps_at[r] for r in live)
             last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
-            if (now - last_step > limit_s and started) or now - t0 > max(limit_s, STARTUP_S):
+            stalled = started and now - last_step > limit_s
+            if stalled or (not started and now - t0 > max(limit_s, STARTUP_S)):
                 at = {r: len(steps_at[r]) for r in live}
                 outcome.verdict = "hang"
-                outcome.cause = f"ranks {live} made no step for {limit_s:.0f} s, at steps {at}"
+                waited = (
+                    f"made no step for {limit_s:.0f} s"
+                    if stalled
+                    else f"not all started in {STARTUP_S:.0f} s"
+                )
+                outcome.cause = f"ranks {live} {waited}, at steps {at}"
                 for r in live:  # each writes its threads' stacks to its .err file (faulthandler)
                     procs[r][0].send_signal(signal.SIGCONT)
                     procs[r][0].send_signal(signal.SIGUSR1)
@@ -208,7 +236,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
                 break
             time.sleep(POLL_S)
     finally:
-        for p, err in procs.values():
+        for p, err in [*procs.values(), *old]:
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.kill()
@@ -216,8 +244,8 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float) -> Out
             err.close()
     outcome.wall_s = round(time.monotonic() - t0, 2)
     outcome.exit_codes = {r: p.returncode for r, (p, _) in procs.items()}
-    if killed:
-        outcome.recovery_s = _recovery(steps_at, killed)
+    if kill_times:
+        outcome.recovery_s = _recovery(steps_at, kill_times)
     if outcome.verdict == "hang":
         return outcome
     return judge(outcome, out, killed)
@@ -302,8 +330,11 @@ def _exact(spec: RunSpec) -> bool:
     if spec.door == "ps":
         return not kinds & {"loss-down", "kill", "stop", "clock"}
     if spec.door.startswith("sharded"):
-        return not kinds & {"loss-param", "switch-restart", "stop", "clock", "kill"}
-    return not kinds & {"loss-down", "switch-restart"}
+        return not kinds & {"loss-param", "switch-restart", "stop", "clock", "kill", "restart", "reorder"}
+    # reorder: a packet held in the slow class can come after its unit gave up, or be tail-dropped there.
+    # stop, clock: the late rank finds units its peers' rounds have overtaken and falls back for them,
+    # as for a lost RESULT (docs/protocol.md); stock DDP and FSDP2 never re-sync, the hook every period.
+    return not kinds & {"loss-down", "switch-restart", "reorder", "stop", "clock"}
 
 
 def _divergence_bound(spec: RunSpec, step: float) -> float:

@@ -5,17 +5,21 @@ A run is one front door (``worker.DOORS``) and a few faults drawn from ``FAULT_K
 - ``loss-up`` / ``loss-down`` / ``loss-param``: emulated loss on one direction, 10-40%, by the
   softswitch's seeded drop policy: Bernoulli, or Gilbert-Elliott bursts of 4 packets at the same mean;
 - ``kill``: the parent SIGKILLs one rank (never rank 0, which hosts the switch) when the rank's progress
-  file reaches step S; the torch front doors have no rejoin, so it is not restarted (``lta train
-  --kill-worker`` covers the restart and rejoin);
+  file reaches step S, and does not restart it: its peers must go on without it (liveness);
+- ``restart``: the same kill, then the parent starts the rank again after ``delay_s`` seconds: it must
+  rejoin and finish, or exit non-zero with a one-line cause (the torch front doors cannot take a rank
+  back into a running group: that is their named cause);
 - ``stop``: the parent SIGSTOPs one rank at step S for T seconds, then SIGCONTs it;
 - ``switch-restart``: the switch loses every slot's state at step S, its configuration kept (rank 0
   resets the job on its embedded softswitch);
 - ``small-pool``: a pool of 64 slots (63 data slots) for a model of ~330 chunks of 64 values;
 - ``clock``: one rank's clocks step at step S (``worker._step_clock``: the wall clock either way, the
-  monotonic clocks the transport uses forward).
-
-Reordering and duplication need a network namespace with a reordering qdisc (this kernel has no
-netem): not drawn here (see the README's chaos section).
+  monotonic clocks the transport uses forward);
+- ``reorder`` / ``duplicate``: the run's ranks share a network namespace whose loopback reorders or
+  duplicates a fraction of the UDP packets (every LTA packet, both directions): ``netns.py``. This kernel
+  has no netem, so reordering is a seeded nftables mark that sends those packets through a slow HTB
+  class (they arrive after packets sent later), duplication nftables' ``dup``. Not drawn with
+  ``netns=False`` (no root, no nft/tc) nor for the PS door (its server runs in the parent's namespace).
 """
 
 from __future__ import annotations
@@ -27,7 +31,21 @@ import numpy as np
 
 from lta.chaos.worker import DOORS
 
-FAULT_KINDS = ("loss-up", "loss-down", "loss-param", "kill", "stop", "switch-restart", "small-pool", "clock")
+FAULT_KINDS = (
+    "loss-up",
+    "loss-down",
+    "loss-param",
+    "kill",
+    "restart",
+    "stop",
+    "switch-restart",
+    "small-pool",
+    "clock",
+    "reorder",
+    "duplicate",
+)
+NETNS_KINDS = ("reorder", "duplicate")
+_PS_SKIP = ("loss-param", "switch-restart", "small-pool")
 _DIRECTION = {"loss-up": "up", "loss-down": "down", "loss-param": "param"}
 BURST = 4.0  # Gilbert-Elliott: mean burst length in packets
 
@@ -39,6 +57,7 @@ class RunSpec:
     world: int
     steps: int
     faults: list[dict[str, Any]] = field(default_factory=list)
+    hidden: int = 128  # the model's hidden width: 128 gives ~341 chunks of 64 values, 192 gives 703
 
     @property
     def kinds(self) -> list[str]:
@@ -64,12 +83,18 @@ def drop_policy(fault: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def draw(seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int = 40) -> RunSpec:
+def draw(
+    seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int = 40, netns: bool = True
+) -> RunSpec:
     """The run of ``seed``: a door (round robin over ``doors``, so a batch of seeds covers them all) and
-    one to three faults."""
+    one to three faults (``netns=False``: none of ``NETNS_KINDS``)."""
     rng = np.random.default_rng(seed)
     door = doors[seed % len(doors)]
-    kinds = rng.choice(FAULT_KINDS, size=int(rng.integers(1, 4)), replace=False)
+    # The parameter server has no PARAM direction, embedded switch or clock-driven rounds; its server
+    # runs in the parent's network namespace.
+    skip = (*NETNS_KINDS, *(_PS_SKIP if door == "ps" else ()))
+    pool = [k for k in FAULT_KINDS if k not in skip or (netns and k in NETNS_KINDS and door != "ps")]
+    kinds = rng.choice(pool, size=int(rng.integers(1, 4)), replace=False)
     faults: list[dict[str, Any]] = []
     for kind in sorted(kinds):
         fault: dict[str, Any] = {"kind": str(kind)}
@@ -79,8 +104,10 @@ def draw(seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int =
                 model=str(rng.choice(["bernoulli", "gilbert_elliott"])),
                 rate=round(float(rng.uniform(0.1, 0.4)), 3),
             )
-        elif kind in ("kill", "stop", "clock"):
+        elif kind in ("kill", "restart", "stop", "clock"):
             fault.update(rank=int(rng.integers(1, world)), step=int(rng.integers(10, steps - 8)))
+            if kind == "restart":
+                fault["delay_s"] = round(float(rng.uniform(0.5, 3.0)), 2)
             if kind == "stop":
                 fault["seconds"] = round(float(rng.uniform(1.0, 8.0)), 2)
             if kind == "clock":
@@ -89,7 +116,9 @@ def draw(seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int =
             fault["step"] = int(rng.integers(10, steps - 8))
         elif kind == "small-pool":
             fault["pool_size"] = 64
+        elif kind == "reorder":
+            fault["fraction"] = round(float(rng.uniform(0.05, 0.3)), 3)
+        elif kind == "duplicate":
+            fault["fraction"] = round(float(rng.uniform(0.02, 0.2)), 3)
         faults.append(fault)
-    if door == "ps":  # the parameter server has no PARAM direction, embedded switch or clock-driven rounds
-        faults = [f for f in faults if f["kind"] not in ("loss-param", "switch-restart", "small-pool")]
     return RunSpec(seed, door, world, steps, faults)

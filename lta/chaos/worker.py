@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -108,10 +109,35 @@ def _options(spec: dict[str, Any]) -> Any:
     return options
 
 
-def run(spec: dict[str, Any], rank: int) -> None:
+JOIN_TIMEOUT_S = 90.0  # torch's own 60 s join timeout, plus the time to build the model and its wrapper
+
+
+def _join_watchdog(who: str, timeout_s: float = JOIN_TIMEOUT_S) -> threading.Timer:
+    """Exit with a one-line cause when joining the group takes longer than ``timeout_s``: a rank started
+    again into a running group waits in gloo's rendezvous past the timeout it was given (the peers never
+    come back to it), which would be a hang. The torch front doors have no rejoin (the group's
+    membership is fixed at init), so that is the cause named."""
+
+    def give_up() -> None:
+        print(
+            f"{who}: JoinTimeout: did not join the process group within {timeout_s:.0f} s "
+            "(the torch front doors cannot take a rank back into a running group)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     import torch
     import torch.distributed as dist
 
+    watchdog = _join_watchdog(who or f"rank {rank}")
     torch.set_num_threads(1)
     out = Path(spec["out"])
     door, world, steps = spec["door"], spec["world"], spec["steps"]
@@ -181,6 +207,7 @@ def run(spec: dict[str, Any], rank: int) -> None:
     else:
         raise ValueError(f"unknown front door {door!r}: choose among {', '.join(DOORS)}")
 
+    watchdog.cancel()
     transport = _transport_worker(door, session)
     data = torch.Generator().manual_seed(1000 + rank + 97 * spec["seed"])
     first_loss = _eval_loss(model)
@@ -221,11 +248,16 @@ def _transport_worker(door: str, session: Any) -> Any:
     if session is not None:
         return session.worker
     if door in ("ddp", "fsdp2"):
-        import torch
-        import torch.distributed as dist
-
-        return getattr(dist.group.WORLD._get_backend(torch.device("cpu")), "worker", None)  # type: ignore[union-attr]
+        return getattr(_lta_group(), "worker", None)
     return None
+
+
+def _lta_group() -> Any:
+    """The default process group of ``init_process_group("lta")``: the ProcessGroupLta itself (its
+    ``_get_backend`` is the gloo group it registers for the collectives it does not override)."""
+    import torch.distributed as dist
+
+    return dist.group.WORLD
 
 
 def _health(worker: Any) -> str:
@@ -240,11 +272,7 @@ def _reset_switch(session: Any, net: Any) -> None:
     """Rank 0: the embedded softswitch loses its state (see the module's docstring)."""
     switch = session.switch if session is not None else None
     if switch is None:  # the lta process group's own session
-        import torch
-        import torch.distributed as dist
-
-        backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
-        switch = backend.session.switch
+        switch = _lta_group().session.switch
     for job_id in list(switch.jobs):
         switch.reset_job(job_id)
 
@@ -252,16 +280,17 @@ def _reset_switch(session: Any, net: Any) -> None:
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
+    who = f"rank {rank} (restarted)" if sys.argv[3:] == ["restarted"] else f"rank {rank}"
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks where a hung rank waits
     level = os.environ.get("LTA_LOG")
     if level:  # the rank's log goes to its .err file
         fmt = f"%(relativeCreated)d rank {rank} %(name)s: %(message)s"
         logging.basicConfig(level=level.upper(), format=fmt)
     try:
-        run(spec, rank)
+        run(spec, rank, who)
     except Exception as exc:
         # One line naming the cause; the parent reads the last line of stderr.
-        print(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{who}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     return 0
 
