@@ -39,7 +39,15 @@ ALL_LOSSY = "allreduce,reduce_scatter,all_gather"
 
 
 def fsdp_worker(
-    backend: str, env: dict[str, str], rank: int, world: int, port: int, steps: int, warmup: int, queue: Any
+    backend: str,
+    env: dict[str, str],
+    rank: int,
+    world: int,
+    port: int,
+    steps: int,
+    warmup: int,
+    queue: Any,
+    seed: int = 0,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for name in [v for v in os.environ if v.startswith("LTA_")]:
@@ -54,7 +62,7 @@ def fsdp_worker(
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         mesh = init_device_mesh("cpu", (world,))
-        torch.manual_seed(0)
+        torch.manual_seed(seed)  # the model's initial weights
         layers: list[torch.nn.Module] = [torch.nn.Linear(IN_FEATURES, WIDTH), torch.nn.ReLU()]
         for _ in range(3):
             layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
@@ -65,7 +73,7 @@ def fsdp_worker(
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        gen = torch.Generator().manual_seed(rank)
+        gen = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank's batch
         x, y = torch.randn(32, IN_FEATURES, generator=gen), torch.randint(0, 10, (32,), generator=gen)
         times, losses = [], []
         cpu0 = 0.0
@@ -95,13 +103,19 @@ def fsdp_worker(
 
 
 def run_variant(
-    backend: str, env: dict[str, str], world: int, steps: int, warmup: int, timeout_s: float = 900.0
+    backend: str,
+    env: dict[str, str],
+    world: int,
+    steps: int,
+    warmup: int,
+    timeout_s: float = 900.0,
+    seed: int = 0,
 ) -> dict:
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_tcp_port()
     procs = [
         ctx.Process(
-            target=fsdp_worker, args=(backend, env, r, world, port, steps, warmup, queue), daemon=True
+            target=fsdp_worker, args=(backend, env, r, world, port, steps, warmup, queue, seed), daemon=True
         )
         for r in range(world)
     ]
@@ -167,6 +181,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--loss", type=argtypes.probability, default=0.1, help="emulated loss of GRAD and PARAM packets"
     )
     p.add_argument("--stale-bound", type=argtypes.positive_int, default=8, help="S of the lossy all-gather")
+    p.add_argument(
+        "--seed",
+        type=argtypes.nonnegative_int,
+        default=0,
+        help="the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
+        "several seeds)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_run)
 
@@ -179,8 +200,13 @@ def _run(args: argparse.Namespace) -> int:
         "loss": args.loss,
         "stale_bound": args.stale_bound,
         "lossy_ops": ALL_LOSSY,
+        "seed": args.seed,
     }
-    lossy_env = {"LTA_LOSSY_OPS": ALL_LOSSY, "LTA_STALE_BOUND": str(args.stale_bound)}
+    lossy_env = {
+        "LTA_LOSSY_OPS": ALL_LOSSY,
+        "LTA_STALE_BOUND": str(args.stale_bound),
+        "LTA_SEED": str(args.seed),
+    }
     variants = {
         "gloo": ("gloo", {}),
         "lta": ("lta", lossy_env),
@@ -192,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
     with Status(title) as status:
         for name, (backend, env) in variants.items():
             status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
-            out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup)
+            out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup, seed=args.seed)
     out["loadavg"]["end"] = os.getloadavg()[0]
     out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
     out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
