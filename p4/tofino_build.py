@@ -140,11 +140,17 @@ def bfrt_names(bfrt: dict, pipe: str = PIPE) -> dict[str, set[str]]:
     return names
 
 
+SNAPSHOT = "pipe.snapshot."  # the compiler's debug-capture tables
+
+
 def bfrt_signature(bfrt: dict) -> list:
     """What the control plane relies on in a bf-rt.json, in a canonical order: every table's name, id,
     type and size, its key fields, actions with their parameters, and data fields (names, ids, match
     types, widths). Two compiles of the same sources have agreed on it; the file itself has once come
-    out in another order (the compiler orders some lists by address)."""
+    out in another order (the compiler orders some lists by address). The compiler's own snapshot
+    tables (``pipe.snapshot.*``, debug capture, which the control plane never writes) are compared
+    without their ids: two compiles of the same sources gave ``pipe.snapshot.cfg`` ids 2435546183 and
+    2447393627."""
 
     def field(raw: dict) -> tuple:
         type_ = raw.get("type") or {}
@@ -161,7 +167,7 @@ def bfrt_signature(bfrt: dict) -> list:
 
     return sorted(
         (
-            t["name"], t["id"], t["table_type"], t.get("size", 0),
+            t["name"], 0 if t["name"].startswith(SNAPSHOT) else t["id"], t["table_type"], t.get("size", 0),
             tuple(sorted(field(k) for k in t.get("key", []))),
             tuple(sorted((a["name"], a["id"], tuple(sorted(field(d) for d in a.get("data", []))))
                          for a in t.get("action_specs", []))),
