@@ -30,3 +30,25 @@ def start_and_collect(procs: Sequence[Any], results: Any, world: int, timeout_s:
             if proc.is_alive():
                 proc.terminate()
     return [out[r] for r in range(world)]
+
+
+def train_regression(model: Any, rank: int, steps: int) -> list[float]:
+    """``steps`` SGD steps of ``model`` (20 inputs, 4 outputs) towards a random linear target, on the
+    rank's own seeded batches; the per-step losses. The target's weights come from torch's global
+    generator, as the model's did."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    target = torch.nn.Linear(20, 4)
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 20, generator=gen)
+        with torch.no_grad():
+            y = target(x)
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

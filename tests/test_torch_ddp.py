@@ -22,7 +22,7 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
 from hostlib.transport import Fallback, TransportConfig
-from tests.ranks import start_and_collect
+from tests.ranks import start_and_collect, train_regression
 
 WORLD = 3
 
@@ -155,19 +155,7 @@ def _backend_rank(rank: int, world: int, store_path: str) -> dict:
     )
     pg = dist.distributed_c10d._get_default_group()
     model = DDP(_model())  # broadcasts rank 0's weights (reliable path)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    target = torch.nn.Linear(20, 4)
-    gen = torch.Generator().manual_seed(rank)
-    losses = []
-    for _ in range(40):
-        x = torch.randn(32, 20, generator=gen)
-        with torch.no_grad():
-            y = target(x)
-        loss = (model(x) - y).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_regression(model, rank, 40)
     ranks = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(ranks, torch.tensor([float(rank)]))
     count = torch.tensor([rank + 1])

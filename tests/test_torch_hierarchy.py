@@ -29,7 +29,7 @@ from hostlib.transport import Fallback, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import SoftSwitch
 from softswitch.server import SoftSwitchServer
-from tests.ranks import start_and_collect
+from tests.ranks import start_and_collect, train_regression
 
 WORLD, LEAVES = 4, 2
 K, POOL = 64, 512
@@ -177,19 +177,7 @@ def _backend_rank(rank: int, store_path: str, leaf_address: dict, base: int) -> 
     dist.init_process_group("lta", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
     pg = dist.distributed_c10d._get_default_group()
     model = DDP(_model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    target = torch.nn.Linear(20, 4)
-    gen = torch.Generator().manual_seed(rank)
-    losses = []
-    for _ in range(30):
-        x = torch.randn(32, 20, generator=gen)
-        with torch.no_grad():
-            y = target(x)
-        loss = (model(x) - y).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_regression(model, rank, 30)
     allreduce = pg.worker.allreduce
     reduced = []
 
