@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from controlplane.errors import ControlPlaneError
 from controlplane.jobs import JobSpec, job_entry, worker_entries
 from hostlib.jobentries import place_pools
-from hostlib.p4schema import Entry, policy_entry
-from hostlib.protocol import COUNTERS, MAX_WORKERS, WORKER_COUNTER, worker_counter_index
+from hostlib.p4schema import Entry, policy_entry, required_names
+from hostlib.protocol import COUNTERS, MAX_JOBS, MAX_WORKERS, WORKER_COUNTER, worker_counter_index
 
 if TYPE_CHECKING:
     from controlplane.deployment import DropSpec
@@ -58,6 +58,31 @@ SLOT_REGISTERS = tuple(
     for r in ("slot_seq", "slot_round", "slot_bitmap", "slot_count", "slot_result")
 )
 ACCUMULATOR_PREFIX = "LtaIngress.elements.acc_"
+
+# Counters (p4/gen_p4.py's tofino_counters): these have a Counter of their own, indexed by job id; every
+# other branch of COUNTERS is counted in ingress in BRANCH_COUNTER at index code * MAX_JOBS + job, where
+# code is the branch's position in COUNTERS (its BRANCH_* constant in the program).
+OWN_COUNTERS = ("rx_packets", "result_quorum", "drop_policy_down", "drop_policy_param", "tx_packets")
+BRANCH_COUNTER = "branches"
+COUNTER_TABLES = (*OWN_COUNTERS, BRANCH_COUNTER, WORKER_COUNTER)  # every Counter the control plane names
+
+
+def required_bfrt_names() -> dict[str, list[str]]:
+    """``hostlib.p4schema.required_names()`` as the Tofino program has them: its counters are
+    COUNTER_TABLES, not one per name of COUNTERS."""
+    return {**required_names(), "counters": list(COUNTER_TABLES)}
+
+
+def counter_address(name: str, job_id: int) -> tuple[str, int]:
+    """The Counter (its BfRt name) and index where the Tofino program counts branch ``name`` of job
+    ``job_id`` (0: packets of no known job)."""
+    if name not in COUNTERS:
+        raise ControlPlaneError(f"no counter {name!r}: the counters are {', '.join(COUNTERS)}")
+    if not 0 <= job_id < MAX_JOBS:
+        raise ControlPlaneError(f"job id {job_id} is outside 0..{MAX_JOBS - 1}")
+    if name in OWN_COUNTERS:
+        return name, job_id
+    return BRANCH_COUNTER, COUNTERS.index(name) * MAX_JOBS + job_id
 
 
 @dataclass(frozen=True)
@@ -304,12 +329,16 @@ def register_clears(schema: BfrtSchema, slot_base: int, pool_size: int) -> list[
 
 
 def counter_keys(schema: BfrtSchema, job_id: int, names: Sequence[str] = COUNTERS) -> list[Write]:
-    """The keys to read (or, with :func:`counter_clears`, zero) the branch counters of one job."""
+    """The keys to read (or, with :func:`counter_clears`, zero) the branch counters of one job, in the
+    order of ``names``: each names the Counter and index :func:`counter_address` gives."""
     out = []
     for name in names:
-        table = schema.table(name, "Counter")
+        counter, at = counter_address(name, job_id)
+        table = schema.table(counter, "Counter")
+        if at >= table.size:
+            raise ControlPlaneError(f"{name} of job {job_id}: index {at} is past {counter}'s {table.size}")
         index = table.keys[COUNTER_INDEX]
-        out.append(Write(name, table.id, (KeyValue(index.id, encode(job_id, index, name)),)))
+        out.append(Write(counter, table.id, (KeyValue(index.id, encode(at, index, name)),)))
     return out
 
 
@@ -337,8 +366,10 @@ def counter_clears(schema: BfrtSchema, job_id: int) -> list[Write]:
 
 
 def packets_of(schema: BfrtSchema, counter: str, data: dict[int, bytes]) -> int:
-    """The packet count in the data fields (by id) a BfRt read returned for ``counter``."""
-    packets = schema.table(counter, "Counter").data[COUNTER_PACKETS]
+    """The packet count in the data fields (by id) a BfRt read returned for ``counter`` (a name of
+    COUNTERS, WORKER_COUNTER, or the Counter one of them is counted in)."""
+    table = counter_address(counter, 0)[0] if counter in COUNTERS else counter
+    packets = schema.table(table, "Counter").data[COUNTER_PACKETS]
     if packets.id not in data:
         raise ControlPlaneError(f"the switch's answer for {counter} has no {COUNTER_PACKETS}")
     return int.from_bytes(data[packets.id], "big")

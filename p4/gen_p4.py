@@ -306,45 +306,65 @@ def tofino_slot_elements() -> str:
     return "\n".join(out) + "\n"
 
 
-def tofino_counters() -> str:
-    """TNA indirect counters (absolute names equal COUNTERS), each counted by its own if-branch.
+# Ingress on Tofino counts every branch but rx_packets and result_quorum in one indirect counter,
+# BRANCH_COUNTER, at index branch * MAX_JOBS + job (controlplane/tofino.py maps the names back).
+BRANCH_COUNTER = "branches"
+JOB_BITS = (MAX_JOBS - 1).bit_length()
+BRANCH_BITS = (len(COUNTERS) - 1).bit_length()
 
-    A Tofino match table drives one counter, and Tofino 1 places tables in the order the control flow
-    applies them, so ingress counts in two controls applied where their branches are known: the
-    checks' branches (and rx_packets) before the slot state machine, its branches after it."""
+
+def tofino_counters() -> str:
+    """TNA indirect counters: ingress counts rx_packets (early, once the job is known), and at its end
+    the packet's branch in one counter indexed branch * MAX_JOBS + job, and result_quorum; egress one
+    counter per branch, each counted by its own if-branch.
+
+    Tofino 1 places tables in the order the control flow applies them, and a stage holds four stats
+    ALUs: one counter for the ingress branches takes one stage after the slot state machine, where one
+    counter per branch took three."""
     out = [
-        "// One indirect counter per branch of the switch contract, indexed by job id (0: no known job).",
-        "// The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.",
+        "// Indirect counters, indexed by job id (0: no known job); the names are absolute so the BfRt",
+        "// names are those controlplane/tofino.py maps hostlib.protocol.COUNTERS to. Ingress counts each",
+        f"// branch but rx_packets and result_quorum in `{BRANCH_COUNTER}` at branch * LTA_MAX_JOBS + job.",
     ]
     ingress = counters_for("ingress")
-    slot = [n for n in ingress if n.startswith(("grad_", "flush_")) or n in EXTRA_COUNTED]
-    controls = (
-        ("IngressCheckCounters", [n for n in ingress if n not in slot], "branch"),
-        ("IngressSlotCounters", slot, "slot_branch"),
-        ("EgressCounters", counters_for("egress"), "branch"),
+    index_bits = BRANCH_BITS + JOB_BITS
+    counter = "Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS)"
+    out.append("\ncontrol IngressRxCounter(in bit<16> index) {")
+    out += [f'    @name(".{n}") {counter} {n}_counter;' for n in ALWAYS_COUNTED]
+    out.append("    apply {")
+    out += [f"        {n}_counter.count(index);" for n in ALWAYS_COUNTED]
+    out.append("    }")
+    out.append("}")
+    extra = [n for n in ingress if n in EXTRA_COUNTED]
+    params = "in bit<16> index, in bit<8> branch" + "".join(f", in bool {n}" for n in extra)
+    out.append(f"\ncontrol IngressBranchCounters({params}) {{")
+    out.append(
+        f'    @name(".{BRANCH_COUNTER}") Counter<bit<32>, bit<{index_bits}>>'
+        f"({1 << index_bits}, CounterType_t.PACKETS) {BRANCH_COUNTER}_counter;"
     )
-    for control, names, field in controls:
-        branch_names = [n for n in names if n not in ALWAYS_COUNTED + EXTRA_COUNTED]
-        extra = [n for n in names if n in EXTRA_COUNTED]
-        always = [n for n in names if n in ALWAYS_COUNTED]
-        # 16-bit index (the job id): PHV is scarce with K = 64 int32 in the packet.
-        params = f"in bit<16> index, in bit<8> {field}" + "".join(f", in bool {n}" for n in extra)
-        out.append(f"\ncontrol {control}({params}) {{")
-        out += [
-            f'    @name(".{n}") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) {n}_counter;'
-            for n in names
-        ]
-        out.append("    apply {")
-        out += [f"        {n}_counter.count(index);" for n in always]
-        for i, n in enumerate(branch_names):
-            keyword = "if" if i == 0 else "} else if"
-            out.append(f"        {keyword} ({field} == {branch_constant(n)}) {{")
-            out.append(f"            {n}_counter.count(index);")
-        if branch_names:
-            out.append("        }")
-        out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]
-        out.append("    }")
-        out.append("}")
+    out += [f'    @name(".{n}") {counter} {n}_counter;' for n in extra]
+    out.append(f"    Hash<bit<{index_bits}>>(HashAlgorithm_t.IDENTITY) branch_index;")
+    out.append("    apply {")
+    out.append("        if (branch != BRANCH_NONE) {")
+    out.append(
+        f"            {BRANCH_COUNTER}_counter.count(branch_index.get("
+        f"{{branch[{BRANCH_BITS - 1}:0], index[{JOB_BITS - 1}:0]}}));"
+    )
+    out.append("        }")
+    out += [f"        if ({n}) {{ {n}_counter.count(index); }}" for n in extra]
+    out.append("    }")
+    out.append("}")
+    names = counters_for("egress")
+    out.append("\ncontrol EgressCounters(in bit<16> index, in bit<8> branch) {")
+    out += [f'    @name(".{n}") {counter} {n}_counter;' for n in names]
+    out.append("    apply {")
+    for i, n in enumerate(names):
+        keyword = "if" if i == 0 else "} else if"
+        out.append(f"        {keyword} (branch == {branch_constant(n)}) {{")
+        out.append(f"            {n}_counter.count(index);")
+    out.append("        }")
+    out.append("    }")
+    out.append("}")
     return "\n".join(out) + "\n"
 
 

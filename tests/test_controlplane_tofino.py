@@ -5,6 +5,7 @@ from the raw JSON (looked up here by name, not through the module's schema) and 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -16,10 +17,12 @@ from controlplane.tofino import (
     PRE_NODE_TABLE,
     SLOT_REGISTERS,
     BfrtSchema,
+    counter_address,
     counter_clears,
     counter_keys,
     entry_write,
     job_writes,
+    packets_of,
     register_clears,
     worker_rx_keys,
 )
@@ -65,7 +68,7 @@ def test_every_name_the_control_plane_needs_is_in_bf_rt_json(raw):
         assert raw[f"pipe.{table}"]["table_type"] == "MatchAction_Direct", table
     actions = {a["name"] for t in raw.values() for a in t.get("action_specs", [])}
     assert set(names["actions"]) <= actions
-    for counter in (*COUNTERS, WORKER_COUNTER):
+    for counter in {counter_address(n, 0)[0] for n in COUNTERS} | {WORKER_COUNTER}:
         assert raw[f"pipe.{counter}"]["table_type"] == "Counter", counter
     for register in SLOT_REGISTERS:
         assert raw[f"pipe.{register}"]["table_type"] == "Register", register
@@ -171,10 +174,34 @@ def test_a_reset_zeroes_every_slot_register_and_accumulator_over_the_job_range(r
         register_clears(schema, 16380, 8)
 
 
+def branch_codes() -> dict[str, int]:
+    """BRANCH_* constants of the Tofino program, by counter name (read from its generated source)."""
+    text = (BFRT_PATH.parent.parent / "protocol_constants.gen.p4").read_text()
+    return {m[0].lower(): int(m[1]) for m in re.findall(r"const bit<8> BRANCH_(\w+) = (\d+);", text)}
+
+
+# Counted beside the branch (rx_packets, result_quorum) or in egress: a Counter each, by job id.
+OWN = {"rx_packets", "result_quorum", "drop_policy_down", "drop_policy_param", "tx_packets"}
+
+
 def test_counter_keys_and_clears_address_the_job_and_its_workers(raw, schema):
     keys = counter_keys(schema, 7)
-    assert [k.table_id for k in keys] == [raw[f"pipe.{n}"]["id"] for n in COUNTERS]
-    assert {k.key[0].value for k in keys} == {b"\x00\x00\x00\x07"}
+    codes = branch_codes()
+    expected = [(n, 7) if n in OWN else ("branches", codes[n] * 64 + 7) for n in COUNTERS]
+    assert [(k.table, k.table_id) for k in keys] == [(t, raw[f"pipe.{t}"]["id"]) for t, _ in expected]
+    assert {raw[f"pipe.{t}"]["key"][0]["type"]["type"] for t, _ in expected} == {"uint32"}
+    assert [k.key[0].value for k in keys] == [i.to_bytes(4, "big") for _, i in expected]
+    # every ingress branch has its own index below the branch counter's size
+    branch_indices = [i for t, i in expected if t == "branches"]
+    assert len(set(branch_indices)) == len(COUNTERS) - len(OWN)
+    assert max(branch_indices) < raw["pipe.branches"]["size"]
+    assert counter_address("grad_add", 0) == ("branches", codes["grad_add"] * 64)
+    with pytest.raises(ControlPlaneError, match="no counter"):
+        counter_address("grad_added", 1)
+    with pytest.raises(ControlPlaneError, match="outside"):
+        counter_address("grad_add", 64)
+    packets = raw["pipe.branches"]["data"][0]["singleton"]["id"]
+    assert packets_of(schema, "grad_add", {packets: (12).to_bytes(8, "big")}) == 12
     rx = worker_rx_keys(schema, 7, [0, 31])
     assert [int.from_bytes(k.key[0].value, "big") for k in rx] == [7 * MAX_WORKERS, 7 * MAX_WORKERS + 31]
     clears = counter_clears(schema, 7)

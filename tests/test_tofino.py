@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.tofino import required_bfrt_names
 from hostlib.p4schema import required_names
 from hostlib.protocol import COUNTERS, HEADER_BITS, HEADER_FIELDS, WORKER_COUNTER
 
@@ -63,11 +64,24 @@ def test_lta_header_matches_wire_format():
 
 
 def test_every_counter_has_its_absolute_name_and_is_counted():
+    """Ingress counts rx_packets and result_quorum by job, every other ingress branch in one counter at
+    branch * 64 + job; egress one counter per branch (controlplane.tofino.counter_address reads them)."""
     text = "\n".join(sources().values())
-    declared = re.findall(r'@name\("\.(\w+)"\)\s*Counter<', text)
-    assert sorted(declared) == sorted((*COUNTERS, WORKER_COUNTER))
-    for name in COUNTERS:
-        assert re.search(rf"\b{name}_counter\.count\(", text), f"{name} is declared but never counted"
+    declared = re.findall(r'@name\("\.(\w+)"\)\s*Counter<(bit<32>, bit<(\d+)>)>\((\w+)', text)
+    own = {"rx_packets", "result_quorum", "drop_policy_down", "drop_policy_param", "tx_packets"}
+    assert sorted(d[0] for d in declared) == sorted((*own, "branches", WORKER_COUNTER))
+    for name in own:
+        assert re.search(rf"\b{name}_counter\.count\(index\)", text), f"{name} is declared but never counted"
+    # branches: 2^11 entries, indexed by the identity hash of branch[4:0] ++ job[5:0]
+    assert ("branches", "bit<32>, bit<11>", "11", "2048") in declared
+    assert len(COUNTERS) <= 32
+    assert re.search(r"branches_counter\.count\(branch_index\.get\(\{branch\[4:0\], index\[5:0\]\}\)\)", text)
+    assert re.search(r"Hash<bit<11>>\(HashAlgorithm_t\.IDENTITY\) branch_index;", text)
+    # the branch the ingress counts is the one the checks and the slot state machine write
+    ingress = without_comments((TOFINO / "ingress.p4").read_text())
+    assert re.search(
+        r"branch_counters\.apply\(meta\.counter_index, meta\.branch, meta\.result_quorum\)", ingress
+    )
 
 
 def test_every_register_is_touched_once_per_pass_through_one_table():
@@ -204,7 +218,7 @@ def test_manifest_says_whether_the_program_fits_and_keeps_what_follows_from_it()
 
 
 def test_committed_bfrt_has_every_name_the_control_plane_uses():
-    assert build.missing_bfrt_names(committed_bfrt(), required_names()) == []
+    assert build.missing_bfrt_names(committed_bfrt(), required_bfrt_names()) == []
 
 
 def test_committed_bfrt_registers_have_the_slot_capacity_and_pair_widths():
@@ -275,7 +289,7 @@ def test_recompile_matches_committed_artifacts(tmp_path):
     if not fits:
         assert build.first_error(result) == manifest["first_error"]
     fresh = json.loads((tmp_path / "bf-rt.json").read_text())
-    assert build.missing_bfrt_names(fresh, required_names()) == []
+    assert build.missing_bfrt_names(fresh, required_bfrt_names()) == []
     assert build.bfrt_signature(fresh) == build.bfrt_signature(committed_bfrt()), (
         "p4/tofino/build/bf-rt.json is stale: .venv/bin/python p4/tofino_build.py"
     )

@@ -2,89 +2,24 @@
 #ifndef LTA_COUNTERS_GEN
 #define LTA_COUNTERS_GEN
 
-// One indirect counter per branch of the switch contract, indexed by job id (0: no known job).
-// The names are absolute so the BfRt names equal hostlib.protocol.COUNTERS.
+// Indirect counters, indexed by job id (0: no known job); the names are absolute so the BfRt
+// names are those controlplane/tofino.py maps hostlib.protocol.COUNTERS to. Ingress counts each
+// branch but rx_packets and result_quorum in `branches` at branch * LTA_MAX_JOBS + job.
 
-control IngressCheckCounters(in bit<16> index, in bit<8> branch) {
+control IngressRxCounter(in bit<16> index) {
     @name(".rx_packets") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) rx_packets_counter;
-    @name(".drop_malformed") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_malformed_counter;
-    @name(".drop_unknown_job") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_unknown_job_counter;
-    @name(".drop_slot_range") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_slot_range_counter;
-    @name(".drop_bad_worker") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_bad_worker_counter;
-    @name(".drop_policy_up") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) drop_policy_up_counter;
-    @name(".param_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_fwd_counter;
-    @name(".param_req_fwd") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) param_req_fwd_counter;
-    @name(".heartbeat") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) heartbeat_counter;
-    @name(".up_partial") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_partial_counter;
-    @name(".up_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_resend_counter;
-    @name(".down_result") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_result_counter;
-    @name(".down_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) down_stale_counter;
-    @name(".up_held") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) up_held_counter;
     apply {
         rx_packets_counter.count(index);
-        if (branch == BRANCH_DROP_MALFORMED) {
-            drop_malformed_counter.count(index);
-        } else if (branch == BRANCH_DROP_UNKNOWN_JOB) {
-            drop_unknown_job_counter.count(index);
-        } else if (branch == BRANCH_DROP_SLOT_RANGE) {
-            drop_slot_range_counter.count(index);
-        } else if (branch == BRANCH_DROP_BAD_WORKER) {
-            drop_bad_worker_counter.count(index);
-        } else if (branch == BRANCH_DROP_POLICY_UP) {
-            drop_policy_up_counter.count(index);
-        } else if (branch == BRANCH_PARAM_FWD) {
-            param_fwd_counter.count(index);
-        } else if (branch == BRANCH_PARAM_REQ_FWD) {
-            param_req_fwd_counter.count(index);
-        } else if (branch == BRANCH_HEARTBEAT) {
-            heartbeat_counter.count(index);
-        } else if (branch == BRANCH_UP_PARTIAL) {
-            up_partial_counter.count(index);
-        } else if (branch == BRANCH_UP_RESEND) {
-            up_resend_counter.count(index);
-        } else if (branch == BRANCH_DOWN_RESULT) {
-            down_result_counter.count(index);
-        } else if (branch == BRANCH_DOWN_STALE) {
-            down_stale_counter.count(index);
-        } else if (branch == BRANCH_UP_HELD) {
-            up_held_counter.count(index);
-        }
     }
 }
 
-control IngressSlotCounters(in bit<16> index, in bit<8> slot_branch, in bool result_quorum) {
-    @name(".grad_start") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_start_counter;
-    @name(".grad_add") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_add_counter;
-    @name(".grad_dup") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_dup_counter;
-    @name(".grad_late_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_late_resend_counter;
-    @name(".grad_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_stale_counter;
-    @name(".grad_exp_mismatch") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) grad_exp_mismatch_counter;
+control IngressBranchCounters(in bit<16> index, in bit<8> branch, in bool result_quorum) {
+    @name(".branches") Counter<bit<32>, bit<11>>(2048, CounterType_t.PACKETS) branches_counter;
     @name(".result_quorum") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) result_quorum_counter;
-    @name(".flush_partial") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_partial_counter;
-    @name(".flush_empty") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_empty_counter;
-    @name(".flush_resend") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_resend_counter;
-    @name(".flush_stale") Counter<bit<32>, bit<16>>(LTA_MAX_JOBS, CounterType_t.PACKETS) flush_stale_counter;
+    Hash<bit<11>>(HashAlgorithm_t.IDENTITY) branch_index;
     apply {
-        if (slot_branch == BRANCH_GRAD_START) {
-            grad_start_counter.count(index);
-        } else if (slot_branch == BRANCH_GRAD_ADD) {
-            grad_add_counter.count(index);
-        } else if (slot_branch == BRANCH_GRAD_DUP) {
-            grad_dup_counter.count(index);
-        } else if (slot_branch == BRANCH_GRAD_LATE_RESEND) {
-            grad_late_resend_counter.count(index);
-        } else if (slot_branch == BRANCH_GRAD_STALE) {
-            grad_stale_counter.count(index);
-        } else if (slot_branch == BRANCH_GRAD_EXP_MISMATCH) {
-            grad_exp_mismatch_counter.count(index);
-        } else if (slot_branch == BRANCH_FLUSH_PARTIAL) {
-            flush_partial_counter.count(index);
-        } else if (slot_branch == BRANCH_FLUSH_EMPTY) {
-            flush_empty_counter.count(index);
-        } else if (slot_branch == BRANCH_FLUSH_RESEND) {
-            flush_resend_counter.count(index);
-        } else if (slot_branch == BRANCH_FLUSH_STALE) {
-            flush_stale_counter.count(index);
+        if (branch != BRANCH_NONE) {
+            branches_counter.count(branch_index.get({branch[4:0], index[5:0]}));
         }
         if (result_quorum) { result_quorum_counter.count(index); }
     }

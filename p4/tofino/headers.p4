@@ -132,8 +132,7 @@ struct ingress_metadata_t {
     // slot state machine (pass 1)
     bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
-    bit<8>  branch;       // decided by the checks and the up-loss policy
-    bit<8>  slot_branch;  // decided by the slot state machine (slot_update.p4)
+    bit<8>  branch;       // decided by the checks and the up-loss policy, or the slot state machine
     bool    result_quorum;
     bit<16> counter_index;
 }

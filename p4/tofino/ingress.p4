@@ -26,8 +26,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     SlotUpdate() slot_update;
     SlotElements() elements;
     ResultEmit() result_emit;
-    IngressCheckCounters() check_counters;
-    IngressSlotCounters() slot_counters;
+    IngressRxCounter() rx_counter;
+    IngressBranchCounters() branch_counters;
     @name(".worker_rx")
     Counter<bit<32>, bit<12>>(LTA_MAX_JOBS * LTA_MAX_WORKERS, CounterType_t.PACKETS) worker_rx;
     Hash<bit<12>>(HashAlgorithm_t.IDENTITY) worker_rx_hash;
@@ -65,7 +65,6 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     apply {
         ig_dprsr_md.drop_ctl = 1;  // nothing leaves unless a branch below says so
         meta.branch = BRANCH_NONE;
-        meta.slot_branch = BRANCH_NONE;
         meta.result_quorum = false;
         meta.policy_drop = false;
         // Element and harvest passes are internal packets: nothing is checked or counted again.
@@ -167,7 +166,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             }
         }
         if (lta_packet) {
-            check_counters.apply(meta.counter_index, meta.branch);  // final here: the slot's come later
+            rx_counter.apply(meta.counter_index);  // here: Tofino 1 places tables in applied order
         }
 
         if (recirculated || to_slot) {
@@ -194,7 +193,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             recirculate();
         }
         if (lta_packet) {
-            slot_counters.apply(meta.counter_index, meta.slot_branch, meta.result_quorum);
+            // The branch: the checks', or (to_slot) the slot state machine's.
+            branch_counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
         }
     }
 }

@@ -367,9 +367,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
             if (round == ROUND_OLDER) {
                 if (hdr.lta.op == OP_GRAD) {
-                    meta.slot_branch = BRANCH_GRAD_STALE;
+                    meta.branch = BRANCH_GRAD_STALE;
                 } else {
-                    meta.slot_branch = BRANCH_FLUSH_STALE;
+                    meta.branch = BRANCH_FLUSH_STALE;
                 }
             } else if (newer && hdr.lta.op == OP_GRAD) {
                 // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
@@ -389,7 +389,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 result_access = ACCESS_SET;
             } else if (hdr.lta.op == OP_FLUSH) {
                 if (flushed) {
-                    meta.slot_branch = BRANCH_FLUSH_RESEND;
+                    meta.branch = BRANCH_FLUSH_RESEND;
                 } else {
                     // Close the round if it is open: the bitmap so far becomes the RESULT's.
                     bitmap_access = ACCESS_READ_LO;
@@ -398,7 +398,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     result_flags = closed_flags;
                 }
             } else if (flushed) {
-                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
+                meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
             } else if (same_exp) {
                 bitmap_access = ACCESS_TEST_SET;
             } else {
@@ -460,7 +460,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         if (control_pass) {
             // The branch, and what the next passes do.
             if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
-                meta.slot_branch = BRANCH_GRAD_START;
+                meta.branch = BRANCH_GRAD_START;
                 if (quorum_of_one) {
                     meta.result_quorum = true;
                     to_element_pass(ELEMENT_OP_STORE, EMIT_MULTICAST);
@@ -468,18 +468,18 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     to_element_pass(ELEMENT_OP_STORE, EMIT_NONE);
                 }
             } else if (bitmap_access == ACCESS_CLEAR) {
-                meta.slot_branch = BRANCH_FLUSH_EMPTY;
+                meta.branch = BRANCH_FLUSH_EMPTY;
                 to_element_pass(ELEMENT_OP_CLEAR, EMIT_MULTICAST);  // stores zeros
             } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
                 if (was_closed) {
-                    meta.slot_branch = BRANCH_FLUSH_RESEND;
+                    meta.branch = BRANCH_FLUSH_RESEND;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
-                    meta.slot_branch = BRANCH_FLUSH_PARTIAL;
+                    meta.branch = BRANCH_FLUSH_PARTIAL;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
-                meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
+                meta.branch = BRANCH_GRAD_LATE_RESEND;
                 if (was_closed) {
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else {
@@ -487,7 +487,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
                 }
             } else if (result_access == ACCESS_OR_CLOSE) {
-                meta.slot_branch = BRANCH_GRAD_ADD;
+                meta.branch = BRANCH_GRAD_ADD;
                 bit<8> op = ELEMENT_OP_ADD;
                 if ((round & ROUND_MAX) != 0) {
                     op = ELEMENT_OP_MAX;
@@ -500,14 +500,14 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
                 }
             } else if (result_access == ACCESS_READ_HI) {
                 if (was_closed) {
-                    meta.slot_branch = BRANCH_GRAD_LATE_RESEND;
+                    meta.branch = BRANCH_GRAD_LATE_RESEND;
                     to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
                 } else if (seen) {
-                    meta.slot_branch = BRANCH_GRAD_DUP;
+                    meta.branch = BRANCH_GRAD_DUP;
                 } else {
-                    meta.slot_branch = BRANCH_GRAD_EXP_MISMATCH;
+                    meta.branch = BRANCH_GRAD_EXP_MISMATCH;
                 }
-            } else if (meta.slot_branch == BRANCH_FLUSH_RESEND || meta.slot_branch == BRANCH_GRAD_LATE_RESEND) {
+            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
                 to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);  // closed by a FLUSH
             }
         } else if (element_pass && emits) {
