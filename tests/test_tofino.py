@@ -88,11 +88,13 @@ def test_every_register_is_touched_once_per_pass_through_one_table():
     """A Tofino register is read and written by one stateful ALU access per pass: each slot register's
     register actions are executed from the actions of exactly one table (its access table)."""
     text = without_comments((TOFINO / "slot_update.p4").read_text())
-    for register in ("slot_seq", "slot_bitmap", "slot_count", "slot_result"):
+    for register in ("slot_seq", "slot_round", "slot_bitmap", "slot_count", "slot_result"):
         actions = re.findall(rf"RegisterAction<[\w<>, ]*>\({register}\)\s+(\w+)", text)
         assert 1 <= len(actions) <= 4, f"{register}: {len(actions)} register actions (Tofino 1 allows 4)"
         callers = {
-            m for a in actions for m in re.findall(rf"action\s+(\w+)\(\)\s*\{{[^}}]*\b{a}\.execute", text)
+            m
+            for a in actions
+            for m in re.findall(rf"action\s+(\w+)\([^)]*\)\s*\{{[^}}]*\b{a}\.execute", text)
         }
         tables = {
             t

@@ -132,6 +132,11 @@ struct ingress_metadata_t {
     // slot state machine (pass 1)
     bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
+    bit<32> closed_flags; // RESULT_CLOSED | worker_id << 8
+    bit<32> packet_round; // exp | MAX << 8 | FLUSHED << 9 (a FLUSH)
+    bit<32> sat_flags;    // the packet's FLAG_SATURATED
+    bit<8>  slot_mode;    // slot_update.p4's MODE_*
+    bit<1>  quorum_of_one;
     bit<8>  branch;       // decided by the checks and the up-loss policy, or the slot state machine
     bool    result_quorum;
     bit<16> counter_index;

@@ -23,6 +23,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     JobLookup() job_lookup;
     WorkerCheck() worker_check;
     DropPolicy() up_loss;
+    SlotPrep() slot_prep;
     SlotUpdate() slot_update;
     SlotElements() elements;
     ResultEmit() result_emit;
@@ -89,6 +90,10 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 job_lookup.apply(hdr.lta, meta);
                 slot_range.apply();
             }
+        }
+        // No side effect: the slot index, the sender's bit, the round word and the mode, early.
+        slot_prep.apply(hdr, meta);
+        if (lta_packet) {
             if (meta.job_known) {
                 meta.counter_index = hdr.lta.job_id;
             } else {

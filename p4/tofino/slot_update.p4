@@ -1,11 +1,15 @@
 // Slot update (Tofino): the GRAD / FLUSH state machine of docs/protocol.md on one slot, in the control
 // pass, and the reads of the stored RESULT fields in the element and harvest passes.
 // Tofino lets a pass touch each register once, through one stateful ALU that returns one 32-bit word,
-// so the slot is four registers read in dependency order, each updated by the same access that reads it:
-//   slot_seq     {seq, round: exp | MAX << 8 | FLUSHED << 9}   order of q against seq; exp check; FLUSH
+// so the slot is five registers read in dependency order, each updated by the same access that reads it:
+//   slot_seq     seq: answers the order of q against it as a predicate (older 1, newer 2, same 4)
+//   slot_round   exp | MAX << 8 | FLUSHED << 9: answers its XOR with the packet's (exp check, FLUSHED)
 //   slot_bitmap  raw bitmap: test-and-set of the sender's bit  (duplicates)
-//   slot_count   {count, weight}, add only while count < quorum (quorum closure is atomic here)
+//   slot_count   {count, weight}, add only while count < quorum: answers not added 1, added 2, closing 8
 //   slot_result  {bitmap at closure, CLOSED | closer << 8 | SATURATED}
+// Each register's table is keyed on the answers of the registers before it (and the sender's bit, for
+// the duplicate test), so the chain is one stage per register plus one that prepares slot_result's
+// inputs and one that decides the branch.
 // A late GRAD to a round closed by quorum still sets its bit in slot_bitmap (that register is read before
 // slot_count says the round is closed); RESULTs therefore take their bitmap from slot_result, written at
 // closure, never from slot_bitmap.
@@ -15,103 +19,157 @@
 #include "headers.p4"
 #include "slot_elements.gen.p4"
 
-// slot_seq's answer in the control pass: the round's word when q == seq, else one of these codes.
-const bit<32> ROUND_NEWER = 0x80000000;  // q > seq: the register now holds round q
-const bit<32> ROUND_OLDER = 0x40000000;  // q < seq
-const bit<32> ROUND_EXP_MASK = 0x1ff;    // exp and MAX: must equal the packet's to add
 const bit<32> ROUND_MAX = 0x100;
 const bit<32> ROUND_FLUSHED = 0x200;
-// slot_count's answer when the round already has its quorum: nothing added.
-const bit<32> COUNT_NOT_ADDED = 0xffffffff;
-// slot_result's hi word.
 const bit<32> RESULT_CLOSED = 0x80000000;
 
-// Accesses (each register has one table choosing its register action from these codes).
-const bit<8> ACCESS_NONE = 0;
-const bit<8> ACCESS_GRAD = 1;     // slot_seq
-const bit<8> ACCESS_FLUSH = 2;    // slot_seq
-const bit<8> ACCESS_SET = 3;      // slot_bitmap, slot_count, slot_result: a new round
-const bit<8> ACCESS_TEST_SET = 4; // slot_bitmap
-const bit<8> ACCESS_ADD = 5;      // slot_count
-const bit<8> ACCESS_OR_CLOSE = 6; // slot_result
-const bit<8> ACCESS_READ_LO = 7;  // every register: the lo word (slot_seq: the round word)
-const bit<8> ACCESS_READ_HI = 8;
-const bit<8> ACCESS_HARVEST = 10; // slot_result in the harvest pass: read hi into the header
-const bit<8> ACCESS_CLEAR = 9;    // slot_bitmap: a new round opened by FLUSH (empty)
+// meta.slot_mode: which pass, and in the control pass which op.
+const bit<8> MODE_NONE = 0;
+const bit<8> MODE_GRAD = 1;
+const bit<8> MODE_FLUSH = 2;
+const bit<8> MODE_EMIT = 3;     // element pass of a packet that leaves as a RESULT
+const bit<8> MODE_HARVEST = 4;
+
+// slot_seq's answer: this.predicate(q > seq, q == seq) is 1 << (cmplo + 2 * cmphi).
+const bit<8> SEQ_OLDER = 1;
+const bit<8> SEQ_NEWER = 2;
+const bit<8> SEQ_SAME = 4;
+// slot_count's answer: this.predicate(count < quorum, count + 1 == quorum); SEEN: not accessed (duplicate).
+const bit<8> COUNT_NOT_ADDED = 1;
+const bit<8> COUNT_ADDED = 2;
+const bit<8> COUNT_CLOSING = 8;
+const bit<8> COUNT_SEEN = 16;
+
+// What slot_bitmap's table did (its action writes the code).
+const bit<8> BITMAP_STALE = 1;         // q < seq
+const bit<8> BITMAP_SET = 2;           // GRAD opens round q
+const bit<8> BITMAP_CLEAR = 3;         // FLUSH opens round q (empty)
+const bit<8> BITMAP_FLUSH_RESEND = 4;  // FLUSH of a round already flushed
+const bit<8> BITMAP_FLUSH_CLOSE = 5;   // FLUSH closes the round (bitmap read)
+const bit<8> BITMAP_LATE_FLUSHED = 6;  // GRAD to a round closed by FLUSH
+const bit<8> BITMAP_TEST_SET = 7;      // GRAD, same exponent
+const bit<8> BITMAP_EXP_OTHER = 8;     // GRAD, another exponent or MAX flag (bitmap read)
+// What slot_result's prepared access is.
+const bit<8> RESULT_SET = 1;
+const bit<8> RESULT_OR_CLOSE = 2;
+const bit<8> RESULT_READ_LO = 3;
+const bit<8> RESULT_READ_HI = 4;
+const bit<8> RESULT_HARVEST = 5;
+
+// Before the checks end (no side effect): the slot index, the sender's bit, the packet's round word,
+// the mode. Applied early: Tofino 1 places tables in the order they are applied.
+control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
+    WorkerBit() worker_bit;
+    apply {
+        meta.slot_mode = MODE_NONE;
+        meta.quorum_of_one = 0;
+        if (meta.quorum <= 1) {
+            meta.quorum_of_one = 1;
+        }
+        meta.sat_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
+        if (!hdr.pass.isValid()) {
+            meta.slot_index = meta.slot_base + hdr.lta.slot;
+            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, meta.closed_flags);
+            meta.packet_round = (bit<32>)hdr.lta.exp;
+            if ((hdr.lta.flags & FLAG_MAX) != 0) {
+                meta.packet_round = meta.packet_round | ROUND_MAX;
+            }
+            if (hdr.lta.op == OP_GRAD) {
+                meta.slot_mode = MODE_GRAD;
+            } else if (hdr.lta.op == OP_FLUSH) {
+                // FLUSH: a round it opens is flushed; slot_count's {count, weight} then {0, 0} (the
+                // later passes take the RESULT's weight from the register).
+                meta.slot_mode = MODE_FLUSH;
+                meta.packet_round = meta.packet_round | ROUND_FLUSHED;
+                meta.quorum = 0;
+                hdr.lta.weight = 0;
+            }
+        } else {
+            meta.slot_index = hdr.pass.slot_index;
+            if (hdr.pass.pass != PASS_ELEMENTS) {
+                meta.slot_mode = MODE_HARVEST;
+            } else if (hdr.pass.emit != EMIT_NONE) {
+                meta.slot_mode = MODE_EMIT;
+            }
+        }
+    }
+}
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
-    WorkerBit() worker_bit;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_count;
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_result;
 
-    bit<32> packet_round;  // exp | MAX << 8 of this packet
-    bit<32> old_seq;       // slot_seq's answer: the seq it held
-    bit<32> round;         // slot_round's answer (ROUND_NEWER / ROUND_OLDER when q differs)
+    bit<8>  seq_code;
+    bit<32> round;         // slot_round's answer
     bit<32> old_bitmap;
-    bit<32> count;         // slot_count's answer
+    bit<8>  bitmap_code;
+    bit<8>  count_code;
+    bit<8>  result_code;
+    bit<32> res_bitmap;    // slot_result's inputs
+    bit<32> res_flags;
     bit<32> result_hi;     // slot_result's answer
-    bit<32> result_flags;  // what slot_result's hi takes (ORed, or set on a new round)
-    bit<32> closed_flags;  // RESULT_CLOSED | worker_id << 8 (from WorkerBit's table)
-    bit<1>  closing;
-    bit<8>  seq_access;
-    bit<8>  round_access;
-    bit<8>  bitmap_access;
-    bit<8>  count_access;
-    bit<8>  result_access;
 
-    // ---- slot_seq: the round number; slot_round: exp | MAX << 8 | FLUSHED << 9 ----------------------
-    // A stateful ALU answers one word from one source (memory, its ALU, or its predicate), so slot_seq
-    // answers the seq it held and the order of q against it is decided from that answer; slot_round,
-    // the next register, is then written (a new round), read, or read and marked FLUSHED.
-    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_seq) seq_order = {
-        void apply(inout bit<32> value, out bit<32> rv) {
-            rv = value;
+    // ---- slot_seq ----------------------------------------------------------------------------------
+    RegisterAction<bit<32>, bit<16>, bit<8>>(slot_seq) seq_order = {
+        void apply(inout bit<32> value, out bit<8> rv) {
+            rv = this.predicate(hdr.lta.seq > value, hdr.lta.seq == value);
             if (hdr.lta.seq > value) {
                 value = hdr.lta.seq;
             }
         }
     };
-    action do_seq_order() { old_seq = seq_order.execute(meta.slot_index); }
+    action do_seq_order() { seq_code = seq_order.execute(meta.slot_index); }
     table seq_access_table {
-        key = { seq_access: exact @name("access"); }
+        key = { meta.slot_mode: exact @name("mode"); }
         actions = { do_seq_order; NoAction; }
         const entries = {
-            ACCESS_GRAD: do_seq_order();
-            ACCESS_FLUSH: do_seq_order();
+            MODE_GRAD: do_seq_order();
+            MODE_FLUSH: do_seq_order();
         }
         const default_action = NoAction();
         size = 4;
     }
 
+    // ---- slot_round: set (newer), read (element pass), or answered as its XOR with the packet's word:
+    // bits 8:0 zero exactly when exp and MAX agree; bit 9 the FLUSHED mark (inverted for a FLUSH,
+    // whose word carries FLUSHED) ----
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_set = {
-        void apply(inout bit<32> value, out bit<32> rv) { value = packet_round; rv = value; }
+        void apply(inout bit<32> value, out bit<32> rv) { value = meta.packet_round; rv = 0; }
     };
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_compare = {
+        void apply(inout bit<32> value, out bit<32> rv) { rv = value ^ meta.packet_round; }
+    };
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_flush = {
-        void apply(inout bit<32> value, out bit<32> rv) { rv = value; value = value | ROUND_FLUSHED; }
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value ^ meta.packet_round;
+            value = value | ROUND_FLUSHED;
+        }
     };
     action do_round_set() { round = round_set.execute(meta.slot_index); }
     action do_round_read() { round = round_read.execute(meta.slot_index); }
+    action do_round_compare() { round = round_compare.execute(meta.slot_index); }
     action do_round_flush() { round = round_flush.execute(meta.slot_index); }
     table round_access_table {
-        key = { round_access: exact @name("access"); }
-        actions = { do_round_set; do_round_read; do_round_flush; NoAction; }
+        key = { meta.slot_mode: exact @name("mode"); seq_code: exact @name("seq"); }
+        actions = { do_round_set; do_round_read; do_round_compare; do_round_flush; NoAction; }
         const entries = {
-            ACCESS_SET: do_round_set();
-            ACCESS_READ_LO: do_round_read();
-            ACCESS_FLUSH: do_round_flush();
+            (MODE_GRAD, SEQ_NEWER): do_round_set();
+            (MODE_FLUSH, SEQ_NEWER): do_round_set();
+            (MODE_GRAD, SEQ_SAME): do_round_compare();
+            (MODE_FLUSH, SEQ_SAME): do_round_flush();
+            (MODE_EMIT, 0): do_round_read();
         }
         const default_action = NoAction();
-        size = 4;
+        size = 8;
     }
 
-    // ---- slot_bitmap -----------------------------------------------------------------------------
-    // A new round: the sender's bit (GRAD), or 0 (FLUSH of an unseen round).
+    // ---- slot_bitmap: keyed on slot_seq's and slot_round's answers -----------------------------------
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_set = {
         void apply(inout bit<32> value, out bit<32> rv) { value = meta.worker_bit; rv = value; }
     };
@@ -124,43 +182,54 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
-    action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); }
-    action do_bitmap_clear() { old_bitmap = bitmap_clear.execute(meta.slot_index); }
-    action do_bitmap_test_set() { old_bitmap = bitmap_test_set.execute(meta.slot_index); }
-    action do_bitmap_read() { old_bitmap = bitmap_read.execute(meta.slot_index); }
+    action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); bitmap_code = BITMAP_SET; }
+    action do_bitmap_clear() { old_bitmap = bitmap_clear.execute(meta.slot_index); bitmap_code = BITMAP_CLEAR; }
+    action do_bitmap_test_set() {
+        old_bitmap = bitmap_test_set.execute(meta.slot_index);
+        bitmap_code = BITMAP_TEST_SET;
+    }
+    action do_bitmap_read(bit<8> code) { old_bitmap = bitmap_read.execute(meta.slot_index); bitmap_code = code; }
+    action no_bitmap(bit<8> code) { bitmap_code = code; }
     table bitmap_access_table {
-        key = { bitmap_access: exact @name("access"); }
-        actions = { do_bitmap_set; do_bitmap_clear; do_bitmap_test_set; do_bitmap_read; NoAction; }
-        const entries = {
-            ACCESS_SET: do_bitmap_set();
-            ACCESS_CLEAR: do_bitmap_clear();
-            ACCESS_TEST_SET: do_bitmap_test_set();
-            ACCESS_READ_LO: do_bitmap_read();
+        key = {
+            meta.slot_mode: exact @name("mode");
+            seq_code: ternary @name("seq");
+            round: ternary @name("round");
         }
-        const default_action = NoAction();
-        size = 4;
+        actions = { do_bitmap_set; do_bitmap_clear; do_bitmap_test_set; do_bitmap_read; no_bitmap; }
+        const entries = {
+            (MODE_GRAD, SEQ_OLDER, _): no_bitmap(BITMAP_STALE);
+            (MODE_FLUSH, SEQ_OLDER, _): no_bitmap(BITMAP_STALE);
+            (MODE_GRAD, SEQ_NEWER, _): do_bitmap_set();
+            (MODE_FLUSH, SEQ_NEWER, _): do_bitmap_clear();
+            // FLUSH: its word carries FLUSHED, so bit 9 of the XOR is 0 when the round was flushed
+            (MODE_FLUSH, SEQ_SAME, 32w0 &&& ROUND_FLUSHED): no_bitmap(BITMAP_FLUSH_RESEND);
+            (MODE_FLUSH, SEQ_SAME, _): do_bitmap_read(BITMAP_FLUSH_CLOSE);
+            (MODE_GRAD, SEQ_SAME, ROUND_FLUSHED &&& ROUND_FLUSHED): no_bitmap(BITMAP_LATE_FLUSHED);
+            (MODE_GRAD, SEQ_SAME, 32w0 &&& 32w0x1ff): do_bitmap_test_set();
+            (MODE_GRAD, SEQ_SAME, _): do_bitmap_read(BITMAP_EXP_OTHER);
+        }
+        const default_action = no_bitmap(0);
+        size = 16;
     }
 
-    // ---- slot_count {count, weight} --------------------------------------------------------------
-    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH of an unseen round: the control pass sets
-    // the packet's weight and meta.quorum to 0 for it, and later passes overwrite the header's weight
-    // from the register). A register has at most 4 register actions and its stateful ALU at most
-    // 2 PHV inputs on Tofino: slot_count's actions read only meta.quorum and hdr.lta.weight.
-    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_set = {
-        void apply(inout slot_pair_t value, out bit<32> rv) {
+    // ---- slot_count {count, weight}: keyed on slot_bitmap's code and answer (the sender's bit in it) --
+    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH: SlotPrep set its quorum and weight to 0). A
+    // register has at most 4 register actions and its stateful ALU at most 2 PHV inputs on Tofino:
+    // slot_count's actions read only meta.quorum and hdr.lta.weight.
+    RegisterAction<slot_pair_t, bit<16>, bit<8>>(slot_count) count_set = {
+        void apply(inout slot_pair_t value) {
             if (meta.quorum == 0) {
                 value.lo = 0;
             } else {
                 value.lo = 1;
             }
             value.hi = hdr.lta.weight;
-            rv = value.lo;
         }
     };
-    // Answers the count it held: the packet was added when that was below the quorum.
-    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_add = {
-        void apply(inout slot_pair_t value, out bit<32> rv) {
-            rv = value.lo;
+    RegisterAction<slot_pair_t, bit<16>, bit<8>>(slot_count) count_add = {
+        void apply(inout slot_pair_t value, out bit<8> rv) {
+            rv = this.predicate(value.lo < meta.quorum, value.lo + 1 == meta.quorum);
             if (value.lo < meta.quorum) {
                 value.lo = value.lo + 1;
                 value.hi = value.hi + hdr.lta.weight;
@@ -173,45 +242,168 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_read_hi = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
     };
-    action do_count_set() { count = count_set.execute(meta.slot_index); }
-    action do_count_add() { count = count_add.execute(meta.slot_index); }
-    // The element pass writes the stored count straight into the header (an 8-bit field cannot take
-    // a slice of a 32-bit one that is also added to).
+    action do_count_set() { count_set.execute(meta.slot_index); }
+    action do_count_add() { count_code = count_add.execute(meta.slot_index); }
+    action count_seen() { count_code = COUNT_SEEN; }
+    // The element pass writes the stored count straight into the header, the harvest pass the weight.
     action do_count_read_lo() { hdr.lta.count = (bit<8>)count_read_lo.execute(meta.slot_index); }
-    // Harvest pass: the weight straight into the header.
     action do_count_read_hi() { hdr.lta.weight = count_read_hi.execute(meta.slot_index); }
     table count_access_table {
-        key = { count_access: exact @name("access"); }
-        actions = { do_count_set; do_count_add; do_count_read_lo; do_count_read_hi; NoAction; }
+        key = {
+            meta.slot_mode: exact @name("mode");
+            bitmap_code: exact @name("bitmap");
+            old_bitmap: ternary @name("old_bitmap");
+            hdr.lta.worker_id: ternary @name("worker_id");
+        }
+        actions = { do_count_set; do_count_add; count_seen; do_count_read_lo; do_count_read_hi; NoAction; }
         const entries = {
-            ACCESS_SET: do_count_set();
-            ACCESS_ADD: do_count_add();
-            ACCESS_READ_LO: do_count_read_lo();
-            ACCESS_READ_HI: do_count_read_hi();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000001 &&& 32w0x00000001, 0): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000001 &&& 32w0x00000001, 0): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000002 &&& 32w0x00000002, 1): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000002 &&& 32w0x00000002, 1): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000004 &&& 32w0x00000004, 2): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000004 &&& 32w0x00000004, 2): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000008 &&& 32w0x00000008, 3): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000008 &&& 32w0x00000008, 3): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000010 &&& 32w0x00000010, 4): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000010 &&& 32w0x00000010, 4): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000020 &&& 32w0x00000020, 5): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000020 &&& 32w0x00000020, 5): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000040 &&& 32w0x00000040, 6): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000040 &&& 32w0x00000040, 6): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000080 &&& 32w0x00000080, 7): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000080 &&& 32w0x00000080, 7): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000100 &&& 32w0x00000100, 8): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000100 &&& 32w0x00000100, 8): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000200 &&& 32w0x00000200, 9): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000200 &&& 32w0x00000200, 9): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000400 &&& 32w0x00000400, 10): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000400 &&& 32w0x00000400, 10): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000800 &&& 32w0x00000800, 11): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000800 &&& 32w0x00000800, 11): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00001000 &&& 32w0x00001000, 12): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00001000 &&& 32w0x00001000, 12): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00002000 &&& 32w0x00002000, 13): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00002000 &&& 32w0x00002000, 13): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00004000 &&& 32w0x00004000, 14): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00004000 &&& 32w0x00004000, 14): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00008000 &&& 32w0x00008000, 15): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00008000 &&& 32w0x00008000, 15): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00010000 &&& 32w0x00010000, 16): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00010000 &&& 32w0x00010000, 16): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00020000 &&& 32w0x00020000, 17): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00020000 &&& 32w0x00020000, 17): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00040000 &&& 32w0x00040000, 18): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00040000 &&& 32w0x00040000, 18): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00080000 &&& 32w0x00080000, 19): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00080000 &&& 32w0x00080000, 19): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00100000 &&& 32w0x00100000, 20): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00100000 &&& 32w0x00100000, 20): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00200000 &&& 32w0x00200000, 21): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00200000 &&& 32w0x00200000, 21): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00400000 &&& 32w0x00400000, 22): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00400000 &&& 32w0x00400000, 22): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00800000 &&& 32w0x00800000, 23): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00800000 &&& 32w0x00800000, 23): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x01000000 &&& 32w0x01000000, 24): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x01000000 &&& 32w0x01000000, 24): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x02000000 &&& 32w0x02000000, 25): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x02000000 &&& 32w0x02000000, 25): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x04000000 &&& 32w0x04000000, 26): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x04000000 &&& 32w0x04000000, 26): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x08000000 &&& 32w0x08000000, 27): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x08000000 &&& 32w0x08000000, 27): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x10000000 &&& 32w0x10000000, 28): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x10000000 &&& 32w0x10000000, 28): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x20000000 &&& 32w0x20000000, 29): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x20000000 &&& 32w0x20000000, 29): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x40000000 &&& 32w0x40000000, 30): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x40000000 &&& 32w0x40000000, 30): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x80000000 &&& 32w0x80000000, 31): count_seen();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x80000000 &&& 32w0x80000000, 31): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, _, _): do_count_add();
+            (MODE_GRAD, BITMAP_SET, _, _): do_count_set();
+            (MODE_FLUSH, BITMAP_CLEAR, _, _): do_count_set();
+            (MODE_EMIT, 0, _, _): do_count_read_lo();
+            (MODE_HARVEST, 0, _, _): do_count_read_hi();
         }
         const default_action = NoAction();
-        size = 8;
+        size = 80;
+    }
+
+    // ---- slot_result's inputs (its stateful ALU takes two PHV words: res_bitmap, res_flags) ----------
+    // grad_start: closed at once, its bit the bitmap, when the quorum is 1
+    action prep_start() { res_bitmap = 0; res_flags = meta.sat_flags; result_code = RESULT_SET; }
+    action prep_start_closed() {
+        res_bitmap = meta.worker_bit;
+        res_flags = meta.sat_flags | meta.closed_flags;
+        result_code = RESULT_SET;
+    }
+    action prep_flush_empty() { res_bitmap = 0; res_flags = meta.closed_flags; result_code = RESULT_SET; }
+    // FLUSH closing an open round, or a GRAD not added (the quorum reached before it): closed with the
+    // bitmap of the contributions the round has.
+    action prep_close() { res_bitmap = old_bitmap; res_flags = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_add_close() {
+        res_bitmap = old_bitmap | meta.worker_bit;
+        res_flags = meta.sat_flags | meta.closed_flags;
+        result_code = RESULT_OR_CLOSE;
+    }
+    action prep_add() { res_flags = meta.sat_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_access(bit<8> code) { result_code = code; }
+    table result_prep {
+        key = {
+            meta.slot_mode: exact @name("mode");
+            bitmap_code: exact @name("bitmap");
+            count_code: exact @name("count");
+            meta.quorum_of_one: exact @name("quorum_of_one");
+        }
+        actions = { prep_start; prep_start_closed; prep_flush_empty; prep_close; prep_add_close; prep_add; prep_access; NoAction; }
+        const entries = {
+            (MODE_GRAD, BITMAP_SET, 0, 0): prep_start();
+            (MODE_GRAD, BITMAP_SET, 0, 1): prep_start_closed();
+            (MODE_FLUSH, BITMAP_CLEAR, 0, 0): prep_flush_empty();
+            (MODE_FLUSH, BITMAP_CLEAR, 0, 1): prep_flush_empty();
+            (MODE_FLUSH, BITMAP_FLUSH_CLOSE, 0, 0): prep_close();
+            (MODE_FLUSH, BITMAP_FLUSH_CLOSE, 0, 1): prep_close();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, 0): prep_close();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, 1): prep_close();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, 0): prep_add_close();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, 1): prep_add_close();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, 0): prep_add();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, 1): prep_add();
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, 0): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, 1): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_EXP_OTHER, 0, 0): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_EXP_OTHER, 0, 1): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, 0): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, 1): prep_access(RESULT_READ_HI);
+            (MODE_EMIT, 0, 0, 0): prep_access(RESULT_READ_LO);
+            (MODE_EMIT, 0, 0, 1): prep_access(RESULT_READ_LO);
+            (MODE_HARVEST, 0, 0, 0): prep_access(RESULT_HARVEST);
+            (MODE_HARVEST, 0, 0, 1): prep_access(RESULT_HARVEST);
+        }
+        const default_action = NoAction();
+        size = 32;
     }
 
     // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = old_bitmap;  // by then the bitmap slot_result takes
-            value.hi = result_flags;
+            value.lo = res_bitmap;
+            value.hi = res_flags;
             rv = 0;
         }
     };
-    // Closes an open round (closing == 1) or only ORs SATURATED in; answers the hi word it found, so
-    // the caller learns whether the round was already closed.
+    // Closes an open round (res_flags carries RESULT_CLOSED) or only ORs SATURATED in; answers the hi
+    // word it found, so the caller learns whether the round was already closed.
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_or_close = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
-                // closing == 1 exactly when result_flags carries RESULT_CLOSED (2 PHV inputs at most)
-                if (result_flags >= RESULT_CLOSED) {
-                    value.lo = old_bitmap;  // by then the bitmap slot_result takes
+                if (res_flags >= RESULT_CLOSED) {
+                    value.lo = res_bitmap;
                 }
-                value.hi = value.hi | result_flags;
+                value.hi = value.hi | res_flags;
             }
         }
     };
@@ -223,7 +415,6 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     };
     action do_result_set() { result_hi = result_set.execute(meta.slot_index); }
     action do_result_or_close() { result_hi = result_or_close.execute(meta.slot_index); }
-    // The element pass writes the bitmap at closure straight into the header.
     action do_result_read_lo() { hdr.lta.bitmap = (bit<64>)result_read_lo.execute(meta.slot_index); }
     action do_result_read_hi() { result_hi = result_read_hi.execute(meta.slot_index); }
     // Harvest pass: the closer and SATURATED straight from the register's answer into the header
@@ -234,283 +425,99 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         hdr.lta.flags[1:1] = hi[1:1];  // FLAG_SATURATED
     }
     table result_access_table {
-        key = { result_access: exact @name("access"); }
+        key = { result_code: exact @name("access"); }
         actions = { do_result_set; do_result_or_close; do_result_read_lo; do_result_read_hi;
                     do_result_harvest; NoAction; }
         const entries = {
-            ACCESS_SET: do_result_set();
-            ACCESS_OR_CLOSE: do_result_or_close();
-            ACCESS_READ_LO: do_result_read_lo();
-            ACCESS_READ_HI: do_result_read_hi();
-            ACCESS_HARVEST: do_result_harvest();
+            RESULT_SET: do_result_set();
+            RESULT_OR_CLOSE: do_result_or_close();
+            RESULT_READ_LO: do_result_read_lo();
+            RESULT_READ_HI: do_result_read_hi();
+            RESULT_HARVEST: do_result_harvest();
         }
         const default_action = NoAction();
         size = 8;
     }
 
-    // Keyless tables hold what a later gateway tests (Tofino's gateways compare fields with constants;
-    // the compiler would fold a temporary back into the condition): the order of q against seq (the
-    // saturating q |-| seq is nonzero exactly when q > seq, unsigned, as the register action compares;
-    // the XOR is zero exactly when q == seq), the exponent's XOR, the sender's bit in the old bitmap,
-    // and quorum |-| count (0: the quorum was reached before this packet; 1: this packet reaches it).
-    bit<32> seq_ahead;
-    bit<32> exp_xor;
-    bit<32> seen_bits;
-    action compute_seq_order() {
-        seq_ahead = hdr.lta.seq |-| old_seq;
-        old_seq = hdr.lta.seq ^ old_seq;  // in place (PHV is scarce): 0 exactly when q == seq
-    }
-    table seq_compare {
-        actions = { compute_seq_order; }
-        const default_action = compute_seq_order();
-        size = 1;
-    }
-    action compute_exp_xor() { exp_xor = round ^ packet_round; }
-    table exp_compare {
-        actions = { compute_exp_xor; }
-        const default_action = compute_exp_xor();
-        size = 1;
-    }
-    action compute_seen() { seen_bits = old_bitmap & meta.worker_bit; }
-    table seen_compare {
-        actions = { compute_seen; }
-        const default_action = compute_seen();
-        size = 1;
-    }
-    // In place (PHV is scarce): count becomes quorum |-| count; only whether and how the packet was
-    // added is used after this in the control pass.
-    action compute_count_room() { count = meta.quorum |-| count; }
-    table count_compare {
-        actions = { compute_count_room; }
-        const default_action = compute_count_room();
-        size = 1;
-    }
-
-    // Recirculate for the element pass: the pass header rides in front of the Ethernet header.
-    action to_element_pass(bit<8> element_op, bit<8> emit) {
+    // ---- the branch, and what the next passes do ----------------------------------------------------
+    action finish(bit<8> branch) { meta.branch = branch; }
+    // Recirculate for the element pass: the pass header rides in front of the Ethernet header
+    // (slot_index and mcast_grp are copied where the packet recirculates, ingress.p4).
+    action finish_pass(bit<8> branch, bit<8> element_op, bit<8> emit) {
+        meta.branch = branch;
         hdr.pass_out.setValid();
         hdr.pass_out.pass = PASS_ELEMENTS;
         hdr.pass_out.element_op = element_op;
         hdr.pass_out.emit = emit;
-        // slot_index and mcast_grp are copied where the packet recirculates (ingress.p4): one action
-        // may not write constants and several PHV sources into the pass header's containers.
+    }
+    action finish_quorum(bit<8> branch, bit<8> element_op) {
+        meta.branch = branch;
+        meta.result_quorum = true;
+        hdr.pass_out.setValid();
+        hdr.pass_out.pass = PASS_ELEMENTS;
+        hdr.pass_out.element_op = element_op;
+        hdr.pass_out.emit = EMIT_MULTICAST;
+    }
+    table decide {
+        key = {
+            meta.slot_mode: exact @name("mode");
+            bitmap_code: exact @name("bitmap");
+            count_code: ternary @name("count");
+            result_hi: ternary @name("result_hi");        // bit 31: the round was closed
+            meta.quorum_of_one: ternary @name("quorum_of_one");
+            meta.packet_round: ternary @name("packet_round");  // ROUND_MAX: the MAX operation
+        }
+        actions = { finish; finish_pass; finish_quorum; NoAction; }
+        const entries = {
+            (MODE_GRAD, BITMAP_STALE, _, _, _, _): finish(BRANCH_GRAD_STALE);
+            (MODE_FLUSH, BITMAP_STALE, _, _, _, _): finish(BRANCH_FLUSH_STALE);
+            (MODE_GRAD, BITMAP_SET, _, _, 1, _): finish_quorum(BRANCH_GRAD_START, ELEMENT_OP_STORE);
+            (MODE_GRAD, BITMAP_SET, _, _, _, _): finish_pass(BRANCH_GRAD_START, ELEMENT_OP_STORE, EMIT_NONE);
+            (MODE_FLUSH, BITMAP_CLEAR, _, _, _, _): finish_pass(BRANCH_FLUSH_EMPTY, ELEMENT_OP_CLEAR, EMIT_MULTICAST);
+            (MODE_FLUSH, BITMAP_FLUSH_RESEND, _, _, _, _): finish_pass(BRANCH_FLUSH_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            (MODE_FLUSH, BITMAP_FLUSH_CLOSE, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
+                finish_pass(BRANCH_FLUSH_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            (MODE_FLUSH, BITMAP_FLUSH_CLOSE, _, _, _, _): finish_pass(BRANCH_FLUSH_PARTIAL, ELEMENT_OP_LOAD, EMIT_MULTICAST);
+            (MODE_GRAD, BITMAP_LATE_FLUSHED, _, _, _, _): finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            // closed (by quorum) comes first: a late GRAD, whatever its bit or exponent (a GRAD the
+            // count took, after the quorum was raised, is added as before)
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
+                finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
+                finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            (MODE_GRAD, BITMAP_EXP_OTHER, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
+                finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, _, _, _): finish(BRANCH_GRAD_DUP);
+            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, _, _, _): finish(BRANCH_GRAD_DUP);
+            (MODE_GRAD, BITMAP_EXP_OTHER, _, _, _, _): finish(BRANCH_GRAD_EXP_MISMATCH);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, _, _, _): finish_quorum(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, _, _, ROUND_MAX &&& ROUND_MAX): finish_quorum(BRANCH_GRAD_ADD, ELEMENT_OP_MAX);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, _, _, _): finish_quorum(BRANCH_GRAD_ADD, ELEMENT_OP_ADD);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, _, _, ROUND_MAX &&& ROUND_MAX):
+                finish_pass(BRANCH_GRAD_ADD, ELEMENT_OP_MAX, EMIT_NONE);
+            (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, _, _, _): finish_pass(BRANCH_GRAD_ADD, ELEMENT_OP_ADD, EMIT_NONE);
+        }
+        const default_action = NoAction();
+        size = 32;
     }
 
     apply {
-        // Each access table is applied once, whatever the pass: the pass only chooses the access.
-        bool control_pass = !hdr.pass.isValid();
-        bool element_pass = !control_pass && hdr.pass.pass == PASS_ELEMENTS;
-        bool emits = !control_pass && hdr.pass.emit != EMIT_NONE;
-        seq_access = ACCESS_NONE;
-        round_access = ACCESS_NONE;
-        bitmap_access = ACCESS_NONE;
-        count_access = ACCESS_NONE;
-        result_access = ACCESS_NONE;
-        closing = 0;
-        bool newer = false;
-        bool flushed = false;
-        bool same_exp = false;
-        bool quorum_of_one = false;
-        if (meta.quorum <= 1) {
-            quorum_of_one = true;
-        }
-
-        // ---- slot_seq orders q (control pass); slot_round: set, flushed, or read ----
-        if (control_pass) {
-            meta.slot_index = meta.slot_base + hdr.lta.slot;
-            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, closed_flags);
-            packet_round = (bit<32>)hdr.lta.exp;
-            if ((hdr.lta.flags & FLAG_MAX) != 0) {
-                packet_round = packet_round | ROUND_MAX;
-            }
-            result_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
-            if (hdr.lta.op == OP_GRAD) {
-                seq_access = ACCESS_GRAD;
-            } else {
-                seq_access = ACCESS_FLUSH;
-            }
-        } else {
-            meta.slot_index = hdr.pass.slot_index;
-        }
+        seq_code = 0;
+        bitmap_code = 0;
+        count_code = 0;
+        result_code = 0;
+        round = 0;
+        old_bitmap = 0;
+        result_hi = 0;
+        res_bitmap = 0;
+        res_flags = 0;
         seq_access_table.apply();
-        if (control_pass) {
-            seq_compare.apply();
-            if (seq_ahead != 0) {
-                if (hdr.lta.op != OP_GRAD) {
-                    packet_round = packet_round | ROUND_FLUSHED;
-                }
-                round_access = ACCESS_SET;
-            } else if (old_seq == 0) {  // q ^ seq
-                if (hdr.lta.op == OP_GRAD) {
-                    round_access = ACCESS_READ_LO;
-                } else {
-                    round_access = ACCESS_FLUSH;
-                }
-            }
-        } else if (element_pass && emits) {
-            round_access = ACCESS_READ_LO;
-        }
         round_access_table.apply();
-        if (control_pass) {
-            if (round_access == ACCESS_SET) {
-                round = ROUND_NEWER;
-            } else if (round_access == ACCESS_NONE) {
-                round = ROUND_OLDER;
-            }
-        }
-
-        // ---- slot_bitmap (control pass only) ----
-        if (control_pass) {
-            newer = round == ROUND_NEWER;
-            flushed = (round & ROUND_FLUSHED) != 0;
-            exp_compare.apply();  // packet_round has no bit outside ROUND_EXP_MASK here
-            same_exp = (exp_xor & ROUND_EXP_MASK) == 0;
-            if (round == ROUND_OLDER) {
-                if (hdr.lta.op == OP_GRAD) {
-                    meta.branch = BRANCH_GRAD_STALE;
-                } else {
-                    meta.branch = BRANCH_FLUSH_STALE;
-                }
-            } else if (newer && hdr.lta.op == OP_GRAD) {
-                // grad_start: a new round with this packet alone (closed at once when the quorum is 1).
-                bitmap_access = ACCESS_SET;
-                count_access = ACCESS_SET;
-                result_access = ACCESS_SET;
-                if (quorum_of_one) {
-                    result_flags = result_flags | closed_flags;
-                }
-            } else if (newer) {
-                // flush_empty: the slot never saw round q: closed with count 0 and zeros.
-                result_flags = closed_flags;
-                meta.quorum = 0;  // slot_count's {count, weight} = {0, 0}
-                hdr.lta.weight = 0;
-                bitmap_access = ACCESS_CLEAR;
-                count_access = ACCESS_SET;
-                result_access = ACCESS_SET;
-            } else if (hdr.lta.op == OP_FLUSH) {
-                if (flushed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
-                } else {
-                    // Close the round if it is open: the bitmap so far becomes the RESULT's.
-                    bitmap_access = ACCESS_READ_LO;
-                    result_access = ACCESS_OR_CLOSE;
-                    closing = 1;
-                    result_flags = closed_flags;
-                }
-            } else if (flushed) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;  // closed by a FLUSH
-            } else if (same_exp) {
-                bitmap_access = ACCESS_TEST_SET;
-            } else {
-                // Another exponent or MAX flag: closed (quorum), a duplicate, or a mismatch, in the
-                // contract's order; the bitmap is only read (a mismatch never sets its bit).
-                bitmap_access = ACCESS_READ_LO;
-                result_access = ACCESS_READ_HI;
-            }
-        }
         bitmap_access_table.apply();
-        seen_compare.apply();
-        bool seen = seen_bits != 0;
-
-        // ---- slot_count: add while below the quorum; RESULTs read count, then weight ----
-        if (bitmap_access == ACCESS_TEST_SET) {
-            if (seen) {
-                result_access = ACCESS_READ_HI;  // a duplicate, or a round closed by quorum
-            } else {
-                count_access = ACCESS_ADD;
-            }
-        } else if (element_pass && emits) {
-            count_access = ACCESS_READ_LO;
-        } else if (!control_pass && !element_pass) {
-            count_access = ACCESS_READ_HI;
-        }
         count_access_table.apply();
-        if (count_access == ACCESS_ADD) {
-            count_compare.apply();  // only here: the other passes read count (or weight) out
-            if (count == 0) {
-                count = COUNT_NOT_ADDED;
-            }
-        }
-
-        // ---- slot_result: set, closed (or SATURATED ORed in), or read ----
-        if (count_access == ACCESS_ADD && count != COUNT_NOT_ADDED) {
-            result_access = ACCESS_OR_CLOSE;
-            if (count == 1) {  // this packet brought the count to the quorum
-                closing = 1;
-                old_bitmap = old_bitmap | meta.worker_bit;  // in place: the bitmap at closure
-                result_flags = result_flags | closed_flags;
-            }
-        } else if (count_access == ACCESS_ADD) {
-            // The round reached its quorum before this packet: closed already (a late GRAD), or still
-            // open because the quorum was lowered since; then this packet closes it without being
-            // added, with the bitmap of the contributions it has.
-            result_access = ACCESS_OR_CLOSE;
-            closing = 1;
-            result_flags = closed_flags;
-        } else if (bitmap_access == ACCESS_SET && !quorum_of_one) {
-            old_bitmap = 0;  // grad_start: bitmap_set answered the sender's bit; lo is written at closure
-        } else if (element_pass && emits) {
-            result_access = ACCESS_READ_LO;
-        } else if (!control_pass && !element_pass) {
-            result_access = ACCESS_HARVEST;
-        }
+        result_prep.apply();
         result_access_table.apply();
-        bool was_closed = result_hi >= RESULT_CLOSED;
-
-        if (control_pass) {
-            // The branch, and what the next passes do.
-            if (bitmap_access == ACCESS_SET && hdr.lta.op == OP_GRAD) {
-                meta.branch = BRANCH_GRAD_START;
-                if (quorum_of_one) {
-                    meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_STORE, EMIT_MULTICAST);
-                } else {
-                    to_element_pass(ELEMENT_OP_STORE, EMIT_NONE);
-                }
-            } else if (bitmap_access == ACCESS_CLEAR) {
-                meta.branch = BRANCH_FLUSH_EMPTY;
-                to_element_pass(ELEMENT_OP_CLEAR, EMIT_MULTICAST);  // stores zeros
-            } else if (result_access == ACCESS_OR_CLOSE && hdr.lta.op == OP_FLUSH) {
-                if (was_closed) {
-                    meta.branch = BRANCH_FLUSH_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
-                } else {
-                    meta.branch = BRANCH_FLUSH_PARTIAL;
-                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
-                }
-            } else if (result_access == ACCESS_OR_CLOSE && count == COUNT_NOT_ADDED) {
-                meta.branch = BRANCH_GRAD_LATE_RESEND;
-                if (was_closed) {
-                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
-                } else {
-                    meta.result_quorum = true;
-                    to_element_pass(ELEMENT_OP_LOAD, EMIT_MULTICAST);
-                }
-            } else if (result_access == ACCESS_OR_CLOSE) {
-                meta.branch = BRANCH_GRAD_ADD;
-                bit<8> op = ELEMENT_OP_ADD;
-                if ((round & ROUND_MAX) != 0) {
-                    op = ELEMENT_OP_MAX;
-                }
-                if (closing == 1) {
-                    meta.result_quorum = true;
-                    to_element_pass(op, EMIT_MULTICAST);
-                } else {
-                    to_element_pass(op, EMIT_NONE);
-                }
-            } else if (result_access == ACCESS_READ_HI) {
-                if (was_closed) {
-                    meta.branch = BRANCH_GRAD_LATE_RESEND;
-                    to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);
-                } else if (seen) {
-                    meta.branch = BRANCH_GRAD_DUP;
-                } else {
-                    meta.branch = BRANCH_GRAD_EXP_MISMATCH;
-                }
-            } else if (meta.branch == BRANCH_FLUSH_RESEND || meta.branch == BRANCH_GRAD_LATE_RESEND) {
-                to_element_pass(ELEMENT_OP_LOAD, EMIT_RESEND);  // closed by a FLUSH
-            }
-        } else if (element_pass && emits) {
+        if (meta.slot_mode == MODE_EMIT) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
             hdr.lta.exp = round[7:0];
             if ((round & ROUND_MAX) != 0) {
@@ -518,6 +525,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             } else {
                 hdr.lta.flags = 0;
             }
+        } else {
+            decide.apply();
         }
         // Harvest pass: weight, the closer and SATURATED were written by the access actions.
     }

@@ -1,0 +1,221 @@
+"""The Tofino slot state machine's decisions (p4/tofino/slot_update.p4) against the switch contract.
+
+The control pass's slot chain is five register tables, each keyed on the answers of the registers before
+it, plus result_prep and decide; their const entries are the whole decision logic. This test reads those
+entries from the source, walks them for every combination of a slot's state and a packet (the register
+actions' answers modelled as their P4 bodies say: slot_seq and slot_count answer a stateful-ALU
+predicate, 1 << (cmplo + 2 * cmphi); slot_round answers its XOR with the packet's word) and compares the
+branch, the element operation, what is emitted, result_quorum and what slot_result is given with the
+contract of docs/protocol.md written out here (as the v1model program and the Tofino section say)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOFINO = ROOT / "p4" / "tofino"
+SOURCE = re.sub(r"//[^\n]*", "", (TOFINO / "slot_update.p4").read_text())
+
+
+def constants() -> dict[str, int]:
+    text = "".join((TOFINO / n).read_text() for n in ("protocol_constants.gen.p4", "headers.p4")) + SOURCE
+    return {
+        name: int(value, 0)
+        for name, value in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;", text)
+    }
+
+
+C = constants()
+OTHERS = 0x00F0_0000  # the bits of workers 20..23 (the tests' senders are 0, 5 and 31)
+
+
+def number(token: str) -> int:
+    token = token.strip()
+    if token in C:
+        return C[token]
+    return int(re.sub(r"^\d+w", "", token), 0)
+
+
+def entries(table: str) -> list[tuple[list[tuple[int, int] | None], str, list[int]]]:
+    """(keys as (value, mask) or None for _, action, action arguments) of a const-entries table."""
+    body = re.search(rf"table\s+{table}\s*\{{.*?const entries = \{{(.*?)\n        \}}", SOURCE, re.S)
+    assert body, table
+    out = []
+    for raw in body.group(1).split(";"):
+        raw = " ".join(raw.split())
+        if not raw:
+            continue
+        keys, action = raw.rsplit(":", 1) if raw.startswith("(") else raw.split(":", 1)
+        keys = keys.strip().removeprefix("(").removesuffix(")")
+        parsed: list[tuple[int, int] | None] = []
+        for key in keys.split(","):
+            key = key.strip()
+            if key == "_":
+                parsed.append(None)
+            elif "&&&" in key:
+                value, mask = key.split("&&&")
+                parsed.append((number(value), number(mask)))
+            else:
+                parsed.append((number(key), -1))
+        name, args = re.match(r"\s*(\w+)\((.*)\)\s*$", action).groups()
+        out.append((parsed, name, [number(a) for a in args.split(",") if a.strip()]))
+    return out
+
+
+def first(table: str, *values: int) -> tuple[str, list[int]] | None:
+    for keys, action, args in entries(table):
+        assert len(keys) == len(values), table
+        if all(k is None or (v & k[1]) == (k[0] & k[1]) for k, v in zip(keys, values, strict=True)):
+            return action, args
+    return None
+
+
+def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_room: int, closed: bool,
+         quorum: int, packet_max: bool, worker: int = 5) -> dict:  # fmt: skip
+    """The control pass of one packet through the tables. count_room: quorum - count before it
+    (<= 0: the quorum was reached); differs: what the stored round has other than the packet ("": the
+    same exponent and MAX flag, "exp", "max")."""
+    mode = C["MODE_GRAD"] if op == "GRAD" else C["MODE_FLUSH"]
+    bit = 1 << worker
+    stored_bitmap = (bit if seen else 0) | OTHERS
+    exp = 7
+    packet_round = exp | (C["ROUND_MAX"] if packet_max else 0) | (C["ROUND_FLUSHED"] if op == "FLUSH" else 0)
+    stored_round = (
+        (exp + 1 if differs == "exp" else exp)
+        | (C["ROUND_MAX"] if packet_max != (differs == "max") else 0)
+        | (C["ROUND_FLUSHED"] if flushed else 0)
+    )
+    # slot_seq: this.predicate(q > seq, q == seq)
+    seq_code = {"older": 1, "newer": 2, "same": 4}[order]
+    round_access = first("round_access_table", mode, seq_code)
+    round_answer = 0
+    if round_access and round_access[0] in ("do_round_compare", "do_round_flush"):
+        round_answer = stored_round ^ packet_round
+    action, args = first("bitmap_access_table", mode, seq_code, round_answer)
+    codes = {
+        "do_bitmap_set": C["BITMAP_SET"],
+        "do_bitmap_clear": C["BITMAP_CLEAR"],
+        "do_bitmap_test_set": C["BITMAP_TEST_SET"],
+    }
+    bitmap_code = codes.get(action, args[0] if args else 0)
+    old_bitmap = {"do_bitmap_set": bit, "do_bitmap_clear": 0}.get(action, stored_bitmap)
+    if action == "no_bitmap":
+        old_bitmap = 0
+    count = first("count_access_table", mode, bitmap_code, old_bitmap, worker)
+    count_code = 0
+    q = 0 if op == "FLUSH" else quorum  # SlotPrep zeroes a FLUSH's quorum
+    if count and count[0] == "do_count_add":
+        lo = q - count_room
+        count_code = 1 << (int(lo < q) + 2 * int(lo + 1 == q))
+    elif count and count[0] == "count_seen":
+        count_code = C["COUNT_SEEN"]
+    prep = first("result_prep", mode, bitmap_code, count_code, int(quorum <= 1))
+    sat, closed_flags = 2, C["RESULT_CLOSED"] | worker << 8
+    res = {
+        "prep_start": (C["RESULT_SET"], 0, sat),
+        "prep_start_closed": (C["RESULT_SET"], bit, sat | closed_flags),
+        "prep_flush_empty": (C["RESULT_SET"], 0, closed_flags),
+        "prep_close": (C["RESULT_OR_CLOSE"], old_bitmap, closed_flags),
+        "prep_add_close": (C["RESULT_OR_CLOSE"], old_bitmap | bit, sat | closed_flags),
+        "prep_add": (C["RESULT_OR_CLOSE"], None, sat),
+    }
+    result_code, res_bitmap, res_flags = (0, None, None)
+    if prep:
+        result_code, res_bitmap, res_flags = res.get(prep[0], (prep[1][0] if prep[1] else 0, None, None))
+    result_hi = (
+        C["RESULT_CLOSED"] if closed and result_code in (C["RESULT_OR_CLOSE"], C["RESULT_READ_HI"]) else 0
+    )
+    decided = first("decide", mode, bitmap_code, count_code, result_hi, int(quorum <= 1), packet_round)
+    out = {"branch": None, "element_op": None, "emit": None, "quorum": False, "result": None}
+    if result_code == C["RESULT_SET"]:
+        out["result"] = ("set", res_bitmap, res_flags)
+    elif result_code == C["RESULT_OR_CLOSE"] and not closed:
+        out["result"] = (
+            ("close", res_bitmap, res_flags) if res_flags & C["RESULT_CLOSED"] else ("or", res_flags)
+        )
+    if decided:
+        name, args = decided
+        out["branch"] = args[0]
+        if name == "finish_pass":
+            out["element_op"], out["emit"] = args[1], args[2]
+        elif name == "finish_quorum":
+            out["element_op"], out["emit"], out["quorum"] = args[1], C["EMIT_MULTICAST"], True
+    return out
+
+
+def contract(op, order, flushed, differs, seen, count_room, closed, quorum, packet_max, worker=5) -> dict:
+    """What the switch contract says the control pass does with this packet and slot."""
+    B = {n: C[f"BRANCH_{n}"] for n in ("GRAD_STALE", "FLUSH_STALE", "GRAD_START", "FLUSH_EMPTY",
+                                       "FLUSH_RESEND", "FLUSH_PARTIAL", "GRAD_LATE_RESEND", "GRAD_DUP",
+                                       "GRAD_EXP_MISMATCH", "GRAD_ADD")}  # fmt: skip
+    load, mc, resend = C["ELEMENT_OP_LOAD"], C["EMIT_MULTICAST"], C["EMIT_RESEND"]
+    bit, sat, closed_flags = 1 << worker, 2, C["RESULT_CLOSED"] | worker << 8
+    bitmap = (bit if seen else 0) | OTHERS
+
+    def out(branch, element_op=None, emit=None, quorum=False, result=None):
+        return {"branch": branch, "element_op": element_op, "emit": emit, "quorum": quorum, "result": result}
+
+    if order == "older":
+        return out(B["GRAD_STALE"] if op == "GRAD" else B["FLUSH_STALE"])
+    if order == "newer":
+        if op == "FLUSH":
+            return out(B["FLUSH_EMPTY"], C["ELEMENT_OP_CLEAR"], mc, result=("set", 0, closed_flags))
+        if quorum <= 1:
+            return out(B["GRAD_START"], C["ELEMENT_OP_STORE"], mc, True, ("set", bit, sat | closed_flags))
+        return out(B["GRAD_START"], C["ELEMENT_OP_STORE"], C["EMIT_NONE"], result=("set", 0, sat))
+    if op == "FLUSH":
+        if flushed or closed:
+            return out(B["FLUSH_RESEND"], load, resend)
+        return out(B["FLUSH_PARTIAL"], load, mc, result=("close", bitmap, closed_flags))
+    if flushed:
+        return out(B["GRAD_LATE_RESEND"], load, resend)
+    if not differs and not seen:
+        add = C["ELEMENT_OP_MAX"] if packet_max else C["ELEMENT_OP_ADD"]
+        # (closed while below the quorum: the quorum was raised after closure; added as before, and
+        # slot_result, closed already, keeps what it holds)
+        if count_room > 1:
+            return out(B["GRAD_ADD"], add, C["EMIT_NONE"], result=None if closed else ("or", sat))
+        if count_room == 1:
+            result = None if closed else ("close", bitmap | bit, sat | closed_flags)
+            return out(B["GRAD_ADD"], add, mc, True, result)
+        if closed:
+            return out(B["GRAD_LATE_RESEND"], load, resend)
+        # the quorum was lowered under an open round: closed without this packet (Tofino section)
+        return out(B["GRAD_LATE_RESEND"], load, mc, True, ("close", bitmap, closed_flags))
+    if closed:
+        return out(B["GRAD_LATE_RESEND"], load, resend)
+    return out(B["GRAD_DUP"] if seen else B["GRAD_EXP_MISMATCH"])
+
+
+CASES = list(
+    itertools.product(
+        ("GRAD", "FLUSH"), ("older", "newer", "same"), (False, True), ("", "exp", "max"), (False, True),
+        (-1, 0, 1, 2, 5), (False, True), (1, 3), (False, True),
+    )
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("worker", [0, 5, 31])
+def test_slot_tables_decide_as_the_contract_says(worker):
+    for case in CASES:
+        op, order, flushed, differs, seen, count_room, closed, quorum, packet_max = case
+        if order == "newer" and (flushed or differs or seen or closed or count_room != 2):
+            continue  # a new round: nothing of the old one is read
+        if order == "same" and count_room == 2 and quorum == 1:
+            continue  # count = quorum - 2 < 0
+        got = walk(*case, worker=worker)
+        assert got == contract(*case, worker=worker), case
+
+
+def test_predicate_codes_are_one_hot_of_cmplo_and_cmphi():
+    """this.predicate(cmplo, cmphi) is the 4-bit one-hot of cmplo + 2 * cmphi (p4c's Tofino backend:
+    cmplo covers predicate bits 0xa, cmphi 0xc); the tables key on these values."""
+    assert (C["SEQ_OLDER"], C["SEQ_NEWER"], C["SEQ_SAME"]) == (1 << 0, 1 << 1, 1 << 2)
+    assert (C["COUNT_NOT_ADDED"], C["COUNT_ADDED"], C["COUNT_CLOSING"]) == (1 << 0, 1 << 1, 1 << 3)
+    assert C["COUNT_SEEN"] not in (1, 2, 4, 8, 0)
+    assert re.search(r"this\.predicate\(hdr\.lta\.seq > value, hdr\.lta\.seq == value\)", SOURCE)
+    assert re.search(r"this\.predicate\(value\.lo < meta\.quorum, value\.lo \+ 1 == meta\.quorum\)", SOURCE)
