@@ -35,6 +35,8 @@ OTHERS = 0x00F0_0000  # the bits of workers 20..23 (the tests' senders are 0, 5 
 
 def number(token: str) -> int:
     token = token.strip()
+    if token in ("false", "true"):
+        return int(token == "true")
     if token in C:
         return C[token]
     return int(re.sub(r"^\d+w", "", token), 0)
@@ -219,3 +221,13 @@ def test_predicate_codes_are_one_hot_of_cmplo_and_cmphi():
     assert C["COUNT_SEEN"] not in (1, 2, 4, 8, 0)
     assert re.search(r"this\.predicate\(hdr\.lta\.seq > value, hdr\.lta\.seq == value\)", SOURCE)
     assert re.search(r"this\.predicate\(value\.lo < meta\.quorum, value\.lo \+ 1 == meta\.quorum\)", SOURCE)
+
+
+def test_a_packet_the_up_loss_policy_drops_touches_no_slot_register():
+    """The chain starts on the policy's decision: slot_seq's table executes only for a kept packet, and
+    every later table needs slot_seq's answer (a dropped packet leaves seq 0: no entry takes it)."""
+    for mode in (C["MODE_GRAD"], C["MODE_FLUSH"]):
+        assert first("seq_access_table", mode, 0) == ("do_seq_order", [])
+        assert first("seq_access_table", mode, 1) is None
+        assert first("round_access_table", mode, 0) is None
+        assert first("bitmap_access_table", mode, 0, 0) is None

@@ -174,7 +174,9 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             rx_counter.apply(meta.counter_index);  // here: Tofino 1 places tables in applied order
         }
 
-        if (recirculated || to_slot) {
+        // The slot state machine's first table keys on the policy's decision, so the chain starts in the
+        // stage that decides it (a dropped packet touches no register: slot_seq's table does nothing).
+        if (recirculated || slot_candidate) {
             slot_update.apply(hdr, meta);
         }
         if (recirculated) {

@@ -123,11 +123,11 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     };
     action do_seq_order() { seq_code = seq_order.execute(meta.slot_index); }
     table seq_access_table {
-        key = { meta.slot_mode: exact @name("mode"); }
+        key = { meta.slot_mode: exact @name("mode"); meta.policy_drop: exact @name("policy_drop"); }
         actions = { do_seq_order; NoAction; }
         const entries = {
-            MODE_GRAD: do_seq_order();
-            MODE_FLUSH: do_seq_order();
+            (MODE_GRAD, false): do_seq_order();
+            (MODE_FLUSH, false): do_seq_order();
         }
         const default_action = NoAction();
         size = 4;
