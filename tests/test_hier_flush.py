@@ -89,3 +89,10 @@ def test_complete_answer_to_a_proven_lost_unit_is_no_rtt_sample():
         worker.io.rx.data[0, : len(rows[1])] = np.frombuffer(rows[1], np.uint8)
         worker._handle(1, plan)
         assert worker.deadlines.srtt_ms is not None and worker.deadlines.srtt_ms > t  # the timer one did
+
+
+def test_leaf_index_is_the_block_a_worker_sits_in():
+    from hostlib.transport.deadlines import leaf_index
+
+    assert [leaf_index(SIZES, w) for w in range(N)] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert leaf_index((), 5) == 5  # one switch: the closer of a round is the worker itself

@@ -291,3 +291,12 @@ def flush_group(leaf_sizes: tuple[int, ...], worker_id: int, n_workers: int) -> 
             return base, size
         base += size
     raise ValueError(f"worker id {worker_id} is not below the job's {n_workers} workers")
+
+
+def leaf_index(leaf_sizes: tuple[int, ...], worker_id: int) -> int:
+    """The index of ``worker_id``'s block among contiguous blocks of ``leaf_sizes`` (its leaf's id,
+    softswitch.hierarchy.leaf_blocks' order); with none, ``worker_id`` itself."""
+    if not leaf_sizes:
+        return worker_id
+    ends = np.cumsum(leaf_sizes)
+    return int(np.searchsorted(ends, worker_id, side="right"))

@@ -36,7 +36,7 @@ from hostlib.protocol import (
     packet_bytes,
 )
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig, default_window_cap
-from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.deadlines import Deadlines, leaf_index
 from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.heartbeat import Heartbeat
 from hostlib.transport.io import WorkerIO
@@ -107,6 +107,9 @@ class LtaWorker:
         self.stats = TransportStats(io=self.io.mode)
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
+        # The worker id a RESULT this worker's FLUSH closed carries: its own, or behind leaf switches
+        # (config.leaf_sizes) its leaf's id, the contributor that closed the spine's round.
+        self._closer_id = leaf_index(self.config.leaf_sizes, worker_id)
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
@@ -886,7 +889,7 @@ class LtaWorker:
         # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
         # the FLUSH on the way and times nothing.
         answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
-        answered &= retx | (hdr["worker_id"][rows] == self.worker_id)
+        answered &= retx | (hdr["worker_id"][rows] == self._closer_id)
         if answered.any():
             flush_ms = (time.perf_counter() - plan.flushed_at[u[answered]]) * 1000.0
             mid = len(flush_ms) // 2
