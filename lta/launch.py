@@ -14,6 +14,7 @@ the worker's traceback. Workers ignore Ctrl-C: the parent gets it, stops them an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -194,6 +195,9 @@ def run_job(
     ctx = mp.get_context("spawn")
     log_level = logging.getLogger().getEffectiveLevel()
     fabric = _Fabric(spec)
+    if spec.leaves and not spec.transport.leaf_sizes:  # the workers learn the tree's flush groups
+        sizes = tuple(len(block) for block in fabric.blocks)
+        spec = dataclasses.replace(spec, transport=dataclasses.replace(spec.transport, leaf_sizes=sizes))
     if switches is not None:
         switches.extend(fabric.switches)
     switch = fabric.top

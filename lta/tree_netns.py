@@ -125,7 +125,8 @@ def run_tree_demo(config: TreeDemoConfig, log: Any = lambda text: None) -> TreeD
                     "--worker", str(w), "--workers", str(config.workers),
                     "--switch", f"{net.leaf_of(w).ip}:{LTA_PORT}", "--bind", addrs[w],
                     "--elems", str(config.elems), "--rounds", str(config.rounds),
-                    "--seed", str(config.seed)]  # fmt: skip
+                    "--seed", str(config.seed),
+                    "--leaf-sizes", ",".join(str(len(b)) for b in blocks)]  # fmt: skip
             procs.append(net.run_in(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO))
         log(f"{config.workers} workers reducing {config.elems} values x {config.rounds} rounds")
         deadline = started + config.timeout_s

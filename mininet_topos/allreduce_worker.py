@@ -35,12 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", type=int, default=512)
     parser.add_argument("--window", type=int, default=None, help="packets in flight (default: transport's)")
     parser.add_argument("--min-deadline-ms", type=float, default=None, help="floor of the FLUSH deadline")
+    parser.add_argument(
+        "--leaf-sizes",
+        default="",
+        help="behind leaf switches: the workers of each leaf, comma-separated, in worker-id order "
+        "(TransportConfig.leaf_sizes; '' for one switch)",
+    )
     args = parser.parse_args(argv)
     host, _, port = args.switch.partition(":")
     bind_ip, _, bind_port = args.bind.partition(":")
     tuning = {"window": args.window, "min_deadline_ms": args.min_deadline_ms}
+    leaf_sizes = tuple(int(size) for size in args.leaf_sizes.split(",")) if args.leaf_sizes else ()
     config = TransportConfig(
-        pool_size=args.pool_size, seed=args.seed, **{k: v for k, v in tuning.items() if v is not None}
+        pool_size=args.pool_size,
+        seed=args.seed,
+        leaf_sizes=leaf_sizes,
+        **{k: v for k, v in tuning.items() if v is not None},
     )
     times_ms, checked, worst = [], 0, 0.0
     outcomes = {"full": 0, "partial": 0, "fallback": 0}

@@ -11,6 +11,7 @@ from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     HEADER_BYTES,
     MAX_ELEMS_PER_PACKET,
+    MAX_LEAVES,
     check_elems_per_packet,
 )
 
@@ -108,9 +109,22 @@ class TransportConfig:
     # (they are then only a safety net: stats.flushes_on_timer counts what they closed) and a parameter
     # exchange that serves resend requests only when it publishes (exchange.py does, in this mode).
     exact: bool = False
+    # The job's workers sit behind leaf switches (docs/protocol.md, "Hierarchy") in contiguous blocks of
+    # these sizes, in worker-id order (softswitch.hierarchy.leaf_blocks makes such blocks); empty: one
+    # switch, or not known. A FLUSH closes a round only at its sender's leaf, so the deadlines then pick
+    # one first FLUSH per leaf and unit, and stagger ranks within a leaf, where a flat job picks one per
+    # unit (Deadlines.fast_flush): otherwise a unit stuck at one leaf waited, in (L-1)/L of the cases,
+    # for a first FLUSH that went to another leaf (which only resends its partial) and then for the
+    # others' one FLUSH round trip later, or, in the tail, for a later rank's stagger (up to +50% RTO).
+    leaf_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)
+        self.leaf_sizes = tuple(self.leaf_sizes)
+        if len(self.leaf_sizes) > MAX_LEAVES or any(size < 1 for size in self.leaf_sizes):
+            raise ValueError(
+                f"leaf_sizes must be at most {MAX_LEAVES} block sizes, each >= 1, got {self.leaf_sizes}"
+            )
         if self.fallback not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {self.fallback!r}")
         if self.renormalize not in ("count", "weight", "none"):

@@ -40,9 +40,12 @@ class Deadlines:
         self.flush_srtt_ms: float | None = None
         self.flush_rttvar_ms = 0.0
         self.adaptive = config.early_close_theta is not None  # per-unit deadlines (see unit_wait_s)
-        # Ranks are staggered (up to +50%) so that one worker's FLUSH, whose RESULT goes to all, usually
-        # saves the others'.
-        self._stagger = 1.0 + 0.5 * worker_id / n_workers
+        # This worker's flush group: the workers behind its leaf switch (config.leaf_sizes), or all of
+        # them. A FLUSH closes a round at its own leaf only, so each group picks its own first FLUSH.
+        self.group_base, self.group_size = flush_group(config.leaf_sizes, worker_id, n_workers)
+        # Ranks are staggered (up to +50%) within the group so that one worker's FLUSH, whose RESULT goes
+        # to all, usually saves the others'.
+        self._stagger = 1.0 + 0.5 * (worker_id - self.group_base) / self.group_size
         self._bits = np.arange(n_workers, dtype=np.uint64)
         self._update_rto()
 
@@ -228,12 +231,15 @@ class Deadlines:
         units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
         if not units.size:
             return
+        plan.proven_lost[units] = True
         # The others wait one FLUSH round trip for the designated FLUSH's RESULT, then flush themselves:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
         srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
         srtt_s = max(srtt_ms, 1.0) / 1000.0
         # (An owner-only unit is in flight at its owner alone, whose FLUSH is the only one.)
-        designated = (units % self.n_workers == self.worker_id) | (plan.owner_of_unit(units) >= 0)
+        # Behind leaf switches, one worker of each leaf (config.leaf_sizes): the round may be open at any.
+        designated = units % self.group_size == self.worker_id - self.group_base
+        designated |= plan.owner_of_unit(units) >= 0
         at = np.where(designated, now, now + srtt_s)
         # A critical unit is resent, not flushed, and any worker's GRAD may be the lost one: every
         # worker resends its own at once (a duplicate costs one packet; the switch drops it).
@@ -268,3 +274,29 @@ class Deadlines:
         """The earliest deadline of a unit in flight (inf when none is)."""
         units = plan.in_flight()
         return float(plan.deadline_at[units].min()) if units.size else float("inf")
+
+
+def flush_group(leaf_sizes: tuple[int, ...], worker_id: int, n_workers: int) -> tuple[int, int]:
+    """The first worker id and the size of ``worker_id``'s block among contiguous blocks of
+    ``leaf_sizes`` (TransportConfig.leaf_sizes); with none, every worker is one group."""
+    if not leaf_sizes:
+        return 0, n_workers
+    if sum(leaf_sizes) != n_workers:
+        raise ValueError(
+            f"leaf_sizes {list(leaf_sizes)} add up to {sum(leaf_sizes)} workers, the job has {n_workers}"
+        )
+    base = 0
+    for size in leaf_sizes:
+        if worker_id < base + size:
+            return base, size
+        base += size
+    raise ValueError(f"worker id {worker_id} is not below the job's {n_workers} workers")
+
+
+def leaf_index(leaf_sizes: tuple[int, ...], worker_id: int) -> int:
+    """The index of ``worker_id``'s block among contiguous blocks of ``leaf_sizes`` (its leaf's id,
+    softswitch.hierarchy.leaf_blocks' order); with none, ``worker_id`` itself."""
+    if not leaf_sizes:
+        return worker_id
+    ends = np.cumsum(leaf_sizes)
+    return int(np.searchsorted(ends, worker_id, side="right"))

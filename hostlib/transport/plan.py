@@ -73,6 +73,8 @@ class ReducePlan:
         self.sent_at = np.zeros(self.units, dtype=np.float64)
         self.flushes = np.zeros(self.units, dtype=np.int64)
         self.flushed_at = np.zeros(self.units, dtype=np.float64)  # when the last FLUSH went
+        # Behind every worker's frontier while still open (Deadlines.fast_flush): a packet of it was lost
+        self.proven_lost = np.zeros(self.units, dtype=bool)
         self.probes = np.zeros(self.units, dtype=np.int64)
         self.deadline_at = np.full(self.units, np.inf, dtype=np.float64)
         # Critical data (LTP): units resent until every worker is counted, never FLUSHed (deadlines.py).
@@ -175,6 +177,7 @@ class ReducePlan:
             arr[:] = 0
         self.probes[:] = 0
         self.retx[:] = 0
+        self.proven_lost[:] = False
         self.deadline_at[:] = np.inf
         self.expect_at[:] = np.inf
         self.full_units = 0

@@ -36,7 +36,7 @@ from hostlib.protocol import (
     packet_bytes,
 )
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig, default_window_cap
-from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.deadlines import Deadlines, leaf_index
 from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.heartbeat import Heartbeat
 from hostlib.transport.io import WorkerIO
@@ -107,6 +107,9 @@ class LtaWorker:
         self.stats = TransportStats(io=self.io.mode)
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
+        # The worker id a RESULT this worker's FLUSH closed carries: its own, or behind leaf switches
+        # (config.leaf_sizes) its leaf's id, the contributor that closed the spine's round.
+        self._closer_id = leaf_index(self.config.leaf_sizes, worker_id)
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
@@ -867,7 +870,14 @@ class LtaWorker:
         # the RTO must cover. A unicast resend (RETX) never is: the multicast went first on the same path,
         # so it was lost, and the wait measured the recovery (srtt grew 5-30x at 1-20% down loss).
         # A resent critical GRAD leaves it unknown which copy was answered (Karn): no sample.
-        clean = (prior == IN_FLIGHT) & ~retx & ((plan.flushes[u] == 0) | (count == n_workers))
+        # Nor is a complete answer to a unit proven lost (fast_flush: every worker had sent it and more),
+        # whose FLUSH was not spurious: behind a leaf switch (docs/protocol.md, "Hierarchy") such a
+        # unit had lost a leaf's partial, which the leaf resent at the FLUSH, and the wait measured that
+        # recovery (at 1% loss on both levels, about 5 such units per worker and reduce of 1056 units
+        # made the RTO up to twice the flat switch's). A flat switch never answers one complete but
+        # with a RETX resend.
+        clean = (prior == IN_FLIGHT) & ~retx
+        clean &= (plan.flushes[u] == 0) | ((count == n_workers) & ~plan.proven_lost[u])
         clean &= plan.retx[u] == 0
         if clean.any():
             rtt_ms = (time.perf_counter() - plan.sent_at[u[clean]]) * 1000.0
@@ -879,7 +889,7 @@ class LtaWorker:
         # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
         # the FLUSH on the way and times nothing.
         answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
-        answered &= retx | (hdr["worker_id"][rows] == self.worker_id)
+        answered &= retx | (hdr["worker_id"][rows] == self._closer_id)
         if answered.any():
             flush_ms = (time.perf_counter() - plan.flushed_at[u[answered]]) * 1000.0
             mid = len(flush_ms) // 2
