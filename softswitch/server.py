@@ -23,6 +23,22 @@ from softswitch.pipeline import SoftSwitch
 log = logging.getLogger(__name__)
 
 _RX_BUFFER_BYTES = 8 << 20  # receive rows per call: 1024 small packets, or 128 of 64 KiB
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux's number; Python names it from 3.12
+
+
+def _force_receive_buffer(sock: socket.socket, buffer_bytes: int) -> None:
+    """Raise the receive buffer past ``net.core.rmem_max`` where the process may (CAP_NET_ADMIN).
+
+    The switch's one socket takes every worker's window at once: with 64 KiB datagrams and the usual
+    rmem_max of a few MiB, 4 workers overflowed it on loopback (measured: ~90 datagrams dropped per
+    FSDP2 step, each costing a deadline and a FLUSH, at 0% emulated loss). Without the capability the
+    buffer stays what SO_RCVBUF gave, and the workers' windows shrink to it instead."""
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 * buffer_bytes:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, buffer_bytes)
+    except OSError:  # PermissionError without CAP_NET_ADMIN; not Linux
+        pass
 
 
 class BackgroundServer:
@@ -75,6 +91,10 @@ class SoftSwitchServer(BackgroundServer):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+        _force_receive_buffer(self.sock, buffer_bytes)
+        # What the kernel grants (twice the usable bytes, as Linux reports it): every worker's window
+        # of datagrams in flight lands here, so a self-hosted job sizes the windows to it (rendezvous.py).
+        self.rcvbuf_bytes: int = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         try:
             self.sock.bind(listen)
         except OSError as exc:

@@ -25,3 +25,71 @@ def test_switch_interval_lowered_while_running_and_restored(before: float) -> No
         assert sys.getswitchinterval() == pytest.approx(before, abs=2e-6)
     finally:
         sys.setswitchinterval(saved)
+
+
+def _join_threads(world: int, options) -> list:  # noqa: ANN001
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hostlib.torch_ext.rendezvous import join_job
+
+    store, sessions, errors = dist.HashStore(), [None] * world, []
+
+    def join(rank: int) -> None:
+        try:
+            sessions[rank] = join_job(store, rank, world, options, timedelta(seconds=20))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    if errors:
+        for s in sessions:
+            if s is not None:
+                s.close()
+        raise errors[0]
+    return sessions
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_self_hosted_windows_fit_the_switch_receive_buffer_together(force: bool, monkeypatch) -> None:  # noqa: ANN001
+    """Every worker's window of 64 KiB datagrams in flight at once must fit the softswitch's one receive
+    buffer (the kernel reports twice the usable bytes; a datagram takes its length plus ~64 of it), else
+    the switch drops GRADs at 0% loss. Without CAP_NET_ADMIN (``force=False``) the buffer is what
+    SO_RCVBUF grants and the windows shrink to it."""
+    from hostlib.protocol import packet_bytes
+    from hostlib.torch_ext.rendezvous import LtaOptions
+    from hostlib.transport import TransportConfig
+    from softswitch import server
+
+    if not force:
+        monkeypatch.setattr(server, "_force_receive_buffer", lambda sock, size: None)
+    world, k = 4, 16367
+    options = LtaOptions(job_id=7, transport=TransportConfig(elems_per_packet=k, health_timeout_s=2.0))
+    sessions = _join_threads(world, options)
+    try:
+        usable = sessions[0].embedded.rcvbuf_bytes // 2
+        windows = [s.worker.window for s in sessions]
+        assert all(w >= 2 for w in windows)
+        assert sum(windows) * (packet_bytes(k) + 64) <= usable
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_a_window_set_by_the_user_is_kept() -> None:
+    from hostlib.torch_ext.rendezvous import LtaOptions
+    from hostlib.transport import TransportConfig
+
+    transport = TransportConfig(elems_per_packet=16367, window=200, health_timeout_s=2.0)
+    sessions = _join_threads(2, LtaOptions(job_id=8, transport=transport))
+    try:
+        assert [s.worker.window for s in sessions] == [200, 200]
+    finally:
+        for s in sessions:
+            s.close()

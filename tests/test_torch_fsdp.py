@@ -341,3 +341,25 @@ def test_lossy_ops_and_stale_bound_come_from_the_environment_and_refuse_typos():
     exact = LtaOptions.from_env({"LTA_EXACT_MS": "1500"}).transport
     assert exact.exact and exact.min_deadline_ms == exact.max_deadline_ms == exact.sync_deadline_ms == 1500
     assert not LtaOptions.from_env({}).transport.exact
+
+
+# ---- the lossy all-gather's copy into its output ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gathered_rows_land_in_the_output_end_to_end(dtype, contiguous):
+    """The gather hands out an (N, m) view of its padded rows (m not a multiple of K here); the output gets
+    rank r's shard at [r·m, (r+1)·m), converted to its dtype, whatever its layout."""
+    from hostlib.torch_ext.backend import _copy_rows_out
+
+    world, m, padded = 3, 37, 2 * 20
+    held = np.arange(world * padded, dtype=np.float32).reshape(world, padded) / 8.0
+    rows = held[:, :m]  # strided: each row skips its padding
+    expected = np.concatenate([held[r, :m] for r in range(world)])
+    if contiguous:
+        output = torch.empty(world * m, dtype=dtype)
+    else:
+        output = torch.empty(2 * world * m, dtype=dtype)[::2]
+    _copy_rows_out(output, rows)
+    assert output.dtype == dtype
+    want = torch.from_numpy(expected).to(dtype).float().numpy()
+    np.testing.assert_array_equal(output.float().numpy(), want)

@@ -71,6 +71,15 @@ def _host_float32(tensor: torch.Tensor) -> np.ndarray:
     return flat.numpy()
 
 
+def _copy_rows_out(output: torch.Tensor, rows: np.ndarray) -> None:
+    """Write ``rows`` (N, m), one rank's shard each, into ``output`` (N·m values) end to end: one strided
+    copy (with the dtype conversion) for a contiguous output, no staging array in between."""
+    if output.is_contiguous():
+        output.view(rows.shape[0], -1).copy_(torch.from_numpy(rows))
+    else:
+        output.copy_(torch.from_numpy(np.ascontiguousarray(rows)).view(output.shape))
+
+
 class ProcessGroupLta(dist.ProcessGroup):
     """Lossy, renormalized allreduce and reduce-scatter and a lossy all-gather with stale copies through an
     LTA switch (``LtaOptions.lossy_ops``); everything else through gloo.
@@ -304,7 +313,7 @@ class ProcessGroupLta(dist.ProcessGroup):
                     f"{gatherer.stale_bound}, although no rank was at risk (a bug: please report it)"
                 )
             self._vote_at_risk(key, outcome.max_age >= gatherer.stale_bound)
-            output.copy_(torch.from_numpy(values).view(output.shape))
+            _copy_rows_out(output, values)
             stats.lossy_calls += 1
             stats.lossy_s += time.perf_counter() - t0
             return _completed([output])

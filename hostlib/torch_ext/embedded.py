@@ -32,6 +32,11 @@ class EmbeddedSwitch:
         sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL_S))
 
     @property
+    def rcvbuf_bytes(self) -> int:
+        """The switch socket's receive buffer as the kernel reports it (twice the usable bytes)."""
+        return self.server.rcvbuf_bytes
+
+    @property
     def switch(self) -> SoftSwitch:
         return self.server.switch
 

@@ -130,8 +130,9 @@ class StaleGather:
     def gather(self, key: Any, shard: np.ndarray) -> tuple[np.ndarray, GatherOutcome]:
         """Publish this rank's ``shard`` of ``key`` and collect the others' (a known key only).
 
-        Returns every rank's shard end to end (N·m float32: fresh where the copy arrived, else the
-        previous copy held) and what happened. When ``outcome.resync`` is set the values must not be used:
+        Returns every rank's shard, one row each: an (N, m) float32 view of the copies held (fresh where
+        the copy arrived, else the previous copy held; read it before this key's next gather), and what
+        happened. When ``outcome.resync`` is set the values must not be used:
         some copy is older than S calls; gather reliably and :meth:`refresh` (all ranks must agree)."""
         copies = self._copies[key]
         n, me = self.worker.n_workers, self.worker.worker_id
@@ -164,7 +165,7 @@ class StaleGather:
         )
         copies.calls += 1
         self.totals.add(outcome)
-        return copies.rows.reshape(n, -1)[:, :m].reshape(-1), outcome
+        return copies.rows.reshape(n, -1)[:, :m], outcome  # a view: the caller copies once, into its output
 
     def _collect(self, copies: _Copies, gen: int, t: int) -> tuple[float, int]:
         """Take in this gather's chunks until every other owner's marker is in or the deadline passed."""

@@ -246,10 +246,13 @@ def join_job(
 
             embedded = EmbeddedSwitch(options.seed, options.listen)
             host, port = embedded.address
+            store.set(_key(options, "switch_rcvbuf"), str(embedded.rcvbuf_bytes))
             store.set(_key(options, "switch"), f"{host}:{port}")
         switch_addr = parse_address(store.get(_key(options, "switch")).decode())
+        switch_rcvbuf = int(store.get(_key(options, "switch_rcvbuf")).decode())
     else:
         switch_addr = options.switch
+        switch_rcvbuf = 0
     port = options.bind_port_base + rank if options.bind_port_base else 0
     transport = replace(options.transport, seed=options.seed)
     try:
@@ -261,6 +264,9 @@ def join_job(
             f"rank {rank}: cannot bind the LTA worker to {options.bind_host}:{port}: {exc.strerror} "
             "(set LTA_BIND_HOST / LTA_BIND_PORT_BASE)"
         ) from exc
+    if switch_rcvbuf and options.transport.window is None:
+        # The softswitch's one socket takes every worker's window: size the windows to it.
+        worker.fit_window_to_switch(switch_rcvbuf)
     host, port = worker.address
     worker_port = port
     store.set(_key(options, f"worker{rank}"), f"{host}:{port}")

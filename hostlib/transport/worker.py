@@ -85,7 +85,7 @@ class LtaWorker:
         self.address: tuple[str, int] = self.sock.getsockname()
         rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         # Linux reports twice the usable size; keep a window that fits our own receive buffer.
-        fit = max(2, rcvbuf // 2 // (self._packet_bytes + 64))
+        fit = self.units_in_buffer(rcvbuf)
         # The pool's last slot is reserved for the health probe (check_switch); units use the others.
         self.probe_slot = self.config.pool_size - 1
         self._slots = self.config.data_slots
@@ -161,6 +161,20 @@ class LtaWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def units_in_buffer(self, rcvbuf_bytes: int, senders: int = 1) -> int:
+        """The window (at least 2) with which ``senders`` workers' units in flight fit a receive buffer
+        that the kernel reports as ``rcvbuf_bytes`` (twice the usable size; a datagram takes about its
+        length plus 64 bytes of it, the rest of the doubling covers the kernel's per-packet overhead)."""
+        return max(2, rcvbuf_bytes // 2 // (self._packet_bytes + 64) // max(1, senders))
+
+    def fit_window_to_switch(self, rcvbuf_bytes: int) -> int:
+        """Shrink the window so that every worker of the job can have its window in flight at once in a
+        switch receive buffer of ``rcvbuf_bytes`` (as the kernel reports it): a self-hosted softswitch
+        reads every worker from one socket, and an overflow there is real loss (a deadline and a FLUSH
+        per datagram). Returns the window now in force; never grows it."""
+        self.window = min(self.window, self.units_in_buffer(rcvbuf_bytes, self.n_workers))
+        return self.window
 
     def check_switch(self, timeout_s: float | None = None) -> float:
         """Ask the switch whether it knows this job and this worker's address, before training: FLUSH
