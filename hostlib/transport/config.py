@@ -72,6 +72,11 @@ class TransportConfig:
     health_timeout_s: float = 5.0
     unhealthy_fraction: float = 0.9
     lockout_fraction: float = 0.25
+    # A reduce the peers had left before this worker started it (every unit overtaken: the newest round of
+    # its last unit's slot is newer) is a late worker catching up, not unhealthy: up to this many in a row.
+    # Small on purpose: each skipped reduce hands the caller fallbacks for every chunk, and a worker that
+    # skips to the end of a run (its peers finished while it was stopped) must not exit as if it trained.
+    catch_up_reduces: int = 5
     unhealthy_reduces: int = 3
     unhealthy_min_chunks: int = 32
     on_unhealthy: str = "raise"
@@ -132,6 +137,8 @@ class TransportConfig:
             raise ValueError("need 0 < min_deadline_ms <= max_deadline_ms")
         if self.health_timeout_s < 0 or not 0 < self.unhealthy_fraction <= 1:
             raise ValueError("need health_timeout_s >= 0 and 0 < unhealthy_fraction <= 1")
+        if self.catch_up_reduces < 0:
+            raise ValueError(f"catch_up_reduces must be >= 0, got {self.catch_up_reduces}")
         if not 0 < self.lockout_fraction <= 1:
             raise ValueError(f"need 0 < lockout_fraction <= 1, got {self.lockout_fraction}")
         if self.unhealthy_reduces < 1 or self.unhealthy_min_chunks < 1:

@@ -116,6 +116,7 @@ class LtaWorker:
         self._unhealthy_run = 0  # unhealthy reduces in a row
         self._unhealthy_run_chunks = 0
         self._lockout_run = 0  # reduces in a row that ended with this worker locked out (_check_health)
+        self._skipped_run = 0  # reduces in a row its peers had left before it started them
         self._unhealthy_since_mark = False
         # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
         # queue (when the last frame sent will have left it), for per-unit deadlines.
@@ -231,9 +232,28 @@ class LtaWorker:
             self._unhealthy_since_mark = False
         return seen
 
-    def _check_health(self, got_nothing: int, chunks: int) -> None:
+    def _check_health(self, got_nothing: int, chunks: int, passed: bool = False) -> None:
         cfg = self.config
         self.last_nothing_fraction = got_nothing / chunks
+        if passed and got_nothing == chunks and self.n_workers > 1:
+            # A reduce the peers had left before this worker started it (stopped, descheduled): every unit
+            # was overtaken. Skipping it is how a late worker catches up (docs/protocol.md, "Health during
+            # training"), so it counts toward neither run below, up to catch_up_reduces in a row.
+            self._unhealthy_since_mark = True
+            self._skipped_run += 1
+            if self._skipped_run > cfg.catch_up_reduces:
+                message = (
+                    f"worker {self.worker_id} of job {self.job_id}: {self._skipped_run} reduces in a row "
+                    f"were over before it started them (its peers had moved past each while it was stopped "
+                    f"or descheduled, or they finished and left the job); it cannot catch up within "
+                    f"catch_up_reduces={cfg.catch_up_reduces}"
+                )
+                if cfg.on_unhealthy == "raise":
+                    raise UnhealthyTraining(message)
+                if cfg.on_unhealthy == "warn" and self._skipped_run == cfg.catch_up_reduces + 1:
+                    log.warning(message)
+            return
+        self._skipped_run = 0
         self._check_lockout(chunks)
         if self.last_nothing_fraction < cfg.unhealthy_fraction:
             self._unhealthy_run = self._unhealthy_run_chunks = 0
@@ -422,7 +442,11 @@ class LtaWorker:
                     _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
-        self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())))
+        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
+        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
+        last = plan.base + plan.units - 1
+        passed = bool(self._slot_newest[last % self._slots] > last)
+        self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())), passed)
         done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
         return ReduceResult(
