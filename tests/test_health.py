@@ -18,11 +18,13 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from hostlib.dropmodels import DropPolicy
 from hostlib.errors import HealthCheckError, UnhealthyTraining
 from hostlib.protocol import PROBE_SEQ, Op
-from hostlib.transport import LtaWorker, TransportConfig
+from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
+from tests.conftest import check_mean_over_bitmap, run_workers
 from tests.ranks import start_and_collect
 
 K = 64
@@ -191,6 +193,48 @@ def test_a_healthy_reduce_ends_the_run(make_cluster):
         cluster.reduce_all(x, step=step)
     assert all(w.healthy and w.last_nothing_fraction == 0.0 for w in cluster.workers)
     assert not any(w.unhealthy_since_mark() for w in cluster.workers)
+
+
+@pytest.mark.parametrize("down", [0.6, 0.0])
+def test_a_worker_locked_out_of_its_peers_rounds_fails_loudly(make_cluster, down):
+    """Chaos seed 84 (stock DDP, 36% down loss, a 64-slot pool): a rank fell behind its peers, they
+    presumed it dead and closed every round without it, and it fell back for 60-70% of its chunks,
+    reduce after reduce, below the 90% check; it exited 0 with an untrained replica. Here worker 1's
+    GRADs never count (up loss 1.0 for it alone) and it loses ``down`` of its RESULTs. Independent
+    expectations: worker 1's bit is in no RESULT (the premise), worker 0's chunks are the mean over
+    their bitmaps (its own input). With down loss it falls back for a quarter or more of its chunks and
+    must raise UnhealthyTraining naming the lockout within 8 reduces (before the fix: no error); without
+    it, it gets worker 0's aggregate for nearly every chunk, which is training, and must not raise."""
+    cluster = make_cluster(
+        2, seed=4, elems_per_packet=16, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=100, lag_deadline_ms=50, reduce_timeout_s=20,
+    )  # fmt: skip
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0), worker=1)
+    if down:
+        cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=down), worker=1)
+    rng = np.random.default_rng(0)
+    inputs = [[rng.standard_normal(200 * 16).astype(np.float32) for _ in range(2)] for _ in range(8)]
+
+    def body(w: LtaWorker, i: int) -> tuple[list, str]:
+        done: list = []
+        try:
+            for step in range(8):
+                done.append(w.allreduce(inputs[step][i], step=step))
+        except UnhealthyTraining as exc:
+            return done, str(exc)
+        return done, ""
+
+    (lead, lead_error), (late, late_error) = run_workers(cluster.workers, body)
+    assert lead_error == "" and len(lead) == 8
+    for step, r in enumerate(lead):
+        assert check_mean_over_bitmap([r], [inputs[step][0]], 16) > 0
+    assert all(not np.any(r.bitmap & 0b10) for r in lead + late)  # worker 1 never counted
+    if down:
+        assert "locked out" in late_error and "\n" not in late_error, late_error
+        assert len(late) < 8
+        assert all(np.mean(r.fallback != Fallback.NONE) < 0.9 for r in late)  # the 90% check stayed quiet
+    else:
+        assert late_error == "" and len(late) == 8
 
 
 # ---- through torch.distributed -------------------------------------------------------------------------

@@ -233,3 +233,76 @@ def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_clust
     assert rejoined.any(), f"worker 2 never counted again (leader waited for it {holds.count(2)} times)"
     for r in range(reduces):
         assert check_mean_over_bitmap([res[r] for res in results], inputs[r], K) > 0
+
+
+@pytest.mark.parametrize("ahead", [3, None])
+def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoins(make_cluster, ahead):
+    """Chaos seed 87 (a rank SIGSTOPped for 2.3 s): the liveness monitor lowered the quorum, the peers
+    went on, and the stopped worker came back several reduces behind them. Every unit of those reduces
+    was overtaken at its start (the peers had moved each slot on), so they came back empty at once, and
+    three of them in a row raised UnhealthyTraining before it could reach its peers. A reduce the peers
+    had left before it began is how a late worker catches up (docs/protocol.md): it does not count as
+    unhealthy, up to ``catch_up_reduces`` (5) in a row. Worker 2 stops in reduce 5 (its heartbeat off,
+    its next send held) until the peers have finished reduce 5 + ``ahead`` (None: all 24, they left).
+    Independent expectations: with 3 it raises nothing, its bit is in every chunk of the last reduces
+    again, and every chunk of every worker is numpy's mean over its bitmap; with the peers gone (18
+    reduces to skip) it raises, naming the reduces it could not catch up with, after 6 of them."""
+    from hostlib.errors import UnhealthyTraining
+    from hostlib.liveness import LivenessMonitor
+
+    n, reduces, stop_at, k = 3, 24, 5, 16
+    until = reduces if ahead is None else stop_at + ahead
+    cluster = make_cluster(n, seed=1, elems_per_packet=k, pool_size=16, heartbeat_interval_s=0.1)
+    monitor = LivenessMonitor(cluster.switch, cluster.job_id, n, timeout_s=0.5, poll_s=0.05).start()
+    done = [0] * n
+    progress = threading.Condition()
+    late = cluster.workers[2]
+    send = late.io.send_rows
+    armed = threading.Event()
+
+    def stopped_send(rows: np.ndarray) -> int:
+        if armed.is_set():
+            armed.clear()
+            with progress:  # stopped mid-reduce until the peers have finished reduce `until`
+                assert progress.wait_for(lambda: min(done[:2]) >= until, timeout=60)
+        return send(rows)
+
+    late.io.send_rows = stopped_send  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    inputs = [[rng.standard_normal(60 * k).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+
+    def body(w: LtaWorker, i: int) -> tuple[list, str]:
+        out: list = []
+        try:
+            for step in range(reduces):
+                if i == 2 and step == stop_at:
+                    assert late.heartbeat is not None
+                    late.heartbeat.stop()  # SIGSTOP stops every thread of the process
+                    armed.set()
+                out.append(w.allreduce(inputs[step][i], step=step))
+                with progress:
+                    done[i] = step + 1
+                    progress.notify_all()
+                time.sleep(0.05)  # compute
+        except UnhealthyTraining as exc:
+            return out, str(exc)
+        return out, ""
+
+    try:
+        ran = run_workers(cluster.workers, body)
+    finally:
+        monitor.stop()
+    results = [r for r, _ in ran]
+    errors = [e for _, e in ran]
+    assert errors[:2] == ["", ""]
+    skipped = [s for s, r in enumerate(results[2]) if np.all(r.fallback != Fallback.NONE)]
+    if ahead is None:
+        assert "6 reduces in a row were over before it started them" in errors[2], errors[2]
+        assert len(results[2]) == stop_at + 1 + 5  # reduce 5 (answered from its queued RESULTs), 5 skipped
+    else:
+        assert errors[2] == "", errors[2]  # before the fix: UnhealthyTraining
+        assert len(skipped) >= 2, f"worker 2 skipped only reduces {skipped}: the peers did not get ahead"
+        for r in results[2][-3:]:
+            assert np.all(r.bitmap & 0b100), "worker 2 did not rejoin its peers' rounds"
+    for step in range(len(results[2])):
+        assert check_mean_over_bitmap([res[step] for res in results], inputs[step], k) > 0

@@ -9,7 +9,8 @@
 
 ``should_commit``/``step_healthy`` look at every lossy reduce since the previous call (torchft's
 per-step signal); unhealthy means at least ``TransportConfig.unhealthy_fraction`` of a reduce's
-chunks came back with no aggregate. A *run* of unhealthy reduces raises ``UnhealthyTraining`` by
+chunks came back with no aggregate, or the reduce ended with this rank locked out of its peers' rounds
+(``TransportConfig.lockout_fraction``). A *run* of unhealthy reduces raises ``UnhealthyTraining`` by
 itself (``LTA_ON_UNHEALTHY``). ``join_default_group`` gives the DDP comm hook and the sharded optimizer
 a worker from the default process group's store, without reaching for torch's private helpers.
 """

@@ -66,8 +66,18 @@ class TransportConfig:
     # got nothing from the network (no RESULT, or a RESULT with count 0) is unhealthy; after
     # `unhealthy_reduces` of them in a row covering at least `unhealthy_min_chunks` chunks, the worker
     # raises UnhealthyTraining ("raise"), logs a warning ("warn"), or does nothing ("ignore").
+    # A worker locked out is unhealthy too: its own bit missing from every RESULT of a whole window (its
+    # peers presume it dead and close every round without it, docs/protocol.md "Lost or late?") at the
+    # end of `unhealthy_reduces` reduces in a row, each with at least `lockout_fraction` of its chunks
+    # without an aggregate. Its replica then trains on stale fallbacks (chaos seed 84: exit 0, untrained).
     health_timeout_s: float = 5.0
     unhealthy_fraction: float = 0.9
+    lockout_fraction: float = 0.25
+    # A reduce the peers had left before this worker started it (every unit overtaken: the newest round of
+    # its last unit's slot is newer) is a late worker catching up, not unhealthy: up to this many in a row.
+    # Small on purpose: each skipped reduce hands the caller fallbacks for every chunk, and a worker that
+    # skips to the end of a run (its peers finished while it was stopped) must not exit as if it trained.
+    catch_up_reduces: int = 5
     unhealthy_reduces: int = 3
     unhealthy_min_chunks: int = 32
     on_unhealthy: str = "raise"
@@ -141,6 +151,10 @@ class TransportConfig:
             raise ValueError("need 0 < min_deadline_ms <= max_deadline_ms")
         if self.health_timeout_s < 0 or not 0 < self.unhealthy_fraction <= 1:
             raise ValueError("need health_timeout_s >= 0 and 0 < unhealthy_fraction <= 1")
+        if self.catch_up_reduces < 0:
+            raise ValueError(f"catch_up_reduces must be >= 0, got {self.catch_up_reduces}")
+        if not 0 < self.lockout_fraction <= 1:
+            raise ValueError(f"need 0 < lockout_fraction <= 1, got {self.lockout_fraction}")
         if self.unhealthy_reduces < 1 or self.unhealthy_min_chunks < 1:
             raise ValueError("unhealthy_reduces and unhealthy_min_chunks must be >= 1")
         if self.heartbeat_interval_s < 0:

@@ -118,6 +118,8 @@ class LtaWorker:
         self.last_nothing_fraction = 0.0  # share of the last reduce's chunks that got no aggregate
         self._unhealthy_run = 0  # unhealthy reduces in a row
         self._unhealthy_run_chunks = 0
+        self._lockout_run = 0  # reduces in a row that ended with this worker locked out (_check_health)
+        self._skipped_run = 0  # reduces in a row its peers had left before it started them
         self._unhealthy_since_mark = False
         # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
         # queue (when the last frame sent will have left it), for per-unit deadlines.
@@ -235,8 +237,9 @@ class LtaWorker:
 
     @property
     def healthy(self) -> bool:
-        """False while the latest reduces got (almost) nothing from the network (config.on_unhealthy)."""
-        return self._unhealthy_run == 0
+        """False while the latest reduces got (almost) nothing from the network, or ended with this worker
+        locked out of its peers' rounds (config.on_unhealthy)."""
+        return self._unhealthy_run == 0 and self._lockout_run == 0
 
     def unhealthy_since_mark(self, reset: bool = True) -> bool:
         """Whether any reduce since the last call (with ``reset``) was unhealthy; the torch layer's
@@ -246,9 +249,29 @@ class LtaWorker:
             self._unhealthy_since_mark = False
         return seen
 
-    def _check_health(self, got_nothing: int, chunks: int) -> None:
+    def _check_health(self, got_nothing: int, chunks: int, passed: bool = False) -> None:
         cfg = self.config
         self.last_nothing_fraction = got_nothing / chunks
+        if passed and got_nothing == chunks and self.n_workers > 1:
+            # A reduce the peers had left before this worker started it (stopped, descheduled): every unit
+            # was overtaken. Skipping it is how a late worker catches up (docs/protocol.md, "Health during
+            # training"), so it counts toward neither run below, up to catch_up_reduces in a row.
+            self._unhealthy_since_mark = True
+            self._skipped_run += 1
+            if self._skipped_run > cfg.catch_up_reduces:
+                message = (
+                    f"worker {self.worker_id} of job {self.job_id}: {self._skipped_run} reduces in a row "
+                    f"were over before it started them (its peers had moved past each while it was stopped "
+                    f"or descheduled, or they finished and left the job); it cannot catch up within "
+                    f"catch_up_reduces={cfg.catch_up_reduces}"
+                )
+                if cfg.on_unhealthy == "raise":
+                    raise UnhealthyTraining(message)
+                if cfg.on_unhealthy == "warn" and self._skipped_run == cfg.catch_up_reduces + 1:
+                    log.warning(message)
+            return
+        self._skipped_run = 0
+        self._check_lockout(chunks)
         if self.last_nothing_fraction < cfg.unhealthy_fraction:
             self._unhealthy_run = self._unhealthy_run_chunks = 0
             return
@@ -270,6 +293,34 @@ class LtaWorker:
         if cfg.on_unhealthy == "raise":
             raise UnhealthyTraining(message)
         if cfg.on_unhealthy == "warn" and self._unhealthy_run == cfg.unhealthy_reduces:
+            log.warning(message)
+
+    def _check_lockout(self, chunks: int) -> None:
+        """A worker whose own bit was missing from every RESULT of a whole window (``Deadlines
+        .track_absent``: its peers presume it dead, close its rounds on the RTO and never wait for it, so
+        it stays behind them) and that got no aggregate for at least ``lockout_fraction`` of its chunks
+        trains on stale fallbacks that feed themselves: after ``unhealthy_reduces`` such reduces in a row,
+        it is unhealthy with that cause named (the 90% check alone let a replica at 60-70% fallbacks run
+        to the end untrained: chaos seed 84)."""
+        cfg = self.config
+        own = (int(self.deadlines.presumed_dead) >> self.worker_id) & 1
+        if not own or self.last_nothing_fraction < cfg.lockout_fraction or self.n_workers < 2:
+            self._lockout_run = 0
+            return
+        self._lockout_run += 1
+        self._unhealthy_since_mark = True
+        if self._lockout_run < cfg.unhealthy_reduces:
+            return
+        message = (
+            f"worker {self.worker_id} of job {self.job_id}: locked out: its peers presume it dead and close "
+            f"every round without it (its GRADs counted in no RESULT of a whole window, {self._lockout_run} "
+            f"reduces in a row); {self.last_nothing_fraction:.0%} of the last reduce's {chunks} chunks got "
+            f"no aggregate, so its replica trains on stale fallbacks. It fell behind them (stopped, "
+            f"descheduled, or a burst of lost RESULTs) and cannot rejoin their rounds"
+        )
+        if cfg.on_unhealthy == "raise":
+            raise UnhealthyTraining(message)
+        if cfg.on_unhealthy == "warn" and self._lockout_run == cfg.unhealthy_reduces:
             log.warning(message)
 
     def allreduce(
@@ -408,7 +459,11 @@ class LtaWorker:
                     _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
-        self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())))
+        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
+        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
+        last = plan.base + plan.units - 1
+        passed = bool(self._slot_newest[last % self._slots] > last)
+        self._check_health(got_nothing, max(1, plan.chunks_count - int(plan.elsewhere.sum())), passed)
         done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
         return ReduceResult(
