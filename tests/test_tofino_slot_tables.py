@@ -1,12 +1,13 @@
 """The Tofino slot state machine's decisions (p4/tofino/slot_update.p4) against the switch contract.
 
-The control pass's slot chain is five register tables, each keyed on the answers of the registers before
-it, plus result_prep and decide; their const entries are the whole decision logic. This test reads those
-entries from the source, walks them for every combination of a slot's state and a packet (the register
-actions' answers modelled as their P4 bodies say: slot_seq and slot_count answer a stateful-ALU
-predicate, 1 << (cmplo + 2 * cmphi); slot_round answers its XOR with the packet's word) and compares the
-branch, the element operation, what is emitted, result_quorum and what slot_result is given with the
-contract of docs/protocol.md written out here (as the v1model program and the Tofino section say)."""
+The slot pass's chain (slot_prep, then five register tables, each keyed on the answers of the registers
+before it, plus result_prep and decide); their const entries are the whole decision logic. This test
+reads those entries from the source, walks them for every combination of a slot's state and a packet
+(the register actions' answers modelled as their P4 bodies say: slot_seq and slot_count answer a
+stateful-ALU predicate, 1 << (cmplo + 2 * cmphi); slot_round answers its XOR with the packet's word) and
+compares the branch, the element operation, what is emitted, result_quorum and what slot_result is given
+with the contract of docs/protocol.md written out here (as the v1model program and the Tofino section
+say)."""
 
 from __future__ import annotations
 
@@ -81,11 +82,14 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
     """The control pass of one packet through the tables. count_room: quorum - count before it
     (<= 0: the quorum was reached); differs: what the stored round has other than the packet ("": the
     same exponent and MAX flag, "exp", "max")."""
-    mode = C["MODE_GRAD"] if op == "GRAD" else C["MODE_FLUSH"]
     bit = 1 << worker
     stored_bitmap = (bit if seen else 0) | OTHERS
     exp = 7
-    packet_round = exp | (C["ROUND_MAX"] if packet_max else 0) | (C["ROUND_FLUSHED"] if op == "FLUSH" else 0)
+    # slot_prep (the slot pass): the mode and the round word's bits above the exponent
+    flags = (C["FLAG_MAX"] if packet_max else 0) | C["FLAG_CRITICAL"]
+    prep, prep_args = first("slot_prep", 1, C["PASS_SLOT"], C["EMIT_NONE"], C[f"OP_{op}"], flags)
+    mode = {"prep_grad": C["MODE_GRAD"], "prep_flush": C["MODE_FLUSH"]}[prep]
+    packet_round = prep_args[0] << 8 | exp
     stored_round = (
         (exp + 1 if differs == "exp" else exp)
         | (C["ROUND_MAX"] if packet_max != (differs == "max") else 0)
@@ -109,7 +113,7 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
         old_bitmap = 0
     count = first("count_access_table", mode, bitmap_code, old_bitmap, worker)
     count_code = 0
-    q = 0 if op == "FLUSH" else quorum  # SlotPrep zeroes a FLUSH's quorum
+    q = 0 if prep == "prep_flush" else quorum  # prep_flush zeroes a FLUSH's quorum (and weight)
     if count and count[0] == "do_count_add":
         lo = q - count_room
         count_code = 1 << (int(lo < q) + 2 * int(lo + 1 == q))
@@ -199,6 +203,33 @@ CASES = list(
         (-1, 0, 1, 2, 5), (False, True), (1, 3), (False, True),
     )
 )  # fmt: skip
+
+
+def test_slot_prep_gives_each_pass_its_mode_and_round_word():
+    """slot_prep's entries: a GRAD or FLUSH in the slot pass gets its op's mode and the round word
+    exp | MAX << 8 | FLUSHED << 9 (the contract's round identity: exponent, MAX, flushed); the element
+    pass of a packet that leaves as a RESULT reads the stored fields (MODE_EMIT), the harvest pass
+    MODE_HARVEST; the control pass and every other packet touch no slot register (MODE_NONE)."""
+    slot, elements, harvest = C["PASS_SLOT"], C["PASS_ELEMENTS"], C["PASS_HARVEST"]
+    for op in ("GRAD", "FLUSH"):
+        for flags in range(256):
+            action, args = first("slot_prep", 1, slot, C["EMIT_NONE"], C[f"OP_{op}"], flags)
+            assert action == {"GRAD": "prep_grad", "FLUSH": "prep_flush"}[op]
+            word = args[0] << 8 | 0x5A
+            assert word & 0xFF == 0x5A
+            assert bool(word & C["ROUND_MAX"]) == bool(flags & C["FLAG_MAX"])
+            assert bool(word & C["ROUND_FLUSHED"]) == (op == "FLUSH")
+            assert word >> 10 == 0
+    flush_zeroes = r"action prep_flush\(bit<24> round_hi\) \{[^}]*meta\.quorum = 0;[^}]*hdr\.lta\.weight = 0;"
+    assert re.search(flush_zeroes, SOURCE)
+    for op in ("HEARTBEAT", "PARAM", "PARAM_REQ", "RESULT"):
+        assert first("slot_prep", 1, slot, C["EMIT_NONE"], C[f"OP_{op}"], 0) is None
+    assert first("slot_prep", 1, elements, C["EMIT_NONE"], 0, 0) == ("prep_pass", [C["MODE_NONE"]])
+    for emit in (C["EMIT_MULTICAST"], C["EMIT_RESEND"]):
+        assert first("slot_prep", 1, elements, emit, 0, 0) == ("prep_pass", [C["MODE_EMIT"]])
+        assert first("slot_prep", 1, harvest, emit, 0, 0) == ("prep_pass", [C["MODE_HARVEST"]])
+    assert first("slot_prep", 0, C["PASS_CONTROL"], 0, C["OP_GRAD"], 0) is None  # default: prep_none
+    assert re.search(r"const default_action = prep_none\(\);", SOURCE)
 
 
 @pytest.mark.parametrize("worker", [0, 5, 31])

@@ -15,9 +15,10 @@ const bit<32> LTA_TOFINO_MAX_WORKERS = 32;
 const bit<7> RECIRC_PORT_LOCAL = 68;
 
 // Passes a packet makes through ingress (docs/protocol.md, "Tofino").
-const bit<8> PASS_CONTROL = 0;   // from a worker: checks, slot state machine, counters
-const bit<8> PASS_ELEMENTS = 1;  // recirculated: the K accumulators (store / add / max / load hi)
-const bit<8> PASS_HARVEST = 2;   // recirculated again: the lo halves and the stored RESULT fields; sent out
+const bit<8> PASS_CONTROL = 0;   // from a worker: checks, up-loss policy, counters
+const bit<8> PASS_SLOT = 3;      // recirculated GRAD / FLUSH: the slot state machine and its branch counter
+const bit<8> PASS_ELEMENTS = 1;  // recirculated again: the K accumulators (store / add / max / load hi)
+const bit<8> PASS_HARVEST = 2;   // and again: the lo halves and the stored RESULT fields; sent out
 
 // How a packet leaves ingress (the bridged header tells egress).
 const bit<8> EMIT_NONE = 0;
@@ -78,7 +79,7 @@ header lta_pass_t {
     bit<8>  pass;
     bit<8>  element_op;
     bit<8>  emit;         // what to do after the harvest pass: EMIT_MULTICAST or EMIT_RESEND
-    bit<8>  receiver;     // the worker a resend goes back to
+    bit<8>  receiver;     // the worker a resend goes back to (the sender, from the control pass on)
     bit<7>  _pad1;
     PortId_t reply_port;  // the ingress port of the worker a resend goes back to
     bit<16> mcast_grp;
@@ -93,7 +94,7 @@ header lta_bridge_t {
 
 struct headers_t {
     lta_bridge_t  bridge;
-    lta_pass_t    pass_out;  // written by the control pass for the element pass (ingress only)
+    lta_pass_t    pass_out;  // written for the next pass (ingress only; the parsed one is then invalidated)
     lta_pass_t    pass;      // parsed: the pass a recirculated packet is in
     ethernet_t    ethernet;
     ipv4_t        ipv4;
@@ -129,7 +130,7 @@ struct ingress_metadata_t {
     PortId_t worker_port;
     // loss emulation
     bool    policy_drop;
-    // slot state machine (pass 1)
+    // slot state machine (slot pass)
     bit<16> slot_index;   // 16 bits: added to the packet's 16-bit slot in one 16-bit operation
     bit<32> worker_bit;   // 1 << worker_id
     bit<32> closed_flags; // RESULT_CLOSED | worker_id << 8

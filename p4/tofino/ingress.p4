@@ -1,9 +1,12 @@
 // Ingress (Tofino): the control pass runs the checks of docs/protocol.md in order (a damaged IPv4/UDP
-// header first), the slot state machine and the counters; a packet that changes or reads the K
-// accumulators recirculates for the element pass, and one that leaves as a RESULT once more for the
-// harvest pass (docs/protocol.md, "Tofino"). Every LTA packet counts rx_packets and exactly one branch
-// counter in its control pass (indexed by its job, 0 if unknown); worker_rx counts every packet that
-// passed the worker check, at job_id * LTA_MAX_WORKERS + worker_id.
+// header first) and the up-loss policy; a GRAD or FLUSH that passes them recirculates for the slot pass
+// (the slot state machine), one that changes or reads the K accumulators once more for the element pass,
+// and one that leaves as a RESULT once more for the harvest pass (docs/protocol.md, "Tofino"). The
+// control pass and the recirculated passes are the two branches of one if, so the compiler may place
+// them in the same stages. Every LTA packet counts rx_packets in its control pass and exactly one branch
+// counter (indexed by its job, 0 if unknown): in the control pass, or in the slot pass for the slot state
+// machine's branches; worker_rx counts every packet that passed the worker check, at
+// job_id * LTA_MAX_WORKERS + worker_id.
 #ifndef LTA_INGRESS
 #define LTA_INGRESS
 
@@ -15,6 +18,9 @@
 #include "slot_update.p4"
 #include "result_emit.p4"
 
+// The slot pass's quorum is a stateful ALU input: in one 32-bit container (split over three, slot_count's
+// table could not reach it from the search bus).
+@pa_container_size("ingress", "meta.quorum", 32)
 control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
                    in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
@@ -68,119 +74,139 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         meta.branch = BRANCH_NONE;
         meta.result_quorum = false;
         meta.policy_drop = false;
-        // Element and harvest passes are internal packets: nothing is checked or counted again.
+        meta.counter_index = 0;
+        // Slot, element and harvest passes are internal packets: nothing is checked again.
         bool recirculated = hdr.pass.isValid();
-        // The accumulators first: they need nothing the control pass decides (it writes pass_out, not
-        // the parsed pass header), and Tofino 1 places tables in the order they are applied.
-        if (recirculated) {
-            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
-        }
         // (Tofino: a bool takes a constant or one comparison; compound conditions live in ifs.)
         bool lta_packet = false;
         if (!recirculated && hdr.udp.isValid() && hdr.udp.dst_port == LTA_PORT) {
             lta_packet = true;
         }
-        bool to_slot = false;
-        bool slot_candidate = false;  // passed every check before the up-loss policy
-        bool up_active = false;       // the up-loss policy applies (a checked, non-CRITICAL GRAD)
-        if (lta_packet) {
-            ip_len.apply();
-            // ---- control pass: the checks in order ----
-            if (hdr.lta.isValid()) {
-                job_lookup.apply(hdr.lta, meta);
-                slot_range.apply();
-            }
-        }
-        // No side effect: the slot index, the sender's bit, the round word and the mode, early.
-        slot_prep.apply(hdr, meta);
-        if (lta_packet) {
-            if (meta.job_known) {
-                meta.counter_index = hdr.lta.job_id;
-            } else {
-                meta.counter_index = 0;
-            }
-            // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
-            // included, so it counts on index 0. (Trailing bytes after the payload are not seen
-            // here: Tofino's ingress does not know the frame length.) A gateway reads at most 4 bytes
-            // and 12 bits, so the tests are split over three ifs of one outcome.
-            bool damaged = false;
-            if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1) {
-                damaged = true;
-            } else if (hdr.ipv4.frag_offset != 0 || ip_udp_len_diff != 20) {
-                damaged = true;
-            } else if (ig_prsr_md.parser_err != 0) {
-                damaged = true;
-            }
-            if (damaged) {
-                meta.counter_index = 0;
-                meta.branch = BRANCH_DROP_MALFORMED;
-            } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
-                    || (hdr.lta.op > OP_PARAM_REQ && hdr.lta.op != OP_HEARTBEAT)
-                    || hdr.lta.op == OP_RESULT) {
-                meta.branch = BRANCH_DROP_MALFORMED;
-            } else if (!meta.job_known) {
-                meta.branch = BRANCH_DROP_UNKNOWN_JOB;
-            } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES) {
-                meta.branch = BRANCH_DROP_MALFORMED;
-            } else if (nelem_over != 0) {
-                meta.branch = BRANCH_DROP_MALFORMED;
-            } else {
-                worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
-                if (meta.worker_known) {
-                    // A counter's index must be one field or a hash: the identity hash of
-                    // job_id[5:0] ++ worker_id[5:0] is job_id * 64 + worker_id for a known job and
-                    // worker (both below 64).
-                    bit<12> worker_rx_index = worker_rx_hash.get({hdr.lta.job_id[5:0],
-                                                                  hdr.lta.worker_id[5:0]});
-                    worker_rx.count(worker_rx_index);
-                }
-                if (!meta.worker_known || (bit<32>)hdr.lta.worker_id >= LTA_TOFINO_MAX_WORKERS) {
-                    meta.branch = BRANCH_DROP_BAD_WORKER;
-                } else if (hdr.lta.op == OP_HEARTBEAT) {
-                    meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
-                } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
-                    // Replicated unchanged; egress drops the sender's own copy.
-                    if (hdr.lta.op == OP_PARAM) {
-                        meta.branch = BRANCH_PARAM_FWD;
-                    } else {
-                        meta.branch = BRANCH_PARAM_REQ_FWD;
-                    }
-                    ig_tm_md.mcast_grp_a = meta.mcast_grp;
-                    hdr.bridge.setValid();
-                    hdr.bridge.emit = EMIT_PARAM;
-                    hdr.bridge.receiver = 0;
-                    ig_dprsr_md.drop_ctl = 0;
-                } else if (slot_room == 0) {
-                    meta.branch = BRANCH_DROP_SLOT_RANGE;
-                } else {
-                    slot_candidate = true;
-                    if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
-                        up_active = true;
-                    }
-                }
-            }
-        }
-        // The policy is looked up for every packet from the first stages (no side effect); only its
-        // state register and decision wait for the checks above (drop_policy.p4).
-        up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, up_active, meta.policy_drop);
-        if (slot_candidate) {
-            if (meta.policy_drop) {
-                meta.branch = BRANCH_DROP_POLICY_UP;
-            } else {
-                to_slot = true;
-            }
-        }
-        if (lta_packet) {
-            rx_counter.apply(meta.counter_index);  // here: Tofino 1 places tables in applied order
-        }
-
-        // The slot state machine's first table keys on the policy's decision, so the chain starts in the
-        // stage that decides it (a dropped packet touches no register: slot_seq's table does nothing).
-        if (recirculated || slot_candidate) {
-            slot_update.apply(hdr, meta);
-        }
+        ip_len.apply();  // no side effect: for every packet, from stage 0
+        // The accumulators next: they need nothing the other passes decide (those write pass_out, not
+        // the parsed pass header), and Tofino 1 places tables in the order they are applied.
         if (recirculated) {
-            if (hdr.pass.pass == PASS_ELEMENTS) {
+            elements.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
+        }
+        // The job is looked up in every pass of an LTA packet (no side effect): the control pass
+        // checks it, the slot pass takes the slot's base, quorum and group from it again rather than
+        // from the pass header; the element and harvest passes do not use it.
+        if (hdr.lta.isValid()) {
+            job_lookup.apply(hdr.lta, meta);
+            slot_range.apply();
+        }
+        // No side effect: in the slot pass the slot index, the sender's bit, the round word and the mode.
+        slot_prep.apply(hdr, meta);
+        bool count_branch = false;
+        if (!recirculated) {
+            // ---- control pass: the checks in order and the up-loss policy ----
+            bool slot_candidate = false;  // passed every check before the up-loss policy
+            bool up_active = false;       // the up-loss policy applies (a checked, non-CRITICAL GRAD)
+            if (lta_packet) {
+                if (meta.job_known) {
+                    meta.counter_index = hdr.lta.job_id;
+                }
+                // A damaged IPv4/UDP header or a truncated packet: nothing of it is trusted, the job id
+                // included, so it counts on index 0. (Trailing bytes after the payload are not seen
+                // here: Tofino's ingress does not know the frame length.) A gateway reads at most 4
+                // bytes and 12 bits, so the tests are split over three ifs of one outcome.
+                bool damaged = false;
+                if (meta.ipv4_checksum_err || (hdr.ipv4.flags & 1) == 1) {
+                    damaged = true;
+                } else if (hdr.ipv4.frag_offset != 0 || ip_udp_len_diff != 20) {
+                    damaged = true;
+                } else if (ig_prsr_md.parser_err != 0) {
+                    damaged = true;
+                }
+                if (damaged) {
+                    meta.counter_index = 0;
+                    meta.branch = BRANCH_DROP_MALFORMED;
+                } else if (!hdr.lta.isValid() || hdr.lta.version != LTA_VERSION || hdr.lta.op < OP_GRAD
+                        || (hdr.lta.op > OP_PARAM_REQ && hdr.lta.op != OP_HEARTBEAT)
+                        || hdr.lta.op == OP_RESULT) {
+                    meta.branch = BRANCH_DROP_MALFORMED;
+                } else if (!meta.job_known) {
+                    meta.branch = BRANCH_DROP_UNKNOWN_JOB;
+                } else if (!hdr.payload.isValid() || hdr.udp.length != LTA_UDP_BYTES) {
+                    meta.branch = BRANCH_DROP_MALFORMED;
+                } else if (nelem_over != 0) {
+                    meta.branch = BRANCH_DROP_MALFORMED;
+                } else {
+                    worker_check.apply(hdr.lta, ig_intr_md.ingress_port, meta);
+                    if (meta.worker_known) {
+                        // A counter's index must be one field or a hash: the identity hash of
+                        // job_id[5:0] ++ worker_id[5:0] is job_id * 64 + worker_id for a known job and
+                        // worker (both below 64).
+                        bit<12> worker_rx_index = worker_rx_hash.get({hdr.lta.job_id[5:0],
+                                                                      hdr.lta.worker_id[5:0]});
+                        worker_rx.count(worker_rx_index);
+                    }
+                    if (!meta.worker_known || (bit<32>)hdr.lta.worker_id >= LTA_TOFINO_MAX_WORKERS) {
+                        meta.branch = BRANCH_DROP_BAD_WORKER;
+                    } else if (hdr.lta.op == OP_HEARTBEAT) {
+                        meta.branch = BRANCH_HEARTBEAT;  // counted, nothing leaves
+                    } else if (hdr.lta.op == OP_PARAM || hdr.lta.op == OP_PARAM_REQ) {
+                        // Replicated unchanged; egress drops the sender's own copy.
+                        if (hdr.lta.op == OP_PARAM) {
+                            meta.branch = BRANCH_PARAM_FWD;
+                        } else {
+                            meta.branch = BRANCH_PARAM_REQ_FWD;
+                        }
+                        ig_tm_md.mcast_grp_a = meta.mcast_grp;
+                        hdr.bridge.setValid();
+                        hdr.bridge.emit = EMIT_PARAM;
+                        hdr.bridge.receiver = 0;
+                        ig_dprsr_md.drop_ctl = 0;
+                    } else if (slot_room == 0) {
+                        meta.branch = BRANCH_DROP_SLOT_RANGE;
+                    } else {
+                        slot_candidate = true;
+                        if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
+                            up_active = true;
+                        }
+                    }
+                }
+            }
+            // The policy is looked up for every packet of this pass (no side effect); only its state
+            // register and decision wait for the checks above (drop_policy.p4).
+            up_loss.apply(hdr.lta.job_id, hdr.lta.worker_id, up_active, meta.policy_drop);
+            if (lta_packet) {
+                rx_counter.apply(meta.counter_index);  // here: Tofino 1 places tables in applied order
+            }
+            if (slot_candidate) {
+                if (meta.policy_drop) {
+                    meta.branch = BRANCH_DROP_POLICY_UP;
+                    count_branch = true;
+                } else {
+                    // On to the slot pass, which counts the branch the slot state machine decides.
+                    hdr.pass_out.setValid();
+                    hdr.pass_out.pass = PASS_SLOT;
+                    hdr.pass_out.element_op = 0;
+                    hdr.pass_out.emit = EMIT_NONE;
+                    hdr.pass_out.receiver = hdr.lta.worker_id;
+                    hdr.pass_out.reply_port = ig_intr_md.ingress_port;
+                    recirculate();
+                }
+            } else if (lta_packet) {
+                count_branch = true;
+            }
+        } else {
+            // ---- slot pass: the slot state machine; element pass: the stored RESULT fields;
+            // harvest pass: their lo halves. A dropped packet never gets here (no policy_drop).
+            slot_update.apply(hdr, meta);
+            if (hdr.pass.pass == PASS_SLOT) {
+                meta.counter_index = hdr.lta.job_id;
+                count_branch = true;
+                if (hdr.pass_out.isValid()) {
+                    // The slot needs its accumulators: on to the element pass.
+                    hdr.pass_out.receiver = hdr.pass.receiver;
+                    hdr.pass_out.reply_port = hdr.pass.reply_port;
+                    hdr.pass_out.slot_index = meta.slot_index;
+                    hdr.pass_out.mcast_grp = meta.mcast_grp;
+                    hdr.pass.setInvalid();
+                    recirculate();
+                }
+            } else if (hdr.pass.pass == PASS_ELEMENTS) {
                 if (hdr.pass.emit != EMIT_NONE) {
                     hdr.pass.pass = PASS_HARVEST;
                     recirculate();
@@ -189,18 +215,9 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 result_emit.apply(hdr, ig_tm_md);
                 ig_dprsr_md.drop_ctl = 0;
             }
-        } else if (to_slot && hdr.pass_out.isValid()) {
-            // The slot needs its accumulators: on to the element pass. The control pass writes
-            // pass_out, never the parsed pass header the element pass reads, so the element tables do
-            // not depend on the control chain and share its stages.
-            hdr.pass_out.receiver = hdr.lta.worker_id;
-            hdr.pass_out.reply_port = ig_intr_md.ingress_port;
-            hdr.pass_out.slot_index = meta.slot_index;
-            hdr.pass_out.mcast_grp = meta.mcast_grp;
-            recirculate();
         }
-        if (lta_packet) {
-            // The branch: the checks', or (to_slot) the slot state machine's.
+        if (count_branch) {
+            // The branch: the checks' (control pass), or the slot state machine's (slot pass).
             branch_counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
         }
     }

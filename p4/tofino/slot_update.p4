@@ -1,4 +1,4 @@
-// Slot update (Tofino): the GRAD / FLUSH state machine of docs/protocol.md on one slot, in the control
+// Slot update (Tofino): the GRAD / FLUSH state machine of docs/protocol.md on one slot, in the slot
 // pass, and the reads of the stored RESULT fields in the element and harvest passes.
 // Tofino lets a pass touch each register once, through one stateful ALU that returns one 32-bit word,
 // so the slot is five registers read in dependency order, each updated by the same access that reads it:
@@ -56,42 +56,60 @@ const bit<8> RESULT_READ_LO = 3;
 const bit<8> RESULT_READ_HI = 4;
 const bit<8> RESULT_HARVEST = 5;
 
-// Before the checks end (no side effect): the slot index, the sender's bit, the packet's round word,
-// the mode. Applied early: Tofino 1 places tables in the order they are applied.
+// In the slot pass (no side effect): the slot index, the sender's bit, the packet's round word
+// (exp | MAX << 8 | FLUSHED << 9) and the mode, as one table keyed on the pass and the op rather than a
+// chain of ifs (a gateway level per stage); in the element and harvest passes the slot index and mode.
+// Applied early: Tofino 1 places tables in the order they are applied.
 control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
     WorkerBit() worker_bit;
+    action prep_none() { meta.slot_mode = MODE_NONE; }
+    action prep_grad(bit<24> round_hi) {
+        meta.slot_mode = MODE_GRAD;
+        meta.slot_index = meta.slot_base + hdr.lta.slot;
+        meta.packet_round = round_hi ++ hdr.lta.exp;
+    }
+    // FLUSH: a round it opens is flushed; slot_count's {count, weight} then {0, 0} (the later passes
+    // take the RESULT's weight from the register).
+    action prep_flush(bit<24> round_hi) {
+        meta.slot_mode = MODE_FLUSH;
+        meta.slot_index = meta.slot_base + hdr.lta.slot;
+        meta.packet_round = round_hi ++ hdr.lta.exp;
+        meta.quorum = 0;
+        hdr.lta.weight = 0;
+    }
+    action prep_pass(bit<8> mode) {
+        meta.slot_mode = mode;
+        meta.slot_index = hdr.pass.slot_index;
+    }
+    table slot_prep {
+        key = {
+            hdr.pass.isValid(): exact @name("recirculated");
+            hdr.pass.pass: ternary @name("pass");
+            hdr.pass.emit: ternary @name("emit");
+            hdr.lta.op: ternary @name("op");
+            hdr.lta.flags: ternary @name("flags");
+        }
+        actions = { prep_none; prep_grad; prep_flush; prep_pass; }
+        const entries = {
+            (true, PASS_SLOT, _, OP_GRAD, FLAG_MAX &&& FLAG_MAX): prep_grad(1);   // ROUND_MAX >> 8
+            (true, PASS_SLOT, _, OP_GRAD, _): prep_grad(0);
+            (true, PASS_SLOT, _, OP_FLUSH, FLAG_MAX &&& FLAG_MAX): prep_flush(3);  // (ROUND_MAX | ROUND_FLUSHED) >> 8
+            (true, PASS_SLOT, _, OP_FLUSH, _): prep_flush(2);                    // ROUND_FLUSHED >> 8
+            (true, PASS_ELEMENTS, EMIT_NONE, _, _): prep_pass(MODE_NONE);
+            (true, PASS_ELEMENTS, _, _, _): prep_pass(MODE_EMIT);
+            (true, PASS_HARVEST, _, _, _): prep_pass(MODE_HARVEST);
+        }
+        const default_action = prep_none();
+        size = 8;
+    }
     apply {
-        meta.slot_mode = MODE_NONE;
         meta.quorum_of_one = 0;
         if (meta.quorum <= 1) {
             meta.quorum_of_one = 1;
         }
         meta.sat_flags = (bit<32>)(hdr.lta.flags & FLAG_SATURATED);
-        if (!hdr.pass.isValid()) {
-            meta.slot_index = meta.slot_base + hdr.lta.slot;
-            worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, meta.closed_flags);
-            meta.packet_round = (bit<32>)hdr.lta.exp;
-            if ((hdr.lta.flags & FLAG_MAX) != 0) {
-                meta.packet_round = meta.packet_round | ROUND_MAX;
-            }
-            if (hdr.lta.op == OP_GRAD) {
-                meta.slot_mode = MODE_GRAD;
-            } else if (hdr.lta.op == OP_FLUSH) {
-                // FLUSH: a round it opens is flushed; slot_count's {count, weight} then {0, 0} (the
-                // later passes take the RESULT's weight from the register).
-                meta.slot_mode = MODE_FLUSH;
-                meta.packet_round = meta.packet_round | ROUND_FLUSHED;
-                meta.quorum = 0;
-                hdr.lta.weight = 0;
-            }
-        } else {
-            meta.slot_index = hdr.pass.slot_index;
-            if (hdr.pass.pass != PASS_ELEMENTS) {
-                meta.slot_mode = MODE_HARVEST;
-            } else if (hdr.pass.emit != EMIT_NONE) {
-                meta.slot_mode = MODE_EMIT;
-            }
-        }
+        worker_bit.apply(hdr.lta.worker_id, meta.worker_bit, meta.closed_flags);
+        slot_prep.apply();
     }
 }
 
