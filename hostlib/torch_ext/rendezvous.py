@@ -46,6 +46,7 @@ fallbacks.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,8 @@ from hostlib.errors import HealthCheckError
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
+
+log = logging.getLogger(__name__)
 
 SELF_HOSTED_LISTEN = ("127.0.0.1", 0)  # loopback, any port
 _FIXED_PORTS_HINT = (
@@ -266,7 +269,16 @@ def join_job(
         ) from exc
     if switch_rcvbuf and options.transport.window is None:
         # The softswitch's one socket takes every worker's window: size the windows to it.
-        worker.fit_window_to_switch(switch_rcvbuf)
+        full = worker.window
+        if worker.fit_window_to_switch(switch_rcvbuf) < full and rank == 0:
+            log.warning(
+                "lta: the self-hosted switch's receive buffer (%d KiB) holds a window of %d of %d units per "
+                "rank; for full speed raise net.core.rmem_max (e.g. sysctl -w net.core.rmem_max=33554432) "
+                "or give rank 0 CAP_NET_ADMIN",
+                switch_rcvbuf // 1024,
+                worker.window,
+                full,
+            )
     host, port = worker.address
     worker_port = port
     store.set(_key(options, f"worker{rank}"), f"{host}:{port}")
