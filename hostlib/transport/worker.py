@@ -265,10 +265,7 @@ class LtaWorker:
                     f"or descheduled, or they finished and left the job); it cannot catch up within "
                     f"catch_up_reduces={cfg.catch_up_reduces}"
                 )
-                if cfg.on_unhealthy == "raise":
-                    raise UnhealthyTraining(message)
-                if cfg.on_unhealthy == "warn" and self._skipped_run == cfg.catch_up_reduces + 1:
-                    log.warning(message)
+                self._report_unhealthy(message, first=self._skipped_run == cfg.catch_up_reduces + 1)
             return
         self._skipped_run = 0
         self._check_lockout(chunks)
@@ -290,10 +287,7 @@ class LtaWorker:
             f"is running on fallbacks, not on the other workers' gradients. Check the switch at "
             f"{self.switch_addr[0]}:{self.switch_addr[1]} and the loss on the path"
         )
-        if cfg.on_unhealthy == "raise":
-            raise UnhealthyTraining(message)
-        if cfg.on_unhealthy == "warn" and self._unhealthy_run == cfg.unhealthy_reduces:
-            log.warning(message)
+        self._report_unhealthy(message, first=self._unhealthy_run == cfg.unhealthy_reduces)
 
     def _check_lockout(self, chunks: int) -> None:
         """A worker whose own bit was missing from every RESULT of a whole window (``Deadlines
@@ -318,9 +312,14 @@ class LtaWorker:
             f"no aggregate, so its replica trains on stale fallbacks. It fell behind them (stopped, "
             f"descheduled, or a burst of lost RESULTs) and cannot rejoin their rounds"
         )
-        if cfg.on_unhealthy == "raise":
+        self._report_unhealthy(message, first=self._lockout_run == cfg.unhealthy_reduces)
+
+    def _report_unhealthy(self, message: str, *, first: bool) -> None:
+        """What ``config.on_unhealthy`` says to do with an unhealthy run: raise, or warn once (``first``:
+        the reduce that reached the run's bound), or nothing."""
+        if self.config.on_unhealthy == "raise":
             raise UnhealthyTraining(message)
-        if cfg.on_unhealthy == "warn" and self._lockout_run == cfg.unhealthy_reduces:
+        if self.config.on_unhealthy == "warn" and first:
             log.warning(message)
 
     def allreduce(
