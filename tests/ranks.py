@@ -52,3 +52,34 @@ def train_regression(model: Any, rank: int, steps: int) -> list[float]:
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def join_in_threads(world: int, options: Any) -> list:
+    """Every rank of ``world`` joins a self-hosted LTA job (rendezvous.join_job) from its own thread on one
+    HashStore; returns the sessions, or closes those that joined and raises the first error."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hostlib.torch_ext.rendezvous import join_job
+
+    store, sessions, errors = dist.HashStore(), [None] * world, []
+
+    def join(rank: int) -> None:
+        try:
+            sessions[rank] = join_job(store, rank, world, options, timedelta(seconds=20))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    if errors:
+        for s in sessions:
+            if s is not None:
+                s.close()
+        raise errors[0]
+    return sessions

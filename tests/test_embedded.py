@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from hostlib.torch_ext.embedded import SWITCH_INTERVAL_S, EmbeddedSwitch
+from tests.ranks import join_in_threads
 
 
 @pytest.mark.parametrize("before", [0.005, 0.0001])
@@ -27,35 +28,6 @@ def test_switch_interval_lowered_while_running_and_restored(before: float) -> No
         sys.setswitchinterval(saved)
 
 
-def _join_threads(world: int, options) -> list:  # noqa: ANN001
-    import threading
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from hostlib.torch_ext.rendezvous import join_job
-
-    store, sessions, errors = dist.HashStore(), [None] * world, []
-
-    def join(rank: int) -> None:
-        try:
-            sessions[rank] = join_job(store, rank, world, options, timedelta(seconds=20))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    if errors:
-        for s in sessions:
-            if s is not None:
-                s.close()
-        raise errors[0]
-    return sessions
-
-
 @pytest.mark.parametrize("force", [True, False])
 def test_self_hosted_windows_fit_the_switch_receive_buffer_together(force: bool, monkeypatch) -> None:  # noqa: ANN001
     """Every worker's window of 64 KiB datagrams in flight at once must fit the softswitch's one receive
@@ -71,7 +43,7 @@ def test_self_hosted_windows_fit_the_switch_receive_buffer_together(force: bool,
         monkeypatch.setattr(server, "_force_receive_buffer", lambda sock, size: None)
     world, k = 4, 16367
     options = LtaOptions(job_id=7, transport=TransportConfig(elems_per_packet=k, health_timeout_s=2.0))
-    sessions = _join_threads(world, options)
+    sessions = join_in_threads(world, options)
     try:
         usable = sessions[0].embedded.rcvbuf_bytes // 2
         windows = [s.worker.window for s in sessions]
@@ -87,7 +59,7 @@ def test_a_window_set_by_the_user_is_kept() -> None:
     from hostlib.transport import TransportConfig
 
     transport = TransportConfig(elems_per_packet=16367, window=200, health_timeout_s=2.0)
-    sessions = _join_threads(2, LtaOptions(job_id=8, transport=transport))
+    sessions = join_in_threads(2, LtaOptions(job_id=8, transport=transport))
     try:
         assert [s.worker.window for s in sessions] == [200, 200]
     finally:

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import threading
-from datetime import timedelta
-
 import pytest
 import torch.distributed as dist
 
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
 from hostlib.transport import TransportConfig
+from tests.ranks import join_in_threads
 
 
 def test_window_size_is_the_quorum():
@@ -36,25 +34,10 @@ def test_max_wait_s_is_the_step_deadline():
 
 
 def test_the_quorum_reaches_the_self_hosted_switch():
-    store = dist.HashStore()
     world = 2
     options = LtaOptions(window_size=1, job_id=5, transport=TransportConfig(health_timeout_s=2.0))
-    sessions: list = [None] * world
-    errors: list[BaseException] = []
-
-    def join(rank: int) -> None:
-        try:
-            sessions[rank] = join_job(store, rank, world, options, timedelta(seconds=20))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    sessions = join_in_threads(world, options)
     try:
-        assert not errors, errors
         assert sessions[0].switch.jobs[5].cfg.quorum == 1
     finally:
         for s in sessions:
