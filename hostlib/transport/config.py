@@ -106,6 +106,12 @@ class TransportConfig:
     # on (their next use of the slot, D units later), a worker that lost the RESULT can never get it back,
     # and without a bound it would hold its own next use of the slot, and so every worker, forever.
     critical_max_resends: int = 8
+    # A late peer is not a lost packet: while some live peer has not shown (by the bitmaps) that it sent a
+    # critical unit, the unit's resends do not count toward critical_max_resends, for up to this long after
+    # its first send. Without it a peer descheduled for 15 RTOs (300 ms at the 20 ms floor) had the
+    # critical units it had not sent yet closed short without it. Longer than the liveness timeout (3 s):
+    # a dead peer's rounds close by the quorum the liveness monitor lowers. 0: every resend counts.
+    critical_wait_ms: float = 5000.0
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (hostlib/liveness.py).
     heartbeat_interval_s: float = 0.5
@@ -173,6 +179,8 @@ class TransportConfig:
             )
         if self.critical_max_resends < 0:
             raise ValueError(f"critical_max_resends must be >= 0, got {self.critical_max_resends}")
+        if self.critical_wait_ms < 0:
+            raise ValueError(f"critical_wait_ms must be >= 0, got {self.critical_wait_ms}")
         if self.early_close_slack_ms < 0:
             raise ValueError(f"early_close_slack_ms must be >= 0, got {self.early_close_slack_ms}")
 

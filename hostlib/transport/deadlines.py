@@ -160,10 +160,18 @@ class Deadlines:
 
     def resending(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """Which of ``units`` are resent rather than flushed at their deadline: the critical ones, unless
-        a peer looks dead or they were resent ``critical_max_resends`` times already (see config)."""
+        a peer looks dead or they were resent ``critical_max_resends`` times already, not counting the
+        resends made while a live peer was late (see :meth:`waiting_for_late_peer` and the config)."""
         if self.early_close:
             return np.zeros(len(units), dtype=bool)
-        return plan.critical_unit[units] & (plan.retx[units] < self.config.critical_max_resends)
+        return plan.critical_unit[units] & (plan.retx_spent[units] < self.config.critical_max_resends)
+
+    def waiting_for_late_peer(self, plan: ReducePlan, units: np.ndarray, now: float) -> np.ndarray:
+        """Which of ``units`` some live peer may not have sent yet (past its frontier), within
+        ``critical_wait_ms`` of their first send: a critical resend of one of them waits for that peer
+        and does not spend the unit's resend budget."""
+        beyond = units > self.slowest_frontier(plan)
+        return beyond & (now - plan.sent_at[units] < self.config.critical_wait_ms / 1000.0)
 
     def peer_lag_s(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """How much later than this worker the slowest peer may send ``units``, when the frame rate is
@@ -184,7 +192,8 @@ class Deadlines:
         it if the first copy was lost, or answers a closed round with its stored RESULT), one RTO after
         the first send, then every two: LTP's losses are random, not congestion, and the critical units
         are few, so doubling (which made the p99 step 2.7x at 5% kernel loss) buys nothing. Past
-        ``critical_max_resends`` resends, or while a peer looks dead, it is flushed like the rest."""
+        ``critical_max_resends`` resends (those made while a live peer was late do not count, for up to
+        ``critical_wait_ms``), or while a peer looks dead, it is flushed like the rest."""
         if not units.size:
             return
         flushes = plan.flushes[units]

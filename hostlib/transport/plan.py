@@ -87,6 +87,8 @@ class ReducePlan:
         self.any_owned = False
         self.any_critical = False
         self.retx = np.zeros(self.units, dtype=np.int64)  # GRAD resends of a critical unit
+        # ... of which count toward critical_max_resends (not those made waiting for a late peer)
+        self.retx_spent = np.zeros(self.units, dtype=np.int64)
         # Adaptive early close: when each unit's RESULT is expected (send time + queue + own frame at the
         # bottleneck rate, before the round trip; inf where no rate is known), units with every worker
         # counted, and the close (see earlyclose.py).
@@ -177,6 +179,7 @@ class ReducePlan:
             arr[:] = 0
         self.probes[:] = 0
         self.retx[:] = 0
+        self.retx_spent[:] = 0
         self.proven_lost[:] = False
         self.deadline_at[:] = np.inf
         self.expect_at[:] = np.inf

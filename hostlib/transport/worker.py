@@ -350,8 +350,10 @@ class LtaWorker:
         one of their values). Their GRADs are resent on the RTO until the round closes; no worker
         FLUSHes them, so every worker of the job must mark the same chunks (as it passes the same
         lengths). They are flushed like the rest only when a peer looks dead, or after
-        ``config.critical_max_resends`` resends (the slot may have moved on: see the config), and given
-        up at ``reduce_timeout_s``; ``stats.critical_*`` counts what happened to them.
+        ``config.critical_max_resends`` resends (the slot may have moved on: see the config; resends
+        made while a live peer had not reached the unit yet do not count, for up to
+        ``config.critical_wait_ms``), and given up at ``reduce_timeout_s``; ``stats.critical_*`` counts
+        what happened to them.
 
         ``out``: a C-contiguous float32 array of ``x``'s size to write the result into (it may be ``x``'s
         own memory: the input is read before anything is written); ``ReduceResult.values`` is then
@@ -814,6 +816,8 @@ class LtaWorker:
             plan.data_batch["flags"][c] |= _RETX
             self._send(plan.data_rows[c])
         plan.retx[units] += 1
+        late = self.deadlines.waiting_for_late_peer(plan, units, now)
+        plan.retx_spent[units[~late]] += 1
         self.stats.critical_resends += len(units)
         self.deadlines.arm(plan, units, now)
 
