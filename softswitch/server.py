@@ -1,4 +1,4 @@
-"""The softswitch as a UDP aggregation server: one socket, batches of packets in, the pipeline's replies out.
+"""The softswitch as a UDP aggregation server: batches of packets in, the pipeline's replies out.
 
 Runs in a background thread (``SoftSwitchServer.start()``, what tests and ``lta train`` use) or in the
 foreground (``lta softswitch --listen HOST:PORT``). Workers are identified by their UDP source address,
@@ -8,37 +8,31 @@ Each wake-up takes every queued datagram in one system call (GRO trains cut into
 :mod:`hostlib.batchio`), runs them through :meth:`SoftSwitch.process_batch` as one batch (the native engine),
 and sends the replies in one call, each destination's as GSO trains: the per-packet cost is the kernel's
 and C's, not Python's.
+
+Every worker's window of datagrams in flight lands in the switch's receive buffer at once. An unprivileged
+process gets at most ``net.core.rmem_max`` (4 MiB on a stock kernel) per socket, so ``sockets`` > 1 binds a
+group of that many sockets to the one address (``SO_REUSEPORT``) with a classic BPF program that steers each
+datagram to socket ``worker_id mod sockets`` (read from the LTA header): each has its own buffer, one worker's
+packets stay in order in one of them, and the one serving thread polls them all.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 from typing import Self
 
 from hostlib.batchio import MAX_DATAGRAM, BatchSocket, RxBatch
+from softswitch import reuseport
 from softswitch.pipeline import SoftSwitch
+from softswitch.reuseport import MAX_GROUP
 
 log = logging.getLogger(__name__)
 
 _RX_BUFFER_BYTES = 8 << 20  # receive rows per call: 1024 small packets, or 128 of 64 KiB
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux's number; Python names it from 3.12
-
-
-def _force_receive_buffer(sock: socket.socket, buffer_bytes: int) -> None:
-    """Raise the receive buffer past ``net.core.rmem_max`` where the process may (CAP_NET_ADMIN).
-
-    The switch's one socket takes every worker's window at once: with 64 KiB datagrams and the usual
-    rmem_max of a few MiB, 4 workers overflowed it on loopback (measured: ~90 datagrams dropped per
-    FSDP2 step, each costing a deadline and a FLUSH, at 0% emulated loss). Without the capability the
-    buffer stays what SO_RCVBUF gave, and the workers' windows shrink to it instead."""
-    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 * buffer_bytes:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, buffer_bytes)
-    except OSError:  # PermissionError without CAP_NET_ADMIN; not Linux
-        pass
+MAX_SOCKETS = MAX_GROUP
 
 
 class BackgroundServer:
@@ -86,28 +80,44 @@ class SoftSwitchServer(BackgroundServer):
         listen: tuple[str, int] = ("127.0.0.1", 0),
         buffer_bytes: int = 32 << 20,
         io: str | None = None,
+        sockets: int = 1,
     ) -> None:
-        self.switch = switch
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-        _force_receive_buffer(self.sock, buffer_bytes)
-        # What the kernel grants (twice the usable bytes, as Linux reports it): every worker's window
-        # of datagrams in flight lands here, so a self-hosted job sizes the windows to it (rendezvous.py).
-        self.rcvbuf_bytes: int = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        if not 1 <= sockets <= MAX_SOCKETS:
+            raise ValueError(f"sockets must be 1..{MAX_SOCKETS}, got {sockets}")
+        program = reuseport.worker_program(sockets) if sockets > 1 else None
         try:
-            self.sock.bind(listen)
+            group = reuseport.bind_group(listen, sockets, program, buffer_bytes, force=True)
         except OSError as exc:
-            self.sock.close()
-            raise OSError(f"softswitch cannot listen on {listen[0]}:{listen[1]}: {exc.strerror}") from exc
-        self.batch = BatchSocket(self.sock, io)
+            if sockets == 1 or "cannot listen" in str(exc):
+                raise
+            log.info("softswitch: no group of %d sockets on %s:%d (%s): one socket", sockets, *listen, exc)
+            group = reuseport.bind_group(listen, 1, None, buffer_bytes, force=True)
+        self._serve_on(switch, group, io)
+
+    def _serve_on(
+        self, switch: SoftSwitch, group: list[socket.socket], io: str | None, gro: bool = True
+    ) -> None:
+        """Serve ``switch`` on ``group``, bound sockets (one, or a steered reuseport group)."""
+        self.switch = switch
+        self.socks = group
+        self.sock = group[0]
+        # What the kernel grants each socket (twice the usable bytes, as Linux reports it): the windows of
+        # the workers steered to one socket land there at once, so a self-hosted job sizes the windows to
+        # it (rendezvous.py, with ``sockets``).
+        self.rcvbuf_bytes: int = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self.sockets = len(group)
+        self.batches = [BatchSocket(sock, io, gro=gro) for sock in group]
+        self.batch = self.batches[0]
         self.io = self.batch.io  # the packet I/O path in use (gso-c, mmsg-c, mmsg-ctypes or plain)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.send_errors = 0
-        super().__init__()
+        self.rx_batches = [0] * self.sockets  # receive calls that returned datagrams, per socket
+        self.rx_datagrams = [0] * self.sockets  # datagrams received, per socket
+        BackgroundServer.__init__(self)
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()
 
     def _row_bytes(self) -> int:
         """Receive rows a little longer than the longest packet of any job, so that a longer datagram
@@ -117,26 +127,46 @@ class SoftSwitchServer(BackgroundServer):
 
     def serve_forever(self) -> None:
         rx, row_bytes = None, 0
+        poller = select.poll()
+        for sock in self.socks:
+            poller.register(sock.fileno(), select.POLLIN)
+        index = {sock.fileno(): i for i, sock in enumerate(self.socks)}
         while not self._stop.is_set():
             want = self._row_bytes()
             if rx is None or want != row_bytes:
                 row_bytes = want
                 rx = RxBatch.within(_RX_BUFFER_BYTES, row_bytes)
             try:
-                n = self.batch.recv(rx, 0.1)
+                if self.sockets == 1:
+                    self._serve_batch(0, rx, 0.1)
+                    continue
+                # Sockets holding datagrams already taken from the kernel first, then what poll finds.
+                ready = [i for i, b in enumerate(self.batches) if b.pending]
+                if not ready:
+                    ready = [index[fd] for fd, _ in poller.poll(100)]
+                for i in ready:
+                    self._serve_batch(i, rx, 0)
             except OSError:
                 if self._stop.is_set():
                     return
                 raise
-            if not n:
-                continue
-            out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
-            if out.m:
-                m = out.m
-                if out.index is None:
-                    sent = self.batch.send(out.data[:m], out.lens[:m], out.egress[:m])
-                else:  # replicas share their RESULT's row
-                    sent = self.batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
-                # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
-                # as on a wire; the worker's deadlines recover it.
-                self.send_errors += m - sent
+
+    def _serve_batch(self, i: int, rx: RxBatch, timeout_s: float) -> None:
+        """One receive call on socket ``i`` (waiting up to ``timeout_s``), through the pipeline, and the
+        replies out of the same socket (every socket of the group has the switch's address)."""
+        batch = self.batches[i]
+        n = batch.recv(rx, timeout_s)
+        if not n:
+            return
+        self.rx_batches[i] += 1
+        self.rx_datagrams[i] += n
+        out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
+        if out.m:
+            m = out.m
+            if out.index is None:
+                sent = batch.send(out.data[:m], out.lens[:m], out.egress[:m])
+            else:  # replicas share their RESULT's row
+                sent = batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
+            # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
+            # as on a wire; the worker's deadlines recover it.
+            self.send_errors += m - sent

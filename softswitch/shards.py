@@ -6,7 +6,8 @@ state and need no locks between them. The steering is done by the kernel:
 
 * The parent creates N UDP sockets with ``SO_REUSEPORT`` and binds them, in order, to the same
   HOST:PORT. A reuseport group numbers its sockets in bind order: socket i has index i.
-* It attaches a classic BPF program to the group (``SO_ATTACH_REUSEPORT_CBPF``). For UDP the kernel
+* It attaches a classic BPF program to the group (``SO_ATTACH_REUSEPORT_CBPF``; :mod:`softswitch.reuseport`
+  makes groups and programs). For UDP the kernel
   runs it with the packet data starting at the UDP payload, i.e. at the LTA header, and delivers the
   datagram to the socket whose index the program returns::
 
@@ -43,12 +44,10 @@ Linux only (``SO_ATTACH_REUSEPORT_CBPF``); IPv4, like :mod:`hostlib.batchio`.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import signal
 import socket
-import struct
 import threading
 import time
 from multiprocessing.connection import Connection, wait
@@ -57,60 +56,23 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.batchio import BatchSocket
-from hostlib.protocol import HEADER_OFFSETS, SLOT_BLOCK_BITS
 from softswitch.config import load_switch
 from softswitch.pipeline import SoftSwitch
+from softswitch.reuseport import MAX_GROUP, Program, bind_group, slot_program
 from softswitch.server import SoftSwitchServer
 
 log = logging.getLogger(__name__)
 
-SO_ATTACH_REUSEPORT_CBPF = getattr(socket, "SO_ATTACH_REUSEPORT_CBPF", 51)  # <asm-generic/socket.h>
-SLOT_OFFSET = HEADER_OFFSETS["slot"]  # byte offset of the big-endian u16 slot in the LTA header
-MAX_SHARDS = 64
-
-# Classic BPF opcodes (<linux/filter.h>).
-_BPF_LD_H_ABS = 0x00 | 0x08 | 0x20  # BPF_LD | BPF_H | BPF_ABS
-_BPF_ALU_AND_K = 0x04 | 0x50 | 0x00  # BPF_ALU | BPF_AND | BPF_K
-_BPF_ALU_MOD_K = 0x04 | 0x90 | 0x00  # BPF_ALU | BPF_MOD | BPF_K
-_BPF_ALU_RSH_K = 0x04 | 0x70 | 0x00  # BPF_ALU | BPF_RSH | BPF_K
-_BPF_RET_A = 0x06 | 0x10  # BPF_RET | BPF_A
+MAX_SHARDS = MAX_GROUP
 
 _READY_TIMEOUT_S = 60.0  # a shard imports numpy and loads the config before it is ready
 _STOP_TIMEOUT_S = 5.0
 _POLL_S = 0.2
 
 
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16),
-        ("jt", ctypes.c_uint8),
-        ("jf", ctypes.c_uint8),
-        ("k", ctypes.c_uint32),
-    ]
-
-
-def steering_program(n_shards: int) -> list[tuple[int, int, int, int]]:
+def steering_program(n_shards: int) -> Program:
     """The classic BPF program ``(slot >> SLOT_BLOCK_BITS) % n_shards`` as (code, jt, jf, k) instructions."""
-    if not 1 <= n_shards <= MAX_SHARDS:
-        raise ValueError(f"shards must be in 1..{MAX_SHARDS}, got {n_shards}")
-    if n_shards & (n_shards - 1) == 0:
-        reduce = (_BPF_ALU_AND_K, 0, 0, n_shards - 1)
-    else:
-        reduce = (_BPF_ALU_MOD_K, 0, 0, n_shards)
-    block = (_BPF_ALU_RSH_K, 0, 0, SLOT_BLOCK_BITS)
-    return [(_BPF_LD_H_ABS, 0, 0, SLOT_OFFSET), block, reduce, (_BPF_RET_A, 0, 0, 0)]
-
-
-def attach_steering(sock: socket.socket, n_shards: int) -> None:
-    """Attach the steering program to the reuseport group of ``sock`` (any member; it applies to all)."""
-    insns = steering_program(n_shards)
-    prog = (_SockFilter * len(insns))(*(_SockFilter(*i) for i in insns))
-    fprog = struct.pack("@HP", len(insns), ctypes.addressof(prog))  # struct sock_fprog
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
-    except OSError as exc:
-        raise OSError(f"cannot attach the shard steering program (SO_ATTACH_REUSEPORT_CBPF): {exc}") from exc
+    return slot_program(n_shards)
 
 
 def shard_sockets(
@@ -119,53 +81,15 @@ def shard_sockets(
     """N UDP sockets in one reuseport group on ``listen`` (port 0: one free port for all), bound in order
     so that socket i has group index i, with the steering program attached: socket i receives exactly
     the datagrams whose (slot >> SLOT_BLOCK_BITS) % N == i."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise OSError("sharding needs SO_REUSEPORT (Linux)")
-    steering_program(n_shards)  # validates n_shards
-    socks: list[socket.socket] = []
-    host, port = listen
-    if port:
-        # SO_REUSEPORT would let our sockets join a group someone else (another sharded softswitch of
-        # this user) already has on the port, and the kernel would split the packets between the two.
-        # A plain bind fails on any port in use, reuseport group or not.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError as exc:
-                raise OSError(f"softswitch cannot listen on {host}:{port}: {exc.strerror}") from exc
-    try:
-        for _ in range(n_shards):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-            try:
-                sock.bind((host, port))
-            except OSError as exc:
-                raise OSError(f"softswitch cannot listen on {host}:{port}: {exc.strerror}") from exc
-            port = sock.getsockname()[1]
-        attach_steering(socks[0], n_shards)
-    except BaseException:
-        for sock in socks:
-            sock.close()
-        raise
-    return socks
+    return bind_group(listen, n_shards, slot_program(n_shards), buffer_bytes)
 
 
 class _ShardServer(SoftSwitchServer):
     """A SoftSwitchServer on a socket made (and bound) by someone else; remembers how its loop ended."""
 
     def __init__(self, switch: SoftSwitch, sock: socket.socket, io: str | None = None) -> None:
-        # SoftSwitchServer.__init__ creates and binds its own socket, so its attributes are set here.
-        self.switch = switch
-        self.sock = sock
-        self.batch = BatchSocket(sock, io, gro=False)  # see the module docstring: steering needs no GRO
-        self.io = self.batch.io
-        self.address = sock.getsockname()
-        self._stop = threading.Event()
-        self._thread = None
-        self.send_errors = 0
+        # SoftSwitchServer.__init__ creates and binds its own sockets; this one serves ``sock``.
+        self._serve_on(switch, [sock], io, gro=False)  # see the module docstring: steering needs no GRO
         self.exited = threading.Event()
         self.failure: str | None = None
 

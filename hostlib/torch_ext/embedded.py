@@ -12,7 +12,7 @@ import sys
 from hostlib.dropmodels import DropPolicy
 from hostlib.liveness import LivenessMonitor
 from softswitch.pipeline import JobConfig, SoftSwitch
-from softswitch.server import SoftSwitchServer
+from softswitch.server import MAX_SOCKETS, SoftSwitchServer
 
 # The switch thread shares the GIL with this rank's training and its own LTA worker. Python hands the GIL
 # to a waiting thread only every sys.getswitchinterval() (5 ms by default), so a batch of packets that
@@ -24,8 +24,12 @@ SWITCH_INTERVAL_S = 0.0005
 class EmbeddedSwitch:
     """A softswitch serving UDP on ``listen`` from a background thread, configured in-process."""
 
-    def __init__(self, seed: int, listen: tuple[str, int]) -> None:
-        self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen).start()
+    def __init__(self, seed: int, listen: tuple[str, int], sockets: int = 1) -> None:
+        # Receive sockets (up to MAX_SOCKETS; softswitch/server.py), join_job gives one per rank: each
+        # gets a whole net.core.rmem_max of buffer, so the windows need not shrink where the process
+        # cannot raise it.
+        sockets = max(1, min(sockets, MAX_SOCKETS))
+        self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen, sockets=sockets).start()
         self.address: tuple[str, int] = self.server.address
         self.monitors: list[LivenessMonitor] = []
         self._interval = sys.getswitchinterval()
@@ -35,6 +39,11 @@ class EmbeddedSwitch:
     def rcvbuf_bytes(self) -> int:
         """The switch socket's receive buffer as the kernel reports it (twice the usable bytes)."""
         return self.server.rcvbuf_bytes
+
+    @property
+    def sockets(self) -> int:
+        """How many receive sockets the switch reads (worker w's packets land in socket w mod this)."""
+        return self.server.sockets
 
     @property
     def switch(self) -> SoftSwitch:

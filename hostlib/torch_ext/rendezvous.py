@@ -26,6 +26,7 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_LOSSY_OPS`` | the group's collectives that go through the switch (below) | allreduce,reduce_scatter |
 | ``LTA_STALE_BOUND`` | S: no all-gather copy older than S calls of its key (then a resync) | 8 |
 | ``LTA_LIVENESS_TIMEOUT`` | self-hosted: silent seconds until a worker is offline (0: off) | 3 |
+| ``LTA_SWITCH_SOCKETS`` | self-hosted: switch receive sockets (rank w: socket w mod n) | one a rank, ≤ 64 |
 
 ``LTA_EXACT_MS=W`` (self-hosted, emulated loss): no round is closed by a timer, only by the softswitch's
 seeded drop decisions (``TransportConfig.exact``); every transport deadline is W ms, a safety net. Runs
@@ -126,6 +127,9 @@ class LtaOptions:
     stale_bound: int = 8  # S of the lossy all-gather: no copy older than S calls of its key
     # Self-hosted switch: a worker silent this long is offline and the quorum drops (hostlib/liveness.py).
     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
+    # Self-hosted switch: receive sockets, each with its own kernel buffer (softswitch/server.py). None:
+    # one per rank (up to 64), so no rank's window shrinks to share net.core.rmem_max with the others.
+    switch_sockets: int | None = None
 
     def __post_init__(self) -> None:
         self.lossy_ops = frozenset(self.lossy_ops)
@@ -135,6 +139,8 @@ class LtaOptions:
             raise ValueError(f"liveness_timeout_s must be >= 0 s (0: off), got {self.liveness_timeout_s}")
         if self.stale_bound < 1:
             raise ValueError(f"stale_bound (S) must be >= 1 call, got {self.stale_bound}")
+        if self.switch_sockets is not None and not 1 <= self.switch_sockets <= 64:
+            raise ValueError(f"switch_sockets must be 1..64, got {self.switch_sockets}")
         self.quorum = self.window_size = _one_of("quorum", self.quorum, "window_size", self.window_size)
         if self.quorum is not None and self.quorum < 1:
             raise ValueError(f"quorum (window_size) must be >= 1 worker, got {self.quorum}")
@@ -209,6 +215,7 @@ class LtaOptions:
             lossy_ops=parse_lossy_ops(env.get("LTA_LOSSY_OPS", ",".join(sorted(DEFAULT_LOSSY_OPS)))),
             stale_bound=int(number("LTA_STALE_BOUND", 8)),
             liveness_timeout_s=float(number("LTA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S, float)),
+            switch_sockets=int(number("LTA_SWITCH_SOCKETS", 0)) or None,
         )
 
 
@@ -247,15 +254,17 @@ def join_job(
         if rank == 0:
             from hostlib.torch_ext.embedded import EmbeddedSwitch  # softswitch only when self-hosting
 
-            embedded = EmbeddedSwitch(options.seed, options.listen)
+            sockets = options.switch_sockets or world
+            embedded = EmbeddedSwitch(options.seed, options.listen, sockets=sockets)
             host, port = embedded.address
-            store.set(_key(options, "switch_rcvbuf"), str(embedded.rcvbuf_bytes))
+            store.set(_key(options, "switch_rcvbuf"), f"{embedded.rcvbuf_bytes}:{embedded.sockets}")
             store.set(_key(options, "switch"), f"{host}:{port}")
         switch_addr = parse_address(store.get(_key(options, "switch")).decode())
-        switch_rcvbuf = int(store.get(_key(options, "switch_rcvbuf")).decode())
+        rcvbuf, sockets = store.get(_key(options, "switch_rcvbuf")).decode().split(":")
+        switch_rcvbuf, switch_sockets = int(rcvbuf), int(sockets)
     else:
         switch_addr = options.switch
-        switch_rcvbuf = 0
+        switch_rcvbuf, switch_sockets = 0, 1
     port = options.bind_port_base + rank if options.bind_port_base else 0
     transport = replace(options.transport, seed=options.seed)
     try:
@@ -268,13 +277,13 @@ def join_job(
             "(set LTA_BIND_HOST / LTA_BIND_PORT_BASE)"
         ) from exc
     if switch_rcvbuf and options.transport.window is None:
-        # The softswitch's one socket takes every worker's window: size the windows to it.
+        # The softswitch's sockets take every worker's window: size the windows to them.
         full = worker.window
-        if worker.fit_window_to_switch(switch_rcvbuf) < full and rank == 0:
+        if worker.fit_window_to_switch(switch_rcvbuf, switch_sockets) < full and rank == 0:
             log.warning(
-                "lta: the self-hosted switch's receive buffer (%d KiB) holds a window of %d of %d units per "
-                "rank; for full speed raise net.core.rmem_max (e.g. sysctl -w net.core.rmem_max=33554432) "
-                "or give rank 0 CAP_NET_ADMIN",
+                "lta: the self-hosted switch's receive buffers (%d KiB per socket) hold a window of %d of %d "
+                "units per rank; for full speed raise net.core.rmem_max (e.g. sysctl -w "
+                "net.core.rmem_max=33554432) or give rank 0 CAP_NET_ADMIN",
                 switch_rcvbuf // 1024,
                 worker.window,
                 full,

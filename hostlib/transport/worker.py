@@ -170,12 +170,14 @@ class LtaWorker:
         length plus 64 bytes of it, the rest of the doubling covers the kernel's per-packet overhead)."""
         return max(2, rcvbuf_bytes // 2 // (self._packet_bytes + 64) // max(1, senders))
 
-    def fit_window_to_switch(self, rcvbuf_bytes: int) -> int:
+    def fit_window_to_switch(self, rcvbuf_bytes: int, sockets: int = 1) -> int:
         """Shrink the window so that every worker of the job can have its window in flight at once in a
-        switch receive buffer of ``rcvbuf_bytes`` (as the kernel reports it): a self-hosted softswitch
-        reads every worker from one socket, and an overflow there is real loss (a deadline and a FLUSH
-        per datagram). Returns the window now in force; never grows it."""
-        self.window = min(self.window, self.units_in_buffer(rcvbuf_bytes, self.n_workers))
+        switch receive buffer of ``rcvbuf_bytes`` (as the kernel reports it), of which the switch has
+        ``sockets`` (worker w steered to socket w mod sockets, softswitch/server.py): a self-hosted
+        softswitch's sockets take every worker's window, and an overflow there is real loss (a deadline
+        and a FLUSH per datagram). Returns the window now in force; never grows it."""
+        senders = -(-self.n_workers // max(1, sockets))
+        self.window = min(self.window, self.units_in_buffer(rcvbuf_bytes, senders))
         return self.window
 
     def check_switch(self, timeout_s: float | None = None) -> float:

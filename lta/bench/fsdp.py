@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.errors import LtaError
+from hostlib.errors import LtaError, UsageError
 from lta.bench.allreduce import free_tcp_port
 from lta.jsonout import emit
 from lta.launch import running
@@ -188,6 +188,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
         "several seeds)",
     )
+    p.add_argument(
+        "--switch-sockets",
+        type=argtypes.nonnegative_int,
+        default=0,
+        help="receive sockets of the self-hosted softswitch (LTA_SWITCH_SOCKETS; 0: one a rank)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_run)
 
@@ -201,8 +207,13 @@ def _run(args: argparse.Namespace) -> int:
         "stale_bound": args.stale_bound,
         "lossy_ops": ALL_LOSSY,
         "seed": args.seed,
+        "switch_sockets": args.switch_sockets or args.workers,
     }
+    if args.switch_sockets > 64:
+        raise UsageError(f"--switch-sockets must be 0..64, got {args.switch_sockets}")
+    sockets = {"LTA_SWITCH_SOCKETS": str(args.switch_sockets)} if args.switch_sockets else {}
     lossy_env = {
+        **sockets,
         "LTA_LOSSY_OPS": ALL_LOSSY,
         "LTA_STALE_BOUND": str(args.stale_bound),
         "LTA_SEED": str(args.seed),
@@ -210,7 +221,10 @@ def _run(args: argparse.Namespace) -> int:
     variants = {
         "gloo": ("gloo", {}),
         "lta": ("lta", lossy_env),
-        "lta_grads_only": ("lta", {"LTA_LOSSY_OPS": "allreduce,reduce_scatter"}),  # the default setting
+        "lta_grads_only": (
+            "lta",
+            {**sockets, "LTA_LOSSY_OPS": "allreduce,reduce_scatter"},
+        ),  # the default setting
         "lta_lossy": ("lta", {**lossy_env, "LTA_DROP_UP": str(args.loss), "LTA_DROP_PARAM": str(args.loss)}),
     }
     out: dict[str, Any] = {"config": config, "loadavg": {"start": os.getloadavg()[0]}}
