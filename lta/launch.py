@@ -1,8 +1,7 @@
 """Run N worker processes against a softswitch on loopback: the harness behind ``lta demo`` and the
 benchmarks.
 
-The parent serves the softswitch, or every switch of a leaf-spine tree, from one thread
-(:class:`softswitch.server.SharedLoopServer`). Each worker process binds its UDP socket, reports the
+The parent runs the softswitch in a thread. Each worker process binds its UDP socket, reports the
 address, waits until the parent has added the job (the switch must know every worker's address before
 the first packet), runs ``body(worker, rank, *args)`` and sends back what it returns. A body may call
 :func:`report_progress` to tell the parent how far it got.
@@ -31,7 +30,7 @@ from hostlib.errors import LtaError
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
-from softswitch.server import SharedLoopServer, SoftSwitchServer
+from softswitch.server import SoftSwitchServer
 
 
 @dataclass
@@ -133,16 +132,12 @@ class _Fabric:
         self.spec = spec
         self.switches: list[SoftSwitch] = []  # leaves first, then the spine (or the one flat switch)
         self.servers: list[SoftSwitchServer] = []
-        self.loop: SharedLoopServer | None = None
         n_switches = spec.leaves + 1 if spec.leaves else 1
         try:
             for i in range(n_switches):
                 switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
                 self.switches.append(switch)
-                self.servers.append(SoftSwitchServer(switch))
-            # One thread serves every switch of the job (a tree's hops cost no thread wake-ups; see
-            # SharedLoopServer), a flat switch the same way, so that the two compare like for like.
-            self.loop = SharedLoopServer(self.servers).start()
+                self.servers.append(SoftSwitchServer(switch).start())
         except BaseException:
             self.stop()
             raise
@@ -181,11 +176,8 @@ class _Fabric:
             self.top.set_drop_policy(spec.job_id, direction, policy)
 
     def stop(self) -> None:
-        if self.loop is not None:
-            self.loop.stop()  # closes every server's socket
-        else:
-            for server in self.servers:
-                server.close()
+        for server in self.servers:
+            server.stop()
 
 
 def run_job(

@@ -13,10 +13,8 @@ and C's, not Python's.
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
-from collections.abc import Sequence
 from typing import Self
 
 from hostlib.batchio import MAX_DATAGRAM, BatchSocket, RxBatch
@@ -106,7 +104,6 @@ class SoftSwitchServer(BackgroundServer):
         self.io = self.batch.io  # the packet I/O path in use (gso-c, mmsg-c, mmsg-ctypes or plain)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.send_errors = 0
-        self._rx: RxBatch | None = None
         super().__init__()
 
     def close(self) -> None:
@@ -119,77 +116,27 @@ class SoftSwitchServer(BackgroundServer):
         return min(MAX_DATAGRAM + 1, longest + 64)
 
     def serve_forever(self) -> None:
+        rx, row_bytes = None, 0
         while not self._stop.is_set():
+            want = self._row_bytes()
+            if rx is None or want != row_bytes:
+                row_bytes = want
+                rx = RxBatch.within(_RX_BUFFER_BYTES, row_bytes)
             try:
-                self.serve_once(0.1)
+                n = self.batch.recv(rx, 0.1)
             except OSError:
                 if self._stop.is_set():
                     return
                 raise
-
-    def serve_once(self, timeout_s: float) -> int:
-        """Take the datagrams queued on the socket (waiting up to ``timeout_s`` for the first; 0: not at
-        all), run them through the switch as one batch and send its replies. Returns how many came in."""
-        want = self._row_bytes()
-        if self._rx is None or want != self._rx.max_bytes:
-            self._rx = RxBatch.within(_RX_BUFFER_BYTES, want)
-        rx = self._rx
-        n = self.batch.recv(rx, timeout_s)
-        if not n:
-            return 0
-        out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
-        if out.m:
-            m = out.m
-            if out.index is None:
-                sent = self.batch.send(out.data[:m], out.lens[:m], out.egress[:m])
-            else:  # replicas share their RESULT's row
-                sent = self.batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
-            # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
-            # as on a wire; the worker's deadlines recover it.
-            self.send_errors += m - sent
-        return n
-
-
-class SharedLoopServer(BackgroundServer):
-    """Several softswitches, each on its own socket, served by one thread: the switches of a leaf-spine
-    tree run on one host (``lta.launch``, the benchmarks).
-
-    One thread per switch made every hop of a tree (worker -> leaf -> spine -> leaf -> worker) a thread
-    wake-up, each waiting for a core and the GIL; on a loaded 2-core host that, not the switches' work
-    (0.3 s of CPU over 16 reduces of 256 KiB, 4 leaves), set a tree's round trip. Here a wake-up drains
-    every socket, again until all are empty: a leaf's partial, sent on loopback, is already queued at the
-    spine's socket when the send returns, so it is served in the same pass. The packets still cross the
-    kernel between switches, and each switch keeps its own drop policies and counters."""
-
-    thread_name = "softswitch-loop"
-
-    def __init__(self, servers: Sequence[SoftSwitchServer]) -> None:
-        if not servers:
-            raise ValueError("SharedLoopServer needs at least one SoftSwitchServer")
-        self.servers = list(servers)
-        super().__init__()
-
-    def serve_forever(self) -> None:
-        poller = select.poll()
-        by_fd = {server.batch.fileno(): server for server in self.servers}
-        for fd in by_fd:
-            poller.register(fd, select.POLLIN)
-        timeout_ms = 100  # how often stop() is looked at while nothing comes
-        while not self._stop.is_set():
-            try:
-                # Serve the sockets with datagrams queued (or taken from the kernel already and not yet
-                # served, gso-c), then look again at once: what a switch sent to another one here is
-                # queued at that one's socket by then. Sleep only when every socket is empty.
-                ready = [by_fd[fd] for fd, _ in poller.poll(timeout_ms)]
-                ready += [s for s in self.servers if s.batch.pending and s not in ready]
-                for server in ready:
-                    server.serve_once(0)
-                timeout_ms = 0 if ready else 100
-            except OSError:
-                if self._stop.is_set():
-                    return
-                raise
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
+            if not n:
+                continue
+            out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
+            if out.m:
+                m = out.m
+                if out.index is None:
+                    sent = self.batch.send(out.data[:m], out.lens[:m], out.egress[:m])
+                else:  # replicas share their RESULT's row
+                    sent = self.batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
+                # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
+                # as on a wire; the worker's deadlines recover it.
+                self.send_errors += m - sent

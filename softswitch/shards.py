@@ -166,7 +166,6 @@ class _ShardServer(SoftSwitchServer):
         self._stop = threading.Event()
         self._thread = None
         self.send_errors = 0
-        self._rx = None
         self.exited = threading.Event()
         self.failure: str | None = None
 
