@@ -24,9 +24,33 @@ def test_block_sizes_cover_the_length_with_powers_of_two():
 
 def test_fwht_is_the_dense_hadamard_product():
     rng = np.random.default_rng(0)
-    for b in (1, 2, 8, 256):
+    for b in (1, 2, 8, 256, 512):
         rows = rng.standard_normal((3, b))
         assert np.allclose(fwht(rows), rows @ hadamard(b), atol=1e-9)
+
+
+def test_fwht_adds_as_the_plain_butterfly_to_the_bit():
+    """fwht runs its small-span levels on a transposed copy (for speed); the additions and their order
+    are those of the textbook butterfly (spans 1, 2, 4, ... in place, written out here), so float32
+    results are equal bit for bit, and the input is left as it was."""
+
+    def butterfly(rows: np.ndarray) -> np.ndarray:
+        x = rows.copy()
+        h = 1
+        while h < x.shape[1]:
+            for start in range(0, x.shape[1], 2 * h):
+                a, b = x[:, start : start + h].copy(), x[:, start + h : start + 2 * h].copy()
+                x[:, start : start + h], x[:, start + h : start + 2 * h] = a + b, a - b
+            h *= 2
+        return x
+
+    rng = np.random.default_rng(5)
+    for b in (1, 2, 4, 32, 128, 2048, 8192):
+        rows = (rng.standard_normal((3, b)) * 10.0 ** rng.integers(-3, 4, (3, b))).astype(np.float32)
+        before = rows.copy()
+        got = fwht(rows)
+        assert got.dtype == np.float32 and np.array_equal(got, butterfly(rows)), b
+        assert np.array_equal(rows, before)
 
 
 def test_forward_is_signs_then_hadamard_per_block_and_inverse_undoes_it():

@@ -94,3 +94,43 @@ class CharGpt(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def stacked_losses(
+    cfg: GptConfig, params: dict[str, torch.Tensor], ids: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """:class:`CharGpt`'s loss for N replicas at once, each with its own parameters and batch.
+
+    ``params``: every parameter of ``CharGpt.named_parameters()`` with a leading replica axis (N, *shape);
+    ``ids`` and ``targets``: (N, B, T). Returns the N mean losses (N,). Replica w's loss depends only on
+    row w of every parameter, so the gradient of ``losses.sum()`` with respect to row w is replica w's own
+    gradient: one autograd pass gives the N gradients (lta/train/simulated.py). The same operations as
+    ``CharGpt.forward`` with the replica axis folded into batched matrix products and the attention's
+    batch; equal to N separate forwards up to float rounding (tests/test_simulated_train.py states the bound).
+    """
+    n, b, t = ids.shape
+    c, heads = cfg.width, cfg.heads
+    p = params
+    table = p["tokens.weight"]  # (N, V, C)
+    vocab = table.shape[1]
+    offsets = torch.arange(n, device=ids.device).view(n, 1, 1) * vocab
+    x = F.embedding(ids + offsets, table.reshape(n * vocab, c)) + p["positions.weight"][:, None, :t]
+    x = x.reshape(n, b * t, c)
+
+    def norm(h: torch.Tensor, name: str) -> torch.Tensor:
+        return torch.addcmul(p[f"{name}.bias"][:, None], F.layer_norm(h, (c,)), p[f"{name}.weight"][:, None])
+
+    def linear(h: torch.Tensor, name: str) -> torch.Tensor:
+        return torch.baddbmm(p[f"{name}.bias"][:, None], h, p[f"{name}.weight"].transpose(1, 2))
+
+    for i in range(cfg.layers):
+        pre = f"blocks.{i}"
+        q, k, v = linear(norm(x, f"{pre}.norm1"), f"{pre}.qkv").split(c, dim=2)
+        q, k, v = (z.reshape(n * b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + linear(attn.transpose(1, 2).reshape(n, b * t, c), f"{pre}.proj")
+        hidden = F.gelu(linear(norm(x, f"{pre}.norm2"), f"{pre}.mlp.0"))
+        x = x + linear(hidden, f"{pre}.mlp.2")
+    logits = torch.bmm(norm(x, "norm"), table.transpose(1, 2))  # the head shares the token embedding
+    losses = F.cross_entropy(logits.reshape(n * b * t, vocab), targets.reshape(-1), reduction="none")
+    return losses.view(n, b * t).mean(dim=1)
