@@ -77,7 +77,11 @@ def test_simulated_reduce_gives_the_real_reduce_for_its_contributor_set(make_clu
     sim_prev = [np.zeros((chunks_n, K), np.float32)] * n
     prev_tol = [zeros] * n
     fallbacks_seen = 0
-    for step in range(3):
+    step = 0
+    # Which packets the seeded policy drops depends on their arrival order (threads): a chunk without a
+    # RESULT (a fallback) came in 3 reduces almost always, yet once not at load ~30. Go on until one
+    # did, up to 12 reduces.
+    while step < 3 or (fallbacks_seen == 0 and step < 12):
         inputs = (rng.standard_normal((n, chunks_n, K)) * 10.0 ** rng.integers(-2, 2)).astype(np.float32)
         results = cluster.reduce_all([x.reshape(-1) for x in inputs], step=step)
         mask = np.zeros((n, chunks_n), dtype=bool)
@@ -107,6 +111,7 @@ def test_simulated_reduce_gives_the_real_reduce_for_its_contributor_set(make_clu
             assert np.all(np.abs(sim - sim_expected) <= sim_tol), (method, w)
             fallbacks_seen += int(np.sum(codes != Fallback.NONE))
             real_prev[w], prev_tol[w], sim_prev[w] = expected, np.maximum(tol, sim_tol), sim
+        step += 1
     assert fallbacks_seen > 0  # the loss did reach the methods' fallback paths
     assert mask.sum() < n * chunks_n  # ... and partial chunks
 
