@@ -306,3 +306,88 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
             assert np.all(r.bitmap & 0b100), "worker 2 did not rejoin its peers' rounds"
     for step in range(len(results[2])):
         assert check_mean_over_bitmap([res[step] for res in results], inputs[step], k) > 0
+
+
+def test_a_presumed_dead_peer_is_waited_for_again_at_the_next_reduce_and_its_bit_can_show():
+    """The rules behind the fix for chaos seed 84 (three of four ranks locked out for good after a burst of
+    lost RESULTs): a peer presumed dead (absent from a window of 64 RESULTs) was excused without bound
+    and never waited for again, so a live one could not get back in. Expectations from the rule
+    (docs/protocol.md, "Health during training"): at the start of the next reduce the presumption lapses,
+    the excuse is bounded at this worker's next unit (it waits there for the peer), and the peer is not
+    presumed dead again within that reduce; a peer not back lapses again after 2, then 4 reduces; a peer
+    the switch itself counts offline (a round this worker's own GRAD closed without it) does not lapse."""
+    from hostlib.transport.deadlines import Deadlines
+
+    dl = Deadlines(TransportConfig(), 0, 3)
+    reuse = SlotReuse(15, worker_id=0, n_workers=3)
+    without_2 = np.full(64, 0b011, dtype=np.uint64)
+    dl.track_absent(without_2)
+    assert dl.presumed_dead == 0b100 and dl.early_close
+    reuse.saw(0, np.array([20, 20, -1]))
+    reuse.presumed_dead = np.array([False, False, True])
+    reuse.excuse(np.array([False, False, True]))  # held by worker 2 past peer_hold_s: excused, no bound
+    assert reuse.excused_to[2] > 10**9
+    lapsed = dl.lapse_presumptions()  # the next reduce starts (global unit 40)
+    assert lapsed == 0b100 and dl.presumed_dead == 0 and not dl.early_close
+    reuse.lapse(np.array([False, False, True]), 40)
+    assert reuse.excused_to[2] == 40  # waits for worker 2 there
+    dl.track_absent(np.concatenate([without_2, without_2]))
+    assert dl.presumed_dead == 0  # not again within the reduce it lapsed in
+    # Still absent: presumed dead again from the next reduce on, and it lapses after 2, then 4 reduces.
+    assert dl.lapse_presumptions() == 0
+    dl.track_absent(without_2)
+    assert dl.presumed_dead == 0b100
+    assert [dl.lapse_presumptions() for _ in range(2)] == [0, 0b100]
+    dl.lapse_presumptions()
+    dl.track_absent(without_2)
+    assert [dl.lapse_presumptions() for _ in range(4)] == [0, 0, 0, 0b100]
+    # Its bit shows: alive, and the next presumption lapses after one reduce again.
+    dl.track_absent(np.array([0b111], dtype=np.uint64))
+    assert dl.presumed_dead == 0
+    dl.lapse_presumptions()
+    dl.track_absent(without_2)  # the window it showed in
+    dl.track_absent(without_2)  # a whole one without it
+    assert dl.presumed_dead == 0b100
+    assert dl.lapse_presumptions() == 0b100
+    dl.lapse_presumptions()
+    dl.track_absent(without_2)
+    # A round this worker's GRAD closed with 2 of 3 bits: the switch's quorum left worker 2 out.
+    dl.note_closed_short(np.array([0b011], dtype=np.uint64))
+    assert dl.lapse_presumptions() == 0 and dl.presumed_dead == 0b100
+    assert dl.lapse_presumptions() == 0b100  # no such round in the reduce before: it lapses
+
+
+def test_a_late_peer_once_presumed_dead_is_counted_again(make_cluster):
+    """Chaos seed 84's lockout, reduced: worker 2 starts every reduce well after its peers (it
+    computes longer), long enough for them to presume it dead (64 RESULTs without its bit) within the
+    first reduce. Before the fix they then excused it without bound, closed every later round before
+    its GRAD came and never waited for it again: its bit was in no RESULT after the first reduce, for
+    good. Now the presumption lapses at their next reduce, they wait for it there, and its bit shows
+    again. Independent expectations: worker 2's bit is in RESULTs of the later reduces; every chunk of
+    every worker is numpy's mean over its bitmap."""
+    n, reduces, k = 3, 5, 16
+    cluster = make_cluster(
+        n, seed=2, elems_per_packet=k, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=50, lag_deadline_ms=50, max_flushes=1, reduce_timeout_s=30,
+    )  # fmt: skip
+    rng = np.random.default_rng(7)
+    inputs = [[rng.standard_normal(200 * k).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+
+    presumed: list[int] = []
+
+    def body(w: LtaWorker, i: int) -> list:
+        out = []
+        for r in range(reduces):
+            if i == 2:
+                time.sleep(0.8)  # computes longer than its peers
+            out.append(w.allreduce(inputs[r][i], step=r))
+            if i < 2:
+                presumed.append(w.deadlines.presumed_dead >> 2 & 1)
+        return out
+
+    results = run_workers(cluster.workers, body)
+    assert any(presumed), "the peers never presumed worker 2 dead: the premise does not hold"
+    counted = [int(np.count_nonzero(res.bitmap & 0b100)) for res in results[0][1:]]
+    assert any(counted), f"worker 2 counted in no chunk after the first reduce: {counted}"
+    for r in range(reduces):
+        assert check_mean_over_bitmap([res[r] for res in results], inputs[r], k) > 0
