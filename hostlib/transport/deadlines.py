@@ -35,13 +35,6 @@ class Deadlines:
         # (presumed dead; the parameter exchange stops waiting for its shard). Cleared when it shows up.
         self.presumed_dead = 0
         self._absent_window = 0
-        # The presumption lapses (lapse_presumptions): a peer presumed dead for lapse_after[w] reduces is
-        # waited for again, unless the switch itself has it offline (switch_offline, this reduce).
-        self._dead_reduces = np.zeros(n_workers, dtype=np.int64)
-        self._lapse_after = np.ones(n_workers, dtype=np.int64)
-        self.switch_offline = 0
-        self._graced = 0  # peers whose presumption lapsed this reduce: not presumed dead again in it
-        self.lapses = 0  # presumptions lifted so far (a statistic)
         self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
         # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
         self.flush_srtt_ms: float | None = None
@@ -125,61 +118,15 @@ class Deadlines:
         seen = int(np.bitwise_or.reduce(bitmaps))
         self._absent &= ~seen
         self.presumed_dead &= ~seen
-        back = ((np.uint64(seen) >> self._bits) & np.uint64(1)).astype(bool)
-        self._dead_reduces[back], self._lapse_after[back] = 0, 1
         self._absent_window += len(bitmaps)
         if self._absent_window >= _DEAD_AFTER_RESULTS:
-            self.presumed_dead = self._absent & ~self._graced
-            self.early_close = self.presumed_dead != 0
+            self.presumed_dead = self._absent
+            self.early_close = self._absent != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
         elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
             self.early_close = False  # everyone contributed again
             self._update_rto()
-
-    def note_closed_short(self, bitmaps: np.ndarray) -> None:
-        """RESULTs of rounds this worker's own GRAD closed with fewer than N bits (it never FLUSHed or
-        resent them): the switch's quorum was at most their count, so its liveness monitor has the
-        missing workers offline (docs/protocol.md, "Liveness"). Such a peer's presumption does not lapse
-        this reduce: it is dead by the switch's word too."""
-        if bitmaps.size:
-            missing = ~np.bitwise_and.reduce(bitmaps) & np.uint64(self._all_workers)
-            self.switch_offline |= int(missing)
-
-    def lapse_presumptions(self) -> int:
-        """Called at the start of every reduce: the peers whose presumption of death lapses now (a bit
-        mask; they are no longer presumed dead, and the window of absence starts again).
-
-        A presumed-dead peer is not waited for (short deadlines, no bound on how far ahead the others run:
-        reuse.py), so a live peer once presumed dead could never get back in: every round closed before
-        its GRAD came, its bit stayed missing, and the presumption renewed itself window after window
-        (chaos seed 84: after a burst of lost RESULTs, three of four ranks locked out, 68-85% of their
-        chunks without an aggregate). So the presumption lapses after ``lapse_after`` reduces, which
-        doubles at each lapse the peer does not use (1, 2, 4, ... reduces) and is 1 again once its bit
-        shows: for the rest of that reduce the others wait for it as for a late peer (lag deadline, held
-        a pool ahead of it, ``peer_hold_s`` at each hold), and it is presumed dead again only by a window
-        without its bit after that. A peer truly dead costs that
-        wait a logarithmic number of times, and none while the switch's liveness monitor has it offline
-        (``note_closed_short``)."""
-        dead = ((np.uint64(self.presumed_dead) >> self._bits) & np.uint64(1)).astype(bool)
-        dead[self.worker_id] = False  # its own bit is the lockout check's (LtaWorker._check_lockout)
-        offline = ((np.uint64(self.switch_offline) >> self._bits) & np.uint64(1)).astype(bool)
-        self.switch_offline, self._graced = 0, 0
-        self._dead_reduces[dead] += 1
-        lapse = dead & ~offline & (self._dead_reduces >= self._lapse_after)
-        if not lapse.any():
-            return 0
-        self._dead_reduces[lapse] = 0
-        self._lapse_after[lapse] *= 2
-        mask = int(np.bitwise_or.reduce(np.uint64(1) << self._bits[lapse]))
-        self.presumed_dead &= ~mask
-        self._graced = mask
-        self.lapses += int(lapse.sum())
-        # The normal deadlines for the lifted peer (units past its frontier wait the lag deadline), for the
-        # whole reduce: 64 RESULTs are one pool of a 64-slot job, less than a late peer needs to catch up.
-        self.early_close = self.presumed_dead != 0
-        self._update_rto()
-        return mask
 
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:

@@ -98,16 +98,6 @@ class SlotReuse:
             self.excused_to[follow] = np.maximum(self.excused_to[follow], reach[follow])
             self._excused |= follow
 
-    def lapse(self, peers: np.ndarray, next_unit: int) -> None:
-        """The presumption of death of ``peers`` (a bool mask) lapsed (``Deadlines.lapse_presumptions``):
-        an excuse without bound they had is bounded at ``next_unit``, this worker's next global unit, so
-        this worker waits for them there (``Deadlines.peer_hold_s``, then one pool at a time) and a live
-        one can reach its rounds again."""
-        peers = peers & self._peers
-        self.presumed_dead &= ~peers
-        unbounded = peers & self._excused & (self.excused_to == _NO_LIMIT)
-        self.excused_to[unbounded] = next_unit
-
     def limit(self) -> tuple[int, np.ndarray]:
         """The first global unit this worker may not send yet, and the peers that hold it there (a bool
         mask)."""

@@ -609,12 +609,6 @@ class LtaWorker:
     def _run_units(self, plan: ReducePlan, step: int, t0: float) -> None:
         dl = self.deadlines
         give_up_at = t0 + self.config.reduce_timeout_s
-        lapsed = dl.lapse_presumptions()  # peers presumed dead for long enough are waited for again
-        if lapsed:
-            back = ((np.uint64(lapsed) >> self._worker_bits) & np.uint64(1)).astype(bool)
-            self.reuse.lapse(back, plan.base)
-            log.debug("worker %d: presumption of death lapses for %s", self.worker_id,
-                      np.flatnonzero(back).tolist())  # fmt: skip
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         while True:
             plan.advance_low()
@@ -969,12 +963,6 @@ class LtaWorker:
             mid = len(flush_ms) // 2
             self.deadlines.flush_sample(float(np.partition(flush_ms, mid)[mid]))
         self.deadlines.track_absent(bitmap)
-        if not self.config.leaf_sizes:
-            # Rounds this worker's own GRAD closed short: the switch's quorum left the missing bits out.
-            own = (prior == IN_FLIGHT) & ~retx & (count > 0) & (count < n_workers)
-            own &= (hdr["worker_id"][rows] == self.worker_id) & (plan.flushes[u] == 0) & (plan.retx[u] == 0)
-            if own.any():
-                self.deadlines.note_closed_short(bitmap[own])
         plan.full_units += int(np.count_nonzero(count == n_workers))
         if plan.any_critical:
             short = plan.critical_unit[u] & (count < n_workers)
