@@ -120,14 +120,17 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_count;
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_result;
 
+    // slot_bitmap's answer and, updated in place, slot_result's bitmap input: the low word of the
+    // packet's own bitmap field, which the slot pass does not read and the element pass of a RESULT
+    // overwrites (PHV: a header word the program already writes, not one more 32-bit container).
+#define BITMAP_WORD hdr.lta.bitmap[31:0]
+    // slot_result's other input, CLOSED | closer << 8 | SATURATED: the high word of the same field.
+#define FLAGS_WORD hdr.lta.bitmap[63:32]
     bit<8>  seq_code;
     bit<32> round;         // slot_round's answer
-    bit<32> old_bitmap;
     bit<8>  bitmap_code;
     bit<8>  count_code;
     bit<8>  result_code;
-    bit<32> res_bitmap;    // slot_result's inputs
-    bit<32> res_flags;
     bit<32> result_hi;     // slot_result's answer
 
     // ---- slot_seq ----------------------------------------------------------------------------------
@@ -200,13 +203,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
-    action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); bitmap_code = BITMAP_SET; }
-    action do_bitmap_clear() { old_bitmap = bitmap_clear.execute(meta.slot_index); bitmap_code = BITMAP_CLEAR; }
+    action do_bitmap_set() { BITMAP_WORD = bitmap_set.execute(meta.slot_index); bitmap_code = BITMAP_SET; }
+    action do_bitmap_clear() { BITMAP_WORD = bitmap_clear.execute(meta.slot_index); bitmap_code = BITMAP_CLEAR; }
     action do_bitmap_test_set() {
-        old_bitmap = bitmap_test_set.execute(meta.slot_index);
+        BITMAP_WORD = bitmap_test_set.execute(meta.slot_index);
         bitmap_code = BITMAP_TEST_SET;
     }
-    action do_bitmap_read(bit<8> code) { old_bitmap = bitmap_read.execute(meta.slot_index); bitmap_code = code; }
+    action do_bitmap_read(bit<8> code) { BITMAP_WORD = bitmap_read.execute(meta.slot_index); bitmap_code = code; }
     action no_bitmap(bit<8> code) { bitmap_code = code; }
     table bitmap_access_table {
         key = {
@@ -270,7 +273,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         key = {
             meta.slot_mode: exact @name("mode");
             bitmap_code: exact @name("bitmap");
-            old_bitmap: ternary @name("old_bitmap");
+            BITMAP_WORD: ternary @name("old_bitmap");
             hdr.lta.worker_id: ternary @name("worker_id");
         }
         actions = { do_count_set; do_count_add; count_seen; do_count_read_lo; do_count_read_hi; NoAction; }
@@ -349,24 +352,24 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         size = 80;
     }
 
-    // ---- slot_result's inputs (its stateful ALU takes two PHV words: res_bitmap, res_flags) ----------
+    // ---- slot_result's inputs (its stateful ALU takes two PHV words: res_bitmap, FLAGS_WORD) ----------
     // grad_start: closed at once, its bit the bitmap, when the quorum is 1
-    action prep_start() { res_bitmap = 0; res_flags = meta.sat_flags; result_code = RESULT_SET; }
+    action prep_start() { BITMAP_WORD = 0; FLAGS_WORD = meta.sat_flags; result_code = RESULT_SET; }
     action prep_start_closed() {
-        res_bitmap = meta.worker_bit;
-        res_flags = meta.sat_flags | meta.closed_flags;
+        BITMAP_WORD = meta.worker_bit;
+        FLAGS_WORD = meta.sat_flags | meta.closed_flags;
         result_code = RESULT_SET;
     }
-    action prep_flush_empty() { res_bitmap = 0; res_flags = meta.closed_flags; result_code = RESULT_SET; }
+    action prep_flush_empty() { BITMAP_WORD = 0; FLAGS_WORD = meta.closed_flags; result_code = RESULT_SET; }
     // FLUSH closing an open round, or a GRAD not added (the quorum reached before it): closed with the
     // bitmap of the contributions the round has.
-    action prep_close() { res_bitmap = old_bitmap; res_flags = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_close() { FLAGS_WORD = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
     action prep_add_close() {
-        res_bitmap = old_bitmap | meta.worker_bit;
-        res_flags = meta.sat_flags | meta.closed_flags;
+        BITMAP_WORD = BITMAP_WORD | meta.worker_bit;
+        FLAGS_WORD = meta.sat_flags | meta.closed_flags;
         result_code = RESULT_OR_CLOSE;
     }
-    action prep_add() { res_flags = meta.sat_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_add() { FLAGS_WORD = meta.sat_flags; result_code = RESULT_OR_CLOSE; }
     action prep_access(bit<8> code) { result_code = code; }
     table result_prep {
         key = {
@@ -407,21 +410,21 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = res_bitmap;
-            value.hi = res_flags;
+            value.lo = BITMAP_WORD;
+            value.hi = FLAGS_WORD;
             rv = 0;
         }
     };
-    // Closes an open round (res_flags carries RESULT_CLOSED) or only ORs SATURATED in; answers the hi
+    // Closes an open round (FLAGS_WORD carries RESULT_CLOSED) or only ORs SATURATED in; answers the hi
     // word it found, so the caller learns whether the round was already closed.
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_or_close = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
-                if (res_flags >= RESULT_CLOSED) {
-                    value.lo = res_bitmap;
+                if (FLAGS_WORD >= RESULT_CLOSED) {
+                    value.lo = BITMAP_WORD;
                 }
-                value.hi = value.hi | res_flags;
+                value.hi = value.hi | FLAGS_WORD;
             }
         }
     };
@@ -525,10 +528,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         count_code = 0;
         result_code = 0;
         round = 0;
-        old_bitmap = 0;
         result_hi = 0;
-        res_bitmap = 0;
-        res_flags = 0;
         seq_access_table.apply();
         round_access_table.apply();
         bitmap_access_table.apply();
