@@ -113,6 +113,26 @@ def test_element_pairs_cover_every_payload_value_once_per_pass():
     assert len(re.findall(r"Register<acc_pair_t", text)) == gen.ELEMS // 2
 
 
+def test_element_groups_apply_every_pair_once_and_keep_the_register_names():
+    """The pairs are split into groups applied at nine points of ingress (after the slot chain's tables);
+    each pair is in exactly one group, each group control is instantiated and applied once, and every
+    register keeps the name LtaIngress.elements.acc_<i> the control plane clears."""
+    gen = load("gen_p4")
+    assert [len(g) for g in gen.element_groups(32)] == [12, 4, 1, 3, 3, 3, 2, 2, 2]
+    assert [list(g) for g in gen.element_groups(8)] == [list(range(8))] + [[]] * 8
+    assert [len(g) for g in gen.element_groups(40)] == [12, 4, 1, 3, 3, 3, 2, 2, 10]
+    text = gen.render_file("slot_elements.gen.p4", gen.TOFINO_DIR)
+    applied = re.findall(r"pair_(\d+)\.apply\(\);", text)
+    assert sorted(map(int, applied)) == list(range(gen.PAIRS))
+    names = re.findall(r'@name\("\.LtaIngress\.elements\.acc_(\d+)"\)\s*Register<acc_pair_t', text)
+    assert sorted(map(int, names)) == list(range(gen.PAIRS))
+    ingress = "\n".join(without_comments(t) for t in sources().values())
+    for group in range(len(gen.ELEMENT_GROUPS)):
+        instances = re.findall(rf"SlotElements{group}\(\)\s+(\w+);", ingress)
+        assert len(instances) == 1, group
+        assert len(re.findall(rf"\b{instances[0]}\.apply\(", ingress)) == 1, group
+
+
 def test_every_accumulator_register_action_reads_at_most_two_phv_fields():
     """Tofino 1: a stateful ALU has at most 4 register actions and 2 PHV inputs (here: the pair's two
     payload values), so STORE and ADD are separate actions and none reads a pass flag."""
@@ -266,7 +286,7 @@ def test_first_error_names_the_phv_shortfall():
         [], 1, "lta.bfa:7912: error: tofino supports up to 12 stages, using 40\n", ""
     )
     assert build.first_error(fits_not) == "lta.bfa:7912: error: tofino supports up to 12 stages, using 40"
-    in_tmp = subprocess.CompletedProcess([], 1, "/tmp/lta-tofino-x1/pipe/lta.bfa:13108: error: using 18\n", "")
+    in_tmp = subprocess.CompletedProcess([], 1, "/tmp/lta-x1/pipe/lta.bfa:13108: error: using 18\n", "")
     assert build.first_error(in_tmp) == "lta.bfa:13108: error: using 18"
     assert (
         build.first_error(subprocess.CompletedProcess([], 3, "0 errors, 2 warnings", "")) == "exit status 3"

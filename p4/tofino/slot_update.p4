@@ -114,6 +114,18 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
 }
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
+    // Accumulator pair groups 1-8 (slot_elements.gen.p4), each applied right after one table of the
+    // chain: they only run in the element and harvest passes (their tables key on the pass), and Tofino
+    // 1 places a table no earlier than those applied before it, so this interleaving lets the pairs
+    // share the chain's stages (4 stateful ALUs each) rather than push the chain behind them.
+    SlotElements1() elements_1;
+    SlotElements2() elements_2;
+    SlotElements3() elements_3;
+    SlotElements4() elements_4;
+    SlotElements5() elements_5;
+    SlotElements6() elements_6;
+    SlotElements7() elements_7;
+    SlotElements8() elements_8;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
@@ -529,12 +541,19 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         result_code = 0;
         round = 0;
         result_hi = 0;
+        elements_1.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         seq_access_table.apply();
+        elements_2.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         round_access_table.apply();
+        elements_3.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         bitmap_access_table.apply();
+        elements_4.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         count_access_table.apply();
+        elements_5.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         result_prep.apply();
+        elements_6.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         result_access_table.apply();
+        elements_7.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         if (meta.slot_mode == MODE_EMIT) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
             hdr.lta.exp = round[7:0];
@@ -546,6 +565,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         } else {
             decide.apply();
         }
+        elements_8.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         // Harvest pass: weight, the closer and SATURATED were written by the access actions.
     }
 }
