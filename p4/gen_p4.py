@@ -196,6 +196,23 @@ def counters() -> str:
 # both and returns the odd one, the harvest pass returns the even one (docs/protocol.md, "Tofino").
 PAIRS = ELEMS // 2
 TOFINO_MAX_WORKERS = 32  # the bitmap register is one 32-bit stateful ALU word
+# The accumulator pairs in groups, each applied at one point of ingress (Tofino 1 places a table no
+# earlier than the tables applied before it): group 0 first (stages 0-2), group 1 after slot_prep, and
+# groups 2-8 each right after one table of the slot chain (slot_seq, slot_round, slot_bitmap, slot_count,
+# result_prep, slot_result, decide), so that the pairs take the stateful ALUs the chain leaves in its
+# stages instead of pushing the chain behind eight stages of pairs.
+ELEMENT_GROUPS = (12, 4, 1, 3, 3, 3, 2, 2, 2)
+
+
+def element_groups(pairs: int = PAIRS) -> list[range]:
+    """The pair indices of each group of ELEMENT_GROUPS, in order; the last groups are empty when there
+    are fewer pairs than the groups hold (and the last one takes any excess)."""
+    out, start = [], 0
+    for i, size in enumerate(ELEMENT_GROUPS):
+        end = pairs if i == len(ELEMENT_GROUPS) - 1 else min(pairs, start + size)
+        out.append(range(start, max(start, end)))
+        start = max(start, end)
+    return out
 
 
 def tofino_slot_elements() -> str:
@@ -205,16 +222,47 @@ def tofino_slot_elements() -> str:
         "// stateful ALU each, which takes at most 2 PHV inputs (the pair's two payload values) and has at",
         "// most 4 register actions. Element pass (PASS_ELEMENTS): STORE, ADD and MAX return the pair's new",
         "// hi into payload v(2i+1); CLEAR (a FLUSH of a round the slot never saw) is a STORE and LOAD",
-        "// an ADD of a payload cleared to zeros first, in the same pass.",
+        "// an ADD of a payload the slot pass cleared to zeros (PayloadClear, below), so the element pass",
+        "// has nothing before its pairs and they may take stage 0.",
         "// Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per pass, as",
         "// Tofino requires.",
-        "control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,",
-        "                     in bit<8> pass) {",
+        "// The pairs are in groups (SlotElements0 .. SlotElements8), each applied at its own point of",
+        "// ingress (p4/gen_p4.py, ELEMENT_GROUPS); every register keeps the BfRt name",
+        "// LtaIngress.elements.acc_<i> whatever its group.",
     ]
-    for i in range(PAIRS):
-        lo, hi = 2 * i, 2 * i + 1
+    for group, pairs in enumerate(element_groups()):
         out += [
             "",
+            f"control SlotElements{group}(inout lta_payload_t payload, in bit<16> index, "
+            "in bit<8> element_op,",
+            "                      in bit<8> pass) {",
+        ]
+        for i in pairs:
+            out += pair_declarations(i)
+        out += ["", "    apply {"]
+        out += [f"        pair_{i}.apply();" for i in pairs]
+        out += ["    }", "}"]
+    out += [
+        "",
+        "// The payload of a packet whose element pass LOADs (an ADD of zeros) or CLEARs (a STORE of zeros),",
+        "// zeroed at the end of the slot pass that decided it.",
+        "control PayloadClear(inout lta_payload_t payload) {",
+        "    action clear_payload() {",
+        *[f"        payload.v{i} = 0;" for i in range(ELEMS)],
+        "    }",
+        "    apply { clear_payload(); }",
+        "}",
+    ]
+    out += worker_bit_control()
+    return "\n".join(out) + "\n"
+
+
+def pair_declarations(i: int) -> list[str]:
+    """Register acc_<i> {element 2i, element 2i+1}, its four register actions and its table pair_<i>."""
+    lo, hi = 2 * i, 2 * i + 1
+    return [
+            "",
+            f'    @name(".LtaIngress.elements.acc_{i}")',
             f"    Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_{i};",
             f"    RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_{i}) acc_{i}_store = {{",
             "        void apply(inout acc_pair_t value, out bit<32> rv) {",
@@ -259,22 +307,11 @@ def tofino_slot_elements() -> str:
             "        const default_action = NoAction();",
             "        size = 8;",
             "    }",
-        ]
-    out += [
-        "",
-        "    action clear_payload() {",
-        *[f"        payload.v{i} = 0;" for i in range(ELEMS)],
-        "    }",
-        "    apply {",
-        "        if (pass == PASS_ELEMENTS) {",
-        "            if (element_op == ELEMENT_OP_LOAD || element_op == ELEMENT_OP_CLEAR) {",
-        "                clear_payload();",
-        "            }",
-        "        }",
-    ]
-    out += [f"        pair_{i}.apply();" for i in range(PAIRS)]
-    out.append("    }")
-    out.append("}")
+    ]  # fmt: skip
+
+
+def worker_bit_control() -> list[str]:
+    out: list[str] = []
     # Tofino shifts by constants only: the sender's bitmap bit comes from a const table, and so does
     # slot_result's hi word when this worker closes a round (an action does one operation per field).
     out += [
@@ -303,7 +340,7 @@ def tofino_slot_elements() -> str:
         "    apply { bit_of_worker.apply(); }",
         "}",
     ]
-    return "\n".join(out) + "\n"
+    return out
 
 
 # Ingress on Tofino counts every branch but rx_packets and result_quorum in one indirect counter,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -37,12 +38,15 @@ PIPE = "pipe"  # the Pipeline instance in lta.p4; BfRt prefixes table names with
 # What is kept from the compiler's output folder: (path inside it, name under p4/tofino/build/). The
 # schema is kept whatever the backend says; the rest exists only for a program that fits.
 SCHEMA = ("bf-rt.json", "bf-rt.json")
+# ``-g`` makes the compiler write its resource report (``logs/resources.json``: every stage's RAMs,
+# ALUs, crossbar bytes) and the PHV allocation (``logs/phv.json``, 2 MB and more; not kept: its
+# container counts go into ``resources.md``).
 ARTIFACTS = (
     (f"{PIPE}/context.json", "context.json"),
     (f"{PIPE}/logs/resources.json", "resources.json"),
-    (f"{PIPE}/logs/mau.resources.log", "mau.resources.log"),
-    (f"{PIPE}/logs/phv_allocation_summary_0.log", "phv_allocation_summary.log"),
 )
+PHV_LOG = f"{PIPE}/logs/phv.json"
+SUMMARY = "resources.md"  # written by resource_summary() from resources.json and phv.json
 
 
 def source_files(directory: Path = SOURCES) -> list[Path]:
@@ -77,7 +81,7 @@ def compile_into(out: Path, compiler: str = COMPILER) -> subprocess.CompletedPro
     """Run the compiler on p4/tofino/lta.p4 with its output in ``out`` (run from the repository root),
     then the assembler on its ``.bfa``; the result is the first of the two that failed, else the last."""
     cmd = [
-        compiler, "--target", TARGET, "--arch", "tna", "--std", "p4-16",
+        compiler, "--target", TARGET, "--arch", "tna", "--std", "p4-16", "-g",
         "-o", str(out), "--bf-rt-schema", str(out / "bf-rt.json"),
         str((SOURCES / "lta.p4").relative_to(ROOT)),
     ]  # fmt: skip
@@ -99,7 +103,9 @@ def first_error(result: subprocess.CompletedProcess) -> str:
             follow = (
                 lines[i + 1].strip() if i + 1 < len(lines) and "remain unallocated" in lines[i + 1] else ""
             )
-            return " ".join(p for p in (line.strip(), follow) if p)
+            # the assembler names its input by path: keep only the file name (the folder is temporary)
+            text = re.sub(r"^\S*/(?=[^/\s]+\.bfa:)", "", line.strip())
+            return " ".join(p for p in (text, follow) if p)
     return f"exit status {result.returncode}"
 
 
@@ -188,38 +194,118 @@ def missing_bfrt_names(bfrt: dict, required: dict[str, list[str]], pipe: str = P
     ]
 
 
+def stage_usage(resources: dict) -> list[dict[str, int]]:
+    """Per MAU stage of a ``resources.json`` (``-g``): the units used and the stage's capacity, as
+    ``{"stage", "sram", "sram_max", "tcam", "tcam_max", "map_ram", "map_ram_max", "salu", "salu_max",
+    "stats", "stats_max", "gateways", "gateways_max", "exact_xbar", "exact_xbar_max", "ternary_xbar",
+    "ternary_xbar_max"}`` (ingress and egress share a stage)."""
+    rows = []
+    for stage in resources["resources"]["mau"]["mau_stages"]:
+        rams, tcams, maps = stage["rams"], stage["tcams"], stage["map_rams"]
+        gateways, xbar = stage["gateways"], stage["xbar_bytes"]
+        kinds = [b.get("byte_type") for b in xbar["bytes"]]
+        rows.append({
+            "stage": stage["stage_number"],
+            "sram": len(rams["srams"]), "sram_max": rams["nRows"] * rams["nColumns"],
+            "tcam": len(tcams["tcams"]), "tcam_max": tcams["nRows"] * tcams["nColumns"],
+            "map_ram": len(maps["maprams"]), "map_ram_max": maps["nRows"] * maps["nUnits"],
+            "salu": len(stage["meter_alus"]["meters"]), "salu_max": stage["meter_alus"]["nAlus"],
+            "stats": len(stage["statistic_alus"]["stats"]), "stats_max": stage["statistic_alus"]["nAlus"],
+            "gateways": len(gateways["gateways"]), "gateways_max": gateways["nRows"] * gateways["nUnits"],
+            "exact_xbar": kinds.count("exact"), "exact_xbar_max": xbar["exact_size"],
+            "ternary_xbar": kinds.count("ternary"), "ternary_xbar_max": xbar["ternary_size"],
+        })  # fmt: skip
+    return rows
+
+
+def phv_usage(phv: dict, resources: dict) -> list[tuple[str, str, int, int, int]]:
+    """(gress, container type, width, containers used, containers the chip has) from ``phv.json`` and
+    the capacity in ``resources.json``; the chip's containers are shared by ingress and egress."""
+    capacity = {
+        (kind, group["width"]): group["units"]
+        for kind, groups in resources["resources"]["phv_containers"].items()
+        for group in groups
+    }
+    used: dict[tuple[str, str, int], int] = {}
+    for container in phv["containers"]:
+        key = (container["gress"], container["container_type"], container["bit_width"])
+        used[key] = used.get(key, 0) + 1
+    return [(g, k, w, n, capacity.get((k, w), 0)) for (g, k, w), n in sorted(used.items())]
+
+
+def resource_summary(resources: dict, phv: dict | None, header: str) -> str:
+    """Markdown: per stage SRAM, TCAM, map RAM, stateful and stats ALUs, gateways and crossbar bytes,
+    the totals, and the PHV containers used by gress, type and width."""
+    rows = stage_usage(resources)
+    columns = [("sram", "SRAM"), ("tcam", "TCAM"), ("map_ram", "map RAM"), ("salu", "stateful ALUs"),
+               ("stats", "stats ALUs"), ("gateways", "gateways"), ("exact_xbar", "exact xbar bytes"),
+               ("ternary_xbar", "ternary xbar bytes")]  # fmt: skip
+    used = [r for r in rows if any(r[c] for c, _ in columns)]
+    lines = [header, "", f"MAU stages used: {len(used)} of {len(rows)}.", ""]
+    lines.append("| stage | " + " | ".join(title for _, title in columns) + " |")
+    lines.append("| --- " * (len(columns) + 1) + "|")
+    for r in rows:
+        lines.append(f"| {r['stage']} | " + " | ".join(f"{r[c]}/{r[c + '_max']}" for c, _ in columns) + " |")
+    totals = ", ".join(
+        f"{title} {sum(r[c] for r in rows)}/{sum(r[c + '_max'] for r in rows)}" for c, title in columns[:5]
+    )
+    lines += ["", f"Totals: {totals}.", ""]
+    if phv is not None:
+        lines.append("| PHV containers | type | width | used | the chip has (both gresses) |")
+        lines.append("| --- | --- | --- | --- | --- |")
+        for gress, kind, width, count, capacity in phv_usage(phv, resources):
+            lines.append(f"| {gress} | {kind} | {width} | {count} | {capacity} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def build(compiler: str = COMPILER) -> int:
     """Compile, refresh p4/tofino/build/ and its manifest; 0 when the program fits the chip, 1 when only
     the schema could be kept (the manifest then names the first error), 2 when not even that."""
     with tempfile.TemporaryDirectory(prefix="lta-tofino-") as tmp:
         out = Path(tmp)
-        result = compile_into(out, compiler)
-        fits = result.returncode == 0
-        if not (out / SCHEMA[0]).is_file():
-            print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
-            print(f"{compiler} wrote no bf-rt.json: {first_error(result)}", file=sys.stderr)
-            return 2
-        BUILD.mkdir(exist_ok=True)
-        for old in BUILD.iterdir():
-            old.unlink()
-        kept = []
-        for inside, name in (SCHEMA, *(ARTIFACTS if fits else ())):
-            if (out / inside).is_file():
-                shutil.copyfile(out / inside, BUILD / name)
-                kept.append(name)
-        manifest = {
-            "compiler": compiler_version(compiler, out),
-            "target": TARGET,
-            "sources_sha256": sources_hash(),
-            "fits": fits,
-            "first_error": None if fits else first_error(result),
-            "artifacts": kept,
-        }
-        MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
-        print(f"wrote {', '.join(kept)} and manifest.json to {BUILD.relative_to(ROOT)}")
-        if not fits:
-            print((result.stdout + result.stderr)[-3000:], file=sys.stderr)
-            print(f"the program does not fit yet: {manifest['first_error']}", file=sys.stderr)
+        return keep_artifacts(out, compile_into(out, compiler), compiler)
+
+
+def keep_artifacts(out: Path, result: subprocess.CompletedProcess, compiler: str = COMPILER) -> int:
+    """Refresh p4/tofino/build/ and its manifest from a compile of the current sources into ``out``
+    (``result``: the compiler's, or the assembler's when the compiler succeeded); build()'s codes."""
+    fits = result.returncode == 0
+    if not (out / SCHEMA[0]).is_file():
+        print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
+        print(f"{compiler} wrote no bf-rt.json: {first_error(result)}", file=sys.stderr)
+        return 2
+    BUILD.mkdir(exist_ok=True)
+    for old in BUILD.iterdir():
+        old.unlink()
+    kept = []
+    for inside, name in (SCHEMA, *(ARTIFACTS if fits else ())):
+        if (out / inside).is_file():
+            shutil.copyfile(out / inside, BUILD / name)
+            kept.append(name)
+    if fits and (out / ARTIFACTS[1][0]).is_file():
+        phv_path = out / PHV_LOG
+        summary = resource_summary(
+            json.loads((out / ARTIFACTS[1][0]).read_text()),
+            json.loads(phv_path.read_text()) if phv_path.is_file() else None,
+            f"# LTA on {TARGET}: the compiler's resource report (`p4/tofino_build.py` from "
+            f"`resources.json` and `phv.json`)",
+        )
+        (BUILD / SUMMARY).write_text(summary)
+        kept.append(SUMMARY)
+    manifest = {
+        "compiler": compiler_version(compiler, out),
+        "target": TARGET,
+        "sources_sha256": sources_hash(),
+        "fits": fits,
+        "first_error": None if fits else first_error(result),
+        "artifacts": kept,
+    }
+    MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {', '.join(kept)} and manifest.json to {BUILD.relative_to(ROOT)}")
+    if not fits:
+        print((result.stdout + result.stderr)[-3000:], file=sys.stderr)
+        print(f"the program does not fit yet: {manifest['first_error']}", file=sys.stderr)
     return 0 if fits else 1
 
 

@@ -113,6 +113,26 @@ def test_element_pairs_cover_every_payload_value_once_per_pass():
     assert len(re.findall(r"Register<acc_pair_t", text)) == gen.ELEMS // 2
 
 
+def test_element_groups_apply_every_pair_once_and_keep_the_register_names():
+    """The pairs are split into groups applied at nine points of ingress (after the slot chain's tables);
+    each pair is in exactly one group, each group control is instantiated and applied once, and every
+    register keeps the name LtaIngress.elements.acc_<i> the control plane clears."""
+    gen = load("gen_p4")
+    assert [len(g) for g in gen.element_groups(32)] == [12, 4, 1, 3, 3, 3, 2, 2, 2]
+    assert [list(g) for g in gen.element_groups(8)] == [list(range(8))] + [[]] * 8
+    assert [len(g) for g in gen.element_groups(40)] == [12, 4, 1, 3, 3, 3, 2, 2, 10]
+    text = gen.render_file("slot_elements.gen.p4", gen.TOFINO_DIR)
+    applied = re.findall(r"pair_(\d+)\.apply\(\);", text)
+    assert sorted(map(int, applied)) == list(range(gen.PAIRS))
+    names = re.findall(r'@name\("\.LtaIngress\.elements\.acc_(\d+)"\)\s*Register<acc_pair_t', text)
+    assert sorted(map(int, names)) == list(range(gen.PAIRS))
+    ingress = "\n".join(without_comments(t) for t in sources().values())
+    for group in range(len(gen.ELEMENT_GROUPS)):
+        instances = re.findall(rf"SlotElements{group}\(\)\s+(\w+);", ingress)
+        assert len(instances) == 1, group
+        assert len(re.findall(rf"\b{instances[0]}\.apply\(", ingress)) == 1, group
+
+
 def test_every_accumulator_register_action_reads_at_most_two_phv_fields():
     """Tofino 1: a stateful ALU has at most 4 register actions and 2 PHV inputs (here: the pair's two
     payload values), so STORE and ADD are separate actions and none reads a pass flag."""
@@ -212,7 +232,7 @@ def test_manifest_says_whether_the_program_fits_and_keeps_what_follows_from_it()
     assert len(manifest["sources_sha256"]) == 64
     if manifest["fits"]:
         assert manifest["first_error"] is None
-        assert {"bf-rt.json", "context.json", "resources.json"} <= set(manifest["artifacts"])
+        assert {"bf-rt.json", "context.json", "resources.json", "resources.md"} <= set(manifest["artifacts"])
     else:
         # Only the front end's schema: resources of a program that does not fit would mislead.
         assert manifest["artifacts"] == ["bf-rt.json"]
@@ -266,9 +286,54 @@ def test_first_error_names_the_phv_shortfall():
         [], 1, "lta.bfa:7912: error: tofino supports up to 12 stages, using 40\n", ""
     )
     assert build.first_error(fits_not) == "lta.bfa:7912: error: tofino supports up to 12 stages, using 40"
+    in_tmp = subprocess.CompletedProcess([], 1, "/tmp/lta-x1/pipe/lta.bfa:13108: error: using 18\n", "")
+    assert build.first_error(in_tmp) == "lta.bfa:13108: error: using 18"
     assert (
         build.first_error(subprocess.CompletedProcess([], 3, "0 errors, 2 warnings", "")) == "exit status 3"
     )
+
+
+def test_resource_summary_counts_units_per_stage_and_phv_containers():
+    """A hand-built two-stage report: stage 0 with 3 SRAMs, 1 TCAM, 2 stateful ALUs, 1 exact and 2
+    ternary crossbar bytes; stage 1 empty; three PHV containers (two ingress 32-bit normal, one egress
+    8-bit tagalong) against the chip's 64 and 32."""
+
+    def stage(n: int, srams: int, tcams: int, salus: int, exact: int, ternary: int) -> dict:
+        return {
+            "stage_number": n,
+            "rams": {"nRows": 8, "nColumns": 10, "srams": [{}] * srams},
+            "tcams": {"nRows": 12, "nColumns": 2, "tcams": [{}] * tcams},
+            "map_rams": {"nRows": 8, "nUnits": 6, "maprams": []},
+            "meter_alus": {"nAlus": 4, "meters": [{}] * salus},
+            "statistic_alus": {"nAlus": 4, "stats": []},
+            "gateways": {"nRows": 8, "nUnits": 2, "gateways": [{}]},
+            "xbar_bytes": {"exact_size": 128, "ternary_size": 66,
+                           "bytes": [{"byte_type": "exact"}] * exact + [{"byte_type": "ternary"}] * ternary},
+        }  # fmt: skip
+
+    resources = {"resources": {
+        "mau": {"mau_stages": [stage(0, 3, 1, 2, 1, 2), stage(1, 0, 0, 0, 0, 0)]},
+        "phv_containers": {"normal": [{"width": 32, "units": 64}], "tagalong": [{"width": 8, "units": 32}]},
+    }}  # fmt: skip
+    phv = {"containers": [
+        {"gress": "ingress", "container_type": "normal", "bit_width": 32},
+        {"gress": "ingress", "container_type": "normal", "bit_width": 32},
+        {"gress": "egress", "container_type": "tagalong", "bit_width": 8},
+    ]}  # fmt: skip
+    rows = build.stage_usage(resources)
+    assert rows[0]["sram"] == 3 and rows[0]["sram_max"] == 80
+    assert (rows[0]["tcam"], rows[0]["tcam_max"], rows[0]["salu"], rows[0]["salu_max"]) == (1, 24, 2, 4)
+    assert (rows[0]["exact_xbar"], rows[0]["ternary_xbar"], rows[1]["sram"]) == (1, 2, 0)
+    assert build.phv_usage(phv, resources) == [
+        ("egress", "tagalong", 8, 1, 32),
+        ("ingress", "normal", 32, 2, 64),
+    ]
+    text = build.resource_summary(resources, phv, "# report")
+    assert "| 0 | 3/80 | 1/24 | 0/48 | 2/4 | 0/4 | 1/16 | 1/128 | 2/66 |" in text
+    assert "SRAM 3/160, TCAM 1/48" in text
+    assert "| ingress | normal | 32 | 2 | 64 |" in text
+    # every stage has a gateway here, so both count as used
+    assert "MAU stages used: 2 of 2." in text
 
 
 # ---- recompile (needs p4c-barefoot) -------------------------------------------------------------

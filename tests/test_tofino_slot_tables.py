@@ -32,6 +32,10 @@ def constants() -> dict[str, int]:
 
 C = constants()
 OTHERS = 0x00F0_0000  # the bits of workers 20..23 (the tests' senders are 0, 5 and 31)
+# The low word of the packet's own bitmap field, which the slot pass reuses for slot_bitmap's answer and
+# slot_result's bitmap input: whatever a worker put there (every bit set, the sender's included) must
+# not leak into a decision or into slot_result.
+PACKET_WORD = 0xFFFF_FFFF
 
 
 def number(token: str) -> int:
@@ -110,7 +114,7 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
     bitmap_code = codes.get(action, args[0] if args else 0)
     old_bitmap = {"do_bitmap_set": bit, "do_bitmap_clear": 0}.get(action, stored_bitmap)
     if action == "no_bitmap":
-        old_bitmap = 0
+        old_bitmap = PACKET_WORD  # no register answer: the word still holds the packet's bits
     count = first("count_access_table", mode, bitmap_code, old_bitmap, worker)
     count_code = 0
     q = 0 if prep == "prep_flush" else quorum  # prep_flush zeroes a FLUSH's quorum (and weight)

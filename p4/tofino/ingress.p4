@@ -31,7 +31,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
     DropPolicy() up_loss;
     SlotPrep() slot_prep;
     SlotUpdate() slot_update;
-    SlotElements() elements;
+    SlotElements0() elements;  // the first group of accumulator pairs; the others in slot_update
+    PayloadClear() payload_clear;
     ResultEmit() result_emit;
     IngressRxCounter() rx_counter;
     IngressBranchCounters() branch_counters;
@@ -95,8 +96,6 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             job_lookup.apply(hdr.lta, meta);
             slot_range.apply();
         }
-        // No side effect: in the slot pass the slot index, the sender's bit, the round word and the mode.
-        slot_prep.apply(hdr, meta);
         bool count_branch = false;
         if (!recirculated) {
             // ---- control pass: the checks in order and the up-loss policy ----
@@ -193,12 +192,22 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         } else {
             // ---- slot pass: the slot state machine; element pass: the stored RESULT fields;
             // harvest pass: their lo halves. A dropped packet never gets here (no policy_drop).
+            // First (no side effect): in the slot pass the slot index, the sender's bit, the round word
+            // and the mode. Only in this branch, so its fields and the control pass's (the up-loss
+            // policy's draws and rooms) are never on one control-flow path: the compiler may overlay
+            // them in the same PHV containers.
+            slot_prep.apply(hdr, meta);
             slot_update.apply(hdr, meta);
             if (hdr.pass.pass == PASS_SLOT) {
                 meta.counter_index = hdr.lta.job_id;
                 count_branch = true;
                 if (hdr.pass_out.isValid()) {
-                    // The slot needs its accumulators: on to the element pass.
+                    // The slot needs its accumulators: on to the element pass, with a payload of
+                    // zeros for a LOAD (an add of zeros) or a CLEAR (a store of zeros).
+                    if (hdr.pass_out.element_op == ELEMENT_OP_LOAD
+                            || hdr.pass_out.element_op == ELEMENT_OP_CLEAR) {
+                        payload_clear.apply(hdr.payload);
+                    }
                     hdr.pass_out.receiver = hdr.pass.receiver;
                     hdr.pass_out.reply_port = hdr.pass.reply_port;
                     hdr.pass_out.slot_index = meta.slot_index;

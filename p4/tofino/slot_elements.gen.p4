@@ -6,12 +6,18 @@
 // stateful ALU each, which takes at most 2 PHV inputs (the pair's two payload values) and has at
 // most 4 register actions. Element pass (PASS_ELEMENTS): STORE, ADD and MAX return the pair's new
 // hi into payload v(2i+1); CLEAR (a FLUSH of a round the slot never saw) is a STORE and LOAD
-// an ADD of a payload cleared to zeros first, in the same pass.
+// an ADD of a payload the slot pass cleared to zeros (PayloadClear, below), so the element pass
+// has nothing before its pairs and they may take stage 0.
 // Harvest pass (PASS_HARVEST): returns lo into v(2i). A register is touched once per pass, as
 // Tofino requires.
-control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
-                     in bit<8> pass) {
+// The pairs are in groups (SlotElements0 .. SlotElements8), each applied at its own point of
+// ingress (p4/gen_p4.py, ELEMENT_GROUPS); every register keeps the BfRt name
+// LtaIngress.elements.acc_<i> whatever its group.
 
+control SlotElements0(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_0")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_0;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_0) acc_0_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -57,6 +63,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_1")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_1;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_1) acc_1_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -102,6 +109,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_2")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_2;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_2) acc_2_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -147,6 +155,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_3")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_3;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_3) acc_3_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -192,6 +201,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_4")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_4;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_4) acc_4_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -237,6 +247,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_5")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_5;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_5) acc_5_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -282,6 +293,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_6")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_6;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_6) acc_6_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -327,6 +339,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_7")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_7;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_7) acc_7_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -372,6 +385,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_8")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_8;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_8) acc_8_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -417,6 +431,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_9")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_9;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_9) acc_9_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -462,6 +477,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_10")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_10;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_10) acc_10_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -507,6 +523,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_11")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_11;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_11) acc_11_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -552,6 +569,26 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_0.apply();
+        pair_1.apply();
+        pair_2.apply();
+        pair_3.apply();
+        pair_4.apply();
+        pair_5.apply();
+        pair_6.apply();
+        pair_7.apply();
+        pair_8.apply();
+        pair_9.apply();
+        pair_10.apply();
+        pair_11.apply();
+    }
+}
+
+control SlotElements1(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_12")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_12;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_12) acc_12_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -597,6 +634,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_13")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_13;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_13) acc_13_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -642,6 +680,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_14")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_14;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_14) acc_14_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -687,6 +726,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_15")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_15;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_15) acc_15_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -732,6 +772,18 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_12.apply();
+        pair_13.apply();
+        pair_14.apply();
+        pair_15.apply();
+    }
+}
+
+control SlotElements2(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_16")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_16;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_16) acc_16_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -777,6 +829,15 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_16.apply();
+    }
+}
+
+control SlotElements3(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_17")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_17;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_17) acc_17_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -822,6 +883,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_18")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_18;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_18) acc_18_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -867,6 +929,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_19")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_19;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_19) acc_19_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -912,6 +975,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_17.apply();
+        pair_18.apply();
+        pair_19.apply();
+    }
+}
+
+control SlotElements4(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_20")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_20;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_20) acc_20_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -957,6 +1031,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_21")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_21;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_21) acc_21_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1002,6 +1077,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_22")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_22;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_22) acc_22_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1047,6 +1123,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_20.apply();
+        pair_21.apply();
+        pair_22.apply();
+    }
+}
+
+control SlotElements5(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_23")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_23;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_23) acc_23_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1092,6 +1179,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_24")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_24;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_24) acc_24_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1137,6 +1225,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_25")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_25;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_25) acc_25_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1182,6 +1271,17 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_23.apply();
+        pair_24.apply();
+        pair_25.apply();
+    }
+}
+
+control SlotElements6(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_26")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_26;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_26) acc_26_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1227,6 +1327,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_27")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_27;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_27) acc_27_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1272,6 +1373,16 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_26.apply();
+        pair_27.apply();
+    }
+}
+
+control SlotElements7(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_28")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_28;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_28) acc_28_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1317,6 +1428,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_29")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_29;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_29) acc_29_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1362,6 +1474,16 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_28.apply();
+        pair_29.apply();
+    }
+}
+
+control SlotElements8(inout lta_payload_t payload, in bit<16> index, in bit<8> element_op,
+                      in bit<8> pass) {
+
+    @name(".LtaIngress.elements.acc_30")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_30;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_30) acc_30_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1407,6 +1529,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    @name(".LtaIngress.elements.acc_31")
     Register<acc_pair_t, bit<16>>(LTA_SLOT_CAPACITY) acc_31;
     RegisterAction<acc_pair_t, bit<16>, bit<32>>(acc_31) acc_31_store = {
         void apply(inout acc_pair_t value, out bit<32> rv) {
@@ -1452,6 +1575,15 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         size = 8;
     }
 
+    apply {
+        pair_30.apply();
+        pair_31.apply();
+    }
+}
+
+// The payload of a packet whose element pass LOADs (an ADD of zeros) or CLEARs (a STORE of zeros),
+// zeroed at the end of the slot pass that decided it.
+control PayloadClear(inout lta_payload_t payload) {
     action clear_payload() {
         payload.v0 = 0;
         payload.v1 = 0;
@@ -1518,45 +1650,7 @@ control SlotElements(inout lta_payload_t payload, in bit<16> index, in bit<8> el
         payload.v62 = 0;
         payload.v63 = 0;
     }
-    apply {
-        if (pass == PASS_ELEMENTS) {
-            if (element_op == ELEMENT_OP_LOAD || element_op == ELEMENT_OP_CLEAR) {
-                clear_payload();
-            }
-        }
-        pair_0.apply();
-        pair_1.apply();
-        pair_2.apply();
-        pair_3.apply();
-        pair_4.apply();
-        pair_5.apply();
-        pair_6.apply();
-        pair_7.apply();
-        pair_8.apply();
-        pair_9.apply();
-        pair_10.apply();
-        pair_11.apply();
-        pair_12.apply();
-        pair_13.apply();
-        pair_14.apply();
-        pair_15.apply();
-        pair_16.apply();
-        pair_17.apply();
-        pair_18.apply();
-        pair_19.apply();
-        pair_20.apply();
-        pair_21.apply();
-        pair_22.apply();
-        pair_23.apply();
-        pair_24.apply();
-        pair_25.apply();
-        pair_26.apply();
-        pair_27.apply();
-        pair_28.apply();
-        pair_29.apply();
-        pair_30.apply();
-        pair_31.apply();
-    }
+    apply { clear_payload(); }
 }
 
 // 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and

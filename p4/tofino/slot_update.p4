@@ -114,20 +114,35 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
 }
 
 control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
+    // Accumulator pair groups 1-8 (slot_elements.gen.p4), each applied right after one table of the
+    // chain: they only run in the element and harvest passes (their tables key on the pass), and Tofino
+    // 1 places a table no earlier than those applied before it, so this interleaving lets the pairs
+    // share the chain's stages (4 stateful ALUs each) rather than push the chain behind them.
+    SlotElements1() elements_1;
+    SlotElements2() elements_2;
+    SlotElements3() elements_3;
+    SlotElements4() elements_4;
+    SlotElements5() elements_5;
+    SlotElements6() elements_6;
+    SlotElements7() elements_7;
+    SlotElements8() elements_8;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_seq;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_round;
     Register<bit<32>, bit<16>>(LTA_SLOT_CAPACITY) slot_bitmap;
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_count;
     Register<slot_pair_t, bit<16>>(LTA_SLOT_CAPACITY) slot_result;
 
+    // slot_bitmap's answer and, updated in place, slot_result's bitmap input: the low word of the
+    // packet's own bitmap field, which the slot pass does not read and the element pass of a RESULT
+    // overwrites (PHV: a header word the program already writes, not one more 32-bit container).
+#define BITMAP_WORD hdr.lta.bitmap[31:0]
+    // slot_result's other input, CLOSED | closer << 8 | SATURATED: the high word of the same field.
+#define FLAGS_WORD hdr.lta.bitmap[63:32]
     bit<8>  seq_code;
     bit<32> round;         // slot_round's answer
-    bit<32> old_bitmap;
     bit<8>  bitmap_code;
     bit<8>  count_code;
     bit<8>  result_code;
-    bit<32> res_bitmap;    // slot_result's inputs
-    bit<32> res_flags;
     bit<32> result_hi;     // slot_result's answer
 
     // ---- slot_seq ----------------------------------------------------------------------------------
@@ -200,13 +215,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_bitmap) bitmap_read = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
     };
-    action do_bitmap_set() { old_bitmap = bitmap_set.execute(meta.slot_index); bitmap_code = BITMAP_SET; }
-    action do_bitmap_clear() { old_bitmap = bitmap_clear.execute(meta.slot_index); bitmap_code = BITMAP_CLEAR; }
+    action do_bitmap_set() { BITMAP_WORD = bitmap_set.execute(meta.slot_index); bitmap_code = BITMAP_SET; }
+    action do_bitmap_clear() { BITMAP_WORD = bitmap_clear.execute(meta.slot_index); bitmap_code = BITMAP_CLEAR; }
     action do_bitmap_test_set() {
-        old_bitmap = bitmap_test_set.execute(meta.slot_index);
+        BITMAP_WORD = bitmap_test_set.execute(meta.slot_index);
         bitmap_code = BITMAP_TEST_SET;
     }
-    action do_bitmap_read(bit<8> code) { old_bitmap = bitmap_read.execute(meta.slot_index); bitmap_code = code; }
+    action do_bitmap_read(bit<8> code) { BITMAP_WORD = bitmap_read.execute(meta.slot_index); bitmap_code = code; }
     action no_bitmap(bit<8> code) { bitmap_code = code; }
     table bitmap_access_table {
         key = {
@@ -270,7 +285,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         key = {
             meta.slot_mode: exact @name("mode");
             bitmap_code: exact @name("bitmap");
-            old_bitmap: ternary @name("old_bitmap");
+            BITMAP_WORD: ternary @name("old_bitmap");
             hdr.lta.worker_id: ternary @name("worker_id");
         }
         actions = { do_count_set; do_count_add; count_seen; do_count_read_lo; do_count_read_hi; NoAction; }
@@ -349,24 +364,24 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         size = 80;
     }
 
-    // ---- slot_result's inputs (its stateful ALU takes two PHV words: res_bitmap, res_flags) ----------
+    // ---- slot_result's inputs (its stateful ALU takes two PHV words: res_bitmap, FLAGS_WORD) ----------
     // grad_start: closed at once, its bit the bitmap, when the quorum is 1
-    action prep_start() { res_bitmap = 0; res_flags = meta.sat_flags; result_code = RESULT_SET; }
+    action prep_start() { BITMAP_WORD = 0; FLAGS_WORD = meta.sat_flags; result_code = RESULT_SET; }
     action prep_start_closed() {
-        res_bitmap = meta.worker_bit;
-        res_flags = meta.sat_flags | meta.closed_flags;
+        BITMAP_WORD = meta.worker_bit;
+        FLAGS_WORD = meta.sat_flags | meta.closed_flags;
         result_code = RESULT_SET;
     }
-    action prep_flush_empty() { res_bitmap = 0; res_flags = meta.closed_flags; result_code = RESULT_SET; }
+    action prep_flush_empty() { BITMAP_WORD = 0; FLAGS_WORD = meta.closed_flags; result_code = RESULT_SET; }
     // FLUSH closing an open round, or a GRAD not added (the quorum reached before it): closed with the
     // bitmap of the contributions the round has.
-    action prep_close() { res_bitmap = old_bitmap; res_flags = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_close() { FLAGS_WORD = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
     action prep_add_close() {
-        res_bitmap = old_bitmap | meta.worker_bit;
-        res_flags = meta.sat_flags | meta.closed_flags;
+        BITMAP_WORD = BITMAP_WORD | meta.worker_bit;
+        FLAGS_WORD = meta.sat_flags | meta.closed_flags;
         result_code = RESULT_OR_CLOSE;
     }
-    action prep_add() { res_flags = meta.sat_flags; result_code = RESULT_OR_CLOSE; }
+    action prep_add() { FLAGS_WORD = meta.sat_flags; result_code = RESULT_OR_CLOSE; }
     action prep_access(bit<8> code) { result_code = code; }
     table result_prep {
         key = {
@@ -407,21 +422,21 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     // ---- slot_result {bitmap at closure, CLOSED | closer << 8 | SATURATED} -----------------------
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_set = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
-            value.lo = res_bitmap;
-            value.hi = res_flags;
+            value.lo = BITMAP_WORD;
+            value.hi = FLAGS_WORD;
             rv = 0;
         }
     };
-    // Closes an open round (res_flags carries RESULT_CLOSED) or only ORs SATURATED in; answers the hi
+    // Closes an open round (FLAGS_WORD carries RESULT_CLOSED) or only ORs SATURATED in; answers the hi
     // word it found, so the caller learns whether the round was already closed.
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_result) result_or_close = {
         void apply(inout slot_pair_t value, out bit<32> rv) {
             rv = value.hi;
             if (value.hi < RESULT_CLOSED) {
-                if (res_flags >= RESULT_CLOSED) {
-                    value.lo = res_bitmap;
+                if (FLAGS_WORD >= RESULT_CLOSED) {
+                    value.lo = BITMAP_WORD;
                 }
-                value.hi = value.hi | res_flags;
+                value.hi = value.hi | FLAGS_WORD;
             }
         }
     };
@@ -525,16 +540,20 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         count_code = 0;
         result_code = 0;
         round = 0;
-        old_bitmap = 0;
         result_hi = 0;
-        res_bitmap = 0;
-        res_flags = 0;
+        elements_1.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         seq_access_table.apply();
+        elements_2.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         round_access_table.apply();
+        elements_3.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         bitmap_access_table.apply();
+        elements_4.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         count_access_table.apply();
+        elements_5.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         result_prep.apply();
+        elements_6.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         result_access_table.apply();
+        elements_7.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         if (meta.slot_mode == MODE_EMIT) {
             // The stored round's exp and MAX, its count and its bitmap at closure.
             hdr.lta.exp = round[7:0];
@@ -546,6 +565,7 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         } else {
             decide.apply();
         }
+        elements_8.apply(hdr.payload, hdr.pass.slot_index, hdr.pass.element_op, hdr.pass.pass);
         // Harvest pass: weight, the closer and SATURATED were written by the access actions.
     }
 }
