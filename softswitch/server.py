@@ -82,8 +82,6 @@ class SoftSwitchServer(BackgroundServer):
         io: str | None = None,
         sockets: int = 1,
     ) -> None:
-        if not 1 <= sockets <= MAX_SOCKETS:
-            raise ValueError(f"sockets must be 1..{MAX_SOCKETS}, got {sockets}")
         program = reuseport.worker_program(sockets) if sockets > 1 else None
         try:
             group = reuseport.bind_group(listen, sockets, program, buffer_bytes, force=True)
@@ -107,11 +105,9 @@ class SoftSwitchServer(BackgroundServer):
         self.rcvbuf_bytes: int = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         self.sockets = len(group)
         self.batches = [BatchSocket(sock, io, gro=gro) for sock in group]
-        self.batch = self.batches[0]
-        self.io = self.batch.io  # the packet I/O path in use (gso-c, mmsg-c, mmsg-ctypes or plain)
+        self.io = self.batches[0].io  # the packet I/O path in use (gso-c, mmsg-c, mmsg-ctypes or plain)
         self.address: tuple[str, int] = self.sock.getsockname()
         self.send_errors = 0
-        self.rx_batches = [0] * self.sockets  # receive calls that returned datagrams, per socket
         self.rx_datagrams = [0] * self.sockets  # datagrams received, per socket
         BackgroundServer.__init__(self)
 
@@ -158,7 +154,6 @@ class SoftSwitchServer(BackgroundServer):
         n = batch.recv(rx, timeout_s)
         if not n:
             return
-        self.rx_batches[i] += 1
         self.rx_datagrams[i] += n
         out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
         if out.m:

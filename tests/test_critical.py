@@ -181,6 +181,21 @@ def test_a_worker_that_cannot_get_a_critical_result_gives_up_after_its_resends(m
     assert cluster.workers[0].stats.critical_partial == chunks
 
 
+def _reduce_with_a_late_peer(cluster, chunks: int, *, late_s: float, seed: int):  # noqa: ANN001, ANN202
+    """Every worker reduces its own random input of ``chunks`` chunks, all marked critical; worker 1
+    starts ``late_s`` after the others. Returns (inputs, results)."""
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in cluster.workers]
+    critical = np.ones(chunks, dtype=bool)
+
+    def reduce(worker, i: int):  # noqa: ANN001, ANN202
+        if i == 1:
+            time.sleep(late_s)
+        return worker.allreduce(inputs[i], critical=critical)
+
+    return inputs, run_workers(cluster.workers, reduce)
+
+
 def test_a_late_peer_is_not_a_lost_packet_for_critical_units(make_cluster):
     """Worker 1 starts the reduce a second after worker 0 (descheduled, computing): with 3 resends of a
     20-100 ms RTO allowed, worker 0's resend budget ran out in ~0.3 s and every critical chunk closed
@@ -189,16 +204,7 @@ def test_a_late_peer_is_not_a_lost_packet_for_critical_units(make_cluster):
     equals numpy's mean over both inputs."""
     n, chunks = 2, 8
     cluster = make_cluster(n, min_deadline_ms=20, max_deadline_ms=100, critical_max_resends=3)
-    rng = np.random.default_rng(5)
-    inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
-    critical = np.ones(chunks, dtype=bool)
-
-    def reduce(worker, i: int):
-        if i == 1:
-            time.sleep(1.0)
-        return worker.allreduce(inputs[i], critical=critical)
-
-    results = run_workers(cluster.workers, reduce)
+    inputs, results = _reduce_with_a_late_peer(cluster, chunks, late_s=1.0, seed=5)
     for r in results:
         assert np.all(r.count == n), r.count
     assert check_mean_over_bitmap(results, inputs, K) == n * chunks
@@ -214,16 +220,7 @@ def test_a_late_peer_is_waited_for_only_critical_wait_ms(make_cluster):
         n, min_deadline_ms=20, max_deadline_ms=100, critical_max_resends=3, critical_wait_ms=200,
         on_unhealthy="ignore",
     )  # fmt: skip
-    rng = np.random.default_rng(6)
-    inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
-    critical = np.ones(chunks, dtype=bool)
-
-    def reduce(worker, i: int):
-        if i == 1:
-            time.sleep(1.5)
-        return worker.allreduce(inputs[i], critical=critical)
-
-    results = run_workers(cluster.workers, reduce)
+    inputs, results = _reduce_with_a_late_peer(cluster, chunks, late_s=1.5, seed=6)
     assert np.all(results[0].count == 1)
     assert cluster.workers[0].stats.critical_partial == chunks
     check_mean_over_bitmap(results, inputs, K)

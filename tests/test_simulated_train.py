@@ -178,6 +178,18 @@ def test_pair_drift_is_the_brute_force_mean_over_receiver_pairs():
     assert pair_drift(replicas, layout) == pytest.approx(total / pairs, rel=1e-9)
 
 
+def _plain_autograd(model, replicas, corpus, batch: int, context: int, *, seed: int):  # noqa: ANN001, ANN202
+    """For each worker w: ``model`` (a CharGpt) set to ``replicas[w]`` and its gradient taken on rank w's
+    training batch (the real path's generator seed, seed * 1000 + w); yields (w, loss)."""
+    for w in range(len(replicas)):
+        x, y = corpus.batch("train", batch, context, torch.Generator().manual_seed(seed * 1000 + w))
+        torch.nn.utils.vector_to_parameters(replicas[w].clone(), model.parameters())
+        model.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        yield w, loss
+
+
 def test_every_worker_gets_the_gradient_of_its_own_replica_on_its_own_batch(corpus):
     cfg = quick_config()
     run = SimulatedRun(RunSpec("g", "renorm", 0.0, 3, 1), cfg, 4, batch_per_worker=2, corpus=corpus)
@@ -186,13 +198,7 @@ def test_every_worker_gets_the_gradient_of_its_own_replica_on_its_own_batch(corp
     replicas = run.replicas.clone()
     grads, losses = run.local_gradients()
     model = CharGpt(cfg.gpt(corpus.vocab))
-    for w in range(4):
-        batches = torch.Generator().manual_seed(3 * 1000 + w)  # the real path's seed for rank w
-        x, y = corpus.batch("train", 2, cfg.context, batches)
-        torch.nn.utils.vector_to_parameters(replicas[w, : run.numel].clone(), model.parameters())
-        model.zero_grad()
-        loss = model(x, y)
-        loss.backward()
+    for w, loss in _plain_autograd(model, replicas[:, : run.numel], corpus, 2, cfg.context, seed=3):
         expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
         assert losses[w] == pytest.approx(loss.item(), rel=1e-5)
         assert np.allclose(grads[w, : run.numel], expected, rtol=1e-4, atol=1e-6)
@@ -212,12 +218,7 @@ def test_stacked_gradients_are_each_replicas_own_autograd_at_the_default_model(c
     replicas = run.replicas.clone()
     grads, losses = run.local_gradients()
     model = CharGpt(cfg.gpt(corpus.vocab))
-    for w in range(4):
-        x, y = corpus.batch("train", cfg.batch, cfg.context, torch.Generator().manual_seed(5 * 1000 + w))
-        torch.nn.utils.vector_to_parameters(replicas[w, : run.numel].clone(), model.parameters())
-        model.zero_grad()
-        loss = model(x, y)
-        loss.backward()
+    for w, loss in _plain_autograd(model, replicas[:, : run.numel], corpus, cfg.batch, cfg.context, seed=5):
         assert losses[w] == pytest.approx(loss.item(), rel=1e-6)
         start = 0
         for name, p in model.named_parameters():
