@@ -339,8 +339,13 @@ def test_resource_summary_counts_units_per_stage_and_phv_containers():
 # ---- recompile (needs p4c-barefoot) -------------------------------------------------------------
 
 
+# A compile takes 9 to 10 minutes on a quiet 2-core host (29 under load): more than the rest of the default
+# run, so it is `slow` (run it with `pytest -m tofino` after a change to p4/tofino). The default run still
+# fails on stale artifacts: test_committed_artifacts_belong_to_the_sources compares the manifest's sources
+# hash with the sources.
 @pytest.mark.tofino
-@pytest.mark.timeout(1800)  # a compile takes 4 to 9 minutes on this 2-core host
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(COMPILER is None, reason="p4c-barefoot is not on PATH (build it: p4/tofino/README.md)")
 def test_recompile_matches_committed_artifacts(tmp_path):
     """The compiler, run now, agrees with the manifest on whether the program fits (and on the first
