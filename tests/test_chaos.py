@@ -10,7 +10,7 @@ from hostlib.dropmodels import DropPolicy
 from lta.chaos.report import markdown, summary
 from lta.chaos.runner import EXACT_TOL, Outcome, judge, run_one
 from lta.chaos.schedule import FAULT_KINDS, RunSpec, draw, drop_policy
-from lta.chaos.worker import DOORS
+from lta.chaos.worker import DOORS, chunk_sums
 
 
 def test_a_seed_replays_its_run_and_seeds_cover_every_door_and_fault():
@@ -89,10 +89,16 @@ def test_gilbert_elliott_fault_has_the_drawn_mean_loss_and_bursts_of_four(rate):
     assert 1 / policy.r == pytest.approx(4.0)  # mean sojourn in the bad state: 4 packets
 
 
-def _finished(tmp_path, params: list[np.ndarray], first=1.0, final=0.1, step=0.01) -> None:
+def _finished(tmp_path, params: list[np.ndarray], first=1.0, final=0.1, step=0.01, history=None) -> None:
     for r, p in enumerate(params):
+        extra = {} if history is None else {"history": history[r]}
         np.savez(
-            tmp_path / f"rank{r}.npz", params=p, first_loss=first, final_loss=final, max_step_change=step
+            tmp_path / f"rank{r}.npz",
+            params=p,
+            first_loss=first,
+            final_loss=final,
+            max_step_change=step,
+            **extra,
         )
 
 
@@ -125,6 +131,35 @@ def test_verdicts(tmp_path):
     rows = [out.as_dict()]
     assert summary(rows)["verdicts"] == {"ok": 0, "loud": 1, "hang": 0, "silent": 0}
     assert "| ddp | 0 | 1 | 0 | 0 |" in markdown(rows)
+
+
+def test_replicas_that_parted_mid_run_are_silent_though_equal_at_the_end(tmp_path):
+    """Chaos seed 91: a hook run's replicas parted at a re-broadcast; the next one resets most chunks, so
+    a run could end with equal parameters and be called ok. Exact replicas are judged after every step
+    (from the per-chunk sums each rank saves), and a rank killed on the way is left out of it."""
+    hook_kill = RunSpec(91, "hook", 3, 4, [{"kind": "kill", "rank": 2, "step": 2}])
+    base = np.linspace(-1.0, 1.0, 200).astype(np.float32)  # 4 chunks of K = 64, the last one padded
+    steps = [base + 0.01 * t for t in range(1, 5)]
+    history = [np.stack([chunk_sums(p, 64) for p in steps]) for _ in range(3)]
+    parted = [h.copy() for h in history]
+    parted[1][2, 3] += 64 * 1e-3  # after step 3, rank 1's last chunk: some value at least 1e-3 apart
+    _finished(tmp_path, [steps[-1]] * 3, history=parted)
+    out = judge(Outcome(hook_kill, exit_codes={0: 0, 1: 0, 2: 0}), tmp_path, {})
+    assert out.verdict == "silent" and "after step 3" in out.cause, out.cause
+    assert float(out.cause.split("at least ")[1].split()[0]) == pytest.approx(1e-3, rel=1e-3)
+    _finished(tmp_path, [steps[-1]] * 3, history=history)  # equal after every step
+    assert judge(Outcome(hook_kill, exit_codes={0: 0, 1: 0, 2: 0}), tmp_path, {}).verdict == "ok"
+    killed_parted = [history[0], history[1], parted[1]]  # rank 2's history ends apart: killed, not judged
+    _finished(tmp_path, [steps[-1]] * 3, history=killed_parted)
+    out = judge(Outcome(hook_kill, exit_codes={0: 0, 1: 0, 2: -9}), tmp_path, {2: 0.0}, interrupted={2})
+    assert out.verdict == "ok"
+    restarted = judge(Outcome(hook_kill, exit_codes={0: 0, 1: 0, 2: 0}), tmp_path, {}, interrupted={2})
+    assert restarted.verdict == "ok"  # started again: its steps are its own run's, its end is judged
+    # Where replicas may differ by design (a lost RESULT falls back), only the end is judged.
+    lossy = RunSpec(91, "hook", 3, 4, [{"kind": "loss-down", "direction": "down", "model": "bernoulli",
+                                        "rate": 0.2}])  # fmt: skip
+    _finished(tmp_path, [steps[-1]] * 3, history=parted)
+    assert judge(Outcome(lossy, exit_codes={0: 0, 1: 0, 2: 0}), tmp_path, {}).verdict == "ok"
 
 
 @pytest.mark.chaos

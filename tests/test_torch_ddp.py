@@ -22,6 +22,7 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
 from hostlib.transport import Fallback, TransportConfig
+from tests.conftest import run_workers
 from tests.ranks import start_and_collect, train_regression
 
 WORLD = 3
@@ -143,6 +144,40 @@ def test_hook_equals_gloo_ddp_without_loss_and_rebroadcast_resets_drift(tmp_path
         assert out["spread_after_reset"] == 0.0
         assert out["hook_stats"]["rebroadcasts"] == 2  # at step 3 (by the forward hook) and explicitly
     assert any(out["changed_by_reset"] > 0 for out in results)
+
+
+def test_rebroadcast_never_rolls_a_replica_back_to_a_late_copy(make_cluster):
+    """Chaos seed 91 (hook, kill, PARAM loss): a receiver whose re-broadcast ended at its deadline before
+    an owner published got that owner's copies late, and they waited in its inbox; at the next
+    re-broadcast, wherever the owner's new copy was lost, the old one was taken, rolling those chunks back
+    by a whole period while its peers kept theirs. Survivors then differed by ~1e-2 and exited 0.
+
+    Here, deterministically: the receiver (worker 1) collects step 5 alone (its deadline passes, worker
+    0's copies come later); both replicas then take the same update; at step 10 every PARAM to worker 1 is
+    lost (the end markers are spared). Both replicas must equal the update computed with numpy."""
+    cluster = make_cluster(2, seed=3)
+    modules = [torch.nn.Linear(16, 16) for _ in range(2)]
+    init = torch.nn.utils.parameters_to_vector(modules[0].parameters()).detach().numpy().copy()
+    for module in modules[1:]:
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(init.copy()), module.parameters())
+    states = [LtaHookState(w, rebroadcast_every=5, collect_deadline_ms=50.0) for w in cluster.workers]
+    for state, module in zip(states, modules, strict=True):
+        state.attach(module)
+        state.manager.step = 5
+    states[1].rebroadcast()  # worker 0 has not published: worker 1 gives up on it at the deadline
+    states[0].rebroadcast()  # worker 0's step-5 copies reach worker 1 now, after its step was accounted
+    update = np.linspace(-1.0, 1.0, init.size, dtype=np.float32)
+    for state, module in zip(states, modules, strict=True):
+        flat = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+        torch.nn.utils.vector_to_parameters(flat + torch.from_numpy(update), module.parameters())
+        state.manager.step = 10
+    cluster.switch.set_drop_policy(cluster.job_id, "param", DropPolicy(p=1.0), worker=1)
+    run_workers(cluster.workers, lambda worker, i: states[i].rebroadcast())
+    expected = init + update
+    for rank, module in enumerate(modules):
+        got = torch.nn.utils.parameters_to_vector(module.parameters()).detach().numpy()
+        np.testing.assert_array_equal(got, expected, err_msg=f"worker {rank}'s replica")
+    assert states[1]._exchange.stats.late_copies_dropped > 0, "no late copy reached the receiver"
 
 
 # ---- the process-group backend ------------------------------------------------------------------------

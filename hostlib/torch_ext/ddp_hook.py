@@ -9,7 +9,9 @@ divides a sum by the world size; this one divides by the arrival count, chunk by
 worker got no RESULT for a chunk it uses the transport's fallback (``prev``: the bucket's previous
 reduced values, kept per bucket under the key ``(bucket index, numel)``), so replicas can drift apart.
 With ``rebroadcast_every=K`` the owners of each contiguous shard broadcast their absolute parameters every
-K steps, before the forward pass, and receivers overwrite what arrives: drift is reset.
+K steps, before the forward pass, and receivers overwrite what arrives of that step: drift is reset. A
+copy of an earlier re-broadcast that comes late is dropped (``ParamExchange(replicated=True)``): taken,
+it would undo the updates the receiver has made since, and exact replicas would part.
 
 The hook blocks until the bucket's reduce is done and returns a completed future (the transport's
 engine is not thread-safe, and on CPU there is no idle device to overlap with).
@@ -190,6 +192,7 @@ class LtaHookState:
             stale_bound=max(1, self.rebroadcast_every),
             deadline_ms=self.collect_deadline_ms,
             critical=chunk_mask(flat_ranges(params, self._critical_ids), layout.n_chunks, k),
+            replicated=True,  # rows are this replica's parameters: a late copy would roll them back
         )
         module.register_forward_pre_hook(self._before_forward)
 

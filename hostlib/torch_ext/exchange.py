@@ -34,6 +34,14 @@ treated so. An owner answers only while it is inside the transport (a reduce, ``
 worker that stops stepping, or blocks in other collectives (a gloo barrier) between steps, should keep
 polling (``worker.poll(seconds)``) until its peers are through, or they wait up to ``resend_timeout_s``.
 
+**Replicated receivers** (``replicated=True``, the DDP hook's re-broadcast): ``rows`` is the receiver's
+own replica, which its optimizer keeps current between broadcasts, not a copy that ages. Only a copy of
+the step being collected is news there: an owner's copy of an earlier step (one that came after the
+receiver had given up waiting for it at the deadline, and waited in the inbox) would roll those values
+back by the updates made since, on this receiver alone (chaos seed 91: survivors apart by 1e-2, exit 0).
+Such copies are dropped (``late_copies_dropped``), and an owner answers requests when it publishes only,
+so a resend carries the step its receiver collects next (as in exact runs).
+
 One worker, one exchange: the exchange drains ``worker.param_inbox`` and ``worker.param_requests``.
 """
 
@@ -59,6 +67,7 @@ class ExchangeStats:
     chunks_expected: int = 0  # foreign chunks summed over steps
     chunks_fresh: int = 0  # ... of which this step's copy arrived in time
     late_copies: int = 0  # copies that arrived after their step was accounted
+    late_copies_dropped: int = 0  # replicated: copies of an earlier step than the one collected, not taken
     resend_requests: int = 0  # chunks this receiver asked for reliably (age past the bound; retrieve: lost)
     resends_served: int = 0  # chunks this owner resent reliably on request
     markers_missed: int = 0  # an owner's end marker did not come before the deadline
@@ -74,7 +83,9 @@ class ExchangeStats:
 class ParamExchange:
     """Publishes this worker's chunks of ``rows`` and collects everyone else's into it.
 
-    ``rows``: a (C, K) float32 host array (the flat parameters, padded), written in place on receipt."""
+    ``rows``: a (C, K) float32 host array (the flat parameters, padded), written in place on receipt.
+    ``replicated``: ``rows`` is the receiver's own live replica (see the module's docstring): only copies
+    of the step being collected are taken."""
 
     def __init__(
         self,
@@ -87,6 +98,7 @@ class ParamExchange:
         resend_timeout_s: float = 30.0,
         critical: np.ndarray | None = None,
         retrieve: bool = False,
+        replicated: bool = False,
     ) -> None:
         k = worker.config.elems_per_packet
         if layout.elems_per_chunk != k:
@@ -122,6 +134,7 @@ class ParamExchange:
         self.critical_foreign = self.foreign[self.critical[self.foreign]]
         self._all_critical_step = -1  # the step of the last publish(critical=True)
         self.retrieve = retrieve
+        self.replicated = replicated
         self._asked = np.zeros(layout.n_chunks, dtype=bool)  # retrieval: asked for this step already
         worker.param_responder = self._respond
 
@@ -238,12 +251,14 @@ class ParamExchange:
         last_required_request = -np.inf
         # Exact runs (TransportConfig.exact) serve requests only when they publish: a copy resent from
         # inside collect holds this step's values or the next one's, depending on when the request came.
-        # Retrieval's requests are all for this step, whose values are the same whenever served.
-        serve = self.retrieve or not self.worker.config.exact
+        # Retrieval's requests are all for this step, whose values are the same whenever served. A
+        # replicated receiver drops a copy of an earlier step than it collects: a request (made when a
+        # step is accounted) answered at once would carry the step its receiver has just left.
+        serve = self.retrieve or not (self.worker.config.exact or self.replicated)
         required = self.foreign if require_all or self.retrieve else self.critical_foreign
         self._asked[:] = False
         while True:
-            self._absorb()
+            self._absorb(step)
             if serve:
                 self._serve_requests()
             self._awaiting &= self.held_step <= self._awaiting_above
@@ -317,8 +332,9 @@ class ParamExchange:
         if readable:
             self.worker.poll(0.0)
 
-    def _absorb(self) -> None:
-        """Move the inbox into ``rows``: every copy newer than the one held."""
+    def _absorb(self, step: int) -> None:
+        """Move the inbox into ``rows``: every copy newer than the one held (replicated: and of ``step``
+        or later; an older one would roll the receiver's replica back)."""
         self.worker.poll(0.0)
         inbox = self.worker.param_inbox
         if not inbox:
@@ -334,6 +350,10 @@ class ParamExchange:
             np.maximum.at(self._marker_step, owner[known], steps[is_marker][known])
         fresh = ~is_marker & (ids < self.layout.n_chunks)
         fresh[fresh] &= steps[fresh] > self.held_step[ids[fresh]]
+        if self.replicated:
+            old = fresh & (steps < step)
+            self.stats.late_copies_dropped += int(old.sum())
+            fresh &= ~old
         take = np.flatnonzero(fresh)
         if len(take):
             k = self.layout.elems_per_chunk

@@ -19,7 +19,10 @@ run with ``reorder``/``duplicate`` faults run inside a network namespace (``netn
   write its threads' stacks to its ``.err`` file and kills them); a reduce that waits gives up after
   ``REDUCE_TIMEOUT_S`` (loud), so a bound of a few times that separates a hang from a slow run;
 - ``silent``: every rank exited 0, but the parameters are untrained, not finite, or apart beyond the
-  bound.
+  bound: at the end, or, where every step's parameters follow from the same aggregates on every rank
+  (``STEPWISE_DOORS`` in an exact run), after any step (from the ranks' per-chunk sums). The hook's
+  re-broadcast resets most chunks of parted replicas: judged at the end only, a run whose replicas
+  parted (chaos seed 91) could have ended equal by chance and been called ok.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,10 @@ from lta.chaos.schedule import NETNS_KINDS, RunSpec, drop_policy
 
 TRAINED_RATIO = 0.5
 EXACT_TOL = 1e-5
+# Doors whose replicas are equal after every step of an exact run, not only at the end: each step applies
+# the same aggregates to the same parameters (the sharded doors' copies may lag a step by design).
+STEPWISE_DOORS = ("ddp", "hook", "fsdp2")
+ELEMS_PER_PACKET = 64  # K of every run (the model's ~341 chunks)
 STALE_BOUND = 4  # the sharded exchange's S
 REBROADCAST_EVERY = 5  # the hook's re-broadcast period
 REDUCE_TIMEOUT_S = 20.0  # a reduce that waits longer raises (one line): the loud-failure bound's core
@@ -90,7 +98,7 @@ def _worker_spec(spec: RunSpec, out: Path) -> dict[str, Any]:
         "store": str(out / "store"),
         "drop": drop,
         "pool_size": pool,
-        "elems_per_packet": 64,
+        "elems_per_packet": ELEMS_PER_PACKET,
         "reduce_timeout_s": REDUCE_TIMEOUT_S,
         "stale_bound": STALE_BOUND,
         "rebroadcast_every": REBROADCAST_EVERY,
@@ -248,7 +256,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
         outcome.recovery_s = _recovery(steps_at, kill_times)
     if outcome.verdict == "hang":
         return outcome
-    return judge(outcome, out, killed)
+    return judge(outcome, out, killed, interrupted=set(kill_times))
 
 
 def _drain(procs: dict[int, Any], killed: dict[int, float], t0: float, limit_s: float) -> None:
@@ -291,7 +299,11 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip()[:300] if lines else "(no message)"
 
 
-def judge(outcome: Outcome, out: Path, killed: dict[int, float]) -> Outcome:
+def judge(
+    outcome: Outcome, out: Path, killed: dict[int, float], interrupted: Collection[int] = ()
+) -> Outcome:
+    """The verdict (module docstring). ``killed``: ranks killed and not started again (no result);
+    ``interrupted``: every rank killed at some point (a restarted one's steps are its own run's)."""
     spec = outcome.spec
     failed = {r: c for r, c in outcome.exit_codes.items() if r not in killed and c != 0}
     if failed:
@@ -320,7 +332,34 @@ def judge(outcome: Outcome, out: Path, killed: dict[int, float]) -> Outcome:
             "silent",
             f"exit 0 with replicas apart by {divergence:.3g} > {bound:.3g}",
         )
+    if outcome.verdict == "silent" or not (_exact(spec) and spec.door in STEPWISE_DOORS):
+        return outcome
+    steady = [res for r, res in zip(ranks, results, strict=True) if r not in interrupted]
+    parted = _first_parting(steady, bound)
+    if parted is not None:
+        apart, at = parted
+        outcome.verdict, outcome.cause = (
+            "silent",
+            f"exit 0 with replicas apart by at least {apart:.3g} > {bound:.3g} after step {at} "
+            f"({divergence:.3g} at the end)",
+        )
     return outcome
+
+
+def _first_parting(results: list[Any], bound: float) -> tuple[float, int] | None:
+    """The first step after which two replicas were apart by more than ``bound``, from the per-chunk sums
+    each rank saved (``history``): a chunk sum that differs by d over k values means some value differs
+    by at least d / k. None if they never were (or no rank saved its history)."""
+    histories = [res["history"] for res in results if "history" in res and res["history"].size]
+    if len(histories) < 2:
+        return None
+    steps = min(len(h) for h in histories)
+    sums = np.stack([h[:steps] for h in histories])
+    apart = np.abs(sums - sums[0]).max(axis=(0, 2)) / ELEMS_PER_PACKET
+    over = np.flatnonzero(~(apart <= bound))  # NaN (a non-finite sum) counts as apart
+    if not over.size:
+        return None
+    return float(apart[over[0]]), int(over[0]) + 1
 
 
 def _exact(spec: RunSpec) -> bool:

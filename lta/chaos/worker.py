@@ -2,8 +2,10 @@
 
 Trains a small regression model for ``steps`` steps through one front door (``DOORS``), appends every
 finished step to ``rank{R}.progress`` (the parent's clock for faults at a step) and saves what the
-verdict needs to ``rank{R}.npz``: the final parameters, the evaluation loss before and after, and the
-largest change of any parameter in one step (the unit of the staleness bound).
+verdict needs to ``rank{R}.npz``: the final parameters, the evaluation loss before and after, the
+largest change of any parameter in one step (the unit of the staleness bound), and after every step the
+sum of each chunk of the parameters (``history``, float64, steps x chunks): replicas that parted at some
+step and were made equal again later (a re-broadcast resets most chunks) show there.
 
 In-process faults (the parent cannot do them from outside):
 
@@ -81,6 +83,14 @@ def _full_params(model: Any) -> list[Any]:
         full = getattr(p, "full_tensor", None)  # FSDP2's DTensor: gather the whole parameter
         out.append(full() if callable(full) else p)
     return out
+
+
+def chunk_sums(flat: np.ndarray, k: int) -> np.ndarray:
+    """The sum of every chunk of ``k`` values (the last one zero-padded), in float64: two replicas whose
+    chunk c sums differ by d differ by at least d / k in some value of that chunk."""
+    padded = np.zeros(-(-len(flat) // k) * k, dtype=np.float64)
+    padded[: len(flat)] = flat
+    return padded.reshape(-1, k).sum(axis=1)
 
 
 def _step_clock(offset_s: float) -> None:
@@ -213,6 +223,7 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     first_loss = _eval_loss(model)
     previous = _flat(model)
     max_step_change = 0.0
+    history: list[np.ndarray] = []
     clock = spec.get("clock")
     restart_at = spec.get("switch_restart_at") if rank == 0 else None
     with open(out / f"rank{rank}.progress", "a", buffering=1) as progress:
@@ -229,12 +240,14 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             now = _flat(model)
             max_step_change = max(max_step_change, float(np.abs(now - previous).max()))
             previous = now
+            history.append(chunk_sums(now, spec["elems_per_packet"]))
             progress.write(f"{step + 1} {time.perf_counter():.6f} {_health(transport)}\n")
     result = {
         "params": _flat(model),
         "first_loss": first_loss,
         "final_loss": _eval_loss(model),
         "max_step_change": max_step_change,
+        "history": np.stack(history) if history else np.zeros((0, 0)),
     }
     np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
     if door != "ps":
