@@ -214,11 +214,13 @@ def test_a_late_peer_is_not_a_lost_packet_for_critical_units(make_cluster):
 
 def test_a_late_peer_is_waited_for_only_critical_wait_ms(make_cluster):
     """The allowance is bounded: with critical_wait_ms=200 a peer 1.5 s late finds worker 0's critical
-    chunks closed without it (count 1 at worker 0, which then counts them partial), as before."""
+    chunks closed without it (count 1 at worker 0, which then counts them partial), as before. (The
+    reduce's first units wait for it at most an RTO and a give-up, Deadlines.sync_wait_s: 100 + 450 ms
+    with max_flushes 1; with 3, up to 2.35 s, the exponent round would have waited for it.)"""
     n, chunks = 2, 4
     cluster = make_cluster(
         n, min_deadline_ms=20, max_deadline_ms=100, critical_max_resends=3, critical_wait_ms=200,
-        on_unhealthy="ignore",
+        max_flushes=1, on_unhealthy="ignore",
     )  # fmt: skip
     inputs, results = _reduce_with_a_late_peer(cluster, chunks, late_s=1.5, seed=6)
     assert np.all(results[0].count == 1)

@@ -308,29 +308,46 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
         assert check_mean_over_bitmap([res[step] for res in results], inputs[step], k) > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22, open: a live peer presumed dead is never waited for again (the within-reduce lockout "
-    "of chaos seeds 84/85/20). The lapse tried on branch P5-lapse passes this but made chaos seed 60 "
-    "(a kill) loud, so it was not kept",
-)
-def test_a_late_peer_once_presumed_dead_is_counted_again(make_cluster):
-    """Chaos seed 84's lockout, reduced: worker 2 starts every reduce well after its peers (it
-    computes longer), long enough for them to presume it dead (64 RESULTs without its bit) within the
-    first reduce. Before the fix they then excused it without bound, closed every later round before
-    its GRAD came and never waited for it again: its bit was in no RESULT after the first reduce, for
-    good. Now the presumption lapses at their next reduce, they wait for it there, and its bit shows
-    again. Independent expectations: worker 2's bit is in RESULTs of the later reduces; every chunk of
-    every worker is numpy's mean over its bitmap."""
+def test_a_reduce_starts_by_waiting_as_long_as_a_live_peer_may_finish_the_one_before():
+    """Until the first RESULT of a reduce, units wait the sync deadline, but at least one RTO plus the
+    time a peer takes to give a unit up (each of its max_flushes + 1 FLUSHes unanswered, staggered by
+    1.5, each wait doubled): a live peer whose last RESULT of the reduce before was lost is that late.
+    While a peer looks dead (a window of RESULTs without its bit), the sync deadline alone.
+    Hand-computed from TCP's estimator (srtt + 4 rttvar, first sample: rttvar = srtt / 2)."""
+    from hostlib.transport.deadlines import Deadlines
+
+    cfg = TransportConfig(sync_deadline_ms=200, min_deadline_ms=20, max_deadline_ms=500, max_flushes=3)
+    dl = Deadlines(cfg, worker_id=0, n_workers=3)
+    # Nothing measured: RTO = initial_deadline_ms (50), the FLUSH timeout the RTO.
+    assert dl.sync_wait_s() == pytest.approx(0.050 + 0.050 * 1.5 * 15)
+    dl.rtt_sample(10.0)  # RTO 10 + 4 * 5 = 30 ms
+    dl.flush_sample(8.0)  # FLUSH timeout 8 + 4 * 4 = 24 ms
+    assert dl.sync_wait_s() == pytest.approx(0.030 + 0.024 * 1.5 * 15)
+    dl.track_absent(np.full(64, 0b011, dtype=np.uint64))  # worker 2 in no RESULT of a window
+    assert dl.early_close and dl.sync_wait_s() == pytest.approx(0.200)  # a peer looks dead: no more
+    slow = Deadlines(TransportConfig(sync_deadline_ms=2000, max_flushes=1), worker_id=0, n_workers=3)
+    slow.rtt_sample(10.0)
+    slow.flush_sample(8.0)
+    assert slow.sync_wait_s() == pytest.approx(2.0)  # the configured deadline when it is the longer
+
+
+def test_a_peer_late_to_every_reduce_is_counted_in_every_reduce(make_cluster):
+    """Chaos seed 84's lockout, reduced: worker 2 starts every reduce 0.8 s after its peers (it computes
+    longer; in seed 84 a rank still recovering the last lost RESULTs of the reduce before). Before the
+    fix the peers flushed the exponent rounds at the sync deadline (50 ms) without it, so it withheld
+    every chunk of the reduce (its exponent proposals were not counted), its bit was in no RESULT, the
+    peers presumed it dead within the first reduce and it was counted in no chunk of any reduce. Now a
+    unit waits, until the first RESULT of its reduce, at least one RTO and a give-up (the time a live
+    peer may still spend finishing the reduce before: ``Deadlines.sync_wait_s``, 50 + 1125 ms with
+    these deadlines), and 0.8 s is within it. Independent expectations: worker 2's bit is in chunks of
+    every reduce; every chunk of every worker is numpy's mean over its bitmap."""
     n, reduces, k = 3, 5, 16
     cluster = make_cluster(
-        n, seed=2, elems_per_packet=k, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
-        sync_deadline_ms=50, lag_deadline_ms=50, max_flushes=1, reduce_timeout_s=30,
+        n, seed=2, elems_per_packet=k, pool_size=16, min_deadline_ms=50, max_deadline_ms=50,
+        sync_deadline_ms=50, lag_deadline_ms=50, max_flushes=3, reduce_timeout_s=30,
     )  # fmt: skip
     rng = np.random.default_rng(7)
     inputs = [[rng.standard_normal(200 * k).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
-
-    presumed: list[int] = []
 
     def body(w: LtaWorker, i: int) -> list:
         out = []
@@ -338,13 +355,10 @@ def test_a_late_peer_once_presumed_dead_is_counted_again(make_cluster):
             if i == 2:
                 time.sleep(0.8)  # computes longer than its peers
             out.append(w.allreduce(inputs[r][i], step=r))
-            if i < 2:
-                presumed.append(w.deadlines.presumed_dead >> 2 & 1)
         return out
 
     results = run_workers(cluster.workers, body)
-    assert any(presumed), "the peers never presumed worker 2 dead: the premise does not hold"
-    counted = [int(np.count_nonzero(res.bitmap & 0b100)) for res in results[0][1:]]
-    assert any(counted), f"worker 2 counted in no chunk after the first reduce: {counted}"
+    counted = [int(np.count_nonzero(res.bitmap & 0b100)) for res in results[0]]
+    assert all(counted), f"worker 2 counted in no chunk of some reduce: {counted}"
     for r in range(reduces):
         assert check_mean_over_bitmap([res[r] for res in results], inputs[r], k) > 0

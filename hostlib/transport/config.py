@@ -36,6 +36,8 @@ class TransportConfig:
     window: int | None = None  # units in flight; None: what the socket buffers hold, default_window_cap, P-1
     # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
     # workers reach a reduce at different times (skew), and flushing then would throw their data away.
+    # At least one RTO and a give-up, though, while no peer looks dead (Deadlines.sync_wait_s): a live
+    # peer may still be finishing the reduce before, its last RESULT lost.
     sync_deadline_ms: float = 200.0
     # A unit some peer has not reached yet (by the bitmaps, see Deadlines.fast_flush) waits this long
     # for it: a late peer is not a lost packet. Units every peer has passed are flushed at once.

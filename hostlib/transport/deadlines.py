@@ -103,12 +103,32 @@ class Deadlines:
         ms = self.flush_srtt_ms + 4 * self.flush_rttvar_ms
         return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
 
+    def give_up_s(self) -> float:
+        """The time a peer with this worker's FLUSH round trip takes to give a unit up once its first
+        deadline passed: every FLUSH of its backoff unanswered (stagger included)."""
+        return self.flush_rto_s() * 1.5 * ((2 << self.config.max_flushes) - 1)
+
     def peer_hold_s(self, plan: ReducePlan) -> float:
         """How long a worker with nothing in flight waits for news of a peer that holds its next unit
-        (reuse.py): the first deadline (the peer may be late to this reduce) plus the time a peer with
-        this worker's FLUSH round trip takes to give a unit up (every FLUSH of its backoff unanswered)."""
-        give_up = self.flush_rto_s() * 1.5 * ((2 << self.config.max_flushes) - 1)
-        return self.first_wait_s(plan) + give_up
+        (reuse.py): the first deadline (the peer may be late to this reduce) plus the time a peer takes
+        to give a unit up (:meth:`give_up_s`)."""
+        return self.first_wait_s(plan) + self.give_up_s()
+
+    def sync_wait_s(self) -> float:
+        """How long a unit waits before its first FLUSH until the first RESULT of its reduce shows every
+        worker in it: ``sync_deadline_ms``, but while no peer looks dead at least the time a live peer
+        may still spend finishing the reduce before, its last RESULT lost: one RTO and a give-up
+        (:meth:`give_up_s`). Only exponent units are in flight then, and an exponent round closed
+        without a worker withholds all K chunks of it from that worker (docs/protocol.md): at 36% down
+        loss (chaos seed 84, srtt 80-140 ms) ranks 0.3-1.5 s late were cut from every exponent round at
+        200 ms, had no bit in any RESULT of the reduce, were presumed dead after 64 of them and stayed
+        locked out. While a peer looks dead (early close) the sync deadline alone: with a killed rank,
+        survivors that waited the longer time for each other split for good, one leading by more than
+        it and the others withheld from every round (chaos seed 60: steps 0.04 s -> 1.3 s)."""
+        sync_s = self.config.sync_deadline_ms / 1000.0
+        if self.early_close:
+            return sync_s
+        return max(sync_s, self.rto_s() + self.give_up_s())
 
     def track_absent(self, bitmaps: np.ndarray) -> None:
         """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
@@ -134,7 +154,7 @@ class Deadlines:
         sooner, by :meth:`fast_flush`). In the tail: the RTO, and :meth:`arm` gives a unit past a live
         peer's frontier the lag deadline still."""
         if not plan.synced:
-            return self.config.sync_deadline_ms / 1000.0
+            return self.sync_wait_s()
         if self.early_close or plan.all_sent:
             return self.rto_s()  # a peer looks dead, or this is the tail of the reduce
         return max(self.rto_s(), self.config.lag_deadline_ms / 1000.0)

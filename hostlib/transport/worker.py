@@ -782,7 +782,7 @@ class LtaWorker:
                 due = due[~crit]
                 if not due.size:
                     return
-        sync_end = plan.sent_at[due] + self.config.sync_deadline_ms / 1000.0
+        sync_end = plan.sent_at[due] + self.deadlines.sync_wait_s()
         probe = (due < plan.exp_units) & (not plan.synced) & (now < sync_end)
         if probe.any():
             # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
