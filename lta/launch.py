@@ -1,7 +1,8 @@
 """Run N worker processes against a softswitch on loopback: the harness behind ``lta demo`` and the
 benchmarks.
 
-The parent runs the softswitch in a thread. Each worker process binds its UDP socket, reports the
+The parent runs the softswitch in a thread (or, with ``JobSpec.switch_processes``, each switch in a
+process of its own). Each worker process binds its UDP socket, reports the
 address, waits until the parent has added the job (the switch must know every worker's address before
 the first packet), runs ``body(worker, rank, *args)`` and sends back what it returns. A body may call
 :func:`report_progress` to tell the parent how far it got.
@@ -30,6 +31,7 @@ from hostlib.errors import LtaError
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.process import SoftSwitchProcess
 from softswitch.server import SoftSwitchServer
 
 
@@ -47,6 +49,10 @@ class JobSpec:
     # ``drop`` applies at the leaves (worker <-> leaf), ``spine_drop`` at the spine (leaf <-> spine).
     leaves: int = 0
     spine_drop: dict[str, DropPolicy] = field(default_factory=dict)
+    # Each softswitch in a process of its own (softswitch.process) instead of a thread of this one: the
+    # switches of a tree then share no interpreter lock (``lta bench scaling``). The switches run_job
+    # hands back still read as the ones that served (counters, slot registers).
+    switch_processes: bool = False
 
 
 # In a worker process: where report_progress sends (the queue to the parent, this worker's rank).
@@ -126,18 +132,27 @@ def _with_rank(exc: LtaError, rank: int) -> LtaError:
 
 
 class _Fabric:
-    """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine."""
+    """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine; threads of
+    this process, or with ``spec.switch_processes`` a process each."""
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
         self.switches: list[SoftSwitch] = []  # leaves first, then the spine (or the one flat switch)
-        self.servers: list[SoftSwitchServer] = []
+        self.servers: list[SoftSwitchServer | SoftSwitchProcess] = []
         n_switches = spec.leaves + 1 if spec.leaves else 1
         try:
-            for i in range(n_switches):
-                switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
-                self.switches.append(switch)
-                self.servers.append(SoftSwitchServer(switch).start())
+            if spec.switch_processes:
+                procs = [SoftSwitchProcess(seed=spec.switch_seed + 7919 * i) for i in range(n_switches)]
+                self.servers.extend(procs)
+                with sigint_ignored_by_children():
+                    for proc in procs:
+                        proc.start()
+                self.switches = [proc.switch for proc in procs]
+            else:
+                for i in range(n_switches):
+                    switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
+                    self.switches.append(switch)
+                    self.servers.append(SoftSwitchServer(switch).start())
         except BaseException:
             self.stop()
             raise
@@ -159,21 +174,24 @@ class _Fabric:
         spec, cfg = self.spec, self.spec.transport
         kw = dict(pool_size=cfg.pool_size, elems_per_packet=cfg.elems_per_packet)
         if not spec.leaves:
-            self.top.add_job(
-                JobConfig(spec.job_id, [addrs[r] for r in range(spec.n_workers)], spec.quorum, **kw)
-            )
-            for direction, policy in spec.drop.items():
-                self.top.set_drop_policy(spec.job_id, direction, policy)
+            flat = JobConfig(spec.job_id, [addrs[r] for r in range(spec.n_workers)], spec.quorum, **kw)
+            self._configure(0, flat, spec.drop)
             return
         spine_address = self.servers[-1].address
         for j, block in enumerate(self.blocks):
             ports = {w: addrs[w] for w in block}
-            self.switches[j].add_job(leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw))
-            for direction, policy in spec.drop.items():
-                self.switches[j].set_drop_policy(spec.job_id, direction, policy)
-        self.top.add_job(spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw))
-        for direction, policy in spec.spine_drop.items():
-            self.top.set_drop_policy(spec.job_id, direction, policy)
+            leaf = leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw)
+            self._configure(j, leaf, spec.drop)
+        spine = spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw)
+        self._configure(len(self.servers) - 1, spine, spec.spine_drop)
+
+    def _configure(self, i: int, job: JobConfig, drop: dict[str, DropPolicy]) -> None:
+        """Switch ``i`` gets ``job`` and its drop policies (a switch process through its pipe)."""
+        server = self.servers[i]
+        target = server if isinstance(server, SoftSwitchProcess) else self.switches[i]
+        target.add_job(job)
+        for direction, policy in drop.items():
+            target.set_drop_policy(job.job_id, direction, policy)
 
     def stop(self) -> None:
         for server in self.servers:

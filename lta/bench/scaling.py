@@ -21,6 +21,7 @@ from lta.progress import Status
 from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
+_CONFIG_KEYS = "workers leaves sim_workers kib loss iters elems_per_packet switches plot".split()
 
 
 def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict:
@@ -67,10 +68,7 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
                 rows.append(row)
     if args.plot:
         _plot_scaling(rows, args.plot)
-    config = {
-        key: getattr(args, key)
-        for key in ("workers", "leaves", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
-    }
+    config = {key: getattr(args, key) for key in _CONFIG_KEYS}
     return {
         "config": config,
         "rows": rows,
@@ -89,6 +87,7 @@ def _p50_s(args: argparse.Namespace, n: int, n_values: int, leaves: int = 0) -> 
         drop=drop,
         leaves=leaves,
         spine_drop=drop if leaves else {},
+        switch_processes=args.switches == "processes",
     )
     results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
     return float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
@@ -232,6 +231,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
         default=64,
         help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
+    sc.add_argument(
+        "--switches",
+        choices=("processes", "threads"),
+        default="processes",
+        help="run each softswitch (the one switch, or every leaf and the spine) in a process of its own, "
+        "as separate switches are, or all of them as threads of this process, sharing its interpreter "
+        "lock (the switches of a tree then wait on each other's batches)",
     )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
     sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
