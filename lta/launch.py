@@ -1,7 +1,8 @@
 """Run N worker processes against a softswitch on loopback: the harness behind ``lta demo`` and the
 benchmarks.
 
-The parent runs the softswitch in a thread. Each worker process binds its UDP socket, reports the
+The parent runs the softswitch in a thread (or, with ``JobSpec.switch_processes``, each switch in a
+process of its own). Each worker process binds its UDP socket, reports the
 address, waits until the parent has added the job (the switch must know every worker's address before
 the first packet), runs ``body(worker, rank, *args)`` and sends back what it returns. A body may call
 :func:`report_progress` to tell the parent how far it got.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -30,6 +32,7 @@ from hostlib.errors import LtaError
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.process import SoftSwitchProcess
 from softswitch.server import SoftSwitchServer
 
 
@@ -47,6 +50,11 @@ class JobSpec:
     # ``drop`` applies at the leaves (worker <-> leaf), ``spine_drop`` at the spine (leaf <-> spine).
     leaves: int = 0
     spine_drop: dict[str, DropPolicy] = field(default_factory=dict)
+    # Each softswitch in a process of its own (softswitch.process) instead of a thread of this one: the
+    # switches of a tree then share no interpreter lock (``lta bench scaling --switches processes``;
+    # on the 2-core host it did not lower a tree's p50 against one switch, README). The switches run_job
+    # hands back still read as the ones that served (counters, slot registers).
+    switch_processes: bool = False
 
 
 # In a worker process: where report_progress sends (the queue to the parent, this worker's rank).
@@ -61,18 +69,26 @@ def report_progress(done: int, total: int) -> None:
         queue.put(("progress", rank, (done, total)))
 
 
-def _worker_main(spec: JobSpec, rank: int, switch_addr, body, args, to_parent, go, log_level: int) -> None:
+def _worker_main(
+    specs: list[JobSpec], rank: int, switch_addrs, body, args, to_parent, go, log_level: int
+) -> None:
+    """Worker process ``rank``: one LtaWorker per job of ``specs`` (each to its own switch), then
+    ``body(workers, rank, *args)``."""
     global _progress_channel
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops every worker
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.basicConfig(level=log_level, format=f"%(levelname)s worker {rank} %(name)s: %(message)s")
     _progress_channel = (to_parent, rank)
     try:
-        worker = LtaWorker(spec.job_id, rank, spec.n_workers, switch_addr, config=spec.transport)
-        to_parent.put(("addr", rank, worker.address))
+        workers = [
+            LtaWorker(spec.job_id, rank, spec.n_workers, addr, config=spec.transport)
+            for spec, addr in zip(specs, switch_addrs, strict=True)
+        ]
+        to_parent.put(("addr", rank, [worker.address for worker in workers]))
         go.wait()
-        to_parent.put(("done", rank, body(worker, rank, *args)))
-        worker.close()
+        to_parent.put(("done", rank, body(workers, rank, *args)))
+        for worker in workers:
+            worker.close()
     except LtaError as exc:
         to_parent.put(("user_error", rank, _with_rank(exc, rank)))
     except BaseException:
@@ -126,18 +142,27 @@ def _with_rank(exc: LtaError, rank: int) -> LtaError:
 
 
 class _Fabric:
-    """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine."""
+    """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine; threads of
+    this process, or with ``spec.switch_processes`` a process each."""
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
         self.switches: list[SoftSwitch] = []  # leaves first, then the spine (or the one flat switch)
-        self.servers: list[SoftSwitchServer] = []
+        self.servers: list[SoftSwitchServer | SoftSwitchProcess] = []
         n_switches = spec.leaves + 1 if spec.leaves else 1
         try:
-            for i in range(n_switches):
-                switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
-                self.switches.append(switch)
-                self.servers.append(SoftSwitchServer(switch).start())
+            if spec.switch_processes:
+                procs = [SoftSwitchProcess(seed=spec.switch_seed + 7919 * i) for i in range(n_switches)]
+                self.servers.extend(procs)
+                with sigint_ignored_by_children():
+                    for proc in procs:
+                        proc.start()
+                self.switches = [proc.switch for proc in procs]
+            else:
+                for i in range(n_switches):
+                    switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
+                    self.switches.append(switch)
+                    self.servers.append(SoftSwitchServer(switch).start())
         except BaseException:
             self.stop()
             raise
@@ -159,25 +184,32 @@ class _Fabric:
         spec, cfg = self.spec, self.spec.transport
         kw = dict(pool_size=cfg.pool_size, elems_per_packet=cfg.elems_per_packet)
         if not spec.leaves:
-            self.top.add_job(
-                JobConfig(spec.job_id, [addrs[r] for r in range(spec.n_workers)], spec.quorum, **kw)
-            )
-            for direction, policy in spec.drop.items():
-                self.top.set_drop_policy(spec.job_id, direction, policy)
+            flat = JobConfig(spec.job_id, [addrs[r] for r in range(spec.n_workers)], spec.quorum, **kw)
+            self._configure(0, flat, spec.drop)
             return
         spine_address = self.servers[-1].address
         for j, block in enumerate(self.blocks):
             ports = {w: addrs[w] for w in block}
-            self.switches[j].add_job(leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw))
-            for direction, policy in spec.drop.items():
-                self.switches[j].set_drop_policy(spec.job_id, direction, policy)
-        self.top.add_job(spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw))
-        for direction, policy in spec.spine_drop.items():
-            self.top.set_drop_policy(spec.job_id, direction, policy)
+            leaf = leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw)
+            self._configure(j, leaf, spec.drop)
+        spine = spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw)
+        self._configure(len(self.servers) - 1, spine, spec.spine_drop)
+
+    def _configure(self, i: int, job: JobConfig, drop: dict[str, DropPolicy]) -> None:
+        """Switch ``i`` gets ``job`` and its drop policies (a switch process through its pipe)."""
+        server = self.servers[i]
+        target = server if isinstance(server, SoftSwitchProcess) else self.switches[i]
+        target.add_job(job)
+        for direction, policy in drop.items():
+            target.set_drop_policy(job.job_id, direction, policy)
 
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+
+
+def _one_worker(body: Callable[..., Any], workers: list[LtaWorker], rank: int, *args: Any) -> Any:
+    return body(workers[0], rank, *args)
 
 
 def run_job(
@@ -187,40 +219,64 @@ def run_job(
     on_progress: Callable[[int, int, int], None] | None = None,
     switches: list[SoftSwitch] | None = None,
 ) -> tuple[list[Any], SoftSwitch]:
-    """Run ``body`` in ``spec.n_workers`` processes through fresh softswitches (one, or with
-    ``spec.leaves`` a leaf-spine tree). Returns each rank's result (in rank order) and the switch (the
-    spine of a tree) for its counters; ``switches``, when given, receives every switch (leaves first).
-    ``body`` must be picklable (a module-level function). ``on_progress(rank, done, total)`` hears the
-    bodies' :func:`report_progress`."""
+    """Run ``body(worker, rank, *args)`` in ``spec.n_workers`` processes through fresh softswitches
+    (one, or with ``spec.leaves`` a leaf-spine tree). Returns each rank's result (in rank order) and the
+    switch (the spine of a tree) for its counters; ``switches``, when given, receives every switch
+    (leaves first). ``body`` must be picklable (a module-level function). ``on_progress(rank, done,
+    total)`` hears the bodies' :func:`report_progress`."""
+    fabric_switches: list[list[SoftSwitch]] = []
+    results = run_jobs([spec], functools.partial(_one_worker, body), *args, on_progress=on_progress,
+                       switches=fabric_switches)  # fmt: skip
+    if switches is not None:
+        switches.extend(fabric_switches[0])
+    return results, fabric_switches[0][-1]
+
+
+def run_jobs(
+    specs: Sequence[JobSpec],
+    body: Callable[..., Any],
+    *args: Any,
+    on_progress: Callable[[int, int, int], None] | None = None,
+    switches: list[list[SoftSwitch]] | None = None,
+) -> list[Any]:
+    """Several jobs on the same worker processes: every job of ``specs`` gets fresh softswitches of its
+    own (all serving at once), and each of the ``n_workers`` processes (the same for every spec) runs
+    ``body(workers, rank, *args)`` with one LtaWorker per job, in the order of ``specs`` (so a benchmark
+    can alternate reduces between a flat switch and a tree, both under the same load). Job ids must
+    differ. Returns each rank's result; ``switches``, when given, receives each job's switches (leaves
+    first, the spine or the flat switch last). As :func:`run_job` otherwise."""
+    n = specs[0].n_workers
+    if any(spec.n_workers != n for spec in specs) or len({spec.job_id for spec in specs}) < len(specs):
+        raise ValueError("jobs that share worker processes need the same worker count and distinct job ids")
     ctx = mp.get_context("spawn")
     log_level = logging.getLogger().getEffectiveLevel()
-    fabric = _Fabric(spec)
-    if spec.leaves and not spec.transport.leaf_sizes:  # the workers learn the tree's flush groups
-        sizes = tuple(len(block) for block in fabric.blocks)
-        spec = dataclasses.replace(spec, transport=dataclasses.replace(spec.transport, leaf_sizes=sizes))
-    if switches is not None:
-        switches.extend(fabric.switches)
-    switch = fabric.top
+    timeout_s = max(spec.timeout_s for spec in specs)
+    fabrics: list[_Fabric] = []
     try:
+        for spec in specs:
+            fabrics.append(_Fabric(spec))
+        specs = [_told_the_tree(spec, fabric) for spec, fabric in zip(specs, fabrics, strict=True)]
+        if switches is not None:
+            switches.extend(fabric.switches for fabric in fabrics)
         queue, go = ctx.Queue(), ctx.Event()
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(spec, r, fabric.entry(r), body, args, queue, go, log_level),
+                args=(specs, r, [f.entry(r) for f in fabrics], body, args, queue, go, log_level),
                 daemon=True,
             )
-            for r in range(spec.n_workers)
+            for r in range(n)
         ]
         with running(procs):
             addrs: dict[int, Any] = {}
             results: dict[int, Any] = {}
-            while len(results) < spec.n_workers:
+            while len(results) < n:
                 try:
-                    kind, rank, payload = queue.get(timeout=spec.timeout_s)
+                    kind, rank, payload = queue.get(timeout=timeout_s)
                 except Exception as exc:  # queue.Empty
                     dead = [r for r, p in enumerate(procs) if not p.is_alive()]
                     raise TimeoutError(
-                        f"workers gave no answer within {spec.timeout_s:.0f} s (dead ranks: {dead})"
+                        f"workers gave no answer within {timeout_s:.0f} s (dead ranks: {dead})"
                     ) from exc
                 if kind == "error":
                     raise RuntimeError(f"worker {rank} failed:\n{payload}")
@@ -232,11 +288,21 @@ def run_job(
                     continue
                 if kind == "addr":
                     addrs[rank] = payload
-                    if len(addrs) == spec.n_workers:
-                        fabric.install(addrs)
+                    if len(addrs) == n:
+                        for j, fabric in enumerate(fabrics):
+                            fabric.install({r: addrs[r][j] for r in range(n)})
                         go.set()
                 else:
                     results[rank] = payload
     finally:
-        fabric.stop()
-    return [results[r] for r in range(spec.n_workers)], switch
+        for fabric in fabrics:
+            fabric.stop()
+    return [results[r] for r in range(n)]
+
+
+def _told_the_tree(spec: JobSpec, fabric: _Fabric) -> JobSpec:
+    """``spec`` with the workers told the tree's flush groups (``TransportConfig.leaf_sizes``)."""
+    if not spec.leaves or spec.transport.leaf_sizes:
+        return spec
+    sizes = tuple(len(block) for block in fabric.blocks)
+    return dataclasses.replace(spec, transport=dataclasses.replace(spec.transport, leaf_sizes=sizes))

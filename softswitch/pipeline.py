@@ -258,6 +258,35 @@ class SoftSwitch:
         with self._lock:
             return dict(zip(SWITCH_COUNTERS, self._counters[job_id].tolist(), strict=True))
 
+    def job_state(self, job_id: int) -> dict[str, np.ndarray]:
+        """Copies of a job's counters, worker counters and slot registers (``regs``, ``bitmap``, ``acc``):
+        what a switch that served in another process hands back (:mod:`softswitch.process`)."""
+        with self._lock:
+            slots = self.jobs[job_id].slots
+            return {
+                "counters": self._counters[job_id].copy(),
+                "worker_rx": self._worker_rx[job_id].copy(),
+                "regs": slots.regs.copy(),
+                "bitmap": slots.bitmap.copy(),
+                "acc": slots.acc.copy(),
+            }
+
+    def load_job_state(self, job_id: int, state: dict[str, np.ndarray]) -> None:
+        """Overwrite a job's counters, worker counters and slot registers with :meth:`job_state`'s copies
+        from a switch holding the same job (same pool size and K)."""
+        with self._lock:
+            slots = self.jobs[job_id].slots
+            if state["acc"].shape != slots.acc.shape:
+                raise ValueError(
+                    f"job {job_id}: state of {state['acc'].shape} slots x values, this switch has "
+                    f"{slots.acc.shape}"
+                )
+            self._counters[job_id] = state["counters"]
+            self._worker_rx[job_id] = state["worker_rx"]
+            slots.regs[...] = state["regs"]  # in place: the engine holds these arrays
+            slots.bitmap[...] = state["bitmap"]
+            slots.acc[...] = state["acc"]
+
     def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
         """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
         that passed the worker check, heartbeats included."""

@@ -385,10 +385,13 @@ def test_lta_ctl_apply_needs_the_leafs_uplink_port():
 
 
 # ---- worker processes through leaf and spine softswitches on loopback -----------------------------------
-def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels():
+@pytest.mark.parametrize("switch_processes", [False, True], ids=["switch-threads", "switch-processes"])
+def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels(switch_processes):
     """Real LtaWorker processes (4, two per leaf) reduce seeded tensors through UDP leaf and spine
     softswitches dropping 10% of GRADs at the leaves and of partials at the spine; every chunk that came
-    back is checked against numpy's mean over the workers in its global bitmap (lta demo's check)."""
+    back is checked against numpy's mean over the workers in its global bitmap (lta demo's check). The
+    switches run as threads of the test, or each in a process of its own (``lta bench scaling``'s
+    default), whose counters come back to the switches run_job hands out."""
     from hostlib.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.demo import demo_worker
@@ -396,7 +399,13 @@ def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels():
 
     drop = {"up": DropPolicy(p=0.1)}
     spec = JobSpec(
-        n_workers=4, transport=TransportConfig(seed=3), drop=drop, leaves=2, spine_drop=drop, switch_seed=3
+        n_workers=4,
+        transport=TransportConfig(seed=3),
+        drop=drop,
+        leaves=2,
+        spine_drop=drop,
+        switch_seed=3,
+        switch_processes=switch_processes,
     )
     switches: list = []
     results, spine_sw = run_job(spec, demo_worker, 20000, 3, 3, switches=switches)
@@ -426,3 +435,48 @@ def test_the_documented_leaf_and_spine_files_parse(tmp_path):
     # the leaf's uplink is the spine, and the spine's leaf 1 is where that leaf listens
     assert spine_cfg.role == Role.SPINE and spine_cfg.workers[1] == ("127.0.0.1", 48902)
     assert leaf_cfg.uplink == ("127.0.0.1", 48900)
+
+
+def _demo_through_each(workers, rank, n_values, rounds, seed):
+    """run_jobs body: lta demo's checked reduces through each job's worker in turn."""
+    from lta.demo import demo_worker
+
+    return [demo_worker(w, rank, n_values, rounds, seed) for w in workers]
+
+
+def test_run_jobs_reduces_through_a_flat_switch_and_a_tree_from_the_same_worker_processes():
+    """``lta bench scaling``'s harness: the same 4 worker processes hold one LtaWorker per job, a flat
+    switch (job 1) and a 2-leaf tree in switch processes (job 2), both with 10% GRAD loss; every chunk
+    through either is checked against numpy's mean over its bitmap, and each job's switches counted
+    only their own job's packets."""
+    from hostlib.dropmodels import DropPolicy
+    from hostlib.transport import TransportConfig
+    from lta.launch import JobSpec, run_jobs
+
+    drop = {"up": DropPolicy(p=0.1)}
+    common = dict(n_workers=4, transport=TransportConfig(seed=5), drop=drop, switch_seed=5)
+    specs = [
+        JobSpec(job_id=1, **common),
+        JobSpec(job_id=2, leaves=2, spine_drop=drop, switch_processes=True, **common),
+    ]
+    switches: list = []
+    results = run_jobs(specs, _demo_through_each, 5000, 2, 5, switches=switches)
+    for per_job in results:
+        assert len(per_job) == 2
+        for r in per_job:
+            assert r["checked_chunks"] > 0 and r["worst_error_over_bound"] < 1.0
+    assert [len(s) for s in switches] == [1, 3]
+    flat, tree = switches
+    assert flat[0].read_counters(1)["grad_start"] > 0 and flat[0].read_counters(1)["drop_policy_up"] > 0
+    assert 2 not in flat[0].jobs and all(1 not in sw.jobs for sw in tree)
+    assert all(sw.read_counters(2)["up_partial"] > 0 for sw in tree[:2])
+    assert tree[2].read_counters(2)["grad_start"] > 0
+
+
+def test_run_jobs_refuses_jobs_that_cannot_share_workers():
+    from lta.launch import JobSpec, run_jobs
+
+    with pytest.raises(ValueError, match="same worker count and distinct job ids"):
+        run_jobs([JobSpec(n_workers=2), JobSpec(n_workers=2)], _demo_through_each)
+    with pytest.raises(ValueError, match="same worker count and distinct job ids"):
+        run_jobs([JobSpec(n_workers=2), JobSpec(n_workers=3, job_id=2)], _demo_through_each)

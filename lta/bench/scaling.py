@@ -13,14 +13,15 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
-from hostlib.transport import TransportConfig
-from lta.bench.allreduce import grad_loss, lta_bench_worker
+from hostlib.transport import LtaWorker, TransportConfig
+from lta.bench.allreduce import grad_loss
 from lta.jsonout import emit
-from lta.launch import JobSpec, run_job
+from lta.launch import JobSpec, run_jobs
 from lta.progress import Status
 from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
+_CONFIG_KEYS = "workers leaves sim_workers kib loss iters elems_per_packet switches plot".split()
 
 
 def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict:
@@ -34,13 +35,12 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
     for kib in args.kib:
         n_values = kib * 256
         for n in args.workers:
-            say(f"{kib} KiB, {n} worker processes")
-            rows.append(_scaling_row("processes", n, kib, _p50_s(args, n, n_values), n_values))
-            for leaves in args.leaves:
-                if leaves > n:
-                    continue
-                say(f"{kib} KiB, {n} worker processes behind {leaves} leaves and a spine")
-                t = _p50_s(args, n, n_values, leaves)
+            trees = [lv for lv in args.leaves if lv <= n]
+            tree = f", and behind {'/'.join(map(str, trees))} leaves and a spine in turn" if trees else ""
+            say(f"{kib} KiB, {n} worker processes{tree}")
+            p50s = _p50s_s(args, n, n_values, trees)
+            rows.append(_scaling_row("processes", n, kib, p50s[0], n_values))
+            for leaves, t in zip(trees, p50s[1:], strict=True):
                 rows.append(_scaling_row(f"leaves={leaves}", n, kib, t, n_values))
         for n in args.sim_workers:
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
@@ -67,10 +67,7 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
                 rows.append(row)
     if args.plot:
         _plot_scaling(rows, args.plot)
-    config = {
-        key: getattr(args, key)
-        for key in ("workers", "leaves", "sim_workers", "kib", "loss", "iters", "elems_per_packet", "plot")
-    }
+    config = {key: getattr(args, key) for key in _CONFIG_KEYS}
     return {
         "config": config,
         "rows": rows,
@@ -79,23 +76,50 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
     }
 
 
-def _p50_s(args: argparse.Namespace, n: int, n_values: int, leaves: int = 0) -> float:
-    """Median over ``args.iters`` reduces of the slowest worker's time; ``leaves`` > 0: through a
-    leaf-spine tree with ``args.loss`` on both levels (GRADs at the leaves, partials at the spine)."""
+def _p50s_s(args: argparse.Namespace, n: int, n_values: int, trees: list[int]) -> list[float]:
+    """Median over ``args.iters`` reduces of the slowest worker's time, through one switch and through
+    each leaf-spine tree of ``trees`` leaves (``args.loss`` on both levels: GRADs at the leaves, partials
+    at the spine). The same ``n`` worker processes reduce through all of them, the switches serving at
+    once, one reduce each in turn (the first of a turn rotating), so that the tree and the one switch
+    it is compared with run under the same load."""
     drop = {"up": DropPolicy(p=args.loss)}
-    spec = JobSpec(
-        n_workers=n,
-        transport=TransportConfig(elems_per_packet=args.elems_per_packet),
-        drop=drop,
-        leaves=leaves,
-        spine_drop=drop if leaves else {},
-    )
-    results, _ = run_job(spec, lta_bench_worker, n_values, args.iters, 1)
-    return float(np.median(np.max(np.array([r["times_s"] for r in results]), axis=0)))
+    specs = [
+        JobSpec(
+            n_workers=n,
+            job_id=1 + j,
+            transport=TransportConfig(elems_per_packet=args.elems_per_packet),
+            drop=drop,
+            leaves=leaves,
+            spine_drop=drop if leaves else {},
+            switch_processes=args.switches == "processes",
+        )
+        for j, leaves in enumerate([0, *trees])
+    ]
+    results = run_jobs(specs, reduce_in_turn, n_values, args.iters, 1)
+    times = np.array([r["times_s"] for r in results])  # (rank, job, iteration)
+    return [float(t) for t in np.median(np.max(times, axis=0), axis=1)]
+
+
+def reduce_in_turn(workers: list[LtaWorker], rank: int, n_values: int, iters: int, warmup: int) -> dict:
+    """The body of :func:`_p50s_s`: each iteration one reduce through each job's worker, the job that
+    goes first rotating with the iteration (every rank uses the same order, so they stay in step).
+    Returns ``times_s[job][iteration]``."""
+    x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
+    y = np.empty_like(x)  # reduced in place, as gloo's all_reduce(y) and DDP's buckets are
+    times: list[list[float]] = [[] for _ in workers]
+    for i in range(warmup + iters):
+        for j in np.roll(np.arange(len(workers)), -i).tolist():
+            y[:] = x
+            t0 = time.perf_counter()
+            workers[j].allreduce(y, step=i, out=y)
+            if i >= warmup:
+                times[j].append(time.perf_counter() - t0)
+    return {"times_s": times}
 
 
 def hierarchy_ratios(rows: list[dict]) -> list[dict]:
-    """For each tree row, its p50 against the one-switch row of the same workers and size (same run)."""
+    """For each tree row, its p50 against the one-switch row of the same workers and size (same worker
+    processes, reduces in turn)."""
     flat = {(r["workers"], r["kib"]): r["ms"] for r in rows if r["mode"] == "processes"}
     out = []
     for r in rows:
@@ -232,6 +256,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
         default=64,
         help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
+    sc.add_argument(
+        "--switches",
+        choices=("threads", "processes"),
+        default="threads",
+        help="run every softswitch (the one switch, every leaf and the spine) as a thread of this process "
+        "(they share its interpreter lock), or each in a process of its own, as separate switches are "
+        "(README: no better p50 ratio measured)",
     )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
     sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
