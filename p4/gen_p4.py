@@ -215,6 +215,16 @@ def element_groups(pairs: int = PAIRS) -> list[range]:
     return out
 
 
+def pair_table_names() -> list[str]:
+    """The compiler's names of the pair tables: group 0 is applied by LtaIngress as `elements`, the
+    others by its `slot_update` as `elements_<group>` (p4/tofino/ingress.p4, slot_update.p4)."""
+    names = []
+    for group, pairs in enumerate(element_groups()):
+        owner = "LtaIngress.elements" if group == 0 else f"LtaIngress.slot_update.elements_{group}"
+        names += [f"{owner}.pair_{i}" for i in pairs]
+    return names
+
+
 def tofino_slot_elements() -> str:
     """K/2 pair registers, each with four register actions and one const table choosing among them."""
     out = [
@@ -245,12 +255,21 @@ def tofino_slot_elements() -> str:
     out += [
         "",
         "// The payload of a packet whose element pass LOADs (an ADD of zeros) or CLEARs (a STORE of zeros),",
-        "// zeroed at the end of the slot pass that decided it.",
+        "// zeroed at the end of the slot pass that decided it. The pair tables write the payload too, so",
+        "// the compiler would put this table a stage after the last of them; but they act only in the",
+        "// element and harvest passes (keyed on the pass) and this one only in the slot pass (under an if",
+        "// on it), so they never both write: @ignore_table_dependency lets them share a stage.",
         "control PayloadClear(inout lta_payload_t payload) {",
         "    action clear_payload() {",
         *[f"        payload.v{i} = 0;" for i in range(ELEMS)],
         "    }",
-        "    apply { clear_payload(); }",
+        *[f'    @ignore_table_dependency("{name}")' for name in pair_table_names()],
+        "    table clear {",
+        "        actions = { clear_payload; }",
+        "        const default_action = clear_payload();",
+        "        size = 1;",
+        "    }",
+        "    apply { clear.apply(); }",
         "}",
     ]
     out += worker_bit_control()

@@ -96,10 +96,15 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             job_lookup.apply(hdr.lta, meta);
             slot_range.apply();
         }
+        // Which passes count their branch: in the control pass every LTA packet but a slot candidate,
+        // and a slot candidate only when the up-loss policy drops it; every slot pass (count_branch,
+        // set before the state machine). The counters' gate reads these flags and meta.policy_drop
+        // itself, so the counters wait only for the stage that decides the branch (the policy's or the
+        // slot chain's `decide`), not for one more stage of flag writes after it.
         bool count_branch = false;
+        bool slot_candidate = false;  // control pass: passed every check before the up-loss policy
         if (!recirculated) {
             // ---- control pass: the checks in order and the up-loss policy ----
-            bool slot_candidate = false;  // passed every check before the up-loss policy
             bool up_active = false;       // the up-loss policy applies (a checked, non-CRITICAL GRAD)
             if (lta_packet) {
                 if (meta.job_known) {
@@ -160,6 +165,8 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                         meta.branch = BRANCH_DROP_SLOT_RANGE;
                     } else {
                         slot_candidate = true;
+                        // Counted only if the policy drops it; else the slot pass counts its branch.
+                        meta.branch = BRANCH_DROP_POLICY_UP;
                         if (hdr.lta.op == OP_GRAD && (hdr.lta.flags & FLAG_CRITICAL) == 0) {
                             up_active = true;
                         }
@@ -173,10 +180,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 rx_counter.apply(meta.counter_index);  // here: Tofino 1 places tables in applied order
             }
             if (slot_candidate) {
-                if (meta.policy_drop) {
-                    meta.branch = BRANCH_DROP_POLICY_UP;
-                    count_branch = true;
-                } else {
+                if (!meta.policy_drop) {
                     // On to the slot pass, which counts the branch the slot state machine decides.
                     hdr.pass_out.setValid();
                     hdr.pass_out.pass = PASS_SLOT;
@@ -186,8 +190,6 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                     hdr.pass_out.reply_port = ig_intr_md.ingress_port;
                     recirculate();
                 }
-            } else if (lta_packet) {
-                count_branch = true;
             }
         } else {
             // ---- slot pass: the slot state machine; element pass: the stored RESULT fields;
@@ -196,11 +198,13 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             // and the mode. Only in this branch, so its fields and the control pass's (the up-loss
             // policy's draws and rooms) are never on one control-flow path: the compiler may overlay
             // them in the same PHV containers.
-            slot_prep.apply(hdr, meta);
-            slot_update.apply(hdr, meta);
             if (hdr.pass.pass == PASS_SLOT) {
                 meta.counter_index = hdr.lta.job_id;
                 count_branch = true;
+            }
+            slot_prep.apply(hdr, meta);
+            slot_update.apply(hdr, meta);
+            if (hdr.pass.pass == PASS_SLOT) {
                 if (hdr.pass_out.isValid()) {
                     // The slot needs its accumulators: on to the element pass, with a payload of
                     // zeros for a LOAD (an add of zeros) or a CLEAR (a store of zeros).
@@ -225,8 +229,9 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                 ig_dprsr_md.drop_ctl = 0;
             }
         }
-        if (count_branch) {
-            // The branch: the checks' (control pass), or the slot state machine's (slot pass).
+        if (count_branch || meta.policy_drop || (lta_packet && !slot_candidate)) {
+            // The branch: the checks' or the up-loss policy's (control pass; policy_drop is false in
+            // every other pass), or the slot state machine's (slot pass).
             branch_counters.apply(meta.counter_index, meta.branch, meta.result_quorum);
         }
     }

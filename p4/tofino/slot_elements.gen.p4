@@ -1582,7 +1582,10 @@ control SlotElements8(inout lta_payload_t payload, in bit<16> index, in bit<8> e
 }
 
 // The payload of a packet whose element pass LOADs (an ADD of zeros) or CLEARs (a STORE of zeros),
-// zeroed at the end of the slot pass that decided it.
+// zeroed at the end of the slot pass that decided it. The pair tables write the payload too, so
+// the compiler would put this table a stage after the last of them; but they act only in the
+// element and harvest passes (keyed on the pass) and this one only in the slot pass (under an if
+// on it), so they never both write: @ignore_table_dependency lets them share a stage.
 control PayloadClear(inout lta_payload_t payload) {
     action clear_payload() {
         payload.v0 = 0;
@@ -1650,7 +1653,44 @@ control PayloadClear(inout lta_payload_t payload) {
         payload.v62 = 0;
         payload.v63 = 0;
     }
-    apply { clear_payload(); }
+    @ignore_table_dependency("LtaIngress.elements.pair_0")
+    @ignore_table_dependency("LtaIngress.elements.pair_1")
+    @ignore_table_dependency("LtaIngress.elements.pair_2")
+    @ignore_table_dependency("LtaIngress.elements.pair_3")
+    @ignore_table_dependency("LtaIngress.elements.pair_4")
+    @ignore_table_dependency("LtaIngress.elements.pair_5")
+    @ignore_table_dependency("LtaIngress.elements.pair_6")
+    @ignore_table_dependency("LtaIngress.elements.pair_7")
+    @ignore_table_dependency("LtaIngress.elements.pair_8")
+    @ignore_table_dependency("LtaIngress.elements.pair_9")
+    @ignore_table_dependency("LtaIngress.elements.pair_10")
+    @ignore_table_dependency("LtaIngress.elements.pair_11")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_1.pair_12")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_1.pair_13")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_1.pair_14")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_1.pair_15")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_2.pair_16")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_3.pair_17")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_3.pair_18")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_3.pair_19")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_4.pair_20")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_4.pair_21")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_4.pair_22")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_5.pair_23")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_5.pair_24")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_5.pair_25")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_6.pair_26")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_6.pair_27")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_7.pair_28")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_7.pair_29")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_8.pair_30")
+    @ignore_table_dependency("LtaIngress.slot_update.elements_8.pair_31")
+    table clear {
+        actions = { clear_payload; }
+        const default_action = clear_payload();
+        size = 1;
+    }
+    apply { clear.apply(); }
 }
 
 // 1 << worker_id for the 32 workers a Tofino job may have (Tofino shifts by constants only), and
