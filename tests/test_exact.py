@@ -30,7 +30,11 @@ def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
     cluster = make_cluster(
         n, elems_per_packet=K, exp_copies=1, seed=5, sync_deadline_ms=300, min_deadline_ms=50
     )
-    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=0.4), worker=1)
+    # Worker 1 probes its exponent GRAD again on its RTO until the round closes, and a reduce's first
+    # units wait max(sync deadline, RTO + give-up) before their FLUSH (Deadlines.sync_wait_s, ~1 s
+    # here): at 40% loss a probe nearly always got through (0 withheld reduces in 12). At 90% every
+    # probe of a reduce is lost now and then.
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=0.9), worker=1)
     rng = np.random.default_rng(1)
     withheld_reduces = 0
     for step in range(12):
@@ -44,8 +48,8 @@ def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
             assert mine.withheld.all()  # one exponent unit covers all 21 chunks: all or none
             for r in results:  # worker 1 sent nothing: it is in no bitmap
                 assert not np.any(r.bitmap[r.fallback == Fallback.NONE] >> np.uint64(1) & np.uint64(1))
-    # P(withheld) = 0.4 per reduce (one copy); P(none in 12) = 0.6**12 = 0.2%.
-    assert withheld_reduces > 0
+    # Measured: 9 of 12 reduces withheld (0 of 12 at 40% loss since the longer first wait).
+    assert withheld_reduces > 0, withheld_reduces
     assert cluster.workers[1].stats.withheld_chunks == withheld_reduces * 21
 
 
