@@ -5,7 +5,6 @@ sizes and probabilities refused at parse time, and messages that name the fix.""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,18 +101,22 @@ def test_simulated_train_log_results_header_and_drift_note(tmp_path):
 
 
 # ---- 6, 7, 9: daemons: status on stderr, JSON alone on stdout, Ctrl-C exits 130, port 0 accepted ------
+# `python -m lta ARGV` with Ctrl-C raising KeyboardInterrupt, however the test process was started.
+_AS_FOREGROUND = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('lta', run_name='__main__', alter_sys=True)"
+)
+
+
 def _daemon(*argv: str) -> subprocess.Popen:
     """The daemon as a terminal's foreground job starts it: with Ctrl-C's default action. A background
     job of a non-interactive shell (`make test &`, CI runners) inherits SIGINT ignored, and Python then
-    leaves it ignored — rightly, the daemon keeps running there — which is not what these tests test."""
-    cmd = [sys.executable, "-m", "lta", *argv]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    leaves it ignored — rightly, the daemon keeps running there — which is not what these tests test.
+    The handler is set by the child's own first line, not by a ``preexec_fn``: that forces a plain
+    fork(), and once an earlier test has loaded gRPC, gRPC's fork handlers log into the child's stderr
+    before exec (CI failed on such a line, where the status line was expected)."""
+    cmd = [sys.executable, "-c", _AS_FOREGROUND, *argv]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _listening_port(proc: subprocess.Popen) -> int:
