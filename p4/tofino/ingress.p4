@@ -48,6 +48,34 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
         hdr.bridge.receiver = 0;
         ig_dprsr_md.drop_ctl = 0;
     }
+    // Each recirculation is one action, called alone: the compiler makes a table of every action call and
+    // of every run of statements around it, and these end ingress's last stage, which holds at most 16
+    // tables (with the recirculation as a call between statements, two tables a site and the branch
+    // counters a stage later).
+    // Control pass -> slot pass.
+    action to_slot_pass() {
+        hdr.pass_out.setValid();
+        hdr.pass_out.pass = PASS_SLOT;
+        hdr.pass_out.element_op = 0;
+        hdr.pass_out.emit = EMIT_NONE;
+        hdr.pass_out.receiver = hdr.lta.worker_id;
+        hdr.pass_out.reply_port = ig_intr_md.ingress_port;
+        recirculate();
+    }
+    // Slot pass -> element pass: decide wrote pass_out's pass, element_op and emit.
+    action to_element_pass() {
+        hdr.pass_out.receiver = hdr.pass.receiver;
+        hdr.pass_out.reply_port = hdr.pass.reply_port;
+        hdr.pass_out.slot_index = meta.slot_index;
+        hdr.pass_out.mcast_grp = meta.mcast_grp;
+        hdr.pass.setInvalid();
+        recirculate();
+    }
+    // Element pass -> harvest pass (the parsed pass header goes on).
+    action to_harvest_pass() {
+        hdr.pass.pass = PASS_HARVEST;
+        recirculate();
+    }
 
     // Gateways compare fields with constants: differences are computed first, in keyless tables (the
     // compiler would fold a temporary back into the condition).
@@ -182,13 +210,7 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
             if (slot_candidate) {
                 if (!meta.policy_drop) {
                     // On to the slot pass, which counts the branch the slot state machine decides.
-                    hdr.pass_out.setValid();
-                    hdr.pass_out.pass = PASS_SLOT;
-                    hdr.pass_out.element_op = 0;
-                    hdr.pass_out.emit = EMIT_NONE;
-                    hdr.pass_out.receiver = hdr.lta.worker_id;
-                    hdr.pass_out.reply_port = ig_intr_md.ingress_port;
-                    recirculate();
+                    to_slot_pass();
                 }
             }
         } else {
@@ -212,21 +234,14 @@ control LtaIngress(inout headers_t hdr, inout ingress_metadata_t meta,
                             || hdr.pass_out.element_op == ELEMENT_OP_CLEAR) {
                         payload_clear.apply(hdr.payload);
                     }
-                    hdr.pass_out.receiver = hdr.pass.receiver;
-                    hdr.pass_out.reply_port = hdr.pass.reply_port;
-                    hdr.pass_out.slot_index = meta.slot_index;
-                    hdr.pass_out.mcast_grp = meta.mcast_grp;
-                    hdr.pass.setInvalid();
-                    recirculate();
+                    to_element_pass();
                 }
             } else if (hdr.pass.pass == PASS_ELEMENTS) {
                 if (hdr.pass.emit != EMIT_NONE) {
-                    hdr.pass.pass = PASS_HARVEST;
-                    recirculate();
+                    to_harvest_pass();
                 }
             } else {
-                result_emit.apply(hdr, ig_tm_md);
-                ig_dprsr_md.drop_ctl = 0;
+                result_emit.apply(hdr, ig_tm_md, ig_dprsr_md);
             }
         }
         if (count_branch || meta.policy_drop || (lta_packet && !slot_candidate)) {
