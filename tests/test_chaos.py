@@ -232,6 +232,40 @@ def test_kill_recovery_is_timed_from_the_fault_that_kept_the_survivors_waiting()
     assert kill["recovery_s"] is None
 
 
+def test_summary_counts_every_kill_against_the_recovery_target():
+    def row(seed: int, *recoveries: dict) -> dict:
+        return {"seed": seed, "door": "hook", "faults": [], "verdict": "ok", "wall_s": 1.0, "cause": "",
+                "recoveries": list(recoveries)}  # fmt: skip
+
+    def kill(rank: int, s: float | None, after: str | None = None, from_kill: float | None = None) -> dict:
+        return {
+            "rank": rank,
+            "recovery_s": s,
+            "from_kill_s": from_kill or s,
+            "after": after,
+            "survivors": [0],
+        }
+
+    rows = [
+        row(1, kill(2, 3.2)),
+        row(2, kill(3, 3.1, "SIGSTOP of rank 2 +1.80 s", 4.9), kill(2, 6.5)),
+        row(3, kill(1, None)),
+        row(4),
+    ]
+    assert RECOVERY_TARGET_S == 5.0  # the liveness timeout (3 s) + 2 s
+    assert summary(rows)["kill_recovery"] == {
+        "kills": 4,
+        "within_target": 2,
+        "never_back": 1,
+        "max_s": 6.5,
+        "timed_from_a_later_fault": 1,
+        "target_s": 5.0,
+    }
+    text = markdown(rows)
+    assert "2 of 4 kills within it, slowest 6.5 s, 1 never back" in text
+    assert "| rank 3: 3.1 (after SIGSTOP of rank 2 +1.80 s; 4.9 from the kill), rank 2: 6.5 |" in text
+
+
 def test_steps_made_after_a_rank_failed_still_count_for_the_recovery(tmp_path):
     """After one rank fails the parent drains the others: the steps they make meanwhile are recorded
     (before, a restarted rank's failure while its peers were still slow from a kill read as 'never
