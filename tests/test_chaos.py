@@ -226,6 +226,13 @@ def test_kill_recovery_is_timed_from_the_fault_that_kept_the_survivors_waiting()
     assert first["survivors"] == second["survivors"] == [0, 1]
     assert first["recovery_s"] == second["recovery_s"] == pytest.approx(3.3)
     assert first["from_kill_s"] == pytest.approx(5.8) and first["after"] == "SIGKILL of rank 2 +2.50 s"
+    # A rank stopped before the kill (at 8 s; no survivor) resumed 2 s after it: the survivors, back
+    # 7 s after the kill, missed the target; the SIGCONT excuses nothing.
+    survivors = _steps((0.0, 8.0, 0.05), (8.5, 16.5, 0.5), (17.0, 18.0, 0.05))
+    steps = {0: survivors, 1: survivors, 2: _steps((0.0, 8.0, 0.05), (12.5, 18.0, 0.05)), 3: _steps(pace)}
+    signals = [Signal(8.0, "SIGSTOP", 2), Signal(10.0, "SIGKILL", 3), Signal(12.0, "SIGCONT", 2)]
+    [kill] = _recovery(steps, signals)
+    assert (kill["recovery_s"], kill["after"], kill["survivors"]) == (pytest.approx(7.0), None, [0, 1])
     # A survivor that never gets back to its pace: no recovery.
     steps = {0: _steps(pace, (10.5, 20.0, 0.5)), 1: _steps(pace, (10.5, 20.0, 0.5)), 3: _steps(pace)}
     [kill] = _recovery(steps, [Signal(10.0, "SIGKILL", 3)])

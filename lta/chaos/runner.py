@@ -314,13 +314,16 @@ def _recovery(steps_at: dict[int, list[float]], signals: list[Signal]) -> list[d
     first step within 1.5x its median step time before the run's first signal; ``recovery_s`` None when
     one never got back to it). The target is ``RECOVERY_TARGET_S``: the liveness timeout plus 2 s.
 
-    Measured from the kill, unless another signal came before the survivors were back and within the
-    target of the kill (``after``): then from that signal (the last such), and ``from_kill_s`` keeps the
-    time from the kill. A SIGSTOP in the kill's liveness window makes the survivors wait for the stopped
-    rank too, until its own liveness timeout: timed from the kill, the stop's wait is charged to the kill
-    (chaos seed 26: rank 2 stopped 1.8 s after rank 3's kill; its peers were at pace 3.2 s after the stop,
-    5.0 s after the kill). The target still applies from that signal, and a signal that comes when the
-    survivors are already slow past the target excuses nothing: the kill has missed it.
+    Measured from the kill, unless another SIGKILL or SIGSTOP came before the survivors were back and
+    within the target of the kill (``after``): then from that signal (the last such), and
+    ``from_kill_s`` keeps the time from the kill. A rank stopped or killed in the kill's liveness window
+    makes the survivors wait for it too, until its own liveness timeout: timed from the kill, that wait
+    is charged to the kill (chaos seed 26: rank 2 stopped 1.8 s after rank 3's kill; its peers were at
+    pace 3.2 s after the stop, 5.0 s after the kill; seed 19: a second kill 2.5 s after the first). The
+    target still applies from that signal, and a signal that comes when the survivors are already slow
+    past the target excuses nothing: the kill has missed it. A SIGCONT moves nothing: a rank coming back
+    starts no such wait (nothing measured shows it slowing its peers), and a resume just after a kill
+    would otherwise excuse that kill's slow survivors.
 
     Survivors are the ranks never killed (a restarted rank's steps are its new run's) and not stopped at
     the kill or after it: a stopped rank's own steps stop for its T seconds, so as a survivor its stop
@@ -348,7 +351,9 @@ def _recovery(steps_at: dict[int, list[float]], signals: list[Signal]) -> list[d
             between = [
                 s
                 for s in signals
-                if s is not kill and anchor < s.at < min(recovered, anchor + RECOVERY_TARGET_S)
+                if s is not kill
+                and s.name in ("SIGKILL", "SIGSTOP")
+                and anchor < s.at < min(recovered, anchor + RECOVERY_TARGET_S)
             ]
             if not between:
                 break
