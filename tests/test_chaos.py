@@ -3,12 +3,23 @@ seeded runs through front doors end ok or loud, never hung or silent (marker ``c
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from hostlib.dropmodels import DropPolicy
 from lta.chaos.report import markdown, summary
-from lta.chaos.runner import EXACT_TOL, Outcome, judge, run_one
+from lta.chaos.runner import (
+    EXACT_TOL,
+    RECOVERY_TARGET_S,
+    Outcome,
+    Signal,
+    _drain,
+    _recovery,
+    judge,
+    run_one,
+)
 from lta.chaos.schedule import FAULT_KINDS, RunSpec, draw, drop_policy
 from lta.chaos.worker import DOORS, chunk_sums
 
@@ -160,6 +171,123 @@ def test_replicas_that_parted_mid_run_are_silent_though_equal_at_the_end(tmp_pat
                                         "rate": 0.2}])  # fmt: skip
     _finished(tmp_path, [steps[-1]] * 3, history=parted)
     assert judge(Outcome(lossy, exit_codes={0: 0, 1: 0, 2: 0}), tmp_path, {}).verdict == "ok"
+
+
+def _steps(*spans: tuple[float, float, float]) -> list[float]:
+    """Step times: each span (start, end, step time) steps from ``start`` up to ``end``, inclusive."""
+    out: list[float] = []
+    for start, end, dt in spans:
+        out += list(np.round(np.arange(start, end + dt / 2, dt), 6))
+    return out
+
+
+def test_kill_recovery_is_timed_from_the_fault_that_kept_the_survivors_waiting():
+    """Hand-built step times (survivors at 0.05 s a step; a kill's wait: 0.5 s steps until its liveness
+    timeout has passed, as the hook door's units give up). The survivors' pace comes back 3.2 s after the
+    last fault that made them wait; a stopped rank's own stop is not its peers' recovery; a fault that
+    came after the target had passed excuses nothing."""
+    pace = (0.0, 10.0, 0.05)
+    # Rank 3 killed at 10, rank 2 stopped at 11.8 (inside the kill's window) for 4.9 s: the survivors wait
+    # for both until 11.8 + 3.2 = 15.0 (chaos seed 26's shape).
+    survivors = _steps(pace, (10.5, 14.5, 0.5), (15.0, 16.0, 0.05))
+    steps = {0: survivors, 1: survivors, 2: _steps(pace, (10.5, 11.5, 0.5), (16.7, 17.0, 0.05)),
+             3: _steps(pace)}  # fmt: skip
+    signals = [Signal(10.0, "SIGKILL", 3), Signal(11.8, "SIGSTOP", 2), Signal(16.7, "SIGCONT", 2)]
+    [kill] = _recovery(steps, signals)
+    assert kill["survivors"] == [0, 1]  # rank 2, stopped after the kill, is no survivor
+    assert kill["recovery_s"] == pytest.approx(3.2) and kill["from_kill_s"] == pytest.approx(5.0)
+    assert kill["after"] == "SIGSTOP of rank 2 +1.80 s"
+    # The same stop after the survivors were back (13.2 s) changes nothing; rank 2 is no survivor (its
+    # own steps stop 14 to 20 s).
+    survivors = _steps(pace, (10.5, 12.5, 0.5), (13.2, 20.0, 0.05))
+    steps = {
+        0: survivors,
+        1: survivors,
+        2: _steps(pace, (10.5, 12.5, 0.5), (13.2, 14.0, 0.05)),
+        3: _steps(pace),
+    }
+    signals = [Signal(10.0, "SIGKILL", 3), Signal(14.0, "SIGSTOP", 2), Signal(20.0, "SIGCONT", 2)]
+    [kill] = _recovery(steps, signals)
+    assert (kill["recovery_s"], kill["after"], kill["survivors"]) == (pytest.approx(3.2), None, [0, 1])
+    # Survivors still slow when the target had passed: a stop at 16 s (6 s after the kill, past the
+    # target) excuses nothing; the kill's recovery is the whole 8 s.
+    assert RECOVERY_TARGET_S < 6.0
+    survivors = _steps(pace, (10.5, 17.5, 0.5), (18.0, 19.0, 0.05))
+    steps = {0: survivors, 1: survivors, 2: _steps(pace, (10.5, 15.5, 0.5)), 3: _steps(pace)}
+    signals = [Signal(10.0, "SIGKILL", 3), Signal(16.0, "SIGSTOP", 2)]
+    [kill] = _recovery(steps, signals)
+    assert (kill["recovery_s"], kill["after"], kill["survivors"]) == (pytest.approx(8.0), None, [0, 1])
+    # Two kills 2.5 s apart (chaos seed 19's shape): the first kill's survivors wait for the second's
+    # liveness timeout too; each kill is timed from the second, 3.3 s.
+    survivors = _steps(pace, (10.5, 15.5, 0.5), (15.8, 17.0, 0.05))
+    steps = {0: survivors, 1: survivors, 2: _steps(pace, (10.5, 12.5, 0.5)), 3: _steps(pace)}
+    signals = [Signal(10.0, "SIGKILL", 3), Signal(12.5, "SIGKILL", 2)]
+    first, second = _recovery(steps, signals)
+    assert first["survivors"] == second["survivors"] == [0, 1]
+    assert first["recovery_s"] == second["recovery_s"] == pytest.approx(3.3)
+    assert first["from_kill_s"] == pytest.approx(5.8) and first["after"] == "SIGKILL of rank 2 +2.50 s"
+    # A rank stopped before the kill (at 8 s; no survivor) resumed 2 s after it: the survivors, back
+    # 7 s after the kill, missed the target; the SIGCONT excuses nothing.
+    survivors = _steps((0.0, 8.0, 0.05), (8.5, 16.5, 0.5), (17.0, 18.0, 0.05))
+    steps = {0: survivors, 1: survivors, 2: _steps((0.0, 8.0, 0.05), (12.5, 18.0, 0.05)), 3: _steps(pace)}
+    signals = [Signal(8.0, "SIGSTOP", 2), Signal(10.0, "SIGKILL", 3), Signal(12.0, "SIGCONT", 2)]
+    [kill] = _recovery(steps, signals)
+    assert (kill["recovery_s"], kill["after"], kill["survivors"]) == (pytest.approx(7.0), None, [0, 1])
+    # A survivor that never gets back to its pace: no recovery.
+    steps = {0: _steps(pace, (10.5, 20.0, 0.5)), 1: _steps(pace, (10.5, 20.0, 0.5)), 3: _steps(pace)}
+    [kill] = _recovery(steps, [Signal(10.0, "SIGKILL", 3)])
+    assert kill["recovery_s"] is None
+
+
+def test_summary_counts_every_kill_against_the_recovery_target():
+    def row(seed: int, *recoveries: dict) -> dict:
+        return {"seed": seed, "door": "hook", "faults": [], "verdict": "ok", "wall_s": 1.0, "cause": "",
+                "recoveries": list(recoveries)}  # fmt: skip
+
+    def kill(rank: int, s: float | None, after: str | None = None, from_kill: float | None = None) -> dict:
+        return {
+            "rank": rank,
+            "recovery_s": s,
+            "from_kill_s": from_kill or s,
+            "after": after,
+            "survivors": [0],
+        }
+
+    rows = [
+        row(1, kill(2, 3.2)),
+        row(2, kill(3, 3.1, "SIGSTOP of rank 2 +1.80 s", 4.9), kill(2, 6.5)),
+        row(3, kill(1, None)),
+        row(4),
+    ]
+    assert RECOVERY_TARGET_S == 5.0  # the liveness timeout (3 s) + 2 s
+    assert summary(rows)["kill_recovery"] == {
+        "kills": 4,
+        "within_target": 2,
+        "never_back": 1,
+        "max_s": 6.5,
+        "timed_from_a_later_fault": 1,
+        "target_s": 5.0,
+    }
+    text = markdown(rows)
+    assert "2 of 4 kills within it, slowest 6.5 s, 1 never back" in text
+    assert "| rank 3: 3.1 (after SIGSTOP of rank 2 +1.80 s; 4.9 from the kill), rank 2: 6.5 |" in text
+
+
+def test_steps_made_after_a_rank_failed_still_count_for_the_recovery(tmp_path):
+    """After one rank fails the parent drains the others: the steps they make meanwhile are recorded
+    (before, a restarted rank's failure while its peers were still slow from a kill read as 'never
+    back at pace', chaos seed 19)."""
+
+    class Exited:
+        def poll(self) -> int:
+            return 0
+
+    for r, lines in ((0, 5), (1, 7)):
+        (tmp_path / f"rank{r}.progress").write_text("".join(f"{i + 1} 0.0\n" for i in range(lines)))
+    steps_at: dict[int, list[float]] = {0: [1.0, 2.0], 1: [], 2: [1.0]}
+    _drain({r: (Exited(), None) for r in steps_at}, {2: 1.0}, time.monotonic(), 10.0, tmp_path, steps_at)
+    assert [len(steps_at[r]) for r in (0, 1, 2)] == [5, 7, 1]  # rank 2 (killed) wrote no file
+    assert steps_at[0][:2] == [1.0, 2.0]
 
 
 @pytest.mark.chaos

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from lta.chaos import netns
 from lta.chaos.schedule import NETNS_KINDS, RunSpec, drop_policy
 
@@ -54,9 +55,21 @@ STALE_BOUND = 4  # the sharded exchange's S
 REBROADCAST_EVERY = 5  # the hook's re-broadcast period
 REDUCE_TIMEOUT_S = 20.0  # a reduce that waits longer raises (one line): the loud-failure bound's core
 POLL_S = 0.05
+# A killed rank's peers are back at their step time within 2 s of the liveness timeout (the target).
+RECOVERY_TARGET_S = DEFAULT_LIVENESS_TIMEOUT_S + 2.0
 # Until every live rank has made its first step: importing torch in four processes took over 120 s at
 # load 26 on 2 cores. A run still starting after this long is a hang too.
 STARTUP_S = 600.0
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A signal the parent sent (its clock): ``SIGKILL`` (a ``kill``, or the kill of a ``restart``),
+    ``SIGSTOP`` or ``SIGCONT`` (a ``stop``)."""
+
+    at: float
+    name: str
+    rank: int
 
 
 @dataclass
@@ -69,7 +82,8 @@ class Outcome:
     divergence: float | None = None
     divergence_bound: float | None = None
     loss_ratio: float | None = None
-    recovery_s: float | None = None  # after a kill: until the survivors' steps are back to their pace
+    recovery_s: float | None = None  # the slowest kill's recoveries[i]["recovery_s"]; None if one is
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # per kill: _recovery
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -182,16 +196,13 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
     restart: list[tuple[float, int]] = []
     killed: dict[int, float] = {}  # ranks killed and not (yet) restarted
     kill_times: dict[int, float] = {}
+    signals: list[Signal] = []  # every SIGKILL, SIGSTOP and SIGCONT sent, for the kill recovery
     old: list[tuple[Any, Any]] = []  # the killed processes, closed at the end
     outcome = Outcome(spec)
     try:
         while True:
             now = time.monotonic()
-            for r in procs:
-                path = out / f"rank{r}.progress"
-                if path.exists():
-                    done = path.read_text().count("\n")
-                    steps_at[r].extend([now] * (done - len(steps_at[r])))
+            _read_progress(out, steps_at, now)
             for f in list(pending):
                 if len(steps_at[f["rank"]]) >= f["step"]:
                     pending.remove(f)
@@ -201,16 +212,19 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                     if f["kind"] in ("kill", "restart"):
                         proc.send_signal(signal.SIGKILL)
                         killed[f["rank"]] = kill_times[f["rank"]] = now
+                        signals.append(Signal(now, "SIGKILL", f["rank"]))
                         if f["kind"] == "restart":
                             restart.append((now + f["delay_s"], f["rank"]))
                     else:
                         proc.send_signal(signal.SIGSTOP)
+                        signals.append(Signal(now, "SIGSTOP", f["rank"]))
                         resume.append((now + f["seconds"], f["rank"]))
             for at, r in list(resume):
                 if now >= at:
                     resume.remove((at, r))
                     if procs[r][0].poll() is None:
                         procs[r][0].send_signal(signal.SIGCONT)
+                        signals.append(Signal(now, "SIGCONT", r))
             for at, r in list(restart):
                 if now >= at:  # the killed rank starts again: from now on its exit status counts
                     restart.remove((at, r))
@@ -223,7 +237,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
             if (not live and not restart) or failed:
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
-                    _drain(procs, killed, time.monotonic(), limit_s)
+                    _drain(procs, killed, time.monotonic(), limit_s, out, steps_at)
                 break
             started = all(steps_at[r] for r in live)
             last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
@@ -252,17 +266,40 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
             err.close()
     outcome.wall_s = round(time.monotonic() - t0, 2)
     outcome.exit_codes = {r: p.returncode for r, (p, _) in procs.items()}
-    if kill_times:
-        outcome.recovery_s = _recovery(steps_at, kill_times)
+    outcome.recoveries = _recovery(steps_at, signals)
+    per_kill = [k["recovery_s"] for k in outcome.recoveries]
+    if per_kill and None not in per_kill:
+        outcome.recovery_s = max(t for t in per_kill if t is not None)
     if outcome.verdict == "hang":
         return outcome
     return judge(outcome, out, killed, interrupted=set(kill_times))
 
 
-def _drain(procs: dict[int, Any], killed: dict[int, float], t0: float, limit_s: float) -> None:
-    """After one rank failed: wait (up to the bound) for the others to fail or finish too."""
+def _read_progress(out: Path, steps_at: dict[int, list[float]], now: float) -> None:
+    """Each rank's steps finished since the last look, stamped ``now`` (the parent's clock)."""
+    for r, times in steps_at.items():
+        path = out / f"rank{r}.progress"
+        if path.exists():
+            done = path.read_text().count("\n")
+            times.extend([now] * (done - len(times)))
+
+
+def _drain(
+    procs: dict[int, Any],
+    killed: dict[int, float],
+    t0: float,
+    limit_s: float,
+    out: Path,
+    steps_at: dict[int, list[float]],
+) -> None:
+    """After one rank failed: wait (up to the bound) for the others to fail or finish too, their steps
+    still recorded (a restarted rank that fails while the survivors are still slow from the kill would
+    otherwise cut their recovery short: chaos seed 19, whose survivors were back at pace after the
+    failure, read as never back)."""
     while time.monotonic() - t0 < limit_s:
+        _read_progress(out, steps_at, time.monotonic())
         if all(p.poll() is not None for r, (p, _) in procs.items() if r not in killed):
+            _read_progress(out, steps_at, time.monotonic())
             return
         time.sleep(POLL_S)
     for p, _ in procs.values():  # still running: each writes its stacks to its .err (faulthandler)
@@ -272,26 +309,97 @@ def _drain(procs: dict[int, Any], killed: dict[int, float], t0: float, limit_s: 
     time.sleep(1.0)
 
 
-def _recovery(steps_at: dict[int, list[float]], killed: dict[int, float]) -> float | None:
-    """Seconds from the kill until a survivor's step time is back within 1.5x its median before the kill
-    (the slowest survivor); None when a survivor never got back to its pace."""
-    at = min(killed.values())
-    worst = 0.0
-    for r, times in steps_at.items():
-        if r in killed:
-            continue
-        t = np.asarray(times)
-        before = np.diff(t[t <= at])
-        if len(before) < 3:
-            continue
-        pace = 1.5 * float(np.median(before[before > 0])) if np.any(before > 0) else 0.0
-        after = t[t > at]
-        gaps = np.diff(np.concatenate([[at], after]))
-        ok = np.flatnonzero(gaps[1:] <= max(pace, 2 * POLL_S))
-        if not ok.size:
-            return None
-        worst = max(worst, float(after[ok[0]] - at))
-    return round(worst, 2)
+def _recovery(steps_at: dict[int, list[float]], signals: list[Signal]) -> list[dict[str, Any]]:
+    """For each SIGKILL: seconds until the survivors' steps are back to their pace (the slowest survivor's
+    first step within 1.5x its median step time before the run's first signal; ``recovery_s`` None when
+    one never got back to it). The target is ``RECOVERY_TARGET_S``: the liveness timeout plus 2 s.
+
+    Measured from the kill, unless another SIGKILL or SIGSTOP came before the survivors were back and
+    within the target of the kill (``after``): then from that signal (the last such), and
+    ``from_kill_s`` keeps the time from the kill. A rank stopped or killed in the kill's liveness window
+    makes the survivors wait for it too, until its own liveness timeout: timed from the kill, that wait
+    is charged to the kill (chaos seed 26: rank 2 stopped 1.8 s after rank 3's kill; its peers were at
+    pace 3.2 s after the stop, 5.0 s after the kill; seed 19: a second kill 2.5 s after the first). The
+    target still applies from that signal, and a signal that comes when the survivors are already slow
+    past the target excuses nothing: the kill has missed it. A SIGCONT moves nothing: a rank coming back
+    starts no such wait (nothing measured shows it slowing its peers), and a resume just after a kill
+    would otherwise excuse that kill's slow survivors.
+
+    Survivors are the ranks never killed (a restarted rank's steps are its new run's) and not stopped at
+    the kill or after it: a stopped rank's own steps stop for its T seconds, so as a survivor its stop
+    read as the kill's recovery (chaos seed 68: 9.33 s measured; its peers were at pace 3.4 s after the
+    kill, the stopped rank came back 9.3 s after it). A restarted rank's new process start moves no
+    anchor: it is the restart's own second half, and its cost (importing torch on a shared host, a
+    rejoin that fails on the torch doors) stays charged to the kill."""
+    kills = [s for s in signals if s.name == "SIGKILL"]
+    if not kills:
+        return []
+    first = min(s.at for s in signals)
+    ever_killed = {s.rank for s in kills}
+    out = []
+    for kill in kills:
+        stopped = {s.rank for s in signals if s.name == "SIGSTOP" and s.at >= kill.at}
+        stopped |= _stopped_at(signals, kill.at)
+        paces = {r: _pace(steps_at[r], first) for r in steps_at if r not in ever_killed | stopped}
+        anchor, after, recovered = kill.at, None, None
+        while True:
+            back = [_back_at(steps_at[r], anchor, pace) for r, pace in paces.items() if pace is not None]
+            if not back or None in back:
+                recovered = None
+                break
+            recovered = max(b for b in back if b is not None)
+            between = [
+                s
+                for s in signals
+                if s is not kill
+                and s.name in ("SIGKILL", "SIGSTOP")
+                and anchor < s.at < min(recovered, anchor + RECOVERY_TARGET_S)
+            ]
+            if not between:
+                break
+            last = max(between, key=lambda s: s.at)
+            anchor, after = last.at, f"{last.name} of rank {last.rank} {last.at - kill.at:+.2f} s"
+        out.append(
+            {
+                "rank": kill.rank,
+                "recovery_s": None if recovered is None else round(recovered - anchor, 2),
+                "from_kill_s": None if recovered is None else round(recovered - kill.at, 2),
+                "after": after,
+                "survivors": sorted(r for r, p in paces.items() if p is not None),
+            }
+        )
+    return out
+
+
+def _stopped_at(signals: list[Signal], t: float) -> set[int]:
+    """The ranks stopped (SIGSTOP sent, no SIGCONT yet) at time ``t``."""
+    state: dict[int, bool] = {}
+    for s in sorted(signals, key=lambda s: s.at):
+        if s.at > t:
+            break
+        if s.name in ("SIGSTOP", "SIGCONT"):
+            state[s.rank] = s.name == "SIGSTOP"
+    return {r for r, on in state.items() if on}
+
+
+def _pace(times: list[float], before: float) -> float | None:
+    """1.5x the median step time before ``before`` (at least two polls); None with under 3 steps."""
+    t = np.asarray(times)
+    gaps = np.diff(t[t <= before])
+    if len(gaps) < 3:
+        return None
+    positive = gaps[gaps > 0]
+    pace = 1.5 * float(np.median(positive)) if positive.size else 0.0
+    return max(pace, 2 * POLL_S)
+
+
+def _back_at(times: list[float], anchor: float, pace: float) -> float | None:
+    """When the first step at ``pace`` after ``anchor`` began: a step after ``anchor`` whose next one came
+    within ``pace`` (the first step after a fault ends the wait the fault caused); None if none did."""
+    t = np.asarray(times)
+    after = t[t > anchor]
+    ok = np.flatnonzero(np.diff(after) <= pace)
+    return float(after[ok[0]]) if ok.size else None
 
 
 def _last_line(path: Path) -> str:
