@@ -207,6 +207,10 @@ class _Fabric:
         for server in self.servers:
             server.stop()
 
+    def cpu_s(self) -> list[float]:
+        """CPU seconds each switch's serving thread used (leaves first), once stopped."""
+        return [server.cpu_s for server in self.servers]
+
 
 def _one_worker(body: Callable[..., Any], workers: list[LtaWorker], rank: int, *args: Any) -> Any:
     return body(workers[0], rank, *args)
@@ -238,13 +242,15 @@ def run_jobs(
     *args: Any,
     on_progress: Callable[[int, int, int], None] | None = None,
     switches: list[list[SoftSwitch]] | None = None,
+    switch_cpu_s: list[list[float]] | None = None,
 ) -> list[Any]:
     """Several jobs on the same worker processes: every job of ``specs`` gets fresh softswitches of its
     own (all serving at once), and each of the ``n_workers`` processes (the same for every spec) runs
     ``body(workers, rank, *args)`` with one LtaWorker per job, in the order of ``specs`` (so a benchmark
     can alternate reduces between a flat switch and a tree, both under the same load). Job ids must
     differ. Returns each rank's result; ``switches``, when given, receives each job's switches (leaves
-    first, the spine or the flat switch last). As :func:`run_job` otherwise."""
+    first, the spine or the flat switch last), and ``switch_cpu_s`` the CPU seconds each of them used
+    serving (same order; threads and switch processes alike). As :func:`run_job` otherwise."""
     n = specs[0].n_workers
     if any(spec.n_workers != n for spec in specs) or len({spec.job_id for spec in specs}) < len(specs):
         raise ValueError("jobs that share worker processes need the same worker count and distinct job ids")
@@ -297,6 +303,8 @@ def run_jobs(
     finally:
         for fabric in fabrics:
             fabric.stop()
+    if switch_cpu_s is not None:
+        switch_cpu_s.extend(fabric.cpu_s() for fabric in fabrics)
     return [results[r] for r in range(n)]
 
 

@@ -52,11 +52,34 @@ static struct {
     uint8_t valid_op[256];
 } K;
 
-static uint64_t get_be(const uint8_t *p, int size) {
-    uint64_t v = 0;
-    for (int i = 0; i < size; i++)
-        v = (v << 8) | p[i];
-    return v;
+/* Header fields are 1, 2, 4 or 8 bytes: one load and a byte swap each (the loops stay for other sizes). A
+ * relaying switch parses every header and writes one per packet it emits, so this is per-packet cost. */
+static inline uint64_t get_be(const uint8_t *p, int size) {
+    switch (size) {
+    case 1:
+        return p[0];
+    case 2: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return __builtin_bswap16(v);
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return __builtin_bswap32(v);
+    }
+    case 8: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return __builtin_bswap64(v);
+    }
+    default: {
+        uint64_t v = 0;
+        for (int i = 0; i < size; i++)
+            v = (v << 8) | p[i];
+        return v;
+    }
+    }
 }
 
 /* Big-endian 32-bit lanes of the payload. */
@@ -71,10 +94,31 @@ static inline void store_be32(uint8_t *p, uint32_t v) {
     memcpy(p, &v, 4);
 }
 
-static void put_be(uint8_t *p, int size, uint64_t v) {
-    for (int i = size - 1; i >= 0; i--) {
-        p[i] = (uint8_t)(v & 0xFF);
-        v >>= 8;
+static inline void put_be(uint8_t *p, int size, uint64_t v) {
+    switch (size) {
+    case 1:
+        p[0] = (uint8_t)v;
+        return;
+    case 2: {
+        uint16_t x = __builtin_bswap16((uint16_t)v);
+        memcpy(p, &x, 2);
+        return;
+    }
+    case 4: {
+        uint32_t x = __builtin_bswap32((uint32_t)v);
+        memcpy(p, &x, 4);
+        return;
+    }
+    case 8: {
+        uint64_t x = __builtin_bswap64(v);
+        memcpy(p, &x, 8);
+        return;
+    }
+    default:
+        for (int i = size - 1; i >= 0; i--) {
+            p[i] = (uint8_t)(v & 0xFF);
+            v >>= 8;
+        }
     }
 }
 
@@ -426,8 +470,12 @@ static int close_round(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op)
 
 /* acc = the packet's payload (zero for an empty partial: it carries no values). */
 static void store_acc(int32_t *acc, const uint8_t *payload, int64_t k, int64_t hcount) {
+    if (!hcount) {
+        memset(acc, 0, (size_t)k * sizeof(*acc));
+        return;
+    }
     for (int64_t j = 0; j < k; j++)
-        acc[j] = hcount ? (int32_t)load_be32(payload + 4 * j) : 0;
+        acc[j] = (int32_t)load_be32(payload + 4 * j);
 }
 
 /* acc += payload (int32 wrap-around, as the switch's registers), or max with the MAX flag. */

@@ -166,11 +166,17 @@ class BatchEngine:
         # The workers' ports by key and back, for batches run one packet at a time (_one_by_one).
         self._port_of: dict[int, Any] = {}
         self._key_of: dict[Any, int] = {}
+        # The drop streams the engine asked for, by (job, direction, receiver, sender): every batch asks
+        # again for each stream it uses (peek, then commit), and a switch relaying for a tree uses one per
+        # worker or leaf in every batch. Cleared by set_jobs, which every change of a job's policies or
+        # streams calls, so an entry is the stream the job itself would hand out.
+        self._streams: dict[tuple[int, int, int, int], DropStream | None] = {}
 
     def set_jobs(self, jobs: Mapping[int, _Job]) -> None:
         """Rebuild the tables from the jobs (after a job was added, removed or reset, or its quorum or drop
         policies changed)."""
         self._jobs = jobs
+        self._streams = {}
         self._job_row[:] = 0
         self._port_of, self._key_of = {}, {}
         for table in (self._elems, self._pool, self._quorum, self._nworkers, self._policy, self._role):
@@ -252,8 +258,14 @@ class BatchEngine:
         return self._output(m, rows)
 
     def _stream(self, job_id: int, direction: int, receiver: int, sender: int) -> DropStream | None:
-        name = DIRECTIONS[direction]
-        return self._jobs[job_id].stream(name, receiver, sender if name == "param" else None)
+        key = (job_id, direction, receiver, sender)
+        try:
+            return self._streams[key]
+        except KeyError:
+            name = DIRECTIONS[direction]
+            stream = self._jobs[job_id].stream(name, receiver, sender if name == "param" else None)
+            self._streams[key] = stream
+            return stream
 
     def _peek(self, job_id: int, direction: int, receiver: int, sender: int, n: int) -> np.ndarray | None:
         """The engine's view of a stream: its next ``n`` decisions, not yet consumed (None: no policy)."""

@@ -50,7 +50,8 @@ def _serve(conn: Connection, seed: int, listen: tuple[str, int]) -> None:
             op, args = conn.recv()
             if op == "stop":
                 server.stop()
-                conn.send(("state", {job: switch.job_state(job) for job in list(switch.jobs)}))
+                states = {job: switch.job_state(job) for job in list(switch.jobs)}
+                conn.send(("state", (states, server.cpu_s)))
                 return
             try:
                 getattr(switch, op)(*args)
@@ -77,6 +78,7 @@ class SoftSwitchProcess:
             target=_serve, args=(child, seed, listen), name="softswitch", daemon=True
         )
         self._child_conn = child
+        self.cpu_s = 0.0  # CPU seconds of the child's serving thread, known after stop()
 
     def start(self) -> Self:
         """Start the child and wait until it serves (raises RuntimeError if it cannot)."""
@@ -100,14 +102,16 @@ class SoftSwitchProcess:
         self.switch.set_drop_policy(job_id, direction, policy, worker)
 
     def stop(self) -> None:
-        """Stop the child and copy its jobs' state into ``switch``; a child that does not answer within
-        5 s is killed (``switch`` then keeps the tables only, and the loss is logged)."""
+        """Stop the child and copy its jobs' state into ``switch`` and its serving thread's CPU time into
+        ``cpu_s``; a child that does not answer within 5 s is killed (``switch`` then keeps the tables
+        only, ``cpu_s`` stays 0, and the loss is logged)."""
         if not self._proc.is_alive():
             return
         try:
             self._conn.send(("stop", ()))
-            kind, states = self._answer(_STOP_TIMEOUT_S, "stop")
+            kind, payload = self._answer(_STOP_TIMEOUT_S, "stop")
             if kind == "state":
+                states, self.cpu_s = payload
                 for job, state in states.items():
                     if job in self.switch.jobs:
                         self.switch.load_job_state(job, state)

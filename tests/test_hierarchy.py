@@ -448,7 +448,7 @@ def test_run_jobs_reduces_through_a_flat_switch_and_a_tree_from_the_same_worker_
     """``lta bench scaling``'s harness: the same 4 worker processes hold one LtaWorker per job, a flat
     switch (job 1) and a 2-leaf tree in switch processes (job 2), both with 10% GRAD loss; every chunk
     through either is checked against numpy's mean over its bitmap, and each job's switches counted
-    only their own job's packets."""
+    only their own job's packets, and each switch's serving CPU time comes back."""
     from hostlib.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.launch import JobSpec, run_jobs
@@ -460,12 +460,16 @@ def test_run_jobs_reduces_through_a_flat_switch_and_a_tree_from_the_same_worker_
         JobSpec(job_id=2, leaves=2, spine_drop=drop, switch_processes=True, **common),
     ]
     switches: list = []
-    results = run_jobs(specs, _demo_through_each, 5000, 2, 5, switches=switches)
+    cpu_s: list = []
+    results = run_jobs(specs, _demo_through_each, 5000, 2, 5, switches=switches, switch_cpu_s=cpu_s)
     for per_job in results:
         assert len(per_job) == 2
         for r in per_job:
             assert r["checked_chunks"] > 0 and r["worst_error_over_bound"] < 1.0
     assert [len(s) for s in switches] == [1, 3]
+    # Every switch served packets, in this process's thread or its own process: its serving thread used
+    # some CPU, and the CPU time came back from the switch processes too.
+    assert [len(c) for c in cpu_s] == [1, 3] and all(c > 0 for job in cpu_s for c in job)
     flat, tree = switches
     assert flat[0].read_counters(1)["grad_start"] > 0 and flat[0].read_counters(1)["drop_policy_up"] > 0
     assert 2 not in flat[0].jobs and all(1 not in sw.jobs for sw in tree)
@@ -480,3 +484,27 @@ def test_run_jobs_refuses_jobs_that_cannot_share_workers():
         run_jobs([JobSpec(n_workers=2), JobSpec(n_workers=2)], _demo_through_each)
     with pytest.raises(ValueError, match="same worker count and distinct job ids"):
         run_jobs([JobSpec(n_workers=2), JobSpec(n_workers=3, job_id=2)], _demo_through_each)
+
+
+def test_bench_scaling_reports_each_switchs_cpu_per_reduce(capsys):
+    """``lta bench scaling --leaves``: the one switch's row carries one CPU figure, the tree's one per leaf
+    and one for the spine, each a positive share of its serving thread's CPU; the text names them."""
+    import json
+
+    from lta import cli
+
+    argv = ["bench", "scaling", "--workers", "2", "--leaves", "2", "--sim-workers", "", "--kib", "1"]
+    argv += ["--iters", "2", "--plot", "", "--loss", "0"]
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == "lta.bench.scaling/1"
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert len(rows["processes"]["switch_cpu_ms"]) == 1 and len(rows["leaves=2"]["switch_cpu_ms"]) == 3
+    assert all(c > 0 for mode in ("processes", "leaves=2") for c in rows[mode]["switch_cpu_ms"])
+    (h,) = out["hierarchy"]
+    assert h["one_level_switch_cpu_ms"] == rows["processes"]["switch_cpu_ms"]
+    assert h["two_level_switch_cpu_ms"] == rows["leaves=2"]["switch_cpu_ms"]
+
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "switch CPU per reduce" in text and "2 leaves" in text and "spine" in text

@@ -38,10 +38,13 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
             trees = [lv for lv in args.leaves if lv <= n]
             tree = f", and behind {'/'.join(map(str, trees))} leaves and a spine in turn" if trees else ""
             say(f"{kib} KiB, {n} worker processes{tree}")
-            p50s = _p50s_s(args, n, n_values, trees)
-            rows.append(_scaling_row("processes", n, kib, p50s[0], n_values))
-            for leaves, t in zip(trees, p50s[1:], strict=True):
-                rows.append(_scaling_row(f"leaves={leaves}", n, kib, t, n_values))
+            p50s, cpu_ms = _p50s_s(args, n, n_values, trees)
+            for mode, t, cpu in zip(
+                ["processes", *(f"leaves={leaves}" for leaves in trees)], p50s, cpu_ms, strict=True
+            ):
+                row = _scaling_row(mode, n, kib, t, n_values)
+                row["switch_cpu_ms"] = cpu
+                rows.append(row)
         for n in args.sim_workers:
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
             for leaves in [0, *(lv for lv in args.leaves if lv <= n)]:
@@ -76,12 +79,15 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
     }
 
 
-def _p50s_s(args: argparse.Namespace, n: int, n_values: int, trees: list[int]) -> list[float]:
+def _p50s_s(
+    args: argparse.Namespace, n: int, n_values: int, trees: list[int]
+) -> tuple[list[float], list[list[float]]]:
     """Median over ``args.iters`` reduces of the slowest worker's time, through one switch and through
     each leaf-spine tree of ``trees`` leaves (``args.loss`` on both levels: GRADs at the leaves, partials
     at the spine). The same ``n`` worker processes reduce through all of them, the switches serving at
     once, one reduce each in turn (the first of a turn rotating), so that the tree and the one switch
-    it is compared with run under the same load."""
+    it is compared with run under the same load. Also each switch's CPU per reduce in ms (its serving
+    thread's CPU over the job's reduces, warm-up included; leaves first, then the spine)."""
     drop = {"up": DropPolicy(p=args.loss)}
     specs = [
         JobSpec(
@@ -95,9 +101,12 @@ def _p50s_s(args: argparse.Namespace, n: int, n_values: int, trees: list[int]) -
         )
         for j, leaves in enumerate([0, *trees])
     ]
-    results = run_jobs(specs, reduce_in_turn, n_values, args.iters, 1)
+    warmup = 1
+    cpu_s: list[list[float]] = []
+    results = run_jobs(specs, reduce_in_turn, n_values, args.iters, warmup, switch_cpu_s=cpu_s)
     times = np.array([r["times_s"] for r in results])  # (rank, job, iteration)
-    return [float(t) for t in np.median(np.max(times, axis=0), axis=1)]
+    cpu_ms = [[1e3 * c / (args.iters + warmup) for c in job] for job in cpu_s]
+    return [float(t) for t in np.median(np.max(times, axis=0), axis=1)], cpu_ms
 
 
 def reduce_in_turn(workers: list[LtaWorker], rank: int, n_values: int, iters: int, warmup: int) -> dict:
@@ -121,6 +130,7 @@ def hierarchy_ratios(rows: list[dict]) -> list[dict]:
     """For each tree row, its p50 against the one-switch row of the same workers and size (same worker
     processes, reduces in turn)."""
     flat = {(r["workers"], r["kib"]): r["ms"] for r in rows if r["mode"] == "processes"}
+    cpu = {(r["workers"], r["kib"]): r.get("switch_cpu_ms") for r in rows if r["mode"] == "processes"}
     out = []
     for r in rows:
         if r["mode"].startswith("leaves=") and (r["workers"], r["kib"]) in flat:
@@ -133,6 +143,8 @@ def hierarchy_ratios(rows: list[dict]) -> list[dict]:
                     "one_level_p50_ms": one,
                     "two_level_p50_ms": r["ms"],
                     "ratio": r["ms"] / one,
+                    "one_level_switch_cpu_ms": cpu[(r["workers"], r["kib"])],
+                    "two_level_switch_cpu_ms": r.get("switch_cpu_ms"),
                 }
             )
     return out
@@ -302,6 +314,15 @@ def _run_scaling(args: argparse.Namespace) -> int:
                 f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
                 f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
             )
+        print("switch CPU per reduce, ms (one switch; a tree's leaves, then its spine):")
+        for h in out["hierarchy"]:
+            one, two = h["one_level_switch_cpu_ms"], h["two_level_switch_cpu_ms"]
+            if one and two:
+                print(
+                    f"  {h['workers']} workers, {h['kib']} KiB: one switch {sum(one):.2f}; {h['leaves']} "
+                    f"leaves {' '.join(f'{c:.2f}' for c in two[:-1])}, spine {two[-1]:.2f} "
+                    f"(sum {sum(two):.2f})"
+                )
     if out["sim_hierarchy"]:
         print(
             f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links and leaf "
