@@ -148,11 +148,11 @@ _FLAT_COUNTERS: tuple[str, ...] = (
     "drop_policy_up",  # emulated loss of GRAD
     "grad_start",  # q > seq: a new round starts
     "grad_add",  # q == seq, open, bit clear: summed
-    "grad_dup",  # q == seq, open, bit set: duplicate dropped
+    "grad_dup",  # q == seq, open, bit set: duplicate, not added (at a lowered quorum it closes the round)
     "grad_late_resend",  # q == seq, closed: stored RESULT unicast to the sender
     "grad_stale",  # q < seq: dropped
     "grad_exp_mismatch",  # exponent differs from the round's: dropped, never added
-    "result_quorum",  # round closed because count reached quorum
+    "result_quorum",  # round closed because count reached quorum (or met a lowered one: grad_dup)
     "flush_partial",  # FLUSH closed an open round
     "flush_empty",  # FLUSH for a round the slot never saw: closed with count 0
     "flush_resend",  # FLUSH for an already closed round: stored RESULT unicast

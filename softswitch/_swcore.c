@@ -749,7 +749,8 @@ static int one_packet(run_t *R, Py_ssize_t i) {
         return emit(R, job, sl, s, w, 1);
     } else if ((spine ? (uint64_t)g[K.reg[R_PARTS]] : *bm) >> w & 1 || (spine && (*bm & hbitmap))) {
         count(R, job, C_GRAD_DUP);
-        return 0;
+        /* below the quorum nothing more; at it (the quorum was lowered under the open round) the resend
+           closes the round, as the GRAD that reached the quorum would have */
     } else if (g[K.reg[R_COUNT]] && hcount && (exp != g[K.reg[R_EXP]] || ((flags ^ (int)g[K.reg[R_FLAGS]]) & mx))) {
         count(R, job, C_GRAD_EXP_MISMATCH);
         return 0;

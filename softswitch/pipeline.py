@@ -224,7 +224,8 @@ class SoftSwitch:
 
     def set_quorum(self, job_id: int, quorum: int) -> None:
         """Change a running job's quorum (liveness: lowered while workers are offline, restored when they
-        return). Slots keep their state; an open round closes at its next contribution or FLUSH."""
+        return). Slots keep their state; an open round closes at its next contribution, FLUSH or
+        duplicate (a resend into a round already at the new quorum: docs/protocol.md, "Switch contract")."""
         with self._lock:
             job = self.jobs.get(job_id)
             if job is None:
@@ -418,7 +419,10 @@ class SoftSwitch:
         elif (parts if spine else bitmap) >> w & 1 or (spine and bitmap & hbitmap):
             # (a spine: this leaf's partial is in, or one of its workers was counted through another leaf)
             self._count(job_id, "grad_dup")
-            return []
+            if (parts.bit_count() if spine else count) < cfg.quorum:
+                return []
+            # The quorum was lowered under the round (liveness): a survivor's resend closes it as the
+            # GRAD that reached the quorum would have (docs/protocol.md, "Switch contract").
         elif count and hcount and (exp != sexp or (flags ^ sflags) & _MAX):
             self._count(job_id, "grad_exp_mismatch")
             return []

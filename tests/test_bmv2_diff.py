@@ -526,6 +526,56 @@ def test_quorum_change_keeps_open_rounds(fresh):
     )
 
 
+def test_duplicate_at_a_lowered_quorum_closes_the_round(fresh):
+    """Liveness lowers the quorum of rounds that already hold every survivor's GRAD (docs/protocol.md,
+    "A duplicate at the quorum"): a survivor's resend closes each, without adding its values again;
+    below the new quorum a duplicate is still only a duplicate."""
+    add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4)))
+    own = int(Flag.OWNER)
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(1), weight=1)),  # slot 0: workers 0, 1, 2 in; worker 3 dies
+            (2, grad(1, 1, vec(2), weight=1)),
+            (3, grad(1, 2, vec(3), weight=1)),
+            (2, grad(1, 1, vec(2), weight=1)),  # quorum 4: a plain duplicate
+            (1, grad(1, 0, vec(4), slot=1, flags=own, count=2)),  # slot 1, OWNER (worker 2): 0, 1 in
+            (2, grad(1, 1, vec(5), slot=1, flags=own, count=2)),
+            (3, grad(1, 2, vec(6), slot=2)),  # slot 2: only worker 2 in
+        ],
+    )
+    assert out == [[]] * 7
+    fresh.configure(lambda ctl: ctl.set_quorum(1, 3))
+    out = run(
+        fresh,
+        [
+            (2, grad(1, 1, vec(9), weight=1)),  # a resend at the quorum: closes slot 0
+            (1, grad(1, 0, vec(1), weight=1)),  # closed: the stored RESULT back to worker 0
+            (2, grad(1, 1, vec(5), slot=1, flags=own, count=2)),  # one of three: still a duplicate
+            (3, grad(1, 2, vec(6), slot=2)),  # one of three: still a duplicate
+        ],
+    )
+    assert [len(o) for o in out] == [4, 1, 0, 0]
+    survivors = vec(1) + vec(2) + vec(3)
+    check_result(out[0], [1, 2, 3, 4], survivors, count=3, bitmap=0b0111, weight=3, worker_id=1, flags=0)
+    check_result(out[1], [1], survivors, count=3, bitmap=0b0111, flags=int(Flag.RETX))
+    fresh.configure(lambda ctl: ctl.set_quorum(1, 2))
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 0, vec(4), slot=1, flags=own, count=2)),  # at the quorum: to the owner alone
+            (3, grad(1, 2, vec(6), slot=2)),  # one of two: still a duplicate
+        ],
+    )
+    assert [len(o) for o in out] == [1, 0]
+    check_result(out[0], [3], vec(4) + vec(5), count=2, bitmap=0b0011, worker_id=0, flags=own)
+    check_counters(
+        fresh,
+        {1: dict(rx_packets=13, grad_start=3, grad_add=3, grad_dup=6, result_quorum=2, grad_late_resend=1,
+                 tx_packets=6)},
+    )  # fmt: skip
+
+
 def test_param_and_param_req_replication(fresh):
     add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4)))
     params = np.random.default_rng(0).standard_normal(64).astype(np.float32).view(np.int32)

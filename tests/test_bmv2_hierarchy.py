@@ -211,6 +211,45 @@ def test_spine_adds_partials_weighted_by_their_counts(fresh):
     )  # fmt: skip
 
 
+def test_duplicate_at_a_lowered_quorum_at_a_leaf_and_a_spine(fresh):
+    """docs/protocol.md, "A duplicate at the quorum": a leaf whose quorum is lowered under an open round
+    sends the partial up at a worker's resend (up_partial); a spine closes at a leaf's resent partial,
+    or at a partial overlapping the round (both grad_dup), once popcount(parts) meets the new quorum."""
+    fresh.configure(lambda ctl: ctl.add_job(leaf_spec()))
+    fresh.configure(lambda ctl: ctl.add_job(spine_spec()))
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 2, vec(1), weight=1)),  # leaf: worker 2 in, worker 3 died
+            (1, grad(1, 2, vec(1), weight=1)),  # quorum 2: a plain duplicate
+            (1, partial(2, 0, vec(2), 2, 0b0011, weight=2)),  # spine slot 0: leaves 0 and 1 in
+            (2, partial(2, 1, vec(3), 1, 0b0100, weight=1)),
+            (1, partial(2, 0, vec(4), 1, 0b0001, slot=1)),  # spine slot 1: leaf 0 in
+            (2, partial(2, 1, vec(5), 1, 0b0100, slot=1)),  # and leaf 1
+        ],
+    )
+    assert out == [[]] * 6
+    fresh.configure(lambda ctl: ctl.set_quorum(1, 1))
+    fresh.configure(lambda ctl: ctl.set_quorum(2, 2))
+    out = run(
+        fresh,
+        [
+            (1, grad(1, 2, vec(9), weight=1)),  # leaf: at the quorum, the partial goes up
+            (2, partial(2, 1, vec(3), 1, 0b0100, weight=1)),  # spine: leaf 1's resend closes slot 0
+            (3, partial(2, 2, vec(6), 1, 0b0001, slot=1)),  # overlaps worker 0: closes slot 1 too
+        ],
+    )
+    assert [len(o) for o in out] == [1, 3, 3]
+    check_up(out[0], Op.GRAD, vec(1), count=1, bitmap=0b0100, weight=1, flags=0)
+    check_result(out[1], [1, 2, 3], vec(2) + vec(3), count=3, bitmap=0b0111, weight=3, worker_id=1)
+    check_result(out[2], [1, 2, 3], vec(4) + vec(5), count=2, bitmap=0b0101, worker_id=2, slot=1)
+    check_counters(
+        fresh,
+        {1: dict(rx_packets=3, grad_start=1, grad_dup=2, result_quorum=1, up_partial=1, tx_packets=1),
+         2: dict(rx_packets=6, grad_start=2, grad_add=2, grad_dup=2, result_quorum=2, tx_packets=6)},
+    )  # fmt: skip
+
+
 def test_spine_flush_and_empty_partials(fresh):
     fresh.configure(lambda ctl: ctl.add_job(spine_spec()))
     a, b, c = vec(4), vec(5), vec(6)

@@ -284,3 +284,115 @@ def test_two_workers_behind_one_port_as_in_p4():
     assert sw.process(grad(2), 7) == []  # worker 2 is on port 8
     out = sw.process(grad(2), 8)
     assert [p for p, _ in out] == [7, 7, 8]  # one replica per worker
+
+
+# ---- a duplicate at a lowered quorum (docs/protocol.md, "A duplicate at the quorum") ------------------
+@pytest.fixture(params=["reference", "native"])
+def engine(request):
+    """Which softswitch engine takes the packets: the per-packet reference (SoftSwitch.process) or the
+    compiled batch engine (softswitch/_swcore.c through process_batch, one packet per batch)."""
+    from softswitch import batch as batch_module
+
+    if request.param == "native":
+        assert batch_module._swcore is not None, "softswitch._swcore is not built (pip install -e .)"
+
+        def send(sw: SoftSwitch, data: bytes, port: int) -> list[tuple[int, bytes]]:
+            row = np.frombuffer(data, dtype=np.uint8)[None, :]
+            res = sw.process_batch(row, np.array([len(data)]), np.array([port]))
+            return [] if res is None else res.packets()
+
+        return send
+    return lambda sw, data, port: [(p, bytes(b)) for p, b in sw.process(data, port)]
+
+
+def test_duplicate_at_a_lowered_quorum_closes_the_round(engine):
+    """Workers 0 and 1 of 3 sent; the liveness monitor lowers the quorum to 2 (worker 2 died); worker 0's
+    resend closes the round with the two survivors' values, not its own again."""
+    sw = switch_with_job()
+    rng = np.random.default_rng(22)
+    v0, v1, resend = (rng.integers(-(2**20), 2**20, size=K) for _ in range(3))
+    assert engine(sw, grad(0, values=v0, weight=1), 10) == []
+    assert engine(sw, grad(1, values=v1, weight=1), 11) == []
+    assert engine(sw, grad(0, values=v0, weight=1), 10) == []  # quorum 3: a plain duplicate
+    before = sw.read_counters(1)
+    sw.set_quorum(1, 2)
+    out = engine(sw, grad(0, values=resend, weight=1), 10)
+    assert [port for port, _ in out] == PORTS  # multicast, the dead worker's replica too
+    for _, packet in out:
+        head, acc = decode(packet)
+        assert head["op"] == Op.RESULT and head["count"] == 2 and head["bitmap"] == 0b011
+        assert head["worker_id"] == 0 and head["weight"] == 2 and head["flags"] == 0
+        np.testing.assert_array_equal(acc, (v0 + v1).astype(np.int32))
+    assert changed(before, sw.read_counters(1)) == {
+        "rx_packets": 1, "grad_dup": 1, "result_quorum": 1, "tx_packets": 3,
+    }  # fmt: skip
+    # closed now: worker 1's resend gets the stored RESULT back alone
+    out = engine(sw, grad(1, values=v1, weight=1), 11)
+    assert [port for port, _ in out] == [11]
+    head, acc = decode(out[0][1])
+    assert head["count"] == 2 and head["flags"] == int(Flag.RETX)
+    np.testing.assert_array_equal(acc, (v0 + v1).astype(np.int32))
+
+
+def test_duplicate_below_a_lowered_quorum_is_still_dropped(engine):
+    sw = switch_with_job(n=3)
+    assert engine(sw, grad(0), 10) == []
+    sw.set_quorum(1, 2)
+    assert engine(sw, grad(0, values=(9, 9, 9, 9)), 10) == []  # one of two: stays open
+    out = engine(sw, grad(2, values=(10, 20, 30, 40)), 12)
+    head, acc = decode(out[0][1])
+    assert head["count"] == 2 and head["bitmap"] == 0b101 and list(acc) == [11, 22, 33, 44]
+    c = sw.read_counters(1)
+    assert (c["grad_dup"], c["grad_add"], c["result_quorum"]) == (1, 1, 1)
+
+
+def test_duplicate_at_a_lowered_quorum_of_an_owner_round_goes_to_the_owner(engine):
+    sw = switch_with_job()
+    owner = int(Flag.OWNER)
+    engine(sw, grad(0, values=(1, 1, 1, 1), flags=owner, count=1), 10)
+    engine(sw, grad(2, values=(2, 3, 4, 5), flags=owner, count=1), 12)
+    sw.set_quorum(1, 2)
+    out = engine(sw, grad(2, values=(2, 3, 4, 5), flags=owner, count=1), 12)
+    assert [port for port, _ in out] == [11]  # worker 1, the owner, alone (the closer is worker 2)
+    head, acc = decode(out[0][1])
+    assert head["count"] == 2 and head["bitmap"] == 0b101 and head["worker_id"] == 2
+    assert head["flags"] == owner and list(acc) == [3, 4, 5, 6]
+
+
+def test_duplicate_at_a_lowered_quorum_at_a_leaf_and_a_spine(engine):
+    """A leaf sends its partial up (up_partial); a spine's quorum counts leaves (parts), and a leaf's
+    resent partial closes the round there."""
+    from hostlib.protocol import Role
+
+    leaf = SoftSwitch(seed=0)
+    leaf.add_job(JobConfig(1, [10, None, 11, 12], pool_size=8, elems_per_packet=K, role=Role.LEAF,
+                           uplink=30, leaf_id=3))  # fmt: skip
+    engine(leaf, grad(0, values=(1, 2, 3, 4)), 10)
+    engine(leaf, grad(2, values=(5, 6, 7, 8)), 11)
+    leaf.set_quorum(1, 2)
+    before = leaf.read_counters(1)
+    out = engine(leaf, grad(2, values=(5, 6, 7, 8)), 11)
+    assert [port for port, _ in out] == [30]
+    head, acc = decode(out[0][1])
+    assert head["op"] == Op.GRAD and head["worker_id"] == 3 and head["count"] == 2
+    assert head["bitmap"] == 0b0101 and list(acc) == [6, 8, 10, 12]
+    assert changed(before, leaf.read_counters(1)) == {
+        "rx_packets": 1, "grad_dup": 1, "result_quorum": 1, "up_partial": 1, "tx_packets": 1,
+    }  # fmt: skip
+
+    spine = SoftSwitch(seed=0)
+    spine.add_job(JobConfig(1, [20, 21, 22], pool_size=8, elems_per_packet=K, role=Role.SPINE))
+
+    def partial(leaf_id: int, bitmap: int, values) -> bytes:
+        return grad(leaf_id, values=values, count=bitmap.bit_count(), bitmap=bitmap)
+
+    engine(spine, partial(0, 0b0011, (1, 1, 1, 1)), 20)
+    engine(spine, partial(1, 0b1100, (2, 2, 2, 2)), 21)
+    spine.set_quorum(1, 2)
+    out = engine(spine, partial(1, 0b1100, (2, 2, 2, 2)), 21)
+    assert [port for port, _ in out] == [20, 21, 22]
+    head, acc = decode(out[0][1])
+    assert head["op"] == Op.RESULT and head["count"] == 4 and head["bitmap"] == 0b1111
+    assert head["worker_id"] == 1 and list(acc) == [3, 3, 3, 3]
+    c = spine.read_counters(1)
+    assert (c["grad_dup"], c["result_quorum"]) == (1, 1)

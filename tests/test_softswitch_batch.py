@@ -509,6 +509,38 @@ def test_random_mix_matches_per_packet_in_random_batches(seed, slot_path):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_random_mix_with_quorum_changes_matches(seed, slot_path):
+    """The liveness monitor lowers and raises quorums between batches (SoftSwitch.set_quorum on both
+    switches at the same point): open rounds then meet a lowered quorum, and a duplicate into one closes
+    it (docs/protocol.md, "A duplicate at the quorum"). The mix must draw that case, and the engines
+    agree on it."""
+    rng = np.random.default_rng(200 + seed)
+    gen = MixGenerator(MIXED, 300 + seed)
+    ref, bat = make_switch(MIXED, seed), make_switch(MIXED, seed)
+    closed_by_dup = 0
+    for _ in range(12):
+        for spec in MIXED:
+            local = sum(port is not None for port in spec.workers)
+            quorum = int(rng.integers(1, local + 1)) if rng.random() < 0.6 else local
+            ref.set_quorum(spec.job_id, quorum)
+            bat.set_quorum(spec.job_id, quorum)
+        packets = gen.packets(250)
+        expected = []
+        for data, port in packets:  # the reference, packet by packet, noting the new branch
+            before = [ref.read_counters(spec.job_id) for spec in MIXED]
+            expected.extend((port_key(egress), bytes(pkt)) for egress, pkt in ref.process(data, port))
+            for spec, old in zip(MIXED, before, strict=True):
+                now = ref.read_counters(spec.job_id)
+                if now["grad_dup"] > old["grad_dup"] and now["result_quorum"] > old["result_quorum"]:
+                    closed_by_dup += 1
+        got = run_batched(bat, packets, random_sizes(rng, len(packets), 1, 200), rng)
+        assert got == expected
+        ref_state, bat_state = state(ref), state(bat)
+        assert bat_state == ref_state
+    assert closed_by_dup > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_random_mix_as_one_batch(seed, slot_path):
     packets = MixGenerator(MIXED, 50 + seed).packets(3000)
     assert_same(packets, MIXED, [len(packets)], seed)

@@ -355,6 +355,13 @@ control SlotUpdate(inout headers_t hdr, inout lta_metadata_t meta) {
 
         // A spine's quorum counts leaves (parts), any other's counts workers.
         bit<8> have = spine ? popcount64((bit<64>)meta.slot.parts) : meta.slot.count;
+        // A duplicate into an open round that a lowered quorum (liveness) left at its quorum closes it,
+        // as the GRAD that reached the quorum would have (still counted grad_dup, and result_quorum).
+        if (meta.branch == BRANCH_GRAD_DUP && have >= meta.quorum) {
+            meta.check_quorum = true;
+            meta.element_op = ELEMENT_OP_LOAD;
+            meta.write_slot = true;
+        }
         if (meta.check_quorum && have >= meta.quorum) {
             meta.slot.closed = 1;
             meta.slot.closer = hdr.lta.worker_id;
