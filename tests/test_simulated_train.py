@@ -412,6 +412,40 @@ def test_feedback_aggregate_is_the_mean_over_survivors_of_gradient_plus_residual
     assert (~counted).any()
 
 
+def test_oracle_split_directions_lose_only_gradients_or_only_parameter_copies(corpus):
+    """The oracle split of issue R (lta/train/README.md, "N=64: where the loss comes from"):
+    ``directions=("up",)`` loses gradient contributions only, so after every step every replica is the
+    owners' values (no stale copy), and the run is the ``retrieve`` run with both directions loss for
+    loss (its lost copies are resent within the step; the ``up`` streams are the same draws);
+    ``directions=("param",)`` loses parameter copies only: every chunk of every reduce counts all N."""
+    cfg = replace(quick_config(), steps=8)
+    n, p = 8, 0.3
+    up = SimulatedRun(RunSpec("up", "renorm", p, 3, 1), cfg, n, directions=("up",), corpus=corpus)
+    for _ in range(cfg.steps):
+        up.step()
+        owners = up.owned.detach().numpy()
+        assert np.array_equal(up.replicas.numpy()[:, : up.numel], np.broadcast_to(owners, (n, up.numel)))
+        assert (up.last_round[0].count < n).any()  # gradients are lost
+    spec = RunSpec("r", "renorm", p, 3, 1, mechanism="retrieve")
+    a = run_simulated(RunSpec("up", "renorm", p, 3, 1), cfg, n, directions=("up",), corpus=corpus)
+    b = run_simulated(spec, cfg, n, directions=("up", "param"), corpus=corpus)
+    assert a.worker_curves == b.worker_curves and a.val_loss == b.val_loss
+    assert a.grad_loss_seen == b.grad_loss_seen > 0 and a.param_loss_seen == b.param_loss_seen == 0.0
+    assert sum(w["stats"]["exchange"]["resend_requests"] for w in b.workers) > 0
+
+    par = SimulatedRun(RunSpec("param", "renorm", p, 3, 1), cfg, n, directions=("param",), corpus=corpus)
+    stale = 0
+    for _ in range(cfg.steps):
+        par.step()
+        assert (par.last_round[0].count == n).all()  # every contribution of every chunk counted
+        stale += int((par.age > 0).sum())
+    assert stale > 0
+    r = run_simulated(RunSpec("param", "renorm", p, 3, 1), cfg, n, directions=("param",), corpus=corpus)
+    assert r.grad_loss_seen == 0.0
+    copies = sum(w["stats"]["exchange"]["chunks_expected"] for w in r.workers)
+    assert abs(r.param_loss_seen - p) < 5 * math.sqrt(p * (1 - p) / copies)
+
+
 @pytest.mark.parametrize("mechanism,bound", [("stale1", 1), ("stale2", 2)])
 def test_tight_staleness_bounds_every_copy_and_costs_resends(corpus, mechanism, bound):
     cfg = replace(quick_config(), steps=10)

@@ -12,7 +12,8 @@ val_ppl_change.png. Only this module's ``register`` runs at ``lta`` start-up; to
 ``--mechanism NAME`` (repeatable, or comma-separated): mechanisms beyond Algorithm 1 for the renorm runs,
 each a row of the tables: none (plain Algorithm 1), feedback (lost contributions added to the next
 gradient), stale1 / stale2 (staleness bound S = 1 or 2), retrieve (lost parameter copies resent
-within the step); prev and zero always run plain. Every seed
+within the step), rotate (gradients reduced in a seeded randomized Hadamard basis); prev and zero
+always run plain. Every seed
 (default 0,1,2; with --quick 0) repeats the whole sweep: the tables give the mean paired change vs 0%
 and its 95% t interval over seeds (lta/train/report.py documents results.json). Feedback runs divide
 each chunk's sum by N rather than renormalize (a lost contribution arrives a step late: renormalizing
@@ -184,7 +185,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="NAME",
         help="mechanism beyond Algorithm 1 for the renorm runs, one more row each: none, feedback, stale1, "
-        "stale2, retrieve; repeat the flag or separate with commas (default: none)",
+        "stale2, retrieve, rotate; repeat the flag or separate with commas (default: none)",
     )
     p.add_argument(
         "--seeds",
