@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import time
 import traceback
 from datetime import timedelta
 
@@ -166,6 +167,14 @@ def test_rebroadcast_never_rolls_a_replica_back_to_a_late_copy(make_cluster):
         state.manager.step = 5
     states[1].rebroadcast()  # worker 0 has not published: worker 1 gives up on it at the deadline
     states[0].rebroadcast()  # worker 0's step-5 copies reach worker 1 now, after its step was accounted
+    # rebroadcast() returns once its own collect is done, not once the switch has relayed what it sent: a
+    # loaded switch thread could still hold worker 0's copies when the PARAM drop policy below is set, and
+    # drop them (a full run saw no late copy). Wait for every copy and each owner's end marker to be relayed.
+    relayed = sum(state._exchange.stats.chunks_expected + 1 for state in states)
+    deadline = time.monotonic() + 10.0
+    while cluster.switch.read_counters(cluster.job_id)["param_fwd"] < relayed:
+        assert time.monotonic() < deadline, "the switch did not relay the step-5 copies within 10 s"
+        time.sleep(0.01)
     update = np.linspace(-1.0, 1.0, init.size, dtype=np.float32)
     for state, module in zip(states, modules, strict=True):
         flat = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
