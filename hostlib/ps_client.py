@@ -25,6 +25,7 @@ The top-k compressor's residual (error feedback) stays here, on the worker. nump
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -120,6 +121,8 @@ class PsClient:
         self._rx = RxBatch.within(4 << 20, self.packet_bytes + 64)
         self.compressor: Compressor = self._make_compressor()
         self.n_params = 0
+        # This process's INIT `step`: a new one tells the server the worker started again (a restart).
+        self.incarnation = int.from_bytes(os.urandom(4), "big") or 1
         self._padded: np.ndarray | None = None
         self.version = 0  # the parameter version this worker holds (the server's step)
         self._seq = 0  # pushes sent
@@ -177,6 +180,7 @@ class PsClient:
             worker_id=self.worker_id,
             nelem=nelem,
             seq=flat.size,
+            step=self.incarnation,
             chunk=np.arange(chunks),
         )
         return self._await(0, extra=init)

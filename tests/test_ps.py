@@ -56,7 +56,16 @@ class Driver:
                 out.append(data)
         return out
 
-    def init(self, params: np.ndarray, w: int = 0) -> list[np.ndarray]:
+    def init(
+        self,
+        params: np.ndarray,
+        w: int = 0,
+        *,
+        now: float = 0.0,
+        incarnation: int = 0,
+        addr: int | None = None,
+    ) -> list[np.ndarray]:
+        """INIT of every chunk from worker ``w`` (``addr``: from another address key than its own)."""
         payload, nelem = float_rows(params, K)
         rows = build_packets(
             payload,
@@ -67,9 +76,20 @@ class Driver:
             worker_id=w,
             nelem=nelem,
             seq=params.size,
+            step=incarnation,
             chunk=np.arange(len(payload)),
         )
-        return self.send(rows, w)
+        if addr is None:
+            return self.send(rows, w, now)
+        return self.send_from(rows, addr, now)
+
+    def send_from(self, rows: np.ndarray, addr: int, now: float) -> list[np.ndarray]:
+        """Packets from address key ``addr`` (a worker's claimed id in the rows); replies and their keys."""
+        out = []
+        for row in rows:
+            for data, keys in self.server.process_packet(row.tobytes(), addr, now):
+                out.append((data, keys))
+        return out
 
     def push_rows(self, w: int, grad: np.ndarray, step: int, lr: float | None = None) -> np.ndarray:
         self.seq[w] += 1
@@ -570,3 +590,142 @@ def test_configured_addresses_are_checked_and_never_learned():
     assert job.counters["drop_bad_worker"] == 2
     server.process_packet(pull, addr_key(("127.0.0.1", 5001)), 0.0)
     assert job.counters["drop_bad_worker"] == 2 and job.counters["pull_held"] == 1
+
+
+# ---- liveness and restarts -----------------------------------------------------------------------------
+def test_sync_window_stops_waiting_for_a_worker_silent_past_the_liveness_timeout():
+    """A killed worker costs its peers the liveness timeout once, not max_wait_s every step; it is
+    waited for again as soon as it speaks."""
+    lr, n = 1.0, 3
+    d = Driver(sync_cfg(n=n, lr=lr, max_wait_s=30.0, liveness_timeout_s=3.0))
+    p = np.zeros(12, dtype=np.float32)
+    d.init(p, 0, now=0.0)
+    g = [np.full(12, w + 1.0, dtype=np.float32) for w in range(n)]
+    for w in range(n):  # step 0: everyone pushes at t = 1
+        d.send(d.push_rows(w, g[w], step=0), w, now=1.0)
+    assert d.job.step == 1 and d.job.counters["windows_full"] == 1
+    expect = p - lr * (g[0] + g[1] + g[2]) / 3
+    # step 1: worker 2 is silent from t = 1 on; its peers finish at t = 2
+    for w in (0, 1):
+        d.send(d.push_rows(w, g[w], step=1), w, now=2.0)
+    assert d.job.step == 1, "worker 2 was heard from 1 s ago: still waited for"
+    assert d.job.next_deadline() == pytest.approx(4.0)  # its last packet + the liveness timeout
+    assert d.server.tick(3.99) == [] and d.job.step == 1
+    d.server.tick(4.0)
+    assert d.job.step == 2 and d.job.counters["windows_live"] == 1
+    v = (g[0] + g[1]) / 2  # renormalized by the two that arrived; momentum 0
+    expect = expect - lr * v
+    np.testing.assert_allclose(d.params(), expect, rtol=1e-6)
+    # step 2: closes at its peers' second finished push, no wait at all
+    d.send(d.push_rows(0, g[0], step=2), 0, now=4.5)
+    assert d.job.step == 2
+    d.send(d.push_rows(1, g[1], step=2), 1, now=4.51)
+    assert d.job.step == 3 and d.job.counters["windows_live"] == 2
+    expect = expect - lr * v
+    np.testing.assert_allclose(d.params(), expect, rtol=1e-6)
+    # worker 2 speaks again (a PULL at t = 6): the next window waits for it
+    d.pull(2, step=3, now=6.0, seq=0)
+    for w in (0, 1):
+        d.send(d.push_rows(w, g[w], step=3), w, now=6.5)
+    assert d.job.step == 3 and d.server.tick(8.0) == [] and d.job.step == 3
+    d.send(d.push_rows(2, g[2], step=3), 2, now=8.5)
+    assert d.job.step == 4 and d.job.counters["windows_full"] == 2
+
+
+def test_liveness_timeout_zero_waits_for_max_wait_as_before():
+    d = Driver(sync_cfg(n=2, lr=1.0, max_wait_s=30.0, liveness_timeout_s=0.0))
+    d.init(np.zeros(4, dtype=np.float32), 0, now=0.0)
+    d.pull(1, step=0, now=0.0, seq=0)
+    d.send(d.push_rows(0, np.ones(4, dtype=np.float32), step=0), 0, now=1.0)
+    assert d.job.next_deadline() == pytest.approx(31.0)
+    assert d.server.tick(30.9) == [] and d.job.step == 0
+    d.server.tick(31.0)
+    assert d.job.step == 1 and d.job.counters["windows_timeout"] == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_restarted_worker_rejoins_from_a_new_address_once_its_old_one_is_silent(mode):
+    """A worker started again (new process, new port, pushes numbered from 1 again) takes its id back with
+    its INIT once its old address has been silent for the liveness timeout; before that, and from a
+    second live process claiming the same id, its packets are dropped."""
+    lr, n = 1.0, 2
+    cfg = sync_cfg(n=n, lr=lr) if mode == "sync" else async_cfg(n=n, lr=lr)
+    d = Driver(cfg)
+    p = np.arange(8, dtype=np.float32)
+    d.init(p, 0, now=0.0, incarnation=11)
+    d.init(p, 1, now=0.0, incarnation=21)
+    g = np.full(8, 0.5, dtype=np.float32)
+    per_step = 1 if mode == "sync" else n  # versions one round of pushes makes
+    for rnd in range(3):  # three rounds: worker 1's pushes are numbered 1, 2, 3
+        for w in range(n):
+            d.send(d.push_rows(w, g, step=d.job.step if mode == "async" else rnd), w, now=1.0 + rnd)
+    assert d.job.step == 3 * per_step
+    expect = p - lr * 3 * per_step * g  # sync: the mean of two equal pushes; async: each push
+    np.testing.assert_allclose(d.params(), expect, rtol=1e-6)
+    new_addr = 5555
+    assert d.init(p, 1, now=4.0, incarnation=22, addr=new_addr) == []  # old address heard 1 s ago
+    assert d.job.counters["drop_bad_worker"] == 8 // K
+    assert d.job.counters["workers_rejoined"] == 0
+    d.init(p, 1, now=6.0, incarnation=22, addr=new_addr)  # 4 s of silence: taken over
+    assert d.job.counters["workers_readdressed"] == 1 and d.job.counters["workers_rejoined"] == 1
+    first, payload, nelem = chunk_bitmap(np.arange(d.job.n_chunks), K)
+    pull = build_packets(
+        payload[None, :],
+        K,
+        version=VERSION,
+        op=int(PsOp.PULL),
+        job_id=JOB,
+        worker_id=1,
+        nelem=nelem,
+        seq=0,
+        step=0,
+        chunk=first,
+    )
+    replies = d.send_from(pull, new_addr, now=6.1)
+    assert replies and all((keys == new_addr).all() for _, keys in replies)
+    got = rows_to_floats(np.concatenate([r for r, _ in replies])[:, HEADER_BYTES:], K).ravel()[:8]
+    np.testing.assert_array_equal(got, expect)  # the current parameters, to the new address
+    # the old process's address is now the stranger
+    assert d.send_from(d.push_rows(1, g, step=d.job.step), key(1), now=6.2) == []
+    assert d.job.counters["drop_bad_worker"] == 2 * (8 // K)
+    # the new process pushes from 1 again: taken as a new push, not an old or duplicate one
+    d.seq[1] = 0
+    d.send(d.push_rows(0, g, step=d.job.step), 0, now=6.3)
+    d.send_from(d.push_rows(1, g, step=d.job.step if mode == "async" else 3), new_addr, now=6.4)
+    assert d.job.step == 4 * per_step
+    expect = expect - lr * per_step * g
+    np.testing.assert_allclose(d.params(), expect, rtol=1e-6)
+    assert d.job.counters["push_old"] == 0 and d.job.counters["push_dup"] == 0
+
+
+def test_a_second_process_claiming_a_live_workers_id_is_dropped():
+    d = Driver(sync_cfg(n=2, lr=1.0, liveness_timeout_s=3.0))
+    d.init(np.zeros(8, dtype=np.float32), 0, now=0.0, incarnation=1)
+    d.init(np.zeros(8, dtype=np.float32), 1, now=0.0, incarnation=2)
+    for t in (1.0, 2.0, 3.0, 4.0):  # worker 1 keeps talking; an impostor keeps trying
+        d.pull(1, step=0, now=t, seq=0)
+        assert d.init(np.zeros(8, dtype=np.float32), 1, now=t + 0.5, incarnation=9, addr=7777) == []
+    assert d.job.counters["workers_readdressed"] == 0 and d.job.counters["workers_rejoined"] == 0
+    assert int(d.job.keys[1]) == key(1)
+
+
+def test_a_restart_at_a_fixed_address_resets_the_workers_pushes_without_readdressing():
+    """Fixed addresses: the restarted process binds its address again; its new incarnation's INIT resets
+    its push numbering (async: its push 1 would otherwise be an old push, never applied)."""
+    lr = 1.0
+    cfg = async_cfg(n=2, lr=lr, workers=(("10.0.0.1", 4000), ("10.0.0.2", 4000)))
+    d = Driver(cfg)
+    d.server.jobs[JOB].keys[:] = [key(0), key(1)]  # the made-up keys stand for the fixed addresses
+    p = np.zeros(8, dtype=np.float32)
+    d.init(p, 0, now=0.0, incarnation=5)
+    d.init(p, 1, now=0.0, incarnation=6)
+    g = np.ones(8, dtype=np.float32)
+    for _ in range(3):
+        d.send(d.push_rows(1, g, step=d.job.step), 1, now=1.0)
+    assert d.job.step == 3
+    d.init(p, 1, now=1.5, incarnation=7)
+    assert d.job.counters["workers_rejoined"] == 1 and d.job.counters["workers_readdressed"] == 0
+    d.seq[1] = 0
+    d.send(d.push_rows(1, g, step=d.job.step), 1, now=2.0)
+    assert d.job.step == 4 and d.job.counters["push_old"] == 0
+    np.testing.assert_allclose(d.params(), p - lr * 4 * g)

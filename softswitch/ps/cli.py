@@ -90,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     job.add_argument("--compression", choices=[*COMPRESSORS, "quantize"], help="push encoding (default none)")
     job.add_argument("--window-size", type=argtypes.workers, help="sync: finished pushes that close a step")
     job.add_argument("--max-wait-s", type=argtypes.positive_float, help="sync: window deadline (default 1.0)")
+    job.add_argument(
+        "--liveness-timeout-s",
+        type=argtypes.float_range(0.0, what="liveness timeout"),
+        help="sync: a worker silent this long is not waited for; a restarted worker may rejoin from a new "
+        "address after it (default 3.0; 0: never)",
+    )
     job.add_argument("--rule", choices=robust.RULES, help="sync: aggregation rule (default mean)")
     job.add_argument(
         "--f", type=argtypes.nonnegative_int, help="sync: Byzantine workers the rule must tolerate"

@@ -19,6 +19,7 @@ from hostlib import robust
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import ConfigError, UsageError
 from hostlib.jobconfig import TableReader, parse_toml, read_text
+from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, parse_address
 from hostlib.ps_wire import check_k, codec_of
 from softswitch.ps.staleness import StalenessConfig
@@ -39,6 +40,7 @@ JOB_KEYS = (  # a job table's keys; `lta ps` has one flag for each (drop: --drop
     "compression",
     "window_size",
     "max_wait_s",
+    "liveness_timeout_s",
     "rule",
     "f",
     "trim_ratio",
@@ -80,6 +82,7 @@ class PsJobConfig:
     compression: str = "none"
     window_size: int | None = None
     max_wait_s: float = 1.0
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
     rule: str = "mean"
     f: int | None = None
     trim_ratio: float = 0.1
@@ -120,6 +123,11 @@ class PsJobConfig:
             raise ValueError(f"window_size must be in 1..{self.n_workers}, got {self.window_size}")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
             raise ValueError(f"max_wait_s must be a positive number of seconds, got {self.max_wait_s}")
+        if not (math.isfinite(self.liveness_timeout_s) and self.liveness_timeout_s >= 0):
+            raise ValueError(
+                f"liveness_timeout_s must be a number of seconds >= 0 (0: never presume a worker gone), "
+                f"got {self.liveness_timeout_s}"
+            )
         if self.rule not in robust.RULES:
             raise ValueError(f"rule must be one of {', '.join(robust.RULES)}, got {self.rule!r}")
         if self.fallback not in FALLBACKS:
@@ -211,7 +219,7 @@ def _job(reader: TableReader, table: dict[str, Any], where: str) -> PsJobConfig:
         kw[key] = reader.string(where, table, key)
     for key in ("elems_per_packet", "n_params", "window_size", "f", "multi_krum_m"):
         kw[key] = reader.integer(where, table, key, 0)
-    for key in ("lr", "momentum", "max_wait_s", "trim_ratio"):
+    for key in ("lr", "momentum", "max_wait_s", "liveness_timeout_s", "trim_ratio"):
         kw[key] = reader.number(where, table, key)
     stale = {
         "max_staleness": reader.integer(where, table, "max_staleness", 0),

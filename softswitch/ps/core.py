@@ -87,7 +87,7 @@ class ParameterServer:
         if version != VERSION or op not in _PS_OPS or length != job.packet_bytes:
             job.counters["drop_malformed"] += 1
             return []
-        if not job.check_sender(w, key):
+        if not job.check_sender(w, key, now, op):
             job.counters["drop_bad_worker"] += 1
             return []
         pkt = Packet(op, w, exp, slot, nelem, seq, step, chunk, bitmap, row[HEADER_BYTES:length])

@@ -11,8 +11,9 @@ p -= lr·v`` on the coordinates ``g`` covers (the lr carried by the push, else t
 
 **Sync** (``mode = "sync"``). Pushes computed on the current version ``step`` go into the open window,
 one row per worker, packet by packet. A worker has finished when all its packets arrived or its PULL
-did (what was lost is lost). The window closes when ``window_size`` workers finished, or ``max_wait_s``
-after its first packet; then, for every set of packets that arrived from the same workers (one set
+did (what was lost is lost). The window closes when ``window_size`` workers finished, once every worker
+not presumed gone (heard from, then silent ``liveness_timeout_s``) finished, or ``max_wait_s`` after its
+first packet; then, for every set of packets that arrived from the same workers (one set
 per bitmap of contributors), the rule aggregates those workers' rows over those packets' values: the
 count that arrived renormalizes the mean, and a robust rule sees exactly the contributions that
 arrived. A set too small for the rule falls back (``fallback``) or is left out; both are counted. The
@@ -25,6 +26,10 @@ step − the push's step; accepted when within the worker's bound (``staleness.p
 version advances and each of its packets is applied as it arrives; rejected pushes are dropped and
 counted. A PULL is answered at once with the current parameters, flagged REJECTED if that push was
 refused, its staleness in ``weight``.
+
+**Restarts.** An INIT carries its process's incarnation (``step``); a new one for a worker resets that
+worker's push state, and with learned addresses takes the worker's id to a new address once the old one
+has been silent ``liveness_timeout_s`` (docs/protocol.md, "Liveness and restarts").
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ PS_COUNTERS: tuple[str, ...] = (
     "staleness_sum_submitted",  # async: summed staleness of every decided push
     "windows_full",  # sync: closed by window_size finished pushes
     "windows_timeout",  # sync: closed by max_wait_s
+    "windows_live",  # sync: closed once every worker not presumed gone had finished
+    "workers_rejoined",  # an INIT of a new incarnation of a worker that had pushed: its push state reset
+    "workers_readdressed",  # a restarted worker's INIT from a new address (its old one silent)
     "windows_empty",  # sync: closed with no contribution at all
     "rule_groups",  # sync: sets of packets aggregated by the rule (one per contributor bitmap)
     "rule_fallbacks",  # sync: a set too small for the rule, aggregated by the fallback
@@ -162,6 +170,8 @@ class PsJob:
         self._init_buf: np.ndarray | None = None
         self._init_got: np.ndarray | None = None
         self._pending: dict[int, tuple[int, np.ndarray]] = {}  # held PULLs: worker -> (seq, chunks)
+        self._last_seen = np.full(self.n, -np.inf)  # when each worker's last packet came (-inf: never)
+        self._incarnation = np.zeros(self.n, dtype=np.int64)  # each worker's INIT `step` (0: none yet)
         self._streams = self._drop_streams(seed)
         self._last_count = 0
         self._last_bitmap = 0
@@ -204,17 +214,32 @@ class PsJob:
         return param_chunks(self.n_params, self.k)
 
     # ---- packets in --------------------------------------------------------------------------------------
-    def check_sender(self, worker: int, key: int) -> bool:
-        """Whether ``key`` may speak for ``worker`` (learning the address of a worker seen first)."""
+    def check_sender(self, worker: int, key: int, now: float = 0.0, op: int = -1) -> bool:
+        """Whether ``key`` may speak for ``worker`` (learning the address of a worker seen first). An INIT
+        from a new address takes the worker over once its old address has been silent for
+        ``liveness_timeout_s`` (a restarted worker: learned addresses only; docs/protocol.md)."""
         if worker >= self.n:
             return False
         known = int(self.keys[worker])
         if known == key:
-            return True
-        if known < 0 and not self.fixed_addresses:
+            pass
+        elif known < 0 and not self.fixed_addresses:
             self.keys[worker] = key
-            return True
-        return False
+        elif op == _INIT and not self.fixed_addresses and self._gone(worker, now):
+            self.keys[worker] = key
+            self._count("workers_readdressed")
+            log.info("job %d: worker %d rejoins from a new address", self.cfg.job_id, worker)
+        else:
+            return False
+        self._last_seen[worker] = now
+        return True
+
+    def _gone(self, worker: int, now: float) -> bool:
+        """Presumed gone: heard from, then silent for ``liveness_timeout_s`` (0: never presumed gone). A
+        worker never heard from is waited for as before (``max_wait_s``): it may still be starting."""
+        timeout = self.cfg.liveness_timeout_s
+        seen = self._last_seen[worker]
+        return timeout > 0 and bool(np.isfinite(seen)) and now - seen >= timeout
 
     def handle(self, pkt: Packet, now: float) -> list[OutRows]:
         """One packet from its (checked) worker; returns the PARAM packets to send."""
@@ -228,21 +253,35 @@ class PsJob:
         return self._on_init(pkt)
 
     def tick(self, now: float) -> list[OutRows]:
-        """Close a synchronous window whose ``max_wait_s`` has passed."""
+        """Close a synchronous window whose ``max_wait_s`` has passed, or whose unfinished workers have
+        all been presumed gone since."""
         win = self._window
-        if win is None or win.opened is None or now - win.opened < self.cfg.max_wait_s:
+        if win is None or win.opened is None:
             return []
-        return self._close(now, "windows_timeout")
+        if now - win.opened >= self.cfg.max_wait_s:
+            return self._close(now, "windows_timeout")
+        return self._maybe_close(now)
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has something to do next (None: nothing pending)."""
         win = self._window
         if win is None or win.opened is None:
             return None
-        return win.opened + self.cfg.max_wait_s
+        deadline = win.opened + self.cfg.max_wait_s
+        timeout = self.cfg.liveness_timeout_s
+        waiting = self._last_seen[~win.done]
+        waiting = waiting[np.isfinite(waiting)]
+        if timeout > 0 and waiting.size:
+            deadline = min(deadline, float(waiting.max()) + timeout)
+        return deadline
 
     # ---- INIT ----------------------------------------------------------------------------------------------
     def _on_init(self, pkt: Packet) -> list[OutRows]:
+        w, incarnation = pkt.worker, pkt.step
+        if incarnation and incarnation != self._incarnation[w]:
+            if self._incarnation[w]:
+                self._rejoin(w)
+            self._incarnation[w] = incarnation
         n_params = pkt.seq
         if self.params is not None or (self.cfg.n_params is not None and n_params != self.cfg.n_params):
             self._count("init_ignored")
@@ -278,6 +317,24 @@ class PsJob:
         )
         pending, self._pending = self._pending, {}
         return [self._reply(w, seq, chunks, 0, 0) for w, (seq, chunks) in pending.items()]
+
+    def _rejoin(self, w: int) -> None:
+        """Worker ``w`` started again (an INIT of a new incarnation): forget its old process's pushes, so
+        its new pushes, numbered from 1 again, are not taken for old or late ones."""
+        self._count("workers_rejoined")
+        log.info("job %d: worker %d started again: its push state is reset", self.cfg.job_id, w)
+        self._late_seq[w] = self._included_seq[w] = 0
+        self._cur_seq[w], self._staleness[w] = 0, 0
+        self._accepted[w] = False
+        self._seen[w] = set()
+        self._pending.pop(w, None)
+        win = self._window
+        if win is not None:  # the old process's part of the open window is dropped with it
+            win.arrived[w] = False
+            win.done[w] = False
+            win.lr[w] = np.nan
+            win.seq[w] = 0
+            win.n_packets[w] = 0
 
     def _max_push_packets(self) -> int:
         if self.codec == PsCodec.TOPK:
@@ -433,8 +490,13 @@ class PsJob:
     def _maybe_close(self, now: float) -> list[OutRows]:
         win = self._window
         assert win is not None
-        if int(win.done.sum()) >= self.cfg.window:
+        finished = int(win.done.sum())
+        if finished >= self.cfg.window:
             return self._close(now, "windows_full")
+        timeout = self.cfg.liveness_timeout_s
+        seen = self._last_seen
+        if finished and timeout > 0 and (win.done | (np.isfinite(seen) & (now - seen >= timeout))).all():
+            return self._close(now, "windows_live")
         return []
 
     def _close(self, now: float, reason: str) -> list[OutRows]:
