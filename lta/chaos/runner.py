@@ -475,7 +475,7 @@ def _exact(spec: RunSpec) -> bool:
     what another does not (a lost RESULT or PARAM, a switch that forgot a round, a late PARAM)."""
     kinds = set(spec.kinds)
     if spec.door == "ps":
-        return not kinds & {"loss-down", "kill", "stop", "clock"}
+        return not kinds & {"loss-down", "kill", "stop", "clock", "restart"}
     if spec.door.startswith("sharded"):
         return not kinds & {"loss-param", "switch-restart", "stop", "clock", "kill", "restart", "reorder"}
     # reorder: a packet held in the slow class can come after its unit gave up, or be tail-dropped there.
@@ -485,7 +485,12 @@ def _exact(spec: RunSpec) -> bool:
 
 
 def _divergence_bound(spec: RunSpec, step: float) -> float:
+    """Where replicas may differ: ``(B + 1)`` x the largest one-step change (module docstring). A parameter
+    server worker started again runs its whole run in its new process, after its peers have finished
+    too, alone: the server applies its pushes alone, so it ends up to a run's steps ahead of them."""
     if _exact(spec):
         return EXACT_TOL * max(1.0, step)
+    if spec.door == "ps" and "restart" in spec.kinds:
+        return (spec.steps + 1) * step
     periods = {"sharded": STALE_BOUND, "sharded-critical": STALE_BOUND, "hook": REBROADCAST_EVERY, "ps": 1}
     return (periods.get(spec.door, spec.steps) + 1) * step

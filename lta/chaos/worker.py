@@ -152,6 +152,10 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     out = Path(spec["out"])
     door, world, steps = spec["door"], spec["world"], spec["steps"]
     model = _model(spec.get("hidden", _HIDDEN))
+    # The untrained loss, before any door syncs the model: a restarted rank's door hands it its peers'
+    # trained parameters (the parameter server's at once), and its "first" loss would then be theirs
+    # (chaos seed 4, PS door: a rank restarted at step 23 read 0.674 of it, "untrained").
+    first_loss = _eval_loss(model)
     session = None
     sharded = door.startswith("sharded")
     if door in ("ddp", "fsdp2"):
@@ -220,7 +224,6 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     watchdog.cancel()
     transport = _transport_worker(door, session)
     data = torch.Generator().manual_seed(1000 + rank + 97 * spec["seed"])
-    first_loss = _eval_loss(model)
     previous = _flat(model)
     max_step_change = 0.0
     history: list[np.ndarray] = []
