@@ -118,11 +118,11 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
     count = first("count_access_table", mode, bitmap_code, old_bitmap, worker)
     count_code = 0
     q = 0 if prep == "prep_flush" else quorum  # prep_flush zeroes a FLUSH's quorum (and weight)
+    lo = q - count_room
     if count and count[0] == "do_count_add":
-        lo = q - count_room
         count_code = 1 << (int(lo < q) + 2 * int(lo + 1 == q))
-    elif count and count[0] == "count_seen":
-        count_code = C["COUNT_SEEN"]
+    elif count and count[0] == "do_count_probe":  # this.predicate(count < quorum); the code rewritten
+        count_code, bitmap_code = 1 << int(lo < q), C["BITMAP_DUP"]
     prep = first("result_prep", mode, bitmap_code, count_code, int(quorum <= 1))
     sat, closed_flags = 2, C["RESULT_CLOSED"] | worker << 8
     res = {
@@ -198,6 +198,10 @@ def contract(op, order, flushed, differs, seen, count_room, closed, quorum, pack
         return out(B["GRAD_LATE_RESEND"], load, mc, True, ("close", bitmap, closed_flags))
     if closed:
         return out(B["GRAD_LATE_RESEND"], load, resend)
+    if seen and count_room <= 0:
+        # a duplicate at the quorum (lowered under the open round): closed as a quorum close, with the
+        # round's bitmap and this sender as its closer, nothing of the packet added
+        return out(B["GRAD_DUP"], load, mc, True, ("close", bitmap, closed_flags))
     return out(B["GRAD_DUP"] if seen else B["GRAD_EXP_MISMATCH"])
 
 
@@ -231,7 +235,10 @@ def test_slot_prep_gives_each_pass_its_mode_and_round_word():
     assert first("slot_prep", 1, elements, C["EMIT_NONE"], 0, 0) == ("prep_pass", [C["MODE_NONE"]])
     for emit in (C["EMIT_MULTICAST"], C["EMIT_RESEND"]):
         assert first("slot_prep", 1, elements, emit, 0, 0) == ("prep_pass", [C["MODE_EMIT"]])
-        assert first("slot_prep", 1, harvest, emit, 0, 0) == ("prep_pass", [C["MODE_HARVEST"]])
+        assert first("slot_prep", 1, harvest, emit, 0, 0) == ("prep_harvest", [])
+    harvest_prep = re.search(r"action prep_harvest\(\) \{([^}]*)\}", SOURCE).group(1)
+    assert "meta.slot_mode = MODE_HARVEST;" in harvest_prep
+    assert "meta.quorum = QUORUM_HARVEST;" in harvest_prep
     assert first("slot_prep", 0, C["PASS_CONTROL"], 0, C["OP_GRAD"], 0) is None  # default: prep_none
     assert re.search(r"const default_action = prep_none\(\);", SOURCE)
 
@@ -253,9 +260,30 @@ def test_predicate_codes_are_one_hot_of_cmplo_and_cmphi():
     cmplo covers predicate bits 0xa, cmphi 0xc); the tables key on these values."""
     assert (C["SEQ_OLDER"], C["SEQ_NEWER"], C["SEQ_SAME"]) == (1 << 0, 1 << 1, 1 << 2)
     assert (C["COUNT_NOT_ADDED"], C["COUNT_ADDED"], C["COUNT_CLOSING"]) == (1 << 0, 1 << 1, 1 << 3)
-    assert C["COUNT_SEEN"] not in (1, 2, 4, 8, 0)
+    assert (C["COUNT_MET"], C["COUNT_BELOW"]) == (1 << 0, 1 << 1)
     assert re.search(r"this\.predicate\(hdr\.lta\.seq > value, hdr\.lta\.seq == value\)", SOURCE)
     assert re.search(r"this\.predicate\(value\.lo < meta\.quorum, value\.lo \+ 1 == meta\.quorum\)", SOURCE)
+    # the duplicate's probe answers codes an add also answers: its own bitmap code tells them apart
+    assert re.search(r"count_probe = \{\s*void apply\(inout slot_pair_t value, out bit<8> rv\) \{\s*"
+                     r"rv = this\.predicate\(value\.lo < meta\.quorum\);\s*\}", SOURCE)  # fmt: skip
+    bitmap_codes = [v for k, v in C.items() if k.startswith("BITMAP_")]
+    assert len(set(bitmap_codes)) == len(bitmap_codes) and 0 not in bitmap_codes
+    assert re.search(r"action do_count_probe\(\) \{[^}]*bitmap_code = BITMAP_DUP;", SOURCE)
+
+
+def test_slot_count_start_and_harvest_share_one_register_action():
+    """slot_count has four register actions (Tofino 1's limit): the start's write and the harvest's read
+    of the weight are one, which writes only when the quorum is not QUORUM_HARVEST (the harvest pass's,
+    set by slot_prep; a job's quorum is 8 bits, so none has it) and answers the weight read before it."""
+    assert C["QUORUM_HARVEST"] > 0xFF
+    body = re.search(r"count_set_or_weight = \{\s*void apply\(inout slot_pair_t value, out bit<32> rv\) "
+                     r"\{(.*?)\n        \}\n    \};", SOURCE, re.S).group(1)  # fmt: skip
+    body = " ".join(body.split())
+    assert body.startswith("rv = value.hi; if (meta.quorum != QUORUM_HARVEST) {"), body
+    assert body.endswith("value.hi = hdr.lta.weight; }"), body
+    read_hi = r"action do_count_read_hi\(\) \{ hdr\.lta\.weight = count_set_or_weight\.execute"
+    assert re.search(read_hi, SOURCE)
+    assert first("count_access_table", C["MODE_HARVEST"], 0, 0, 0) == ("do_count_read_hi", [])
 
 
 def test_a_packet_the_up_loss_policy_drops_touches_no_slot_register():

@@ -113,9 +113,8 @@ class TransportConfig:
     # its first send. Without it a peer descheduled for 15 RTOs (300 ms at the 20 ms floor) had the
     # critical units it had not sent yet closed short without it. Longer than the liveness timeout (3 s):
     # a dead peer's rounds close by the quorum the liveness monitor lowers, at a survivor's next resend
-    # (a duplicate at the lowered quorum closes the round: docs/protocol.md, "Switch contract") on the
-    # softswitch and v1model; the Tofino program does not apply that rule yet, so there such a round
-    # waits for this (then a FLUSH). 0: every resend counts.
+    # (a duplicate at the lowered quorum closes the round: docs/protocol.md, "Switch contract"; every
+    # target applies it). 0: every resend counts.
     critical_wait_ms: float = 5000.0
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (hostlib/liveness.py).

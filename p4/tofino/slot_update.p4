@@ -5,11 +5,15 @@
 //   slot_seq     seq: answers the order of q against it as a predicate (older 1, newer 2, same 4)
 //   slot_round   exp | MAX << 8 | FLUSHED << 9: answers its XOR with the packet's (exp check, FLUSHED)
 //   slot_bitmap  raw bitmap: test-and-set of the sender's bit  (duplicates)
-//   slot_count   {count, weight}, add only while count < quorum: answers not added 1, added 2, closing 8
+//   slot_count   {count, weight}, add only while count < quorum: answers not added 1, added 2, closing 8;
+//                for a duplicate, read only: answers count >= quorum 1, below it 2
 //   slot_result  {bitmap at closure, CLOSED | closer << 8 | SATURATED}
 // Each register's table is keyed on the answers of the registers before it (and the sender's bit, for
 // the duplicate test), so the chain is one stage per register plus one that prepares slot_result's
 // inputs and one that decides the branch.
+// A duplicate GRAD (the sender's bit already in the round) reads slot_count too: an open round whose
+// count meets the quorum (lowered under it by the liveness monitor) closes at it as a quorum close does,
+// adding nothing (docs/protocol.md, "A duplicate at the quorum").
 // A late GRAD to a round closed by quorum still sets its bit in slot_bitmap (that register is read before
 // slot_count says the round is closed); RESULTs therefore take their bitmap from slot_result, written at
 // closure, never from slot_bitmap.
@@ -34,11 +38,16 @@ const bit<8> MODE_HARVEST = 4;
 const bit<8> SEQ_OLDER = 1;
 const bit<8> SEQ_NEWER = 2;
 const bit<8> SEQ_SAME = 4;
-// slot_count's answer: this.predicate(count < quorum, count + 1 == quorum); SEEN: not accessed (duplicate).
+// slot_count's answer to an add: this.predicate(count < quorum, count + 1 == quorum).
 const bit<8> COUNT_NOT_ADDED = 1;
 const bit<8> COUNT_ADDED = 2;
 const bit<8> COUNT_CLOSING = 8;
-const bit<8> COUNT_SEEN = 16;
+// ... and to a duplicate's probe, this.predicate(count < quorum) (the bitmap code is then BITMAP_DUP).
+const bit<8> COUNT_MET = 1;
+const bit<8> COUNT_BELOW = 2;
+// The harvest pass's quorum: no job has it (a job's quorum is 8 bits), so slot_count's set-or-read
+// action only reads the stored weight.
+const bit<32> QUORUM_HARVEST = 0x100;
 
 // What slot_bitmap's table did (its action writes the code).
 const bit<8> BITMAP_STALE = 1;         // q < seq
@@ -49,6 +58,7 @@ const bit<8> BITMAP_FLUSH_CLOSE = 5;   // FLUSH closes the round (bitmap read)
 const bit<8> BITMAP_LATE_FLUSHED = 6;  // GRAD to a round closed by FLUSH
 const bit<8> BITMAP_TEST_SET = 7;      // GRAD, same exponent
 const bit<8> BITMAP_EXP_OTHER = 8;     // GRAD, another exponent or MAX flag (bitmap read)
+const bit<8> BITMAP_DUP = 9;           // either of the two, the sender's bit set: slot_count's table rewrites the code
 // What slot_result's prepared access is.
 const bit<8> RESULT_SET = 1;
 const bit<8> RESULT_OR_CLOSE = 2;
@@ -81,6 +91,11 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
         meta.slot_mode = mode;
         meta.slot_index = hdr.pass.slot_index;
     }
+    action prep_harvest() {
+        meta.slot_mode = MODE_HARVEST;
+        meta.slot_index = hdr.pass.slot_index;
+        meta.quorum = QUORUM_HARVEST;
+    }
     table slot_prep {
         key = {
             hdr.pass.isValid(): exact @name("recirculated");
@@ -89,7 +104,7 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
             hdr.lta.op: ternary @name("op");
             hdr.lta.flags: ternary @name("flags");
         }
-        actions = { prep_none; prep_grad; prep_flush; prep_pass; }
+        actions = { prep_none; prep_grad; prep_flush; prep_pass; prep_harvest; }
         const entries = {
             (true, PASS_SLOT, _, OP_GRAD, FLAG_MAX &&& FLAG_MAX): prep_grad(1);   // ROUND_MAX >> 8
             (true, PASS_SLOT, _, OP_GRAD, _): prep_grad(0);
@@ -97,7 +112,7 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
             (true, PASS_SLOT, _, OP_FLUSH, _): prep_flush(2);                    // ROUND_FLUSHED >> 8
             (true, PASS_ELEMENTS, EMIT_NONE, _, _): prep_pass(MODE_NONE);
             (true, PASS_ELEMENTS, _, _, _): prep_pass(MODE_EMIT);
-            (true, PASS_HARVEST, _, _, _): prep_pass(MODE_HARVEST);
+            (true, PASS_HARVEST, _, _, _): prep_harvest();
         }
         const default_action = prep_none();
         size = 8;
@@ -247,17 +262,22 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     }
 
     // ---- slot_count {count, weight}: keyed on slot_bitmap's code and answer (the sender's bit in it) --
-    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH: SlotPrep set its quorum and weight to 0). A
-    // register has at most 4 register actions and its stateful ALU at most 2 PHV inputs on Tofino:
-    // slot_count's actions read only meta.quorum and hdr.lta.weight.
-    RegisterAction<slot_pair_t, bit<16>, bit<8>>(slot_count) count_set = {
-        void apply(inout slot_pair_t value) {
-            if (meta.quorum == 0) {
-                value.lo = 0;
-            } else {
-                value.lo = 1;
+    // A new round: {1, weight} (GRAD), or {0, 0} (FLUSH: SlotPrep set its quorum and weight to 0); in
+    // the harvest pass (SlotPrep set the quorum to QUORUM_HARVEST) nothing is written and the answer,
+    // the weight as it was, is the RESULT's. A register has at most 4 register actions and its stateful
+    // ALU at most 2 PHV inputs on Tofino: slot_count's actions read only meta.quorum and hdr.lta.weight,
+    // and the start and the harvest's read share one action so that the duplicate's probe has the fourth.
+    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_set_or_weight = {
+        void apply(inout slot_pair_t value, out bit<32> rv) {
+            rv = value.hi;
+            if (meta.quorum != QUORUM_HARVEST) {
+                if (meta.quorum == 0) {
+                    value.lo = 0;
+                } else {
+                    value.lo = 1;
+                }
+                value.hi = hdr.lta.weight;
             }
-            value.hi = hdr.lta.weight;
         }
     };
     RegisterAction<slot_pair_t, bit<16>, bit<8>>(slot_count) count_add = {
@@ -272,15 +292,19 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
     RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_read_lo = {
         void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.lo; }
     };
-    RegisterAction<slot_pair_t, bit<16>, bit<32>>(slot_count) count_read_hi = {
-        void apply(inout slot_pair_t value, out bit<32> rv) { rv = value.hi; }
+    // A duplicate: the count against the (current) quorum, nothing written.
+    RegisterAction<slot_pair_t, bit<16>, bit<8>>(slot_count) count_probe = {
+        void apply(inout slot_pair_t value, out bit<8> rv) {
+            rv = this.predicate(value.lo < meta.quorum);
+        }
     };
-    action do_count_set() { count_set.execute(meta.slot_index); }
+    action do_count_set() { count_set_or_weight.execute(meta.slot_index); }
     action do_count_add() { count_code = count_add.execute(meta.slot_index); }
-    action count_seen() { count_code = COUNT_SEEN; }
+    // The duplicate's own code, so that result_prep and decide tell its answer from an add's.
+    action do_count_probe() { count_code = count_probe.execute(meta.slot_index); bitmap_code = BITMAP_DUP; }
     // The element pass writes the stored count straight into the header, the harvest pass the weight.
     action do_count_read_lo() { hdr.lta.count = (bit<8>)count_read_lo.execute(meta.slot_index); }
-    action do_count_read_hi() { hdr.lta.weight = count_read_hi.execute(meta.slot_index); }
+    action do_count_read_hi() { hdr.lta.weight = count_set_or_weight.execute(meta.slot_index); }
     table count_access_table {
         key = {
             meta.slot_mode: exact @name("mode");
@@ -288,72 +312,72 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             BITMAP_WORD: ternary @name("old_bitmap");
             hdr.lta.worker_id: ternary @name("worker_id");
         }
-        actions = { do_count_set; do_count_add; count_seen; do_count_read_lo; do_count_read_hi; NoAction; }
+        actions = { do_count_set; do_count_add; do_count_probe; do_count_read_lo; do_count_read_hi; NoAction; }
         const entries = {
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000001 &&& 32w0x00000001, 0): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000001 &&& 32w0x00000001, 0): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000002 &&& 32w0x00000002, 1): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000002 &&& 32w0x00000002, 1): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000004 &&& 32w0x00000004, 2): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000004 &&& 32w0x00000004, 2): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000008 &&& 32w0x00000008, 3): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000008 &&& 32w0x00000008, 3): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000010 &&& 32w0x00000010, 4): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000010 &&& 32w0x00000010, 4): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000020 &&& 32w0x00000020, 5): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000020 &&& 32w0x00000020, 5): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000040 &&& 32w0x00000040, 6): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000040 &&& 32w0x00000040, 6): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000080 &&& 32w0x00000080, 7): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000080 &&& 32w0x00000080, 7): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000100 &&& 32w0x00000100, 8): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000100 &&& 32w0x00000100, 8): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000200 &&& 32w0x00000200, 9): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000200 &&& 32w0x00000200, 9): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000400 &&& 32w0x00000400, 10): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000400 &&& 32w0x00000400, 10): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000800 &&& 32w0x00000800, 11): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000800 &&& 32w0x00000800, 11): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00001000 &&& 32w0x00001000, 12): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00001000 &&& 32w0x00001000, 12): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00002000 &&& 32w0x00002000, 13): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00002000 &&& 32w0x00002000, 13): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00004000 &&& 32w0x00004000, 14): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00004000 &&& 32w0x00004000, 14): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00008000 &&& 32w0x00008000, 15): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00008000 &&& 32w0x00008000, 15): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00010000 &&& 32w0x00010000, 16): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00010000 &&& 32w0x00010000, 16): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00020000 &&& 32w0x00020000, 17): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00020000 &&& 32w0x00020000, 17): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00040000 &&& 32w0x00040000, 18): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00040000 &&& 32w0x00040000, 18): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00080000 &&& 32w0x00080000, 19): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00080000 &&& 32w0x00080000, 19): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00100000 &&& 32w0x00100000, 20): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00100000 &&& 32w0x00100000, 20): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00200000 &&& 32w0x00200000, 21): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00200000 &&& 32w0x00200000, 21): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00400000 &&& 32w0x00400000, 22): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00400000 &&& 32w0x00400000, 22): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00800000 &&& 32w0x00800000, 23): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00800000 &&& 32w0x00800000, 23): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x01000000 &&& 32w0x01000000, 24): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x01000000 &&& 32w0x01000000, 24): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x02000000 &&& 32w0x02000000, 25): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x02000000 &&& 32w0x02000000, 25): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x04000000 &&& 32w0x04000000, 26): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x04000000 &&& 32w0x04000000, 26): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x08000000 &&& 32w0x08000000, 27): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x08000000 &&& 32w0x08000000, 27): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x10000000 &&& 32w0x10000000, 28): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x10000000 &&& 32w0x10000000, 28): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x20000000 &&& 32w0x20000000, 29): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x20000000 &&& 32w0x20000000, 29): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x40000000 &&& 32w0x40000000, 30): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x40000000 &&& 32w0x40000000, 30): count_seen();
-            (MODE_GRAD, BITMAP_TEST_SET, 32w0x80000000 &&& 32w0x80000000, 31): count_seen();
-            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x80000000 &&& 32w0x80000000, 31): count_seen();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000001 &&& 32w0x00000001, 0): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000001 &&& 32w0x00000001, 0): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000002 &&& 32w0x00000002, 1): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000002 &&& 32w0x00000002, 1): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000004 &&& 32w0x00000004, 2): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000004 &&& 32w0x00000004, 2): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000008 &&& 32w0x00000008, 3): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000008 &&& 32w0x00000008, 3): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000010 &&& 32w0x00000010, 4): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000010 &&& 32w0x00000010, 4): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000020 &&& 32w0x00000020, 5): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000020 &&& 32w0x00000020, 5): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000040 &&& 32w0x00000040, 6): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000040 &&& 32w0x00000040, 6): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000080 &&& 32w0x00000080, 7): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000080 &&& 32w0x00000080, 7): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000100 &&& 32w0x00000100, 8): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000100 &&& 32w0x00000100, 8): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000200 &&& 32w0x00000200, 9): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000200 &&& 32w0x00000200, 9): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000400 &&& 32w0x00000400, 10): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000400 &&& 32w0x00000400, 10): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00000800 &&& 32w0x00000800, 11): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00000800 &&& 32w0x00000800, 11): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00001000 &&& 32w0x00001000, 12): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00001000 &&& 32w0x00001000, 12): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00002000 &&& 32w0x00002000, 13): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00002000 &&& 32w0x00002000, 13): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00004000 &&& 32w0x00004000, 14): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00004000 &&& 32w0x00004000, 14): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00008000 &&& 32w0x00008000, 15): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00008000 &&& 32w0x00008000, 15): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00010000 &&& 32w0x00010000, 16): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00010000 &&& 32w0x00010000, 16): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00020000 &&& 32w0x00020000, 17): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00020000 &&& 32w0x00020000, 17): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00040000 &&& 32w0x00040000, 18): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00040000 &&& 32w0x00040000, 18): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00080000 &&& 32w0x00080000, 19): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00080000 &&& 32w0x00080000, 19): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00100000 &&& 32w0x00100000, 20): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00100000 &&& 32w0x00100000, 20): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00200000 &&& 32w0x00200000, 21): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00200000 &&& 32w0x00200000, 21): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00400000 &&& 32w0x00400000, 22): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00400000 &&& 32w0x00400000, 22): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x00800000 &&& 32w0x00800000, 23): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x00800000 &&& 32w0x00800000, 23): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x01000000 &&& 32w0x01000000, 24): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x01000000 &&& 32w0x01000000, 24): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x02000000 &&& 32w0x02000000, 25): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x02000000 &&& 32w0x02000000, 25): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x04000000 &&& 32w0x04000000, 26): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x04000000 &&& 32w0x04000000, 26): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x08000000 &&& 32w0x08000000, 27): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x08000000 &&& 32w0x08000000, 27): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x10000000 &&& 32w0x10000000, 28): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x10000000 &&& 32w0x10000000, 28): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x20000000 &&& 32w0x20000000, 29): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x20000000 &&& 32w0x20000000, 29): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x40000000 &&& 32w0x40000000, 30): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x40000000 &&& 32w0x40000000, 30): do_count_probe();
+            (MODE_GRAD, BITMAP_TEST_SET, 32w0x80000000 &&& 32w0x80000000, 31): do_count_probe();
+            (MODE_GRAD, BITMAP_EXP_OTHER, 32w0x80000000 &&& 32w0x80000000, 31): do_count_probe();
             (MODE_GRAD, BITMAP_TEST_SET, _, _): do_count_add();
             (MODE_GRAD, BITMAP_SET, _, _): do_count_set();
             (MODE_FLUSH, BITMAP_CLEAR, _, _): do_count_set();
@@ -373,8 +397,8 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         result_code = RESULT_SET;
     }
     action prep_flush_empty() { BITMAP_WORD = 0; FLAGS_WORD = meta.closed_flags; result_code = RESULT_SET; }
-    // FLUSH closing an open round, or a GRAD not added (the quorum reached before it): closed with the
-    // bitmap of the contributions the round has.
+    // FLUSH closing an open round, or a GRAD not added or a duplicate (the quorum reached before it):
+    // closed with the bitmap of the contributions the round has.
     action prep_close() { FLAGS_WORD = meta.closed_flags; result_code = RESULT_OR_CLOSE; }
     action prep_add_close() {
         BITMAP_WORD = BITMAP_WORD | meta.worker_bit;
@@ -404,12 +428,13 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, 1): prep_add_close();
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, 0): prep_add();
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_ADDED, 1): prep_add();
-            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, 0): prep_access(RESULT_READ_HI);
-            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, 1): prep_access(RESULT_READ_HI);
+            // a duplicate at the quorum closes the open round with the bitmap it has (below it: read)
+            (MODE_GRAD, BITMAP_DUP, COUNT_MET, 0): prep_close();
+            (MODE_GRAD, BITMAP_DUP, COUNT_MET, 1): prep_close();
+            (MODE_GRAD, BITMAP_DUP, COUNT_BELOW, 0): prep_access(RESULT_READ_HI);
+            (MODE_GRAD, BITMAP_DUP, COUNT_BELOW, 1): prep_access(RESULT_READ_HI);
             (MODE_GRAD, BITMAP_EXP_OTHER, 0, 0): prep_access(RESULT_READ_HI);
             (MODE_GRAD, BITMAP_EXP_OTHER, 0, 1): prep_access(RESULT_READ_HI);
-            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, 0): prep_access(RESULT_READ_HI);
-            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, 1): prep_access(RESULT_READ_HI);
             (MODE_EMIT, 0, 0, 0): prep_access(RESULT_READ_LO);
             (MODE_EMIT, 0, 0, 1): prep_access(RESULT_READ_LO);
             (MODE_HARVEST, 0, 0, 0): prep_access(RESULT_HARVEST);
@@ -514,14 +539,15 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             (MODE_GRAD, BITMAP_LATE_FLUSHED, _, _, _, _): finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
             // closed (by quorum) comes first: a late GRAD, whatever its bit or exponent (a GRAD the
             // count took, after the quorum was raised, is added as before)
-            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
+            (MODE_GRAD, BITMAP_DUP, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
                 finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
                 finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
             (MODE_GRAD, BITMAP_EXP_OTHER, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
                 finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
-            (MODE_GRAD, BITMAP_TEST_SET, COUNT_SEEN, _, _, _): finish(BRANCH_GRAD_DUP);
-            (MODE_GRAD, BITMAP_EXP_OTHER, COUNT_SEEN, _, _, _): finish(BRANCH_GRAD_DUP);
+            // a duplicate into an open round at the (lowered) quorum closes it, adding nothing
+            (MODE_GRAD, BITMAP_DUP, COUNT_MET, _, _, _): finish_quorum(BRANCH_GRAD_DUP, ELEMENT_OP_LOAD);
+            (MODE_GRAD, BITMAP_DUP, _, _, _, _): finish(BRANCH_GRAD_DUP);
             (MODE_GRAD, BITMAP_EXP_OTHER, _, _, _, _): finish(BRANCH_GRAD_EXP_MISMATCH);
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, _, _, _): finish_quorum(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD);
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_CLOSING, _, _, ROUND_MAX &&& ROUND_MAX): finish_quorum(BRANCH_GRAD_ADD, ELEMENT_OP_MAX);
