@@ -12,6 +12,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
+from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
@@ -21,7 +22,9 @@ from lta.progress import Status
 from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
-_CONFIG_KEYS = "workers leaves sim_workers kib loss spine_loss iters elems_per_packet switches plot".split()
+_CONFIG_KEYS = (
+    "workers leaves sim_workers kib loss spine_loss iters elems_per_packet pool_size switches plot"
+).split()
 
 
 def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict:
@@ -101,7 +104,7 @@ def _p50s_s(
         JobSpec(
             n_workers=n,
             job_id=1 + j,
-            transport=TransportConfig(elems_per_packet=args.elems_per_packet),
+            transport=TransportConfig(elems_per_packet=args.elems_per_packet, pool_size=args.pool_size),
             drop=drop,
             leaves=leaves,
             spine_drop=spine_drop if leaves else {},
@@ -315,9 +318,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--spine-loss",
         type=grad_loss,
         default=None,
-        help="drop probability of a leaf's partials at the spine, [0, 1) (default: --loss; a tree then has "
-        "two lossy links per worker where one switch has one: 1 - sqrt(1 - loss) on each level gives "
-        "the tree the one switch's loss per worker)",
+        help="drop probability of a leaf's partials at the spine, [0, 1) (default: --loss, so that a tree "
+        "has two lossy links per worker where the one switch has one and loses about twice the units; "
+        "0 compares the two at the same loss per worker)",
     )
     sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
     sc.add_argument(
@@ -325,6 +328,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
         default=64,
         help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
+    sc.add_argument(
+        "--pool-size",
+        type=argtypes.int_range(2, MAX_POOL_SIZE, "pool size"),
+        default=DEFAULT_POOL_SIZE,
+        help=f"slots of each job (2..{MAX_POOL_SIZE}); a worker's own units in flight stay within half of "
+        "them of its oldest unsettled one (hostlib/transport/reuse.py), so a larger pool lets the "
+        "pipeline run on while a lost unit is recovered",
     )
     sc.add_argument(
         "--switches",
