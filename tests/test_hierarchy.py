@@ -508,3 +508,32 @@ def test_bench_scaling_reports_each_switchs_cpu_per_reduce(capsys):
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "switch CPU per reduce" in text and "2 leaves" in text and "spine" in text
+
+
+def test_bench_scaling_drops_at_the_spine_by_spine_loss_and_reports_what_loss_cost(capsys):
+    """``lta bench scaling --loss 0 --spine-loss 0.2`` (and a pool of 64 slots for every job): only the
+    tree's spine drops (its leaves' partials), so the one switch's row counts no drops and the tree's
+    some; each row carries the FLUSHes per worker and reduce and the time a reuse rule held a worker,
+    and the text prints them side by side."""
+    import json
+
+    from lta import cli
+
+    argv = ["bench", "scaling", "--workers", "2", "--leaves", "2", "--sim-workers", "", "--kib", "4"]
+    argv += ["--iters", "3", "--plot", "", "--loss", "0", "--spine-loss", "0.2", "--pool-size", "64"]
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["spine_loss"] == 0.2 and out["config"]["loss"] == 0
+    assert out["config"]["pool_size"] == 64
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert rows["processes"]["drops_per_reduce"] == 0 and rows["leaves=2"]["drops_per_reduce"] > 0
+    assert rows["leaves=2"]["flushes_per_reduce"] > 0  # a lost partial is recovered by its workers' FLUSHes
+    for mode in ("processes", "leaves=2"):
+        assert rows[mode]["span_held_ms"] >= 0 and rows[mode]["peers_held_ms"] >= 0
+    (h,) = out["hierarchy"]
+    assert h["one_level_drops_per_reduce"] == 0 and h["two_level_drops_per_reduce"] > 0
+    assert h["two_level_flushes_per_reduce"] == rows["leaves=2"]["flushes_per_reduce"]
+
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "what loss cost a reduce" in text and "held by span" in text

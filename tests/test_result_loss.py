@@ -366,3 +366,33 @@ def test_a_peer_late_to_every_reduce_is_counted_in_every_reduce(make_cluster):
     assert all(counted), f"worker 2 counted in no chunk of some reduce: {counted}"
     for r in range(reduces):
         assert check_mean_over_bitmap([res[r] for res in results], inputs[r], k) > 0
+
+
+def test_held_time_counts_the_reuse_rules_holding_a_worker(make_cluster):
+    """``stats.held_by_span_s`` / ``held_by_peers_s``: the time a worker had units to send and room in its
+    window while a slot-reuse rule let none go. A reduce that fits inside the own span (8 data units,
+    S = 256) is never held. A lone worker with a pool of 15 data slots (S = 8, window 15) and 30% GRAD
+    loss sends 8 units and must then wait for its oldest (lost ones recovered by FLUSHes) before the
+    ninth: it is held by its span, for part of the reduce at most, and never by peers (it has none);
+    every chunk is still the mean over its bitmap. Two lossless workers with that pool are held too:
+    204 units through 15 slots, each slot's next round waiting for proof that both are done with it."""
+    small = make_cluster(1, elems_per_packet=K)
+    small.reduce_all([np.ones(8 * K, dtype=np.float32)])
+    (st,) = [w.stats for w in small.workers]
+    assert st.held_by_span_s == 0.0 and st.held_by_peers_s == 0.0
+
+    rng = np.random.default_rng(0)
+    alone = make_cluster(1, up=0.3, seed=3, elems_per_packet=K, pool_size=16, job_id=2)
+    inputs = [rng.standard_normal(200 * K).astype(np.float32)]
+    (r,) = alone.reduce_all(inputs)
+    assert check_mean_over_bitmap([r], inputs, K) > 0
+    (st,) = [w.stats for w in alone.workers]
+    assert st.flushes_sent > 0  # units were lost and flushed
+    assert 0.0 < st.held_by_span_s <= r.elapsed_s and st.held_by_peers_s == 0.0
+
+    pair = make_cluster(2, seed=3, elems_per_packet=K, pool_size=16, job_id=3)
+    inputs = [rng.standard_normal(200 * K).astype(np.float32) for _ in range(2)]
+    results = pair.reduce_all(inputs)
+    assert check_mean_over_bitmap(results, inputs, K) > 0
+    for w, r in zip(pair.workers, results, strict=True):
+        assert 0.0 < w.stats.held_by_span_s + w.stats.held_by_peers_s <= r.elapsed_s

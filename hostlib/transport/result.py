@@ -53,6 +53,12 @@ class TransportStats:
     # FLUSHes of units not yet behind every worker's frontier: a timer decided (a late worker's
     # packet could still have come). 0 in exact runs: every round closed by the drop policy alone.
     flushes_on_timer: int = 0
+    # Time this worker had units left to send and room in its window, but a slot-reuse rule (reuse.py)
+    # let none go: its own span (its oldest unsettled unit is S units back: a lost unit being recovered,
+    # or a round waiting for a late peer, stalls the pipeline there) or, only where the span did not
+    # hold it already, its peers' progress.
+    held_by_span_s: float = 0.0
+    held_by_peers_s: float = 0.0
     packets_sent: int = 0
     packets_received: int = 0
     results_retx: int = 0

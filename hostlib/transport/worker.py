@@ -104,6 +104,9 @@ class LtaWorker:
         # (_peer_limit); inf while it is not so held. Kept across reduces: a worker held at every reduce
         # by a dead peer must not start its wait afresh each time.
         self._peer_wait_since = math.inf
+        # What held this worker's sending at its last _send_ready ("span", "peers" or ""), and since when
+        # (stats.held_by_span_s, held_by_peers_s).
+        self._held, self._held_since = "", 0.0
         self.stats = TransportStats(io=self.io.mode)
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
@@ -428,6 +431,7 @@ class LtaWorker:
         plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
         self._arm_early_close(plan, t0)
         self._run_units(plan, step, t0)
+        self._count_held(time.perf_counter(), "")
         self._learn(plan, time.perf_counter() - t0)
 
         renorm = self.config.renormalize
@@ -658,15 +662,28 @@ class LtaWorker:
         """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
         round settled, its exponent known. Quantizes the chunks it needs (a block ahead) just before.
         Returns True when the pacer held back units the window would have let go."""
-        state, k = plan.state, self.config.elems_per_packet
         u0 = plan.next_unit
-        in_flight = int(np.count_nonzero(state[plan.low : u0] == IN_FLIGHT))
+        self._count_held(time.perf_counter(), "")
+        in_flight = int(np.count_nonzero(plan.state[plan.low : u0] == IN_FLIGHT))
         room = self.window - in_flight
         if room <= 0 or u0 >= plan.units:
             return False
         # A slot's next round starts only once this worker (own span) and every live peer are done with
         # the round before it (reuse.py): a peer that lost its RESULT can still ask for the stored copy.
-        hi = min(plan.units, u0 + room, plan.low + self.reuse.span, self._peer_limit(plan, in_flight))
+        own, peers = plan.low + self.reuse.span, self._peer_limit(plan, in_flight)
+        hi = min(plan.units, u0 + room, own, peers)
+        # Once every unit up to hi has gone, a reuse rule holds the next one (the window has room).
+        held = ("span" if own <= peers else "peers") if min(own, peers) < min(plan.units, u0 + room) else ""
+        try:
+            return self._send_units(plan, u0, hi)
+        finally:
+            if held and plan.next_unit >= hi:
+                self._count_held(time.perf_counter(), held)
+
+    def _send_units(self, plan: ReducePlan, u0: int, hi: int) -> bool:
+        """:meth:`_send_ready` once the window and the reuse rules gave ``hi``: units ``u0..hi-1`` go
+        but for those whose exponent is unknown and those the pacer holds back."""
+        state, k = plan.state, self.config.elems_per_packet
         units = np.arange(u0, max(u0, hi))
         blocked = np.zeros(len(units), dtype=bool)
         data = units >= plan.exp_units
@@ -715,6 +732,17 @@ class LtaWorker:
             plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
         self.deadlines.arm(plan, units, now)
         return paced_out
+
+    def _count_held(self, now: float, held: str) -> None:
+        """Add the time since the last call to what held sending then (``stats.held_by_span_s``: this
+        worker's own oldest unsettled unit, a lost one being recovered or one a late peer still holds
+        open; ``held_by_peers_s``: the peers' progress alone), and remember what holds it from ``now``
+        on ("": neither)."""
+        if self._held == "span":
+            self.stats.held_by_span_s += now - self._held_since
+        elif self._held == "peers":
+            self.stats.held_by_peers_s += now - self._held_since
+        self._held, self._held_since = held, now
 
     def _peer_limit(self, plan: ReducePlan, in_flight: int) -> int:
         """The first unit of ``plan`` the peers' progress does not let go yet (reuse.py). When it holds

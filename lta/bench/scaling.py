@@ -12,6 +12,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
+from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
@@ -21,7 +22,9 @@ from lta.progress import Status
 from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
-_CONFIG_KEYS = "workers leaves sim_workers kib loss iters elems_per_packet switches plot".split()
+_CONFIG_KEYS = (
+    "workers leaves sim_workers kib loss spine_loss iters elems_per_packet pool_size switches plot"
+).split()
 
 
 def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict:
@@ -38,12 +41,13 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
             trees = [lv for lv in args.leaves if lv <= n]
             tree = f", and behind {'/'.join(map(str, trees))} leaves and a spine in turn" if trees else ""
             say(f"{kib} KiB, {n} worker processes{tree}")
-            p50s, cpu_ms = _p50s_s(args, n, n_values, trees)
-            for mode, t, cpu in zip(
-                ["processes", *(f"leaves={leaves}" for leaves in trees)], p50s, cpu_ms, strict=True
+            p50s, cpu_ms, loss = _p50s_s(args, n, n_values, trees)
+            for mode, t, cpu, lost in zip(
+                ["processes", *(f"leaves={leaves}" for leaves in trees)], p50s, cpu_ms, loss, strict=True
             ):
                 row = _scaling_row(mode, n, kib, t, n_values)
                 row["switch_cpu_ms"] = cpu
+                row.update(lost)
                 rows.append(row)
         for n in args.sim_workers:
             x = np.random.default_rng(n).standard_normal((n, n_values)).astype(np.float32)
@@ -60,7 +64,7 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
                     t0 = time.perf_counter()
                     out = simulate_reduce(
                         x, elems_per_packet=args.elems_per_packet, up=DropPolicy(p=args.loss), seed=i,
-                        leaf_of=leaf_of, spine_up=DropPolicy(p=args.loss),
+                        leaf_of=leaf_of, spine_up=DropPolicy(p=_spine_loss(args)),
                     )  # fmt: skip
                     times.append(time.perf_counter() - t0)
                     counted.append(float(out.count.mean()) / n)
@@ -79,51 +83,88 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
     }
 
 
+def _spine_loss(args: argparse.Namespace) -> float:
+    """The drop probability of partials at the spine: ``--spine-loss``, else ``--loss``."""
+    return args.loss if args.spine_loss is None else args.spine_loss
+
+
 def _p50s_s(
     args: argparse.Namespace, n: int, n_values: int, trees: list[int]
-) -> tuple[list[float], list[list[float]]]:
+) -> tuple[list[float], list[list[float]], list[dict]]:
     """Median over ``args.iters`` reduces of the slowest worker's time, through one switch and through
-    each leaf-spine tree of ``trees`` leaves (``args.loss`` on both levels: GRADs at the leaves, partials
-    at the spine). The same ``n`` worker processes reduce through all of them, the switches serving at
-    once, one reduce each in turn (the first of a turn rotating), so that the tree and the one switch
-    it is compared with run under the same load. Also each switch's CPU per reduce in ms (its serving
-    thread's CPU over the job's reduces, warm-up included; leaves first, then the spine)."""
+    each leaf-spine tree of ``trees`` leaves (``args.loss`` drops GRADs at the leaves, ``--spine-loss``,
+    by default the same, partials at the spine). The same ``n`` worker processes reduce through all of
+    them, the switches serving at once, one reduce each in turn (the first of a turn rotating), so that
+    the tree and the one switch it is compared with run under the same load. Also each switch's CPU per
+    reduce in ms (its serving thread's CPU over the job's reduces, warm-up included; leaves first, then
+    the spine), and what loss cost each job (:func:`_loss_costs`)."""
     drop = {"up": DropPolicy(p=args.loss)}
+    spine_drop = {"up": DropPolicy(p=_spine_loss(args))}
     specs = [
         JobSpec(
             n_workers=n,
             job_id=1 + j,
-            transport=TransportConfig(elems_per_packet=args.elems_per_packet),
+            transport=TransportConfig(elems_per_packet=args.elems_per_packet, pool_size=args.pool_size),
             drop=drop,
             leaves=leaves,
-            spine_drop=drop if leaves else {},
+            spine_drop=spine_drop if leaves else {},
             switch_processes=args.switches == "processes",
         )
         for j, leaves in enumerate([0, *trees])
     ]
     warmup = 1
     cpu_s: list[list[float]] = []
-    results = run_jobs(specs, reduce_in_turn, n_values, args.iters, warmup, switch_cpu_s=cpu_s)
+    switches: list[list] = []
+    results = run_jobs(
+        specs, reduce_in_turn, n_values, args.iters, warmup, switches=switches, switch_cpu_s=cpu_s
+    )
     times = np.array([r["times_s"] for r in results])  # (rank, job, iteration)
     cpu_ms = [[1e3 * c / (args.iters + warmup) for c in job] for job in cpu_s]
-    return [float(t) for t in np.median(np.max(times, axis=0), axis=1)], cpu_ms
+    costs = _loss_costs(results, switches, args.iters, warmup)
+    return [float(t) for t in np.median(np.max(times, axis=0), axis=1)], cpu_ms, costs
+
+
+def _loss_costs(results: list[dict], switches: list[list], iters: int, warmup: int) -> list[dict]:
+    """Per job, what its packet loss cost a reduce: packets its switches' drop policies dropped
+    (``drops_per_reduce``, warm-up included), and per worker and measured reduce (the mean over ranks)
+    the FLUSHes sent and the time its sending was held by its own span (its oldest unsettled unit, in
+    practice a lost one still being recovered: ``span_held_ms``) or by its peers' progress
+    (``peers_held_ms``; hostlib/transport/reuse.py)."""
+    out = []
+    for j, job_switches in enumerate(switches):
+        drops = sum(sw.read_counters(1 + j)["drop_policy_up"] for sw in job_switches)
+        per_rank = [r["loss_costs"][j] for r in results]
+        out.append(
+            {
+                "drops_per_reduce": drops / (iters + warmup),
+                **{key: float(np.mean([c[key] for c in per_rank])) / iters for key in per_rank[0]},
+            }
+        )
+    return out
 
 
 def reduce_in_turn(workers: list[LtaWorker], rank: int, n_values: int, iters: int, warmup: int) -> dict:
     """The body of :func:`_p50s_s`: each iteration one reduce through each job's worker, the job that
     goes first rotating with the iteration (every rank uses the same order, so they stay in step).
-    Returns ``times_s[job][iteration]``."""
+    Returns ``times_s[job][iteration]`` and ``loss_costs[job]``: the FLUSHes this worker sent and the ms
+    its sending was held by its own span and by its peers, summed over the measured reduces."""
     x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
     y = np.empty_like(x)  # reduced in place, as gloo's all_reduce(y) and DDP's buckets are
     times: list[list[float]] = [[] for _ in workers]
+    costs = [{"flushes_per_reduce": 0.0, "span_held_ms": 0.0, "peers_held_ms": 0.0} for _ in workers]
     for i in range(warmup + iters):
         for j in np.roll(np.arange(len(workers)), -i).tolist():
+            st = workers[j].stats
+            before = (st.flushes_sent, st.held_by_span_s, st.held_by_peers_s)
             y[:] = x
             t0 = time.perf_counter()
             workers[j].allreduce(y, step=i, out=y)
             if i >= warmup:
                 times[j].append(time.perf_counter() - t0)
-    return {"times_s": times}
+                costs[j]["flushes_per_reduce"] += st.flushes_sent - before[0]
+                costs[j]["span_held_ms"] += 1e3 * (st.held_by_span_s - before[1])
+                costs[j]["peers_held_ms"] += 1e3 * (st.held_by_peers_s - before[2])
+    return {"times_s": times, "loss_costs": costs}
 
 
 def hierarchy_ratios(rows: list[dict]) -> list[dict]:
@@ -131,6 +172,7 @@ def hierarchy_ratios(rows: list[dict]) -> list[dict]:
     processes, reduces in turn)."""
     flat = {(r["workers"], r["kib"]): r["ms"] for r in rows if r["mode"] == "processes"}
     cpu = {(r["workers"], r["kib"]): r.get("switch_cpu_ms") for r in rows if r["mode"] == "processes"}
+    one_row = {(r["workers"], r["kib"]): r for r in rows if r["mode"] == "processes"}
     out = []
     for r in rows:
         if r["mode"].startswith("leaves=") and (r["workers"], r["kib"]) in flat:
@@ -145,9 +187,18 @@ def hierarchy_ratios(rows: list[dict]) -> list[dict]:
                     "ratio": r["ms"] / one,
                     "one_level_switch_cpu_ms": cpu[(r["workers"], r["kib"])],
                     "two_level_switch_cpu_ms": r.get("switch_cpu_ms"),
+                    **{
+                        f"{level}_{key}": row.get(key)
+                        for level, row in (("one_level", one_row[(r["workers"], r["kib"])]), ("two_level", r))
+                        for key in _LOSS_KEYS
+                    },
                 }
             )
     return out
+
+
+_LOSS_KEYS = ("drops_per_reduce", "flushes_per_reduce", "span_held_ms", "peers_held_ms")
+_LOSS_NAMES = ("dropped", "FLUSHes", "held by span", "held by peers")
 
 
 def sim_ratios(rows: list[dict]) -> list[dict]:
@@ -245,7 +296,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_counts(argtypes.int_range(1, MAX_LEAVES, "leaves"), "leaf counts"),
         default=[],
         help="also run each process worker count through a leaf-spine tree of L leaves and a spine "
-        "(--loss on both levels), and print its p50 against one switch's at the same worker count; "
+        "(--loss at the leaves, --spine-loss at the spine), and print its p50 against one switch's at "
+        "the same worker count, with what loss cost each (drops, FLUSHes, time held by a lost unit); "
         "the simulator runs each --sim-workers count as such a tree too (L <= workers) and prints the "
         "fraction of contributions counted at one and two levels",
     )
@@ -262,12 +314,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tensor sizes in KiB of float32, each >= 1",
     )
     sc.add_argument("--loss", type=grad_loss, default=0.01, help="drop probability of GRAD packets, [0, 1)")
+    sc.add_argument(
+        "--spine-loss",
+        type=grad_loss,
+        default=None,
+        help="drop probability of a leaf's partials at the spine, [0, 1) (default: --loss, so that a tree "
+        "has two lossy links per worker where the one switch has one and loses about twice the units; "
+        "0 compares the two at the same loss per worker)",
+    )
     sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
     sc.add_argument(
         "--elems-per-packet",
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
         default=64,
         help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
+    )
+    sc.add_argument(
+        "--pool-size",
+        type=argtypes.int_range(2, MAX_POOL_SIZE, "pool size"),
+        default=DEFAULT_POOL_SIZE,
+        help=f"slots of each job (2..{MAX_POOL_SIZE}); a worker's own units in flight stay within half of "
+        "them of its oldest unsettled one (hostlib/transport/reuse.py), so a larger pool lets the "
+        "pipeline run on while a lost unit is recovered",
     )
     sc.add_argument(
         "--switches",
@@ -314,6 +382,20 @@ def _run_scaling(args: argparse.Namespace) -> int:
                 f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
                 f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
             )
+        print(
+            "what loss cost a reduce, one switch -> tree: packets dropped (all links); per worker: FLUSHes, "
+            "ms its sending was held by its own oldest unsettled unit (a lost one being recovered: the "
+            "span rule) and by its peers (reuse.py):"
+        )
+        for h in out["hierarchy"]:
+            if h.get("one_level_drops_per_reduce") is not None:
+                print(
+                    f"  {h['workers']} workers / {h['leaves']} leaves, {h['kib']} KiB: "
+                    + ", ".join(
+                        f"{name} {h['one_level_' + key]:.1f} -> {h['two_level_' + key]:.1f}"
+                        for name, key in zip(_LOSS_NAMES, _LOSS_KEYS, strict=True)
+                    )
+                )
         print("switch CPU per reduce, ms (one switch; a tree's leaves, then its spine):")
         for h in out["hierarchy"]:
             one, two = h["one_level_switch_cpu_ms"], h["two_level_switch_cpu_ms"]
@@ -325,8 +407,9 @@ def _run_scaling(args: argparse.Namespace) -> int:
                 )
     if out["sim_hierarchy"]:
         print(
-            f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links and leaf "
-            "uplinks; counted = mean count / workers; ms = the model's compute time, not a latency):"
+            f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links, "
+            f"{_spine_loss(args):g} on leaf uplinks; counted = mean count / workers; ms = the model's "
+            "compute time, not a latency):"
         )
         print(f"{'leaves':>6s} {'workers':>7s} {'KiB':>6s} {'1 level counted':>15s} "
               f"{'2 levels counted':>16s} {'1 level ms':>10s} {'2 levels ms':>11s}")  # fmt: skip
