@@ -5,12 +5,13 @@ with slot_round, here one pair `seq`; slot_bitmap, slot_count, slot_result), dec
 from their answers in that order, and reads the RESULT's fields back in the element and harvest passes.
 `TofinoSlot` below is that design transcribed to Python, register by register; the tests run it and the
 softswitch (the contract's executable reference) on the same random packet sequences, with the job's
-quorum lowered between packets as the liveness monitor does, and require the same counters and the same
-RESULT bytes. This checks the design, not the P4 text (the compiler checks that, tests/test_tofino.py;
-tests/test_tofino_slot_tables.py walks its tables): a change to slot_update.p4's decisions is made here
-too. The one documented difference of the slot design under a lowered quorum (docs/protocol.md,
-"Tofino": a new GRAD into an open round already at the quorum closes it without being added) is checked
-on its own with hand-computed expectations, and the random sequences do not draw it.
+quorum lowered and raised between packets as the liveness monitor does, and require the same counters
+and the same RESULT bytes. This checks the design, not the P4 text (the compiler checks that,
+tests/test_tofino.py; tests/test_tofino_slot_tables.py walks its tables): a change to slot_update.p4's
+decisions is made here too. The one documented difference of the slot design under a lowered quorum
+(docs/protocol.md, "Tofino": a new GRAD into an open round already at the quorum closes it without
+being added) is checked on its own with hand-computed expectations, and the random sequences do not
+draw it; a raised quorum is no difference (a closed round is late, "Raised quorum").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from softswitch.batch import SLOT_REGISTERS
 from softswitch.pipeline import JobConfig, SoftSwitch
 
 NEWER, OLDER = 0x8000_0000, 0x4000_0000
-ROUND_MAX, ROUND_FLUSHED, ROUND_EXP = 0x100, 0x200, 0x1FF
+ROUND_MAX, ROUND_FLUSHED, ROUND_CLOSED, ROUND_EXP = 0x100, 0x200, 0x400, 0x1FF
 CLOSED, NOT_ADDED = 0x8000_0000, 0xFFFF_FFFF
 SAT, MAX, RETX = int(Flag.SATURATED), int(Flag.MAX), int(Flag.RETX)
 JOB = 3
@@ -82,7 +83,7 @@ class TofinoSlot:
                 self.result = [self.bitmap, old | closer]
                 return (["flush_partial"], "load", "multicast")
             return (["flush_resend"], "load", "resend")
-        if flushed:
+        if flushed or round_ & ROUND_CLOSED:  # slot_round: closed by FLUSH, or marked at its RESULT
             return (["grad_late_resend"], "load", "resend")
         same_exp = (round_ & ROUND_EXP) == packet_round
         old_bitmap = self.bitmap
@@ -116,8 +117,6 @@ class TofinoSlot:
                 return (["grad_late_resend"], "load", "resend")
             self.result = [old_bitmap, old | closer]  # a lowered quorum: closed without this packet
             return (["grad_late_resend", "result_quorum"], "load", "multicast")
-        # (slot_result keeps what it holds once closed: a round the quorum closed and a raise reopened
-        # to the count, never drawn here, docs/protocol.md "Tofino", "Raised quorum")
         if count >= quorum:
             if old < CLOSED:
                 self.result = [old_bitmap | bit, old | result_flags | closer]
@@ -139,7 +138,10 @@ class TofinoSlot:
             np.maximum(self.acc, payload, out=self.acc)
 
     def result_packet(self, h: Header, retx: bool) -> bytes:
-        """The RESULT the element and harvest passes build: stored fields, nelem/step/chunk echoed."""
+        """The RESULT the element and harvest passes build: stored fields, nelem/step/chunk echoed. The
+        element pass reads slot_round and marks the round CLOSED (slot_seq holds the packet's round)."""
+        assert h.seq == self.seq[0]
+        self.seq[1] |= ROUND_CLOSED
         exp = self.seq[1] & 0xFF
         flags = (MAX if self.seq[1] & ROUND_MAX else 0) | (self.result[1] & SAT) | (RETX if retx else 0)
         header = Header(
@@ -171,6 +173,7 @@ def random_packets(rng: random.Random, n_workers: int, slots: int, elems: int, c
 SEEDS = range(12)
 REG = {name: i for i, name in enumerate(SLOT_REGISTERS)}
 DUP_AT_QUORUM = "grad_dup closing at the quorum"
+RAISED_LATE = "late first GRAD into a round closed below the raised quorum"
 
 
 def at_lowered_quorum(switch: SoftSwitch, h: Header, quorum: int) -> int | None:
@@ -187,15 +190,29 @@ def at_lowered_quorum(switch: SoftSwitch, h: Header, quorum: int) -> int | None:
     return (bitmap & -bitmap).bit_length() - 1 if count and count >= quorum else None
 
 
-def run_both(seed: int, lower_quorum: bool = True) -> set[str]:
+def below_raised_quorum(switch: SoftSwitch, h: Header, quorum: int) -> bool:
+    """From the reference's slot state: ``h`` is a first GRAD (same round and exponent, sender not in
+    the bitmap) into a round closed with a count below ``quorum`` (raised after the closure), which
+    slot_count alone would add."""
+    state = switch.job_state(JOB)
+    regs, bitmap = state["regs"][h.slot], int(state["bitmap"][h.slot])
+    if h.op != Op.GRAD or h.seq != regs[REG["seq"]] or not regs[REG["closed"]] or bitmap >> h.worker_id & 1:
+        return False
+    if h.exp != regs[REG["exp"]] or (h.flags ^ int(regs[REG["flags"]])) & MAX:
+        return False
+    return int(regs[REG["count"]]) < quorum
+
+
+def run_both(seed: int, change_quorum: bool = True) -> set[str]:
     """Feed one random sequence to the softswitch and the model, asserting equal output packet by
     packet; return the branches the sequence reached (DUP_AT_QUORUM for a duplicate that closed its
-    round). With ``lower_quorum`` the job's quorum is lowered (both switches, between two packets) at
-    random points, as the liveness monitor does when workers go quiet, and a GRAD that would meet the
-    documented difference is sent instead by a worker the round already counted (a survivor's resend);
-    the job is reset (the switch's slots and counters, a new model) every 50 packets and starts again
-    at a random quorum, so that each sequence lowers the quorum under many open rounds (the quorum is
-    never raised under a slot's state: docs/protocol.md, "Tofino")."""
+    round, RAISED_LATE for a late first GRAD into a round closed below the current, raised, quorum).
+    With ``change_quorum`` the job's quorum is changed (both switches, between two packets) at random
+    points, lowered twice as often as raised, as the liveness monitor does when workers go quiet and
+    come back, and a GRAD that would meet the documented difference of a lowered quorum is sent instead
+    by a worker the round already counted (a survivor's resend); the job is reset (the switch's slots
+    and counters, a new model) every 50 packets and starts again at a random quorum, so that each
+    sequence changes the quorum under many open and closed rounds."""
     rng = random.Random(seed)
     n_workers, elems, slots = rng.randint(1, 6), 8, 2
     quorum = rng.randint(1, n_workers)
@@ -206,20 +223,22 @@ def run_both(seed: int, lower_quorum: bool = True) -> set[str]:
     counts = dict.fromkeys(COUNTERS, 0)
     branches_seen = set()
     for i, packet in enumerate(random_packets(rng, n_workers, slots, elems, 600)):
-        if lower_quorum and i % 50 == 49:
+        if change_quorum and i % 50 == 49:
             switch.reset_job(JOB)
             model = [TofinoSlot(elems) for _ in range(slots)]
             counts = dict.fromkeys(COUNTERS, 0)
             quorum = rng.randint(1, n_workers)
             switch.set_quorum(JOB, quorum)
-        elif lower_quorum and i % 4 == 3 and rng.random() < 0.5:
-            quorum = rng.randint(1, quorum)
+        elif change_quorum and i % 4 == 3 and rng.random() < 0.6:
+            quorum = rng.randint(quorum, n_workers) if rng.random() < 1 / 3 else rng.randint(1, quorum)
             switch.set_quorum(JOB, quorum)
         h = Header.unpack(packet)
-        resender = at_lowered_quorum(switch, h, quorum) if lower_quorum else None
+        resender = at_lowered_quorum(switch, h, quorum) if change_quorum else None
         if resender is not None:
             h = dataclasses.replace(h, worker_id=resender)
             packet = h.pack() + packet[len(h.pack()) :]
+        if below_raised_quorum(switch, h, quorum):
+            branches_seen.add(RAISED_LATE)
         payload = np.frombuffer(packet, dtype=">i4", offset=36).astype(np.int64)
         out = switch.process(packet, ports[h.worker_id])
         slot = model[h.slot]
@@ -251,14 +270,15 @@ def test_tofino_slot_design_matches_the_softswitch(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tofino_slot_design_matches_the_softswitch_at_a_fixed_quorum(seed):
-    run_both(seed, lower_quorum=False)
+    run_both(seed, change_quorum=False)
 
 
 def test_the_random_sequences_reach_every_slot_branch():
-    """Every slot branch, and a duplicate closing its round at a lowered quorum."""
+    """Every slot branch, a duplicate closing its round at a lowered quorum, and a late first GRAD into
+    a round closed below a raised quorum."""
     reached = set().union(*(run_both(seed) for seed in SEEDS))
     slot_branches = [n for n in COUNTERS if n.startswith(("grad_", "flush_"))] + ["result_quorum"]
-    assert sorted({*slot_branches, DUP_AT_QUORUM} - reached) == []
+    assert sorted({*slot_branches, DUP_AT_QUORUM, RAISED_LATE} - reached) == []
 
 
 # ---- a lowered quorum, by hand --------------------------------------------------------------------
@@ -334,3 +354,53 @@ def test_a_new_grad_at_a_lowered_quorum_closes_without_being_added():
     assert (names, emit) == (["grad_late_resend", "result_quorum"], "multicast")
     h, values = result_of(data)
     assert np.array_equal(values, A + B) and (h.count, h.bitmap, h.weight, h.worker_id) == (2, 0b011, 3, 2)
+
+
+# ---- a raised quorum, by hand ---------------------------------------------------------------------
+def closed_at_two() -> tuple[SoftSwitch, TofinoSlot, list[tuple[str, int]]]:
+    """Four workers, quorum 2: workers 0 and 1 (weights 1 and 2) close the round, on the softswitch and
+    on the model alike (the RESULT A + B multicast)."""
+    ports = [("10.0.0.1", 50000 + w) for w in range(4)]
+    switch = SoftSwitch(seed=0)
+    switch.add_job(JobConfig(JOB, ports, quorum=2, pool_size=1, elems_per_packet=ELEMS))
+    slot = TofinoSlot(ELEMS)
+    for worker, payload, weight, names in (
+        (0, A, 1, ["grad_start"]),
+        (1, B, 2, ["grad_add", "result_quorum"]),
+    ):
+        packet = grad(worker, payload, weight=weight)
+        out = switch.process(packet[0].pack() + payload.astype(">i4").tobytes(), ports[worker])
+        got, emit, data = send(slot, packet, 2)
+        assert got == names
+        assert [bytes(b) for _, b in out] == ([data] * 4 if emit else [])
+    return switch, slot, ports
+
+
+@pytest.mark.parametrize("raised", [3, 4])
+def test_a_late_first_grad_into_a_closed_round_after_a_raise_is_answered_with_the_stored_result(raised):
+    """The liveness monitor raises the quorum (2 -> 3: the late GRAD would meet it; 2 -> 4: it would
+    not) above the count of a round it closed; worker 2's first GRAD for that round is late, as the
+    contract says: grad_late_resend, the stored RESULT (A + B, count 2, bitmap 0b011, weight 3, closer 1,
+    RETX) to worker 2 only, no second RESULT, nothing added; the softswitch answers the same bytes and
+    counts the same. Before the mark in slot_round (docs/protocol.md, "Tofino", "Raised quorum") the
+    Tofino design added it (2 -> 3: a second multicast RESULT with count 3)."""
+    switch, slot, ports = closed_at_two()
+    switch.set_quorum(JOB, raised)
+    before = switch.read_counters(JOB)
+    packet = grad(2, JUNK, weight=9)
+    out = switch.process(packet[0].pack() + JUNK.astype(">i4").tobytes(), ports[2])
+    names, emit, data = send(slot, packet, raised)
+    assert (names, emit) == (["grad_late_resend"], "resend")
+    h, values = result_of(data)
+    assert np.array_equal(values, A + B)
+    fields = (h.op, h.count, h.bitmap, h.weight, h.worker_id, h.exp, h.flags)
+    assert fields == (Op.RESULT, 2, 0b011, 3, 1, 5, RETX)
+    assert [(p, bytes(b)) for p, b in out] == [(ports[2], data)]
+    after = switch.read_counters(JOB)
+    assert {k: after[k] - before[k] for k in COUNTERS if after[k] != before[k]} == {
+        "rx_packets": 1, "tx_packets": 1, "grad_late_resend": 1,
+    }  # fmt: skip
+    # and again (a duplicate now, the same answer), and worker 3 too: the round stays as it closed
+    for worker in (2, 3):
+        names, emit, again = send(slot, grad(worker, JUNK), raised)
+        assert (names, emit, again) == (["grad_late_resend"], "resend", data)

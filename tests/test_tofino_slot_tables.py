@@ -85,7 +85,8 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
          quorum: int, packet_max: bool, worker: int = 5) -> dict:  # fmt: skip
     """The control pass of one packet through the tables. count_room: quorum - count before it
     (<= 0: the quorum was reached); differs: what the stored round has other than the packet ("": the
-    same exponent and MAX flag, "exp", "max")."""
+    same exponent and MAX flag, "exp", "max"); closed: slot_result closed, and slot_round marked CLOSED
+    by the element pass of the round's RESULT (test_the_element_pass_of_a_result_marks_the_round)."""
     bit = 1 << worker
     stored_bitmap = (bit if seen else 0) | OTHERS
     exp = 7
@@ -98,6 +99,7 @@ def walk(op: str, order: str, flushed: bool, differs: str, seen: bool, count_roo
         (exp + 1 if differs == "exp" else exp)
         | (C["ROUND_MAX"] if packet_max != (differs == "max") else 0)
         | (C["ROUND_FLUSHED"] if flushed else 0)
+        | (C["ROUND_CLOSED"] if closed else 0)
     )
     # slot_seq: this.predicate(q > seq, q == seq)
     seq_code = {"older": 1, "newer": 2, "same": 4}[order]
@@ -181,23 +183,17 @@ def contract(op, order, flushed, differs, seen, count_room, closed, quorum, pack
         if flushed or closed:
             return out(B["FLUSH_RESEND"], load, resend)
         return out(B["FLUSH_PARTIAL"], load, mc, result=("close", bitmap, closed_flags))
-    if flushed:
+    if flushed or closed:
+        # late, whatever the count: also below a quorum raised after the closure (count_room > 0)
         return out(B["GRAD_LATE_RESEND"], load, resend)
     if not differs and not seen:
         add = C["ELEMENT_OP_MAX"] if packet_max else C["ELEMENT_OP_ADD"]
-        # (closed while below the quorum: the quorum was raised after closure; added as before, and
-        # slot_result, closed already, keeps what it holds)
         if count_room > 1:
-            return out(B["GRAD_ADD"], add, C["EMIT_NONE"], result=None if closed else ("or", sat))
+            return out(B["GRAD_ADD"], add, C["EMIT_NONE"], result=("or", sat))
         if count_room == 1:
-            result = None if closed else ("close", bitmap | bit, sat | closed_flags)
-            return out(B["GRAD_ADD"], add, mc, True, result)
-        if closed:
-            return out(B["GRAD_LATE_RESEND"], load, resend)
+            return out(B["GRAD_ADD"], add, mc, True, ("close", bitmap | bit, sat | closed_flags))
         # the quorum was lowered under an open round: closed without this packet (Tofino section)
         return out(B["GRAD_LATE_RESEND"], load, mc, True, ("close", bitmap, closed_flags))
-    if closed:
-        return out(B["GRAD_LATE_RESEND"], load, resend)
     if seen and count_room <= 0:
         # a duplicate at the quorum (lowered under the open round): closed as a quorum close, with the
         # round's bitmap and this sender as its closer, nothing of the packet added
@@ -294,3 +290,57 @@ def test_a_packet_the_up_loss_policy_drops_touches_no_slot_register():
         assert first("seq_access_table", mode, 1) is None
         assert first("round_access_table", mode, 0) is None
         assert first("bitmap_access_table", mode, 0, 0) is None
+
+
+def register_actions(register: str) -> dict[str, str]:
+    """name -> body (whitespace collapsed) of each RegisterAction on ``register``."""
+    found = re.findall(
+        rf"RegisterAction<[^(]*>\({register}\)\s+(\w+)\s*=\s*\{{\s*void apply\([^)]*\)\s*\{{(.*?)\}}\s*\}};",
+        SOURCE,
+        re.S,
+    )
+    return {name: " ".join(body.split()) for name, body in found}
+
+
+def test_the_element_pass_of_a_result_marks_the_round():
+    """Every RESULT leaves through an element pass with MODE_EMIT (slot_prep), which asks slot_seq
+    whether the slot still holds the packet's round and, if so, reads slot_round and marks it CLOSED;
+    a slot that has moved on to a newer round is only read (the packet's word is 0 there, so the XOR is
+    the stored word). A closure always sends a RESULT (test_slot_tables_decide_as_the_contract_says),
+    so each is marked; slot_round keeps Tofino 1's four register actions, and a new round's word (set
+    from the packet's) never carries the mark."""
+    mode = C["MODE_EMIT"]
+    assert first("seq_access_table", mode, 0) == ("do_seq_order", [])
+    assert first("round_access_table", mode, C["SEQ_SAME"]) == ("do_round_close", [])
+    assert first("round_access_table", mode, C["SEQ_OLDER"]) == ("do_round_compare", [])
+    assert first("round_access_table", mode, C["SEQ_NEWER"]) is None  # the slot pass stored q already
+    actions = register_actions("slot_round")
+    assert len(actions) <= 4, sorted(actions)
+    assert actions["round_close"] == "rv = value; value = value | ROUND_CLOSED;"
+    assert actions["round_compare"] == "rv = value ^ meta.packet_round;"
+    assert actions["round_set"] == "value = meta.packet_round; rv = 0;"
+    assert re.search(r"action prep_pass\(bit<8> mode\) \{[^}]*meta\.packet_round = 0;", SOURCE)
+    assert C["ROUND_CLOSED"] & 0x3FF == 0 and C["ROUND_CLOSED"] & C["ROUND_CLOSED"] - 1 == 0
+    # a RESULT's element pass (any emit but NONE) has MODE_EMIT
+    for emit in (C["EMIT_MULTICAST"], C["EMIT_RESEND"]):
+        assert first("slot_prep", 1, C["PASS_ELEMENTS"], emit, 0, 0) == ("prep_pass", [mode])
+
+
+def test_a_late_grad_before_the_mark_is_late_unless_the_quorum_was_raised_in_that_window():
+    """In the one recirculation between a closing slot pass and its element pass slot_round is not yet
+    marked (bitmap code TEST_SET, DUP or EXP_OTHER, not LATE_CLOSED): decide then tells a late GRAD from
+    slot_result's CLOSED bit, as before the mark, except an add slot_count made, which only a quorum
+    raised inside that window allows (the residual, docs/protocol.md, "Tofino", "Raised quorum")."""
+    grad, closed = C["MODE_GRAD"], C["RESULT_CLOSED"]
+    late = ("finish_pass", [C["BRANCH_GRAD_LATE_RESEND"], C["ELEMENT_OP_LOAD"], C["EMIT_RESEND"]])
+    for quorum_of_one in (0, 1):
+        assert (
+            first("decide", grad, C["BITMAP_TEST_SET"], C["COUNT_NOT_ADDED"], closed, quorum_of_one, 7)
+            == late
+        )
+        for code in (C["COUNT_MET"], C["COUNT_BELOW"]):
+            assert first("decide", grad, C["BITMAP_DUP"], code, closed, quorum_of_one, 7) == late
+        assert first("decide", grad, C["BITMAP_EXP_OTHER"], 0, closed, quorum_of_one, 7) == late
+        for code in (C["COUNT_ADDED"], C["COUNT_CLOSING"]):
+            action, args = first("decide", grad, C["BITMAP_TEST_SET"], code, closed, quorum_of_one, 7)
+            assert args[0] == C["BRANCH_GRAD_ADD"]  # the residual: added

@@ -3,7 +3,8 @@
 // Tofino lets a pass touch each register once, through one stateful ALU that returns one 32-bit word,
 // so the slot is five registers read in dependency order, each updated by the same access that reads it:
 //   slot_seq     seq: answers the order of q against it as a predicate (older 1, newer 2, same 4)
-//   slot_round   exp | MAX << 8 | FLUSHED << 9: answers its XOR with the packet's (exp check, FLUSHED)
+//   slot_round   exp | MAX << 8 | FLUSHED << 9 | CLOSED << 10: answers its XOR with the packet's (exp
+//                check, FLUSHED, CLOSED); CLOSED is written by the element pass of every RESULT
 //   slot_bitmap  raw bitmap: test-and-set of the sender's bit  (duplicates)
 //   slot_count   {count, weight}, add only while count < quorum: answers not added 1, added 2, closing 8;
 //                for a duplicate, read only: answers count >= quorum 1, below it 2
@@ -14,9 +15,14 @@
 // A duplicate GRAD (the sender's bit already in the round) reads slot_count too: an open round whose
 // count meets the quorum (lowered under it by the liveness monitor) closes at it as a quorum close does,
 // adding nothing (docs/protocol.md, "A duplicate at the quorum").
-// A late GRAD to a round closed by quorum still sets its bit in slot_bitmap (that register is read before
-// slot_count says the round is closed); RESULTs therefore take their bitmap from slot_result, written at
-// closure, never from slot_bitmap.
+// Every closure (quorum, FLUSH, a duplicate at the quorum, a start at quorum 1) sends a RESULT, whose
+// element pass marks the round CLOSED in slot_round (if slot_seq still holds the round), so a later GRAD
+// is late at slot_bitmap's table whatever slot_count would say: once the liveness monitor raises the
+// quorum above a closed round's count, slot_count alone would add a late first GRAD (docs/protocol.md,
+// "Tofino", "Raised quorum"). A late GRAD in the one recirculation between the closing slot pass and its
+// element pass still sets its bit in slot_bitmap (that register is read before slot_count says the
+// round is closed); RESULTs therefore take their bitmap from slot_result, written at closure, never from
+// slot_bitmap.
 #ifndef LTA_SLOT_UPDATE
 #define LTA_SLOT_UPDATE
 
@@ -25,6 +31,7 @@
 
 const bit<32> ROUND_MAX = 0x100;
 const bit<32> ROUND_FLUSHED = 0x200;
+const bit<32> ROUND_CLOSED = 0x400;  // written in the element pass of a RESULT (never in a packet's word)
 const bit<32> RESULT_CLOSED = 0x80000000;
 
 // meta.slot_mode: which pass, and in the control pass which op.
@@ -55,7 +62,7 @@ const bit<8> BITMAP_SET = 2;           // GRAD opens round q
 const bit<8> BITMAP_CLEAR = 3;         // FLUSH opens round q (empty)
 const bit<8> BITMAP_FLUSH_RESEND = 4;  // FLUSH of a round already flushed
 const bit<8> BITMAP_FLUSH_CLOSE = 5;   // FLUSH closes the round (bitmap read)
-const bit<8> BITMAP_LATE_FLUSHED = 6;  // GRAD to a round closed by FLUSH
+const bit<8> BITMAP_LATE_CLOSED = 6;   // GRAD to a round closed by FLUSH or marked CLOSED
 const bit<8> BITMAP_TEST_SET = 7;      // GRAD, same exponent
 const bit<8> BITMAP_EXP_OTHER = 8;     // GRAD, another exponent or MAX flag (bitmap read)
 const bit<8> BITMAP_DUP = 9;           // either of the two, the sender's bit set: slot_count's table rewrites the code
@@ -90,6 +97,7 @@ control SlotPrep(inout headers_t hdr, inout ingress_metadata_t meta) {
     action prep_pass(bit<8> mode) {
         meta.slot_mode = mode;
         meta.slot_index = hdr.pass.slot_index;
+        meta.packet_round = 0;  // slot_round's compare then reads the stored word as it is
     }
     action prep_harvest() {
         meta.slot_mode = MODE_HARVEST;
@@ -176,19 +184,26 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         const entries = {
             (MODE_GRAD, false): do_seq_order();
             (MODE_FLUSH, false): do_seq_order();
+            // the element pass of a RESULT: whether the slot still holds the packet's round (never
+            // newer; older only if a worker gave up the round and sent the slot's next one before it)
+            (MODE_EMIT, false): do_seq_order();
         }
         const default_action = NoAction();
         size = 4;
     }
 
-    // ---- slot_round: set (newer), read (element pass), or answered as its XOR with the packet's word:
-    // bits 8:0 zero exactly when exp and MAX agree; bit 9 the FLUSHED mark (inverted for a FLUSH,
-    // whose word carries FLUSHED) ----
+    // ---- slot_round: set (newer), or answered as its XOR with the packet's word: bits 8:0 zero exactly
+    // when exp and MAX agree; bit 9 the FLUSHED mark (inverted for a FLUSH, whose word carries FLUSHED);
+    // bit 10 the CLOSED mark. In the element pass of a RESULT (packet word 0) read and marked CLOSED, or
+    // only read when slot_seq has moved on ----
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_set = {
         void apply(inout bit<32> value, out bit<32> rv) { value = meta.packet_round; rv = 0; }
     };
-    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_read = {
-        void apply(inout bit<32> value, out bit<32> rv) { rv = value; }
+    RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_close = {
+        void apply(inout bit<32> value, out bit<32> rv) {
+            rv = value;
+            value = value | ROUND_CLOSED;
+        }
     };
     RegisterAction<bit<32>, bit<16>, bit<32>>(slot_round) round_compare = {
         void apply(inout bit<32> value, out bit<32> rv) { rv = value ^ meta.packet_round; }
@@ -200,18 +215,19 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
         }
     };
     action do_round_set() { round = round_set.execute(meta.slot_index); }
-    action do_round_read() { round = round_read.execute(meta.slot_index); }
+    action do_round_close() { round = round_close.execute(meta.slot_index); }
     action do_round_compare() { round = round_compare.execute(meta.slot_index); }
     action do_round_flush() { round = round_flush.execute(meta.slot_index); }
     table round_access_table {
         key = { meta.slot_mode: exact @name("mode"); seq_code: exact @name("seq"); }
-        actions = { do_round_set; do_round_read; do_round_compare; do_round_flush; NoAction; }
+        actions = { do_round_set; do_round_close; do_round_compare; do_round_flush; NoAction; }
         const entries = {
             (MODE_GRAD, SEQ_NEWER): do_round_set();
             (MODE_FLUSH, SEQ_NEWER): do_round_set();
             (MODE_GRAD, SEQ_SAME): do_round_compare();
             (MODE_FLUSH, SEQ_SAME): do_round_flush();
-            (MODE_EMIT, 0): do_round_read();
+            (MODE_EMIT, SEQ_SAME): do_round_close();
+            (MODE_EMIT, SEQ_OLDER): do_round_compare();
         }
         const default_action = NoAction();
         size = 8;
@@ -253,7 +269,9 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             // FLUSH: its word carries FLUSHED, so bit 9 of the XOR is 0 when the round was flushed
             (MODE_FLUSH, SEQ_SAME, 32w0 &&& ROUND_FLUSHED): no_bitmap(BITMAP_FLUSH_RESEND);
             (MODE_FLUSH, SEQ_SAME, _): do_bitmap_read(BITMAP_FLUSH_CLOSE);
-            (MODE_GRAD, SEQ_SAME, ROUND_FLUSHED &&& ROUND_FLUSHED): no_bitmap(BITMAP_LATE_FLUSHED);
+            (MODE_GRAD, SEQ_SAME, ROUND_FLUSHED &&& ROUND_FLUSHED): no_bitmap(BITMAP_LATE_CLOSED);
+            // closed (its RESULT sent): late, whatever slot_count would say of a raised quorum
+            (MODE_GRAD, SEQ_SAME, ROUND_CLOSED &&& ROUND_CLOSED): no_bitmap(BITMAP_LATE_CLOSED);
             (MODE_GRAD, SEQ_SAME, 32w0 &&& 32w0x1ff): do_bitmap_test_set();
             (MODE_GRAD, SEQ_SAME, _): do_bitmap_read(BITMAP_EXP_OTHER);
         }
@@ -536,9 +554,10 @@ control SlotUpdate(inout headers_t hdr, inout ingress_metadata_t meta) {
             (MODE_FLUSH, BITMAP_FLUSH_CLOSE, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
                 finish_pass(BRANCH_FLUSH_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
             (MODE_FLUSH, BITMAP_FLUSH_CLOSE, _, _, _, _): finish_pass(BRANCH_FLUSH_PARTIAL, ELEMENT_OP_LOAD, EMIT_MULTICAST);
-            (MODE_GRAD, BITMAP_LATE_FLUSHED, _, _, _, _): finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
-            // closed (by quorum) comes first: a late GRAD, whatever its bit or exponent (a GRAD the
-            // count took, after the quorum was raised, is added as before)
+            (MODE_GRAD, BITMAP_LATE_CLOSED, _, _, _, _): finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
+            // closed (by quorum) comes first: a late GRAD, whatever its bit or exponent (one marked
+            // CLOSED in slot_round, the usual case, is BITMAP_LATE_CLOSED already; these entries take a
+            // late GRAD in the recirculation before the closure's element pass writes the mark)
             (MODE_GRAD, BITMAP_DUP, _, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
                 finish_pass(BRANCH_GRAD_LATE_RESEND, ELEMENT_OP_LOAD, EMIT_RESEND);
             (MODE_GRAD, BITMAP_TEST_SET, COUNT_NOT_ADDED, RESULT_CLOSED &&& RESULT_CLOSED, _, _):
