@@ -130,6 +130,17 @@ class Deadlines:
             return sync_s
         return max(sync_s, self.rto_s() + self.give_up_s())
 
+    def presume_dead(self, workers: np.ndarray) -> None:
+        """Presume these peers dead now, on other evidence than the RESULTs (the parameter exchange: an
+        owner that sent nothing for a step for the liveness timeout); cleared as any presumption, when
+        a peer's bit shows up again."""
+        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+        bits &= self._all_workers & ~(1 << self.worker_id)
+        if bits & ~self.presumed_dead:
+            self.presumed_dead |= bits
+            self.early_close = True
+            self._update_rto()
+
     def track_absent(self, bitmaps: np.ndarray) -> None:
         """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
         that shows up in any of them is slow or lossy, and is waited for with the normal RTO."""
