@@ -30,6 +30,13 @@ INT32_MIN = -(2**31)
 # and every worker gets the RESULT; every later one is answered by a unicast resend. An answer proves
 # that the switch runs, knows the job, and maps this worker id to this sender's address.
 PROBE_SEQ = 2**32 - 1
+# The relayed heartbeat (a host convention on the existing contract, no new op): besides its HEARTBEAT,
+# each beat a worker sends one PARAM of chunk ALIVE_CHUNK (CRITICAL, nelem 0), which the switch replicates
+# to every other worker of the job as any PARAM. A peer heard from this way lately is alive, whatever
+# the RESULT bitmaps say (hostlib/transport/deadlines.py: it is not presumed dead). Never a chunk of a
+# shard nor an end marker (MARKER_CHUNK_BASE + owner, owner < MAX_WORKERS); hosts never put it in
+# their parameter inbox.
+ALIVE_CHUNK = 2**32 - 1
 # UDP GSO trains (several datagrams sent as one message, see hostlib/batchio.py) never mix slots of two
 # blocks of 2**SLOT_BLOCK_BITS consecutive slots: a receiver that steers a whole train by its first datagram
 # (the sharded softswitch gives block (slot >> SLOT_BLOCK_BITS) mod N to shard i) still gets every

@@ -66,7 +66,8 @@ def test_probe_is_answered_when_the_switch_knows_the_job(make_cluster):
 def test_probe_survives_result_loss(make_cluster):
     # Half of the RESULT replicas are dropped (seeded: the first answers are among them): the probe's
     # backoff resends until one arrives.
-    cluster = make_cluster(2, down=0.5, elems_per_packet=K, pool_size=16, seed=0)
+    # No heartbeats: their relays (PARAM, hostlib.protocol.ALIVE_CHUNK) would add to tx_packets.
+    cluster = make_cluster(2, down=0.5, elems_per_packet=K, pool_size=16, seed=0, heartbeat_interval_s=0)
     for w in cluster.workers:
         w.check_switch(5.0)  # raises HealthCheckError if no answer came
     c = cluster.switch.read_counters(cluster.job_id)
@@ -108,7 +109,7 @@ def test_dead_switch_raises_within_its_timeout():
                 data = silent.recv(65536)
             except BlockingIOError:
                 break
-            if data[1] == Op.HEARTBEAT:  # the worker's liveness beat, sent besides the probes
+            if data[1] in (Op.HEARTBEAT, Op.PARAM):  # the liveness beat and its relay, besides the probes
                 continue
             seen += 1
             assert data[1] == 3 and int.from_bytes(data[12:16], "big") == PROBE_SEQ  # op FLUSH, seq
@@ -205,9 +206,12 @@ def test_a_worker_locked_out_of_its_peers_rounds_fails_loudly(make_cluster, down
     their bitmaps (its own input). With down loss it falls back for a quarter or more of its chunks and
     must raise UnhealthyTraining naming the lockout within 8 reduces (before the fix: no error); without
     it, it gets worker 0's aggregate for nearly every chunk, which is training, and must not raise."""
+    # Worker 1's uplink is dead to its GRADs; no heartbeats, so that no relayed one (a PARAM, spared by
+    # the up policy) tells worker 0 it is alive, as none would over a dead link: worker 0 then presumes it
+    # dead and runs on, which is what leaves worker 1 locked out.
     cluster = make_cluster(
         2, seed=4, elems_per_packet=16, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
-        sync_deadline_ms=100, lag_deadline_ms=50, reduce_timeout_s=20,
+        sync_deadline_ms=100, lag_deadline_ms=50, reduce_timeout_s=20, heartbeat_interval_s=0,
     )  # fmt: skip
     cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0), worker=1)
     if down:

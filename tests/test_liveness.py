@@ -250,3 +250,38 @@ def test_lta_train_kill_worker_rejoins_and_the_run_finishes(tmp_path):
     for r in (0, 2, 3):
         assert all(v is not None for v in run["worker_curves"][r])
     assert np.isfinite(run["val_loss"]) and run["val_loss"] < 4.0
+
+
+def test_a_peer_heard_lately_is_not_presumed_dead_and_hearing_one_clears_the_presumption():
+    """The relayed heartbeat (hostlib.protocol.ALIVE_CHUNK): a peer absent from a whole window of
+    RESULTs is presumed dead only if none of its relays came within ``peer_alive_s``; one that comes
+    later clears the presumption (and the early-close mode with it)."""
+    from hostlib.transport.deadlines import Deadlines
+
+    dl = Deadlines(TransportConfig(peer_alive_s=2.0), 0, 4)
+    now = time.perf_counter()
+    dl.heard(np.array([2]), now)  # worker 2 alive just now; worker 3 heard too long ago
+    dl.heard(np.array([3]), now - 10.0)
+    without_2_and_3 = np.full(64, 0b0011, dtype=np.uint64)
+    dl.track_absent(without_2_and_3)
+    assert dl.presumed_dead == 0b1000 and dl.early_close
+    dl.heard(np.array([3]), time.perf_counter())
+    assert dl.presumed_dead == 0 and not dl.early_close
+
+
+def test_a_peer_no_longer_presumed_dead_gets_a_bounded_excuse_again():
+    """SlotReuse: a presumed-dead peer's excuse has no bound (survivors of a dead rank run on); once it
+    is no longer presumed dead (heard, or its bit back) the excuse lapses one pool past where it holds
+    this worker, as an excuse given then would: settled + 2 D + 1."""
+    from hostlib.transport.reuse import SlotReuse
+
+    d = 15
+    reuse = SlotReuse(d, 0, 3)
+    reuse.saw(0, np.array([40, 40, 10]))  # worker 2 settled up to 10 - S, the others further
+    reuse.set_presumed_dead(np.array([False, False, True]))
+    reuse.excuse(np.array([False, False, True]))
+    assert reuse.limit()[0] == reuse.settled[1] + d + 1  # worker 2 holds no more: worker 1 does
+    reuse.set_presumed_dead(np.array([False, False, False]))
+    assert reuse.excused_to[2] == reuse.settled[2] + 2 * d + 1
+    first, holders = reuse.limit()
+    assert first == reuse.settled[2] + 2 * d + 1 and holders.tolist() == [False, False, True]

@@ -396,3 +396,57 @@ def test_held_time_counts_the_reuse_rules_holding_a_worker(make_cluster):
     assert check_mean_over_bitmap(results, inputs, K) > 0
     for w, r in zip(pair.workers, results, strict=True):
         assert 0.0 < w.stats.held_by_span_s + w.stats.held_by_peers_s <= r.elapsed_s
+
+
+def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and_gets_back_in(make_cluster):
+    """Chaos seed 32 (39% burst RESULT loss alone): a rank fell behind, its bit was missing from 64
+    RESULTs in a row, its peers presumed it dead, excused it without bound and ran on, so its GRADs only
+    ever reached closed rounds; it raised UnhealthyTraining (locked out). Here worker 2 reaches the job
+    late, alive (its heartbeat runs), while the pool (127 data slots) is longer than the 64-RESULT
+    window: before, its peers presumed it dead and ran to the end without it (its bit in no RESULT of
+    any reduce). Now its relayed heartbeat (a PARAM of ``ALIVE_CHUNK`` the switch copies to every
+    peer) keeps it from being presumed dead: the peers' excuse of it stays bounded (one pool), they
+    wait for it again, and its contributions are counted in the last reduce. Every chunk is still the
+    mean over its bitmap."""
+    n, reduces, chunks = 3, 4, 150
+    cluster = make_cluster(
+        n, seed=3, elems_per_packet=K, pool_size=128, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=100, lag_deadline_ms=50, heartbeat_interval_s=0.1,
+    )  # fmt: skip
+    holds: list[int] = []
+
+    def counting(excuse: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
+        def counted_excuse(peers: np.ndarray) -> None:
+            holds.append(int(np.flatnonzero(peers).sum()))
+            excuse(peers)
+
+        return counted_excuse
+
+    for w in cluster.workers[:2]:
+        w.reuse.excuse = counting(w.reuse.excuse)  # type: ignore[method-assign]
+    leaders_done = threading.Event()
+    rng = np.random.default_rng(5)
+    inputs = [[rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+    presumed: list[int] = []  # the peers' presumed-dead masks after each of their reduces
+
+    def body(w: LtaWorker, i: int) -> list:
+        if i == 2:  # late: until the leaders waited for it three times (or, before the fix, were done)
+            while holds.count(2) < 3 and not leaders_done.is_set():
+                time.sleep(0.005)
+        out = []
+        for r in range(reduces):
+            out.append(w.allreduce(inputs[r][i], step=r))
+            if i < 2:
+                presumed.append(int(w.deadlines.presumed_dead))
+        if i == 0:
+            leaders_done.set()
+        return out
+
+    results = run_workers(cluster.workers, body)
+    assert all(w.stats.heartbeats_relayed > 0 for w in cluster.workers), "no relayed heartbeat came"
+    assert all(not (mask >> 2) & 1 for mask in presumed), f"worker 2 presumed dead: {presumed}"
+    last = [res[-1] for res in results]
+    rejoined = (last[0].bitmap & 0b100) != 0
+    assert rejoined.any(), f"worker 2 never counted again (its peers waited for it {holds.count(2)} times)"
+    for r in range(reduces):
+        assert check_mean_over_bitmap([res[r] for res in results], inputs[r], K) > 0

@@ -159,7 +159,7 @@ def test_rebroadcast_never_rolls_a_replica_back_to_a_late_copy(make_cluster):
     Here, deterministically: the receiver (worker 1) collects step 5 alone (its deadline passes, worker
     0's copies come later); both replicas then take the same update; at step 10 every PARAM to worker 1 is
     lost (the end markers are spared). Both replicas must equal the update computed with numpy."""
-    cluster = make_cluster(2, seed=3)
+    cluster = make_cluster(2, seed=3, heartbeat_interval_s=0)  # no relayed heartbeats in param_fwd below
     modules = [torch.nn.Linear(16, 16) for _ in range(2)]
     init = torch.nn.utils.parameters_to_vector(modules[0].parameters()).detach().numpy().copy()
     for module in modules[1:]:

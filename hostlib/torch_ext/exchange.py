@@ -34,6 +34,23 @@ treated so. An owner answers only while it is inside the transport (a reduce, ``
 worker that stops stepping, or blocks in other collectives (a gloo barrier) between steps, should keep
 polling (``worker.poll(seconds)``) until its peers are through, or they wait up to ``resend_timeout_s``.
 
+**A dead owner.** An owner the transport presumes dead (absent from a whole window of RESULTs) publishes
+nothing and steps nothing: its copies are kept as its last publish left them, neither waited for nor
+requested nor aged. An owner killed after its reduce and before its publish leaves no such evidence (its
+bit is in every RESULT of its last reduce, and its peers then wait in ``collect``, in no reduce): chaos
+seed 99's survivors waited 30 s for its critical copies and raised TimeoutError. So a receiver also
+gives up, and treats as dead, an owner whose end marker for the step is not in and from whom nothing
+has come for ``liveness_timeout_s`` of the wait (the switch's liveness monitor's timeout, 3 s by
+default: by then the monitor has marked it offline and lowered the job's quorum, so the next reduce
+closes without it). It tells the transport, which presumes the owner dead at once (short deadlines, no
+bound on its excuse in the slot-reuse rule) instead of after a window of RESULTs: with a 63-slot pool
+(seed 99) the survivors took three 1.3-1.9 s steps before their transports had seen that window. A
+live owner sends its marker right after its reduce; one stopped or descheduled that long is offline at
+the switch too. Its later copies or marker clear the exchange's presumption (its critical copies are
+then one step late once), its bit in a RESULT the transport's. An owner whose marker is in but who
+stops answering requests (a live one blocked between steps) is still waited for up to
+``resend_timeout_s``.
+
 **Replicated receivers** (``replicated=True``, the DDP hook's re-broadcast): ``rows`` is the receiver's
 own replica, which its optimizer keeps current between broadcasts, not a copy that ages. Only a copy of
 the step being collected is news there: an owner's copy of an earlier step (one that came after the
@@ -47,6 +64,7 @@ One worker, one exchange: the exchange drains ``worker.param_inbox`` and ``worke
 
 from __future__ import annotations
 
+import logging
 import select
 import time
 from dataclasses import asdict, dataclass, fields
@@ -54,9 +72,12 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.stale import StaleTracker
 from hostlib.torch_ext.layout import MARKER_CHUNK_BASE, ShardLayout
 from hostlib.transport import LtaWorker
+
+log = logging.getLogger(__name__)
 
 _REREQUEST_S = 0.1  # PARAM_REQ is critical, but a real network may still lose it: ask again this often
 
@@ -72,6 +93,7 @@ class ExchangeStats:
     resends_served: int = 0  # chunks this owner resent reliably on request
     markers_missed: int = 0  # an owner's end marker did not come before the deadline
     critical_requests: int = 0  # critical (or required) chunks this receiver asked for again
+    owners_given_up: int = 0  # owners presumed dead here: no marker and silent past liveness_timeout_s
     wait_s: float = 0.0  # time spent in collect
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,7 +121,10 @@ class ParamExchange:
         critical: np.ndarray | None = None,
         retrieve: bool = False,
         replicated: bool = False,
+        liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
     ) -> None:
+        if liveness_timeout_s <= 0:
+            raise ValueError(f"liveness_timeout_s must be > 0 s, got {liveness_timeout_s}")
         k = worker.config.elems_per_packet
         if layout.elems_per_chunk != k:
             raise ValueError(f"layout chunks hold {layout.elems_per_chunk} values, the transport's K is {k}")
@@ -114,6 +139,10 @@ class ParamExchange:
         self.others = np.array([w for w in range(worker.n_workers) if w != me], dtype=np.int64)
         self.deadline_s = deadline_ms / 1000.0
         self.resend_timeout_s = resend_timeout_s
+        self.liveness_timeout_s = liveness_timeout_s
+        # Owners given up in collect (see _silent_owners): presumed dead until a packet of theirs comes.
+        self._given_up = np.zeros(worker.n_workers, dtype=bool)
+        self._heard_at = np.full(worker.n_workers, -np.inf)  # perf_counter of each owner's last packet
         self.tracker = StaleTracker(len(self.foreign), stale_bound)
         self.held_step = np.full(layout.n_chunks, -1, dtype=np.int64)  # step of the copy held
         self.held_step[self.owned] = np.iinfo(np.int64).max  # the owner's copy is never stale
@@ -263,7 +292,9 @@ class ParamExchange:
                 self._serve_requests()
             self._awaiting &= self.held_step <= self._awaiting_above
             # An owner the transport presumes dead publishes nothing and steps nothing: its shard's
-            # copies are as current as they can be, so none of them is waited for or requested.
+            # copies are as current as they can be, so none of them is waited for or requested. So is
+            # one that has sent nothing for this step one liveness timeout into the wait.
+            self._give_up_silent(step, t0)
             dead = self._dead_owners()
             self._awaiting &= ~dead[self.layout.owners]
             awaiting = np.flatnonzero(self._awaiting)
@@ -311,9 +342,42 @@ class ParamExchange:
         return self._account(step)
 
     def _dead_owners(self) -> np.ndarray:
-        """Bool per worker: presumed dead by the transport (absent from a whole window of RESULTs)."""
+        """Bool per worker: presumed dead by the transport (absent from a whole window of RESULTs), or
+        given up by this exchange (:meth:`_give_up_silent`)."""
         mask = self.worker.deadlines.presumed_dead
-        return np.array([mask >> w & 1 for w in range(self.worker.n_workers)], dtype=bool)
+        bits = np.array([mask >> w & 1 for w in range(self.worker.n_workers)], dtype=bool)
+        return bits | self._given_up
+
+    def _give_up_silent(self, step: int, since: float) -> None:
+        """Presume dead every owner whose end marker for ``step`` is not in and from whom nothing (no
+        copy, no marker) has come for ``liveness_timeout_s`` since ``since`` (the start of the wait).
+
+        The transport's own presumption needs a whole window of RESULTs without the owner's bit, and
+        an owner killed after its reduce and before its publish leaves none: its bit is in every
+        RESULT of the reduce, and its peers then wait here, in no reduce. A live owner sends its
+        marker right after its reduce (its optimizer's step in between) and answers requests at once
+        from inside the transport; one silent for the liveness timeout is what the switch's liveness
+        monitor (hostlib/liveness.py) marks offline, lowering the job's quorum, so that the next
+        reduce closes without it. Its shard is then treated as a presumed-dead owner's: copies kept
+        where its last publish left them, not waited for, not aged. A copy or marker of its clears it."""
+        now = time.perf_counter()
+        quiet = self._marker_step < step
+        quiet &= now - np.maximum(self._heard_at, since) >= self.liveness_timeout_s
+        quiet[self.worker.worker_id] = False
+        new = np.flatnonzero(quiet & ~self._given_up)
+        if len(new):
+            self._given_up[new] = True
+            self.stats.owners_given_up += len(new)
+            # The transport's next reduce needs no window of RESULTs to learn it: no wait for its bit.
+            self.worker.deadlines.presume_dead(new)
+            log.warning(
+                "worker %d: owners %s sent nothing for step %d within the liveness timeout (%.1f s): "
+                "presumed dead, their shards' copies kept as last published",
+                self.worker.worker_id,
+                new.tolist(),
+                step,
+                self.liveness_timeout_s,
+            )
 
     def adopt(self, step: int) -> None:
         """A restarted worker joins at ``step``: every copy it holds (a survivor's, taken between two
@@ -324,6 +388,8 @@ class ParamExchange:
         self._awaiting[:] = False
         self._marker_step[:] = held
         self._published_step = held
+        self._given_up[:] = False
+        self._heard_at[:] = -np.inf
         self.tracker = StaleTracker(len(self.foreign), self.tracker.bound)
         self.changed = False
 
@@ -344,6 +410,13 @@ class ParamExchange:
         ids = np.fromiter((c for c, _ in items), dtype=np.int64, count=len(items))
         steps = np.fromiter((s for _, (s, _) in items), dtype=np.int64, count=len(items))
         is_marker = ids >= MARKER_CHUNK_BASE
+        # Whatever an owner sent proves it alive now (a given-up owner back from a stop, or restarted).
+        senders = np.where(is_marker, ids - MARKER_CHUNK_BASE, -1)
+        data = ~is_marker & (ids < self.layout.n_chunks)
+        senders[data] = self.layout.owners[ids[data]]
+        senders = senders[(senders >= 0) & (senders < self.worker.n_workers)]
+        self._heard_at[senders] = time.perf_counter()
+        self._given_up[senders] = False
         if is_marker.any():
             owner = ids[is_marker] - MARKER_CHUNK_BASE
             known = owner < len(self._marker_step)

@@ -17,6 +17,11 @@ and their shards' broadcasts are delivered (the reliable exchange path), every s
 ``ShardedOptimizer(opt, worker, retrieve=True)``: parameter copies lost on the way are asked for and
 resent within the step (ParamExchange's retrieval): no stale copies, one resend per lost copy.
 
+An owner that dies keeps its shard where its last publish left it: nobody steps it while it is away.
+Its peers stop waiting for its copies once their transports presume it dead, or once it has sent nothing
+for a step for ``liveness_timeout_s`` (default: the liveness monitor's 3 s; set it to the job's monitor
+timeout) of their wait: a rank killed between its reduce and its publish (see ``exchange.py``).
+
 ``ShardedOptimizer(opt, worker, rotate_seed=s)``: the gradient is reduced in a seeded randomized
 Hadamard basis (hostlib/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
 quantization and packetization, rotated back after renormalization, so a lost packet costs a little of
@@ -56,6 +61,7 @@ import numpy as np
 import torch
 
 from hostlib.feedback import ResidualFeedback, counted_by_result, feedback_stats
+from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.rotation import Rotation
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
@@ -132,6 +138,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         stale_bound: int = 8,
         collect_deadline_ms: float = 200.0,
         resend_timeout_s: float = 30.0,
+        liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
         force_host_staging: bool = False,
         privacy: GaussianPrivacy | None = None,
         critical: CriticalSpec = None,
@@ -198,6 +205,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             stale_bound=stale_bound,
             deadline_ms=collect_deadline_ms,
             resend_timeout_s=resend_timeout_s,
+            liveness_timeout_s=liveness_timeout_s,
             critical=self.critical_mask,
             retrieve=retrieve,
         )

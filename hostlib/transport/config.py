@@ -69,7 +69,7 @@ class TransportConfig:
     # `unhealthy_reduces` of them in a row covering at least `unhealthy_min_chunks` chunks, the worker
     # raises UnhealthyTraining ("raise"), logs a warning ("warn"), or does nothing ("ignore").
     # A worker locked out is unhealthy too: its own bit missing from every RESULT of a whole window (its
-    # peers presume it dead and close every round without it, docs/protocol.md "Lost or late?") at the
+    # peers close every round without it, docs/protocol.md "Lost or late?") at the
     # end of `unhealthy_reduces` reduces in a row, each with at least `lockout_fraction` of its chunks
     # without an aggregate. Its replica then trains on stale fallbacks (chaos seed 84: exit 0, untrained).
     health_timeout_s: float = 5.0
@@ -119,6 +119,10 @@ class TransportConfig:
     # Liveness: a HEARTBEAT to the switch every this many seconds (0: none), so the control plane's
     # liveness monitor tells a computing worker from a dead one (hostlib/liveness.py).
     heartbeat_interval_s: float = 0.5
+    # A peer whose relayed heartbeat (hostlib.protocol.ALIVE_CHUNK) came within this many seconds is alive:
+    # it is not presumed dead, however many RESULTs lack its bit (deadlines.py). A peer never heard this
+    # way (heartbeats off, another leaf) is judged by the RESULTs alone, as before.
+    peer_alive_s: float = 2.0
     # Exact experiments under *emulated* loss (a lossless path whose switch drops packets by seeded
     # policies that spare CRITICAL packets, as the softswitch does): no round is closed by a timer. Each
     # reduce ends with a fence, one zero chunk marked critical (so spared), whose RESULT carries every
@@ -167,6 +171,8 @@ class TransportConfig:
             raise ValueError(f"need 0 < lockout_fraction <= 1, got {self.lockout_fraction}")
         if self.unhealthy_reduces < 1 or self.unhealthy_min_chunks < 1:
             raise ValueError("unhealthy_reduces and unhealthy_min_chunks must be >= 1")
+        if self.peer_alive_s <= 0:
+            raise ValueError(f"peer_alive_s must be > 0, got {self.peer_alive_s}")
         if self.heartbeat_interval_s < 0:
             raise ValueError(f"heartbeat_interval_s must be >= 0, got {self.heartbeat_interval_s}")
         if self.on_unhealthy not in ("raise", "warn", "ignore"):

@@ -8,6 +8,7 @@ a timer can be changed without rediscovering a stall.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -35,6 +36,8 @@ class Deadlines:
         # (presumed dead; the parameter exchange stops waiting for its shard). Cleared when it shows up.
         self.presumed_dead = 0
         self._absent_window = 0
+        # When each peer's relayed heartbeat last came (time.perf_counter; -inf: never): see heard.
+        self.heard_at = np.full(n_workers, -np.inf)
         self._rtt_mins: deque[float] = deque(maxlen=_RTPROP_SAMPLES)
         # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
         self.flush_srtt_ms: float | None = None
@@ -130,9 +133,39 @@ class Deadlines:
             return sync_s
         return max(sync_s, self.rto_s() + self.give_up_s())
 
+    def presume_dead(self, workers: np.ndarray) -> None:
+        """Presume these peers dead now, on other evidence than the RESULTs (the parameter exchange: an
+        owner that sent nothing for a step for the liveness timeout); cleared as any presumption, when
+        a peer's bit shows up again."""
+        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+        bits &= self._all_workers & ~(1 << self.worker_id)
+        if bits & ~self.presumed_dead:
+            self.presumed_dead |= bits
+            self.early_close = True
+            self._update_rto()
+
+    def heard(self, workers: np.ndarray, now: float) -> None:
+        """Peers whose relayed heartbeat (``hostlib.protocol.ALIVE_CHUNK``) just came: alive. One presumed
+        dead is not any more (a live rank its peers had given up on gets back in: they wait for it
+        again, within the slot-reuse bound, so its GRADs reach their rounds and its bit comes back)."""
+        self.heard_at[workers] = now
+        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+        if self.presumed_dead & bits:
+            self.presumed_dead &= ~bits
+            self.early_close = self.presumed_dead != 0
+            self._update_rto()
+
+    def alive(self, now: float) -> int:
+        """Bit w: peer w's relayed heartbeat came within ``peer_alive_s``."""
+        recent = np.flatnonzero(now - self.heard_at <= self.config.peer_alive_s)
+        return int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), recent.astype(np.uint64)), initial=0))
+
     def track_absent(self, bitmaps: np.ndarray) -> None:
-        """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs; a worker
-        that shows up in any of them is slow or lossy, and is waited for with the normal RTO."""
+        """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs and no
+        relayed heartbeat of it came within ``peer_alive_s``; a worker that shows up in any of them is
+        slow or lossy, and is waited for with the normal RTO. One that is heard but never counted is
+        behind its peers (a burst of lost RESULTs, a descheduling), not dead: presumed dead, its peers
+        ran on without bound and it could never get back in (chaos seeds 84, 32)."""
         if not bitmaps.size:
             return
         seen = int(np.bitwise_or.reduce(bitmaps))
@@ -140,8 +173,8 @@ class Deadlines:
         self.presumed_dead &= ~seen
         self._absent_window += len(bitmaps)
         if self._absent_window >= _DEAD_AFTER_RESULTS:
-            self.presumed_dead = self._absent
-            self.early_close = self._absent != 0
+            self.presumed_dead = self._absent & ~self.alive(time.perf_counter())
+            self.early_close = self.presumed_dead != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
         elif self.early_close and bool(np.any(bitmaps == self._all_workers)):

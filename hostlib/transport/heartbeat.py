@@ -3,6 +3,11 @@ daemon thread, so the switch's per-worker counter (``WORKER_COUNTER``) keeps mov
 computes and sends nothing else. The liveness monitor (``hostlib.liveness``) marks a worker offline
 when that counter stops; a process that dies stops its heartbeat with it.
 
+Each beat also sends one PARAM of chunk ``ALIVE_CHUNK`` (CRITICAL), which the switch relays to every
+other worker (``hostlib.protocol``): the peers learn that this worker is alive even when none of its
+GRADs is counted (chaos seed 32: a rank behind a burst of lost RESULTs was missing from a whole window
+of RESULTs, presumed dead, and its peers ran on without bound so that it never got back in).
+
 The packet is built once; each beat is one ``sendto`` on the worker's own socket (a UDP send is atomic,
 so it interleaves safely with the transport's sends from the training thread). It carries the job's K
 payload values (all zero) because a switch accepts only packets of the job's size.
@@ -14,7 +19,7 @@ import logging
 import socket
 import threading
 
-from hostlib.protocol import Op, make_packet
+from hostlib.protocol import ALIVE_CHUNK, Flag, Op, make_packet
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,15 @@ class Heartbeat:
         self.packet = make_packet(
             Op.HEARTBEAT, job_id=job_id, worker_id=worker_id, elems_per_packet=elems_per_packet, nelem=0
         )
+        self.relay = make_packet(
+            Op.PARAM,
+            job_id=job_id,
+            worker_id=worker_id,
+            elems_per_packet=elems_per_packet,
+            nelem=0,
+            chunk=ALIVE_CHUNK,
+            flags=int(Flag.CRITICAL),
+        )
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lta-heartbeat-{worker_id}", daemon=True)
@@ -48,6 +62,7 @@ class Heartbeat:
         while True:
             try:
                 self.sock.sendto(self.packet, self.switch_addr)
+                self.sock.sendto(self.relay, self.switch_addr)
                 self.sent += 1
             except OSError as exc:  # closed socket (shutting down) or a transient send error
                 if self._stop.is_set() or self.sock.fileno() < 0:

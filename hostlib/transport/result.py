@@ -65,6 +65,7 @@ class TransportStats:
     packets_ignored: int = 0  # not ours, stale, duplicate or malformed
     units_overtaken: int = 0  # given up because their slot already moved to a later round
     params_received: int = 0
+    heartbeats_relayed: int = 0  # peers' relayed heartbeats (ALIVE_CHUNK PARAMs), not in params_received
     # Critical chunks (allreduce(critical=...)): how many were reduced, how many came back with every
     # worker counted, with fewer (renormalized), or not at all; GRAD resends of critical units; RESULTs
     # of critical units that came back short (see LtaWorker._settle for when that can happen).

@@ -36,7 +36,9 @@ chunks it missed, as before. The worker feeds :meth:`SlotReuse.saw` the RESULTs 
 reduces too: a late worker is then not held, pool by pool, waiting for its peers' bits in a reduce they left.
 The 64-RESULT dead-peer presumption of :class:`~hostlib.transport.deadlines.Deadlines` does not start
 an excuse here (a peer held up by its recovery for a few hundred ms misses that many RESULTs); it only
-lifts the bound of one already given.
+lifts the bound of one already given. A peer whose relayed heartbeat comes is not presumed dead; one no
+longer presumed dead gets the bound back (:meth:`SlotReuse.set_presumed_dead`), so a live peer that fell
+behind can reach this worker's rounds (chaos seed 32: unbounded, it never could).
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ class SlotReuse:
         # Peers the deadlines presume dead (absent from a window of RESULTs; the worker keeps it current):
         # excused without that bound, so survivors do not stop once a pool for a peer that never comes.
         self.presumed_dead = np.zeros(n_workers, dtype=bool)
+
+    def set_presumed_dead(self, dead: np.ndarray) -> None:
+        """The deadlines' current presumption. A peer no longer presumed dead (it was heard, or its bit
+        came back) whose excuse had no bound gets the bound an excuse given now would have: one pool
+        past where it holds this worker (:meth:`excuse`), so that a live peer that fell behind can
+        reach this worker's rounds."""
+        revived = self.presumed_dead & ~dead & self._excused & (self.excused_to == _NO_LIMIT)
+        if revived.any():
+            self.excused_to[revived] = self.settled[revived] + 2 * self.data_slots + 1
+        self.presumed_dead = dead.copy()
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are

@@ -24,6 +24,7 @@ import numpy as np
 from hostlib import codec
 from hostlib.errors import HealthCheckError, UnhealthyTraining
 from hostlib.protocol import (
+    ALIVE_CHUNK,
     HEADER_BYTES,
     HEADER_DTYPE,
     MAX_WORKERS,
@@ -296,8 +297,8 @@ class LtaWorker:
 
     def _check_lockout(self, chunks: int) -> None:
         """A worker whose own bit was missing from every RESULT of a whole window (``Deadlines
-        .track_absent``: its peers presume it dead, close its rounds on the RTO and never wait for it, so
-        it stays behind them) and that got no aggregate for at least ``lockout_fraction`` of its chunks
+        .track_absent``: its peers close its rounds without it, so it stays behind them) and that got
+        no aggregate for at least ``lockout_fraction`` of its chunks
         trains on stale fallbacks that feed themselves: after ``unhealthy_reduces`` such reduces in a row,
         it is unhealthy with that cause named (the 90% check alone let a replica at 60-70% fallbacks run
         to the end untrained: chaos seed 84)."""
@@ -311,8 +312,8 @@ class LtaWorker:
         if self._lockout_run < cfg.unhealthy_reduces:
             return
         message = (
-            f"worker {self.worker_id} of job {self.job_id}: locked out: its peers presume it dead and close "
-            f"every round without it (its GRADs counted in no RESULT of a whole window, {self._lockout_run} "
+            f"worker {self.worker_id} of job {self.job_id}: locked out: its peers close every round without "
+            f"it (its GRADs counted in no RESULT of a whole window, {self._lockout_run} "
             f"reduces in a row); {self.last_nothing_fraction:.0%} of the last reduce's {chunks} chunks got "
             f"no aggregate, so its replica trains on stale fallbacks. It fell behind them (stopped, "
             f"descheduled, or a burst of lost RESULTs) and cannot rejoin their rounds"
@@ -642,7 +643,7 @@ class LtaWorker:
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
                 dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
-                self.reuse.presumed_dead = dead.astype(bool)
+                self.reuse.set_presumed_dead(dead.astype(bool))
                 self.reuse.saw(plan.base, plan.frontier)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
@@ -920,6 +921,14 @@ class LtaWorker:
             self._on_results(plan, hdr, results)
 
     def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
+        alive = hdr["chunk"][rows] == ALIVE_CHUNK
+        if alive.any():  # a peer's relayed heartbeat: news for the deadlines, no parameter
+            senders = hdr["worker_id"][rows[alive]].astype(np.int64)
+            self.deadlines.heard(senders[senders < self.n_workers], time.perf_counter())
+            self.stats.heartbeats_relayed += int(alive.sum())
+            rows = rows[~alive]
+            if not rows.size:
+                return
         k = self.config.elems_per_packet
         payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
         values = payload.astype(np.float32)
