@@ -314,10 +314,11 @@ class Deadlines:
         lacking a GRAD is common at 30% loss, and the lag deadline (200 ms, or a 500 ms RTO inflated by
         the peers' own stalls) ended each such stall: 2 workers, 200 chunks took 4-14 s instead of 0.1 s.
         The peers had the same RESULT that permitted them, so their GRADs are due within the RTO (whose
-        samples include the peers' skew; staggered by rank as the other deadlines): a first FLUSH goes
-        then. Its RESULT shows each peer whose GRAD was counted, which moves the peer rule on. The cost:
-        a peer late by more than that (descheduled) has those rounds closed without it. Critical units
-        are resent, never flushed, so they are left to their own deadlines."""
+        samples include the peers' skew; staggered by rank as the other deadlines): the newest such unit
+        is FLUSHed then, and the next newest one RTO later if the stall goes on. A RESULT that shows a
+        peer's bit moves the peer rule on and makes the older units lost for sure. The cost: a peer late
+        by more than the RTO (descheduled) has one round per RTO closed without it. Critical units are
+        resent, never flushed, so they are left to their own deadlines."""
         lo = max(plan.low, self.slowest_frontier(plan) + 1)
         hi = min(permitted, plan.next_unit)
         if hi <= lo:
@@ -326,9 +327,10 @@ class Deadlines:
         units = units[(plan.flushes[units] == 0) & ~plan.critical_unit[units]]
         if not units.size:
             return
-        at = now + self.rto_s() * self._stagger
-        sooner = units[plan.deadline_at[units] > at]
-        plan.deadline_at[sooner] = at
+        # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
+        # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
+        newest = int(units[-1])
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], now + self.rto_s() * self._stagger)
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never
