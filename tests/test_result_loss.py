@@ -450,3 +450,46 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
     assert rejoined.any(), f"worker 2 never counted again (its peers waited for it {holds.count(2)} times)"
     for r in range(reduces):
         assert check_mean_over_bitmap([res[r] for res in results], inputs[r], K) > 0
+
+
+def test_a_peer_that_withholds_a_group_holds_no_one_with_a_pool_of_k_slots(make_cluster):
+    """Issue 22 (small-pool fault): a worker whose exponent proposal is missing from an exponent RESULT
+    withholds all K chunks of it, so its bit cannot show up in K units in a row. With a pool of 16 (D = 15
+    data slots, ⌊D/2⌋ = 7 units past a peer's newest bit) and K = 16 that run is longer than the peer rule
+    lets anyone go past it: on main both workers stalled until a timer, the withheld units waited the lag
+    deadline and were FLUSHed on it, and the worker held with nothing in flight waited out the peer-hold
+    bound. Every worker has the exponent RESULT's bitmap, so the withholding is known: the peer is excused
+    at once and each withheld unit is flushed as soon as its other contributor provably sent it. Lossless
+    but for worker 1's GRADs of exponent unit 2 (every copy and probe): independent expectations are the
+    bitmaps (chunks 32-47 from worker 0 alone, every other chunk from both), numpy's mean over them, and
+    no FLUSH on a timer (the deadlines are long: they are only a safety net here) nor a peer-hold timeout
+    on either worker."""
+    n, k, chunks = 2, 16, 120
+    cluster = make_cluster(
+        n, seed=5, elems_per_packet=k, pool_size=16, lag_deadline_ms=2000, sync_deadline_ms=2000,
+        min_deadline_ms=1000, max_deadline_ms=2000,
+    )  # fmt: skip
+    lossy = cluster.workers[1]
+    send = lossy.io.send_rows
+    target = 2  # exponent unit 2 of the first reduce (global unit 2): slot 2, round 1
+
+    def drop_exponent_grads(rows: np.ndarray) -> int:
+        hdr = np.ascontiguousarray(rows[:, :HEADER_BYTES]).view(HEADER_DTYPE).reshape(-1)
+        keep = ~((hdr["op"] == int(Op.GRAD)) & (hdr["slot"] == target) & (hdr["seq"] == 1))
+        return send(rows[keep]) + int(np.count_nonzero(~keep)) if keep.any() else len(rows)
+
+    lossy.io.send_rows = drop_exponent_grads  # type: ignore[method-assign]
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(chunks * k).astype(np.float32) for _ in range(n)]
+    results = cluster.reduce_all(inputs)
+    group = np.zeros(chunks, dtype=bool)
+    group[target * k : (target + 1) * k] = True
+    for r in results:
+        assert np.all(r.fallback == Fallback.NONE)
+        np.testing.assert_array_equal(r.count, np.where(group, 1, 2))
+        np.testing.assert_array_equal(r.bitmap, np.where(group, 1, 3).astype(np.uint64))
+    assert check_mean_over_bitmap(results, inputs, k) == n * chunks
+    stats = [w.stats for w in cluster.workers]
+    assert stats[1].withheld_chunks == k and stats[0].withheld_chunks == 0
+    assert [s.flushes_on_timer for s in stats] == [0, 0]
+    assert [s.peer_hold_timeouts for s in stats] == [0, 0]

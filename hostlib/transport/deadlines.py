@@ -311,6 +311,60 @@ class Deadlines:
         sooner = first_try & (plan.deadline_at[units] > at)
         plan.deadline_at[units[sooner]] = at[sooner]
 
+    def flush_withheld(self, plan: ReducePlan, now: float) -> None:
+        """:meth:`fast_flush` for units some worker withholds (its exponent proposal was not counted:
+        ``ReducePlan.withheld_by``): such a unit's round has every GRAD it will ever get once each other
+        worker has provably sent it (its bit at that unit or later; this worker: sent), so it is flushed
+        then, one worker per unit first, as fast_flush does. Without it the round waited for a GRAD that
+        never comes: the lag deadline (200 ms) per run of withheld units, and with a pool of D <= K data
+        slots a deadlock that only the peer-hold bound broke (0.5-1 s; see LtaWorker._peer_limit)."""
+        if not plan.any_withheld:
+            return
+        units = plan.in_flight()
+        units = units[(plan.flushes[units] == 0) & ~plan.critical_unit[units]]
+        if not units.size:
+            return
+        sent = plan.frontier[None, :] >= units[:, None]
+        sent[:, self.worker_id] = plan.next_unit > units
+        ready = (sent | plan.withheld_by(units, self._bits)).all(axis=1) & ~sent.all(axis=1)
+        units = units[ready]
+        if not units.size:
+            return
+        plan.proven_in[units] = True
+        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
+        designated = units % self.group_size == self.worker_id - self.group_base
+        designated |= plan.owner_of_unit(units) >= 0
+        at = np.where(designated, now, now + max(srtt_ms, 1.0) / 1000.0)
+        sooner = plan.deadline_at[units] > at
+        plan.deadline_at[units[sooner]] = at[sooner]
+
+    def stall_flush(self, plan: ReducePlan, permitted: int, now: float) -> None:
+        """The window stall of a small pool: this worker is held by the peer rule (reuse.py), and every
+        peer may, by the same rule, send every unit below ``permitted`` (local index, from the newest
+        RESULT that showed this worker's bit). Its in-flight units there that are past a peer's frontier
+        then close only when that peer's GRAD arrives or a FLUSH closes them, and no peer can send
+        beyond them to show progress: with A = D // 2 units ahead (7 for a pool of 16), all of them
+        lacking a GRAD is common at 30% loss, and the lag deadline (200 ms, or a 500 ms RTO inflated by
+        the peers' own stalls) ended each such stall: 2 workers, 200 chunks took 4-14 s instead of 0.1 s.
+        The peers had the same RESULT that permitted them, so their GRADs are due within the RTO (whose
+        samples include the peers' skew; staggered by rank as the other deadlines): the newest such unit
+        is FLUSHed then, and the next newest one RTO later if the stall goes on. A RESULT that shows a
+        peer's bit moves the peer rule on and makes the older units lost for sure. The cost: a peer late
+        by more than the RTO (descheduled) has one round per RTO closed without it. Critical units are
+        resent, never flushed, so they are left to their own deadlines."""
+        lo = max(plan.low, self.slowest_frontier(plan) + 1)
+        hi = min(permitted, plan.next_unit)
+        if hi <= lo:
+            return
+        units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
+        units = units[(plan.flushes[units] == 0) & ~plan.critical_unit[units]]
+        if not units.size:
+            return
+        # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
+        # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
+        newest = int(units[-1])
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], now + self.rto_s() * self._stagger)
+
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never
         later than they were: a fast flush may have brought one forward)."""

@@ -67,6 +67,10 @@ class ReducePlan:
         self.has_exp = np.zeros(c, dtype=bool)  # quantized, own exponent counted: will be sent
         self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
         self.own_exp = np.zeros(c, dtype=bool)  # ... and this worker's proposal was counted in it
+        # ... and whose proposals it counted (bit w: worker w). A worker whose bit is missing withholds
+        # the chunk: it never sends that GRAD (LtaWorker._quantize_ahead), and every peer knows it.
+        self.exp_bitmap = np.zeros(c, dtype=np.uint64)
+        self.any_withheld = False  # some worker withholds some chunk of this reduce
         self.quantized = np.zeros(c, dtype=bool)
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.state = np.zeros(self.units, dtype=np.int8)
@@ -75,6 +79,8 @@ class ReducePlan:
         self.flushed_at = np.zeros(self.units, dtype=np.float64)  # when the last FLUSH went
         # Behind every worker's frontier while still open (Deadlines.fast_flush): a packet of it was lost
         self.proven_lost = np.zeros(self.units, dtype=bool)
+        # Every GRAD the round will get was provably sent, the rest withheld (Deadlines.flush_withheld)
+        self.proven_in = np.zeros(self.units, dtype=bool)
         self.probes = np.zeros(self.units, dtype=np.int64)
         self.deadline_at = np.full(self.units, np.inf, dtype=np.float64)
         # Critical data (LTP): units resent until every worker is counted, never FLUSHed (deadlines.py).
@@ -107,6 +113,9 @@ class ReducePlan:
         self.low = 0  # every unit below this index is done or given up
         self.next_unit = 0  # units below this were sent (or skipped: already settled)
         self.frontier = np.full(0, -1, dtype=np.int64)  # per worker: highest unit it is known to have sent
+        # The newest unit whose RESULT showed this worker's own bit (-1: none yet): how far its peers
+        # may send by the slot-reuse rules (reuse.py). frontier[own] is what it sent, shown or not.
+        self.own_shown = -1
         self.fast_flushed_to = 0  # units below this were already checked against the frontier
         self.all_sent = False  # this worker sent every unit of the reduce
 
@@ -181,6 +190,7 @@ class ReducePlan:
         self.retx[:] = 0
         self.retx_spent[:] = 0
         self.proven_lost[:] = False
+        self.proven_in[:] = False
         self.deadline_at[:] = np.inf
         self.expect_at[:] = np.inf
         self.full_units = 0
@@ -190,11 +200,14 @@ class ReducePlan:
         self.rx_batches = []
         for flags in (self.has_exp, self.exp_known, self.own_exp, self.quantized):
             flags[:] = False
+        self.exp_bitmap[:] = 0
+        self.any_withheld = False
         self.state[:] = PENDING
         self.synced = False
         self.low = 0
         self.next_unit = 0
         self.frontier = np.full(n_workers, -1, dtype=np.int64)
+        self.own_shown = -1
         self.fast_flushed_to = 0
         self.all_sent = False
 
@@ -203,6 +216,15 @@ class ReducePlan:
         """Chunks this worker quantized but did not send: its exponent proposal was not counted in the
         agreed exponent (see LtaWorker._quantize_ahead)."""
         return self.quantized & ~self.own_exp
+
+    def withheld_by(self, units: np.ndarray, bits: np.ndarray) -> np.ndarray:
+        """Whether worker ``w`` (bit ``bits[w]``) withholds unit ``u``, for every pair (``len(units)`` x
+        ``len(bits)``): a data unit whose agreed exponent arrived without that worker's proposal. Such a
+        GRAD never comes (LtaWorker._quantize_ahead), whatever the wait."""
+        data = units >= self.exp_units
+        c = np.where(data, units - self.exp_units, 0)
+        missing = ((self.exp_bitmap[c][:, None] >> bits[None, :]) & np.uint64(1)) == 0
+        return missing & (data & self.exp_known[c])[:, None]
 
     def advance_low(self) -> None:
         """Move ``low`` past the settled prefix."""

@@ -59,6 +59,10 @@ class TransportStats:
     # hold it already, its peers' progress.
     held_by_span_s: float = 0.0
     held_by_peers_s: float = 0.0
+    # Peers excused from the peer rule at once because they withhold the units it waited for their bit
+    # in (LtaWorker._peer_limit), and peer-hold waits that ran out (Deadlines.peer_hold_s).
+    withheld_excuses: int = 0
+    peer_hold_timeouts: int = 0
     packets_sent: int = 0
     packets_received: int = 0
     results_retx: int = 0

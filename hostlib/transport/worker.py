@@ -625,6 +625,11 @@ class LtaWorker:
                 return
             paced_out = self._send_ready(plan)
             plan.frontier[self.worker_id] = plan.next_unit - 1
+            if self._held == "peers" and plan.own_shown >= 0 and not self.config.exact:
+                # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
+                # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
+                span = self.reuse.span
+                dl.stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
             if plan.next_unit == plan.units and not plan.all_sent:
                 # The tail: nothing more of ours is coming, so units still open wait only the RTO.
                 plan.all_sent = True
@@ -650,6 +655,7 @@ class LtaWorker:
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
                 dl.fast_flush(plan, now)
+            dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
             due = dl.due(plan, now)
@@ -751,6 +757,23 @@ class LtaWorker:
         without news, the peers that hold it are excused until their bits show up again."""
         first, holders = self.reuse.limit()
         local = first - plan.base
+        if local <= plan.next_unit and plan.any_withheld and local < plan.units:
+            # A holder that withholds units between its newest shown bit and here cannot show progress
+            # before it has sent past them, and that may need this worker's next units (its own span
+            # waits for their RESULTs): with D <= K data slots a run of K withheld units always
+            # deadlocked, until the peer-hold bound below. It is excused at once instead, as that bound
+            # would (for one pool at most, or until its bit shows again).
+            lo = max(plan.low, int(plan.frontier[holders].min()) + 1)
+            span = np.arange(lo, max(lo, local + 1))
+            if span.size:
+                withholding = holders & plan.withheld_by(span, self._worker_bits).any(axis=0)
+                if withholding.any():
+                    log.debug("worker %d: peers %s withhold units before %d; going on", self.worker_id,
+                              np.flatnonzero(withholding).tolist(), first)  # fmt: skip
+                    self.stats.withheld_excuses += int(withholding.sum())
+                    self.reuse.excuse(withholding)
+                    first, holders = self.reuse.limit()
+                    local = first - plan.base
         if local > plan.next_unit or in_flight:
             self._peer_wait_since = math.inf
             return local
@@ -761,6 +784,7 @@ class LtaWorker:
             log.debug("worker %d: no news of peers %s past unit %d; going on", self.worker_id,
                       np.flatnonzero(holders).tolist(), first)  # fmt: skip
             self.reuse.excuse(holders)
+            self.stats.peer_hold_timeouts += 1
             self._peer_wait_since = math.inf
             first, _ = self.reuse.limit()
             local = first - plan.base
@@ -828,7 +852,8 @@ class LtaWorker:
         if units.size:
             # Units behind every worker's frontier lost a packet for sure (fast_flush); the others are
             # flushed on a timer's word: some worker may still have been about to send.
-            self.stats.flushes_on_timer += int(np.count_nonzero(units >= plan.frontier.min()))
+            on_timer = (units >= plan.frontier.min()) & ~plan.proven_in[units]
+            self.stats.flushes_on_timer += int(np.count_nonzero(on_timer))
             plan.flushes[units] += 1
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
@@ -1019,6 +1044,7 @@ class LtaWorker:
         has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
         reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
+        plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
         payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
         exp = u < plan.exp_units
@@ -1027,6 +1053,8 @@ class LtaWorker:
             c1 = min(c0 + k, plan.chunks_count)
             self._on_exponents(plan, c0, c1, payload[rows[i], : c1 - c0])
             plan.own_exp[c0:c1] = bool(int(bitmap[i]) >> self.worker_id & 1)
+            plan.exp_bitmap[c0:c1] = bitmap[i]
+            plan.any_withheld |= int(bitmap[i]) != (1 << n_workers) - 1
         data = ~exp
         if not data.any():
             return
