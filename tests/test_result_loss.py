@@ -299,7 +299,9 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
     results = [r for r, _ in ran]
     errors = [e for _, e in ran]
     assert errors[:2] == ["", ""]
-    skipped = [s for s, r in enumerate(results[2]) if np.all(r.fallback != Fallback.NONE)]
+    # Reduces worker 2 came back to after its peers had left most of their rounds (a unit of the last
+    # one can still be open when the peers wait for it at their next reduce's reuse rules).
+    skipped = [s for s, r in enumerate(results[2]) if np.mean(r.fallback != Fallback.NONE) >= 0.5]
     if ahead is None:
         assert "6 reduces in a row were over before it started them" in errors[2], errors[2]
         assert len(results[2]) == stop_at + 1 + 5  # reduce 5 (answered from its queued RESULTs), 5 skipped
