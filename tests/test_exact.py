@@ -139,23 +139,33 @@ def test_param_drops_do_not_depend_on_how_senders_interleave(batched):
     assert first == lost([0, 1] * 40)
 
 
-def test_lta_train_quick_is_exact_at_any_drop_rate():
+@pytest.fixture(scope="module")
+def quick_cluster():
+    """``lta train --quick``'s 4 worker processes and softswitch at 20 steps, shared by the two tests below:
+    a LocalCluster trains run after run (as a sweep does), and starting its workers costs more here than
+    the runs."""
+    from dataclasses import replace
+
+    from lta.train.experiment import quick_config
+    from lta.train.sweep import LocalCluster
+
+    with LocalCluster(4, replace(quick_config(), steps=20)) as cluster:
+        yield cluster
+
+
+def test_lta_train_quick_is_exact_at_any_drop_rate(quick_cluster):
     """``lta train --quick``'s worker processes through the softswitch: at 0% nothing is lost; at 20% on
     gradients and parameters, two runs with the same seed and job id give every worker the same
     loss at every step, bit for bit, a run of another method loses exactly the same gradient packets, the loss
     the workers saw is the configured rate within sampling error, and no round closed by a timer."""
-    from dataclasses import replace
+    from lta.train.experiment import RunSpec
 
-    from lta.train.experiment import RunSpec, quick_config
-    from lta.train.sweep import LocalCluster
-
-    cfg = replace(quick_config(), steps=20)
+    cluster = quick_cluster
     lossy = RunSpec("lossy", "renorm", 0.2, 4, 1)
-    with LocalCluster(4, cfg) as cluster:
-        clean = cluster.run(RunSpec("clean", "renorm", 0.0, 4, 2), ("up", "param"))
-        first = cluster.run(lossy, ("up", "param"))
-        second = cluster.run(lossy, ("up", "param"))
-        prev = cluster.run(RunSpec("prev", "prev", 0.2, 4, 1), ("up", "param"))  # one job id per seed
+    clean = cluster.run(RunSpec("clean", "renorm", 0.0, 4, 2), ("up", "param"))
+    first = cluster.run(lossy, ("up", "param"))
+    second = cluster.run(lossy, ("up", "param"))
+    prev = cluster.run(RunSpec("prev", "prev", 0.2, 4, 1), ("up", "param"))  # one job id per seed
     assert first.worker_curves == second.worker_curves
     assert first.val_loss == second.val_loss
     # Another method of the same seed and job id (as lta train gives) meets the same gradient drops.
@@ -177,22 +187,18 @@ def test_lta_train_quick_is_exact_at_any_drop_rate():
         assert abs(param_seen - p) < 4 * np.sqrt(p * (1 - p) / expected), param_seen
 
 
-def test_retrieval_keeps_every_parameter_copy_fresh_at_one_resend_per_lost_copy(corpus=None):
+def test_retrieval_keeps_every_parameter_copy_fresh_at_one_resend_per_lost_copy(quick_cluster):
     """``--mechanism retrieve`` on worker processes at 30% param loss: no copy is ever stale (every
     foreign chunk is this step's at every step); the simulated receivers ask for each lost copy (30%),
     the real ones for at most that: an owner's resend reaches every receiver, so one that lost the same
     copy and had not asked yet gets it too."""
-    from dataclasses import replace
-
-    from lta.train.experiment import RunSpec, quick_config
+    from lta.train.experiment import RunSpec
     from lta.train.simulated import run_simulated
-    from lta.train.sweep import LocalCluster
 
     p = 0.3
-    cfg = replace(quick_config(), steps=12)
+    cfg = quick_cluster.cfg  # 20 steps
     spec = RunSpec("retrieve", "renorm", p, 1, 1, mechanism="retrieve")
-    with LocalCluster(4, cfg) as cluster:
-        real = cluster.run(spec, ("param",))
+    real = quick_cluster.run(spec, ("param",))
     sim = run_simulated(spec, cfg, 8, directions=("param",))
     for run in (real, sim):
         stats = [w["stats"] for w in run.workers]

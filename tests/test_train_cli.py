@@ -103,12 +103,25 @@ def test_quick_train_plots(quick_run):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
 
 
-def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(tmp_path):
+STRAGGLERS = ["--straggle-prob", "1", "--straggle-factor", "3", "--straggle-base-ms", "100"]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One small CLI sweep (3 workers, 10 steps, 3 runs) with emulated stragglers on every step, read by the
+    --json test and the stragglers test below: each CLI start spawns the workers anew, which costs more
+    here than the runs themselves."""
+    out = tmp_path_factory.mktemp("small")
     argv = [sys.executable, "-m", "lta.cli", "train", "--quick", "--seeds", "0", "--workers", "3",
             "--drops", "0.3", "--methods", "renorm", "--mechanism", "none,stale1", "--steps", "10", "--json",
-            "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+            *STRAGGLERS, "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_train_json_is_one_document_on_stdout_and_progress_on_stderr(small_run):
+    tmp_path, proc = small_run
     doc = json.loads(proc.stdout)  # the whole of stdout is one JSON document
     assert doc["schema"] == "lta.train/2"
     assert doc["lta_version"] == metadata.version("lta")
@@ -189,26 +202,9 @@ def test_bad_mechanisms_are_one_line_and_exit_2(capsys, tmp_path, argv, message)
     assert not (tmp_path / "out").exists()
 
 
-def test_emulated_stragglers_slow_every_step_they_hit(tmp_path):
+def test_emulated_stragglers_slow_every_step_they_hit(small_run):
     """--straggle-prob 1: every step of every worker sleeps (K-1) x base more; the run records the model."""
-    out = tmp_path / "strag"
-    cmd = [
-        sys.executable,
-        "-m",
-        "lta",
-        "-q",
-        "train",
-        "--quick",
-        "--seeds",
-        "0",
-        "--steps",
-        "8",
-        "--drops",
-        "0",
-    ]
-    cmd += ["--straggle-prob", "1", "--straggle-factor", "3", "--straggle-base-ms", "100", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    out, _ = small_run
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["stragglers"] == {
         "base_s": 0.1,
@@ -218,10 +214,12 @@ def test_emulated_stragglers_slow_every_step_they_hit(tmp_path):
         "lognormal": False,
         "seed": 0,
     }
-    assert results["runs"][0]["wall_s"] >= 8 * 0.2  # 8 steps, each at least 200 ms of emulated straggling
+    assert len(results["runs"]) == 3
+    for run in results["runs"]:  # 10 steps, each at least 200 ms of emulated straggling
+        assert run["wall_s"] >= 10 * 0.2 and run["step_ms_median"] >= 200, run["step_ms_median"]
 
 
-def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
+def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path, capsys):
     """--simulate-workers 16 --optimizer sgd --loss-model ge: the sweep runs in-process and results.json
     says so; the loss the workers saw matches the configured mean rate; simulation refuses what it
     does not model in one line."""
@@ -251,18 +249,15 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path):
     assert lossy["resend_requests"] is not None and lossy["resend_requests_per_step"] is not None
     title = (out / "table.md").read_text().splitlines()[0]
     assert "16 simulated workers" in title and "Gilbert-Elliott" in title
-    bad = subprocess.run(
-        [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "16", "--kill-worker", "1@5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "--kill-worker needs worker processes" in bad.stderr
+    capsys.readouterr()
+    bad = cli.main(["train", "--quick", "--simulate-workers", "16", "--kill-worker", "1@5"])
+    err = capsys.readouterr().err
+    assert bad == 2 and err.count("\n") == 1
+    assert "--kill-worker needs worker processes" in err
 
 
-@pytest.mark.timeout(1200)  # five CLI starts: ~1 min on a quiet machine, 11 min measured at load 20
-def test_jobs_give_the_sequential_sweep_and_keep_finished_runs(tmp_path):
+@pytest.mark.timeout(1200)  # four CLI starts; five took 11 min at load 20
+def test_jobs_give_the_sequential_sweep_and_keep_finished_runs(tmp_path, capsys):
     """--jobs 2 trains the simulated runs in two processes: every run's curve and validation loss equal
     the sequential sweep's (runs are independent); the same command again loads the finished runs from
     OUT/runs instead of training them, and runs kept with other settings are refused in one line."""
@@ -286,5 +281,6 @@ def test_jobs_give_the_sequential_sweep_and_keep_finished_runs(tmp_path):
     refused = subprocess.run(other, capture_output=True, text=True, timeout=300)
     last = refused.stderr.strip().splitlines()[-1]  # (after --overwrite's warning about the old table)
     assert refused.returncode == 2 and "holds runs trained with other settings (train)" in last
-    no_sim = subprocess.run([*base[:5], "--jobs", "2"], capture_output=True, text=True, timeout=60)
-    assert no_sim.returncode == 2 and "--simulate-workers" in no_sim.stderr
+    capsys.readouterr()
+    assert cli.main(["train", "--quick", "--jobs", "2"]) == 2  # as base[:5] + --jobs 2, in this process
+    assert "--simulate-workers" in capsys.readouterr().err
