@@ -420,7 +420,9 @@ def test_ddp_hook_brings_critical_gradients_back_exact_under_loss(tmp_path):
     bound = 2.0 * 2.0 ** (codec.headroom_bits(WORLD) - 30) + 2.0**-24
     results = spawn(_ddp_rank, tmp_path)
     for r in results:
-        assert r["worst_relative"] <= bound, (r["worst_relative"], bound, r["stats"])
+        # (pytest truncates a long dict: the message names the critical and flush counters first)
+        why = {k: v for k, v in r["stats"].items() if "critical" in k or "flush" in k or "resen" in k}
+        assert r["worst_relative"] <= bound, (r["worst_relative"], bound, why, r["stats"])
         assert r["stats"]["chunks_critical"] > 0
         assert r["stats"]["chunks_critical_full"] == r["stats"]["chunks_critical"]
     assert sum(r["stats"]["chunks_partial"] + r["stats"]["chunks_fallback"] for r in results) > 0

@@ -296,7 +296,11 @@ def test_rawport_softswitch_reduces_correctly_over_lossy_links(tmp_path: Path) -
         assert report["chunks_checked"] > 0 and report["worst_error_over_tolerance"] < 1.0
         assert report["chunks"]["full"] > 0
     assert sum(link.dropped_up + link.dropped_down for link in links) > 0, "2% loss never dropped anything"
-    counters = json.loads(stats_file.read_text())["jobs"]["1"]
-    # The switch saw exactly what the links delivered, and the links carried exactly what it sent.
+    stats = json.loads(stats_file.read_text())
+    counters = stats["jobs"]["1"]
+    # The switch saw exactly what the links delivered, and the links carried exactly what it sent: all
+    # it sent but the packets for a worker whose address the raw port had not learned yet (a relayed
+    # heartbeat from one worker before the other's first packet: counted by the pipeline, no frame).
     assert counters["rx_packets"] == sum(link.seen_up - link.dropped_up for link in links)
-    assert counters["tx_packets"] == sum(link.seen_down for link in links)
+    unsent = stats["ports"].get("tx_no_neighbor", 0)
+    assert counters["tx_packets"] - unsent == sum(link.seen_down for link in links)
