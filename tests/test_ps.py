@@ -111,7 +111,10 @@ class Driver:
             bitmap=lr_bits(lr),
         )
 
-    def pull(self, w: int, step: int, now: float = 0.0, seq: int | None = None) -> list[np.ndarray]:
+    def pull(
+        self, w: int, step: int, now: float = 0.0, seq: int | None = None, addr: int | None = None
+    ) -> list:
+        """A PULL of every chunk from worker ``w`` (``addr``: from another address key, as ``init``)."""
         first, payload, nelem = chunk_bitmap(np.arange(self.job.n_chunks), K)
         row = build_packets(
             payload[None, :],
@@ -125,7 +128,7 @@ class Driver:
             step=step,
             chunk=first,
         )
-        return self.send(row, w, now)
+        return self.send(row, w, now) if addr is None else self.send_from(row, addr, now)
 
     def params(self) -> np.ndarray:
         _, params = self.server.snapshot(JOB)
@@ -668,20 +671,7 @@ def test_a_restarted_worker_rejoins_from_a_new_address_once_its_old_one_is_silen
     assert d.job.counters["workers_rejoined"] == 0
     d.init(p, 1, now=6.0, incarnation=22, addr=new_addr)  # 4 s of silence: taken over
     assert d.job.counters["workers_readdressed"] == 1 and d.job.counters["workers_rejoined"] == 1
-    first, payload, nelem = chunk_bitmap(np.arange(d.job.n_chunks), K)
-    pull = build_packets(
-        payload[None, :],
-        K,
-        version=VERSION,
-        op=int(PsOp.PULL),
-        job_id=JOB,
-        worker_id=1,
-        nelem=nelem,
-        seq=0,
-        step=0,
-        chunk=first,
-    )
-    replies = d.send_from(pull, new_addr, now=6.1)
+    replies = d.pull(1, step=0, now=6.1, seq=0, addr=new_addr)
     assert replies and all((keys == new_addr).all() for _, keys in replies)
     got = rows_to_floats(np.concatenate([r for r, _ in replies])[:, HEADER_BYTES:], K).ravel()[:8]
     np.testing.assert_array_equal(got, expect)  # the current parameters, to the new address

@@ -225,7 +225,7 @@ class PsJob:
             pass
         elif known < 0 and not self.fixed_addresses:
             self.keys[worker] = key
-        elif op == _INIT and not self.fixed_addresses and self._gone(worker, now):
+        elif op == _INIT and not self.fixed_addresses and self._gone(now)[worker]:
             self.keys[worker] = key
             self._count("workers_readdressed")
             log.info("job %d: worker %d rejoins from a new address", self.cfg.job_id, worker)
@@ -234,12 +234,12 @@ class PsJob:
         self._last_seen[worker] = now
         return True
 
-    def _gone(self, worker: int, now: float) -> bool:
-        """Presumed gone: heard from, then silent for ``liveness_timeout_s`` (0: never presumed gone). A
-        worker never heard from is waited for as before (``max_wait_s``): it may still be starting."""
+    def _gone(self, now: float) -> np.ndarray:
+        """Per worker, presumed gone: heard from, then silent for ``liveness_timeout_s`` (0: never presumed
+        gone). A worker never heard from is waited for as before (``max_wait_s``): it may be starting."""
+        seen = self._last_seen
         timeout = self.cfg.liveness_timeout_s
-        seen = self._last_seen[worker]
-        return timeout > 0 and bool(np.isfinite(seen)) and now - seen >= timeout
+        return np.isfinite(seen) & (now - seen >= timeout) & (timeout > 0)
 
     def handle(self, pkt: Packet, now: float) -> list[OutRows]:
         """One packet from its (checked) worker; returns the PARAM packets to send."""
@@ -493,9 +493,7 @@ class PsJob:
         finished = int(win.done.sum())
         if finished >= self.cfg.window:
             return self._close(now, "windows_full")
-        timeout = self.cfg.liveness_timeout_s
-        seen = self._last_seen
-        if finished and timeout > 0 and (win.done | (np.isfinite(seen) & (now - seen >= timeout))).all():
+        if finished and (win.done | self._gone(now)).all():
             return self._close(now, "windows_live")
         return []
 
