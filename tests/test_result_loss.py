@@ -20,6 +20,20 @@ from tests.conftest import check_mean_over_bitmap, run_workers
 K = 16
 
 
+def count_excuses(workers: list[LtaWorker]) -> list[int]:
+    """The peers these workers excuse from the slot-reuse rule (``SlotReuse.excuse``), one entry per
+    excuse: the sum of the excused peers' ids, appended as it happens."""
+    holds: list[int] = []
+    for w in workers:
+
+        def counted_excuse(peers: np.ndarray, excuse: Callable[[np.ndarray], None] = w.reuse.excuse) -> None:
+            holds.append(int(np.flatnonzero(peers).sum()))
+            excuse(peers)
+
+        w.reuse.excuse = counted_excuse  # type: ignore[method-assign]
+    return holds
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_lost_results_are_recovered_before_their_slot_moves_on(make_cluster, n):
     """Down loss only, a pool of 15 data slots (every slot carries a new round every 15 units): each
@@ -206,18 +220,9 @@ def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_clust
         n, seed=3, elems_per_packet=K, pool_size=16, min_deadline_ms=5, max_deadline_ms=50,
         sync_deadline_ms=100, lag_deadline_ms=50,
     )  # fmt: skip
-    holds: list[int] = []  # the peers excused, by worker 0 or 1 (a worker that follows the other's
-    # excuse makes none of its own: on a loaded host worker 0 followed worker 1's and waited once)
-
-    def counting(excuse: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
-        def counted_excuse(peers: np.ndarray) -> None:
-            holds.append(int(np.flatnonzero(peers).sum()))
-            excuse(peers)
-
-        return counted_excuse
-
-    for w in cluster.workers[:2]:
-        w.reuse.excuse = counting(w.reuse.excuse)  # type: ignore[method-assign]
+    # the peers excused, by worker 0 or 1 (a worker that follows the other's excuse makes none of its
+    # own: on a loaded host worker 0 followed worker 1's and waited once)
+    holds = count_excuses(cluster.workers[:2])
     leaders_done = threading.Event()
     rng = np.random.default_rng(5)
     inputs = [[rng.standard_normal(60 * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
@@ -415,17 +420,7 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
         n, seed=3, elems_per_packet=K, pool_size=128, min_deadline_ms=5, max_deadline_ms=50,
         sync_deadline_ms=100, lag_deadline_ms=50, heartbeat_interval_s=0.1,
     )  # fmt: skip
-    holds: list[int] = []
-
-    def counting(excuse: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
-        def counted_excuse(peers: np.ndarray) -> None:
-            holds.append(int(np.flatnonzero(peers).sum()))
-            excuse(peers)
-
-        return counted_excuse
-
-    for w in cluster.workers[:2]:
-        w.reuse.excuse = counting(w.reuse.excuse)  # type: ignore[method-assign]
+    holds = count_excuses(cluster.workers[:2])
     leaders_done = threading.Event()
     rng = np.random.default_rng(5)
     inputs = [[rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
