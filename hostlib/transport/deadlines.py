@@ -137,7 +137,7 @@ class Deadlines:
         """Presume these peers dead now, on other evidence than the RESULTs (the parameter exchange: an
         owner that sent nothing for a step for the liveness timeout); cleared as any presumption, when
         a peer's bit shows up again."""
-        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+        bits = _mask_of(workers)
         bits &= self._all_workers & ~(1 << self.worker_id)
         if bits & ~self.presumed_dead:
             self.presumed_dead |= bits
@@ -149,7 +149,7 @@ class Deadlines:
         dead is not any more (a live rank its peers had given up on gets back in: they wait for it
         again, within the slot-reuse bound, so its GRADs reach their rounds and its bit comes back)."""
         self.heard_at[workers] = now
-        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+        bits = _mask_of(workers)
         if self.presumed_dead & bits:
             self.presumed_dead &= ~bits
             self.early_close = self.presumed_dead != 0
@@ -158,7 +158,7 @@ class Deadlines:
     def alive(self, now: float) -> int:
         """Bit w: peer w's relayed heartbeat came within ``peer_alive_s``."""
         recent = np.flatnonzero(now - self.heard_at <= self.config.peer_alive_s)
-        return int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), recent.astype(np.uint64)), initial=0))
+        return _mask_of(recent)
 
     def track_absent(self, bitmaps: np.ndarray) -> None:
         """Presume a worker dead when it is missing from every one of 64 consecutive RESULTs and no
@@ -416,3 +416,8 @@ def leaf_index(leaf_sizes: tuple[int, ...], worker_id: int) -> int:
         return worker_id
     ends = np.cumsum(leaf_sizes)
     return int(np.searchsorted(ends, worker_id, side="right"))
+
+
+def _mask_of(workers: np.ndarray) -> int:
+    """The bitmask of these worker ids (bit w: worker w)."""
+    return int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
