@@ -172,6 +172,8 @@ def test_sharded_feedback_conserves_a_workers_contributions_through_the_switch(m
         ("stale1", False, 1, False),
         ("stale2", False, 2, False),
         ("retrieve", False, 8, True),
+        ("retrieve+feedback", True, 8, True),
+        ("feedback+stale1", True, 1, False),
     ],
 )
 def test_training_run_builds_the_mechanisms_optimizer(make_cluster, mechanism, feedback, bound, retrieve):

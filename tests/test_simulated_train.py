@@ -476,3 +476,41 @@ def test_unknown_mechanism_is_refused(corpus):
         (False, cfg.stale_bound, True, False),
         (False, cfg.stale_bound, False, True),
     ]
+
+
+@pytest.mark.parametrize(
+    "name,why",
+    [
+        ("retrieve+stale1", "no copy to bound"),
+        ("stale1+stale2", "same bound"),
+        ("feedback+rotate", "feedback does not combine with rotate"),
+        ("retrieve+retrieve", "named twice"),
+        ("none+retrieve", "'none' is combined"),
+        ("retrieve+magic", "or a '\\+' combination"),
+    ],
+)
+def test_a_combination_that_cannot_run_is_refused_with_its_reason(corpus, name, why):
+    cfg = quick_config()
+    with pytest.raises(ValueError, match=why):
+        SimulatedRun(RunSpec("x", "renorm", 0.1, 0, 1, mechanism=name), cfg, 4, corpus=corpus)
+
+
+def test_a_combination_sets_each_of_its_parts(corpus):
+    """``retrieve+feedback``: the retrieve part leaves no copy stale and resends each lost copy; the
+    feedback part carries residuals and divides by N; ``stale1+rotate`` bounds at 1 and rotates."""
+    from lta.train.experiment import aggregation, mechanism_settings
+
+    cfg = replace(quick_config(), steps=6)
+    s = mechanism_settings("stale1+rotate", cfg)
+    assert (s.feedback, s.stale_bound, s.retrieve, s.rotate) == (False, 1, False, True)
+    s = mechanism_settings("feedback+retrieve", cfg)
+    assert (s.feedback, s.stale_bound, s.retrieve, s.rotate) == (True, cfg.stale_bound, True, False)
+    spec = RunSpec("rf", "renorm", 0.3, 0, 1, mechanism="retrieve+feedback")
+    assert aggregation(spec) == "zero"
+    run = SimulatedRun(spec, cfg, 8, corpus=corpus)
+    for _ in range(cfg.steps):
+        run.step()
+        owners = run.owned.detach().numpy()  # retrieve: every replica holds the owners' values
+        assert np.array_equal(run.replicas.numpy()[:, : run.numel], np.broadcast_to(owners, (8, run.numel)))
+    assert run.feedback is not None and run.feedback.carried.any()
+    assert run.counters["resend_requests"].sum() > 0 and run.counters["max_age_seen"].max() == 0

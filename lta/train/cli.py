@@ -12,8 +12,9 @@ val_ppl_change.png. Only this module's ``register`` runs at ``lta`` start-up; to
 ``--mechanism NAME`` (repeatable, or comma-separated): mechanisms beyond Algorithm 1 for the renorm runs,
 each a row of the tables: none (plain Algorithm 1), feedback (lost contributions added to the next
 gradient), stale1 / stale2 (staleness bound S = 1 or 2), retrieve (lost parameter copies resent
-within the step), rotate (gradients reduced in a seeded randomized Hadamard basis); prev and zero
-always run plain. Every seed
+within the step), rotate (gradients reduced in a seeded randomized Hadamard basis), or a combination
+joined by "+" (retrieve+feedback, stale1+rotate; feedback does not combine with rotate, nor a stale bound
+with retrieve); prev and zero always run plain. Every seed
 (default 0,1,2; with --quick 0) repeats the whole sweep: the tables give the mean paired change vs 0%
 and its 95% t interval over seeds (lta/train/report.py documents results.json). Feedback runs divide
 each chunk's sum by N rather than renormalize (a lost contribution arrives a step late: renormalizing
@@ -99,9 +100,17 @@ def _names(allowed: tuple[str, ...]):  # noqa: ANN202
 
 
 def _mechanisms(text: str) -> list[str]:
-    from lta.train.experiment import MECHANISMS  # imports torch: only when the flag is given
+    from lta.train.experiment import mechanism_parts  # imports torch: only when the flag is given
 
-    return _names(MECHANISMS)(text)
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no mechanism named in {text!r}")
+    for name in names:
+        try:
+            mechanism_parts(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return names
 
 
 def sweep_specs(seeds: list[int], drops: list[float], methods: list[str], mechanisms: list[str]) -> list[Any]:
@@ -185,7 +194,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="NAME",
         help="mechanism beyond Algorithm 1 for the renorm runs, one more row each: none, feedback, stale1, "
-        "stale2, retrieve, rotate; repeat the flag or separate with commas (default: none)",
+        "stale2, retrieve, rotate, or a '+' combination (retrieve+feedback); repeat the flag or separate "
+        "with commas (default: none)",
     )
     p.add_argument(
         "--seeds",

@@ -113,6 +113,7 @@ class RunSpec:
 # rotate: the gradient is rotated by a seeded randomized Hadamard transform (hostlib/rotation.py, the
 #   seed shared by run, step and tensor) before quantization and packetization and rotated back after
 #   renormalization: a lost packet costs a little of every value of its block instead of K neighbours.
+# Mechanisms combine with "+" (``retrieve+feedback``): see mechanism_parts() for which do.
 MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve", "rotate")
 
 
@@ -126,27 +127,53 @@ class MechanismSettings:
     rotate: bool = False  # gradients reduced in a rotated basis (ShardedOptimizer(rotate=True))
 
 
+def mechanism_parts(mechanism: str) -> frozenset[str]:
+    """The mechanisms a name combines: ``retrieve+feedback`` → {retrieve, feedback}; ``none`` → {}.
+    Refused (ValueError, one line): an unknown part, a part twice, ``none`` in a combination, stale1
+    with stale2 (one bound), a stale bound with retrieve (retrieve leaves no stale copy to bound), and
+    feedback with rotate (the residual lives in the original basis; ShardedOptimizer refuses it too)."""
+    parts = mechanism.split("+")
+    unknown = [p for p in parts if p not in MECHANISMS]
+    if unknown or not mechanism:
+        raise ValueError(
+            f"mechanism must be one of {', '.join(MECHANISMS)} or a '+' combination, got {mechanism!r}"
+        )
+    if mechanism == "none":
+        return frozenset()
+    chosen = frozenset(parts) - {"none"}
+    clashes = [
+        (len(chosen) != len(parts), "a mechanism is named twice or 'none' is combined"),
+        ({"stale1", "stale2"} <= chosen, "stale1 and stale2 set the same bound"),
+        (bool({"stale1", "stale2"} & chosen) and "retrieve" in chosen, "retrieve leaves no copy to bound"),
+        ({"feedback", "rotate"} <= chosen, "feedback does not combine with rotate"),
+    ]
+    for clash, why in clashes:
+        if clash:
+            raise ValueError(f"mechanism {mechanism!r}: {why}")
+    return chosen
+
+
 def aggregation(spec: RunSpec) -> str:
     """The METHODS entry a run's reduces use: its method, except under lost-contribution feedback,
     which divides by N (zero fill). A contribution lost at step t is added at t+1: renormalizing over
     the survivors as well would count it twice in expectation (E[aggregate] = g/(1-p), measured in
     tests/test_feedback.py); with sum/N each contribution counts once, late."""
-    return "zero" if spec.mechanism == "feedback" else spec.method
+    return "zero" if "feedback" in mechanism_parts(spec.mechanism) else spec.method
 
 
 def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
     """``none``: plain Algorithm 1 at ``cfg.stale_bound``; ``feedback``: the same with lost-contribution
     feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``; ``retrieve``: lost
     parameter copies asked for and resent within the step; ``rotate``: gradients reduced in a seeded
-    randomized Hadamard basis (hostlib/rotation.py)."""
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+    randomized Hadamard basis (hostlib/rotation.py); a ``+`` combination sets each of its parts."""
+    parts = mechanism_parts(mechanism)
     bounds = {"stale1": 1, "stale2": 2}
+    bound = next((bounds[p] for p in parts if p in bounds), cfg.stale_bound)
     return MechanismSettings(
-        feedback=mechanism == "feedback",
-        stale_bound=bounds.get(mechanism, cfg.stale_bound),
-        retrieve=mechanism == "retrieve",
-        rotate=mechanism == "rotate",
+        feedback="feedback" in parts,
+        stale_bound=bound,
+        retrieve="retrieve" in parts,
+        rotate="rotate" in parts,
     )
 
 
