@@ -42,6 +42,14 @@ class TransportConfig:
     # A unit some peer has not reached yet (by the bitmaps, see Deadlines.fast_flush) waits this long
     # for it: a late peer is not a lost packet. Units every peer has passed are flushed at once.
     lag_deadline_ms: float = 200.0
+    # In the tail of a reduce, a unit that waits lag_deadline_ms for a peer (it may be late) is probed
+    # one RTO after its send: this worker's GRAD goes again. The switch adds it if the first copy was
+    # lost, drops it as a duplicate while the round is open, and answers a closed round with its stored
+    # RESULT: a lost RESULT or GRAD of the tail costs about an RTO instead of the lag deadline, and no
+    # late peer is cut off (a FLUSH still waits the lag deadline). One probe per unit, sent
+    # flush_copies times (a lost copy or answer costs the lag deadline, a duplicate one packet).
+    # Off in exact mode (each GRAD's fate is the drop policy's one decision there).
+    tail_probe: bool = True
     # Exponent packets are 1/K of the traffic and gate every data packet: send each this many times
     # (the switch ignores duplicates), so one is lost with probability p**copies instead of p.
     exp_copies: int = 2

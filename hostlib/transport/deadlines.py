@@ -265,9 +265,13 @@ class Deadlines:
             # window is all tail: on 2 Mininet hosts at 10% loss, 4255 of 4570 FLUSHes went on a timer
             # and 16% of the chunks came back full where the loss leaves 81%.
             beyond = units > self.slowest_frontier(plan)
+            quick = first.copy()
             first[beyond] = np.maximum(first[beyond], self.config.lag_deadline_ms / 1000.0)
         base_s = np.where(flushes > 0, self.flush_rto_s(), first)
         at = start + base_s * self._stagger * np.left_shift(1, flushes)
+        if tail and not self.early_close:
+            probing = self.tail_probing(plan, units)
+            at[probing] = np.minimum(at[probing], start + quick[probing])
         crit = self.resending(plan, units)
         if crit.any():
             at[crit] = start + self.rto_s() * np.where(plan.retx[units[crit]] > 0, 2.0, 1.0)
@@ -279,6 +283,26 @@ class Deadlines:
                 probe_at = start + self.rto_s() * np.left_shift(1, plan.probes[units[exp]])
                 at[exp] = np.minimum(at[exp], probe_at)
         plan.deadline_at[units] = at
+
+    def tail_probing(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
+        """Which of ``units`` get a tail probe (``TransportConfig.tail_probe``) at their next deadline: data
+        units of the tail (this worker sent everything, the exponents agreed, no peer looks dead) that
+        wait for a live peer that may be late (past its frontier), were neither probed nor FLUSHed yet
+        and have a GRAD to send again (not withheld). Never in exact mode: there a round closes by the
+        drop policy's decision on each worker's one GRAD, and a probe would draw again."""
+        cfg = self.config
+        if not (cfg.tail_probe and plan.synced and plan.all_sent) or cfg.exact or self.early_close:
+            return np.zeros(len(units), dtype=bool)
+        data = units >= plan.exp_units
+        c = np.where(data, units - plan.exp_units, 0)
+        return (
+            data
+            & plan.has_exp[c]
+            & (units > self.slowest_frontier(plan))
+            & (plan.flushes[units] == 0)
+            & (plan.probes[units] == 0)
+            & ~plan.critical_unit[units]
+        )
 
     def fast_flush(self, plan: ReducePlan, now: float) -> None:
         """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at

@@ -53,6 +53,8 @@ class TransportStats:
     # FLUSHes of units not yet behind every worker's frontier: a timer decided (a late worker's
     # packet could still have come). 0 in exact runs: every round closed by the drop policy alone.
     flushes_on_timer: int = 0
+    # GRADs sent again one RTO into a tail unit's wait for a peer (TransportConfig.tail_probe).
+    tail_probes: int = 0
     # Time this worker had units left to send and room in its window, but a slot-reuse rule (reuse.py)
     # let none go: its own span (its oldest unsettled unit is S units back: a lost unit being recovered,
     # or a round waiting for a late peer, stalls the pipeline there) or, only where the span did not

@@ -847,6 +847,20 @@ class LtaWorker:
             self._send(plan.exp_rows[units])
             self.deadlines.arm(plan, units, now)
         rest = due[~probe]
+        tail = self.deadlines.tail_probing(plan, rest)
+        if tail.any():
+            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer. The
+            # FLUSH keeps its time (the lag deadline from the send), or one RTO from now if later.
+            # Sent flush_copies times, as a FLUSH is: a lost probe or a lost answer costs the lag deadline.
+            units = rest[tail]
+            rows = plan.data_rows[units - plan.exp_units]
+            for _ in range(self.config.flush_copies):
+                self._send(rows)
+            plan.probes[units] += 1
+            self.stats.tail_probes += len(units)
+            lag_at = plan.sent_at[units] + self.config.lag_deadline_ms / 1000.0
+            plan.deadline_at[units] = np.maximum(lag_at, now + self.deadlines.rto_s())
+            rest = rest[~tail]
         more = plan.flushes[rest] < self.config.max_flushes
         units = rest[more]
         if units.size:

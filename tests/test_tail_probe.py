@@ -1,0 +1,107 @@
+"""The tail probe (``TransportConfig.tail_probe``): in the tail of a reduce, a unit that waits the lag
+deadline for a possibly late peer sends its GRAD again one RTO after its send. A lost GRAD is then added
+and a lost RESULT answered with the stored copy (``grad_late_resend``) about an RTO after the send,
+instead of the FLUSH at the lag deadline, which closes the round without the lost contribution. Each
+test drops one packet of the last data unit by hand and checks the RESULTs against numpy over both
+workers; the same drop with the probe turned off shows what the probe changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from hostlib.protocol import HEADER_DTYPE, Flag, Op
+from hostlib.transport import LtaWorker
+from tests.conftest import check_mean_over_bitmap
+
+K = 16
+CHUNKS = 6  # one exponent unit, then data units 1..6: the last data unit is chunk 5
+# The lag deadline is long against the RTO (20-300 ms), so a FLUSH on it is easy to tell apart.
+TIMING = dict(lag_deadline_ms=1500, sync_deadline_ms=1500, min_deadline_ms=20, max_deadline_ms=300)
+
+
+def _headers(rows: np.ndarray) -> np.ndarray:
+    return np.ndarray((len(rows),), dtype=HEADER_DTYPE, buffer=rows, strides=(rows.strides[0],))
+
+
+def _last_data_unit(hdr: np.ndarray, op: Op) -> np.ndarray:
+    return (hdr["op"] == op) & (hdr["chunk"] == CHUNKS - 1) & ((hdr["flags"] & Flag.MAX) == 0)
+
+
+def _drop_first_grad_of_last_unit(worker: LtaWorker) -> list[int]:
+    """Worker ``worker`` loses its first GRAD of the last data chunk on the way up."""
+    dropped: list[int] = []
+    send: Callable[[np.ndarray], int] = worker.io.send_rows
+
+    def lossy_send(rows: np.ndarray) -> int:
+        hit = np.flatnonzero(_last_data_unit(_headers(rows), Op.GRAD))
+        if hit.size and not dropped:
+            dropped.append(int(hit[0]))
+            keep = np.ones(len(rows), dtype=bool)
+            keep[hit[0]] = False
+            return send(np.ascontiguousarray(rows[keep])) + 1
+        return send(rows)
+
+    worker.io.send_rows = lossy_send  # type: ignore[method-assign]
+    return dropped
+
+
+def _drop_first_result_of_last_unit(worker: LtaWorker) -> list[int]:
+    """Worker ``worker`` loses the first RESULT of the last data chunk on the way down (it arrives with a
+    job id no worker has, so the worker ignores it)."""
+    dropped: list[int] = []
+    handle = worker._handle
+
+    def lossy_handle(n: int, plan) -> None:  # noqa: ANN001
+        data = worker.io.rx.data
+        hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+        hit = np.flatnonzero(_last_data_unit(hdr, Op.RESULT))
+        if hit.size and not dropped:
+            dropped.append(int(hit[0]))
+            hdr["job_id"][hit[0]] = worker.job_id + 1
+        handle(n, plan)
+
+    worker._handle = lossy_handle  # type: ignore[method-assign]
+    return dropped
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_a_lost_grad_of_the_last_unit_is_added_by_the_probe_not_flushed_out(make_cluster, probe):
+    cluster = make_cluster(2, seed=3, elems_per_packet=K, tail_probe=probe, **TIMING)
+    dropped = _drop_first_grad_of_last_unit(cluster.workers[1])
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
+    results = cluster.reduce_all(inputs, step=0)
+    assert dropped, "the GRAD to drop was never sent"
+    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    last = [int(r.count[CHUNKS - 1]) for r in results]
+    stats = [w.stats for w in cluster.workers]
+    if probe:
+        assert last == [2, 2]  # worker 1's probe brought its values in
+        assert [s.flushes_sent for s in stats] == [0, 0]
+        assert stats[1].tail_probes >= 1
+    else:  # the lag deadline's FLUSH closed the round with worker 0 alone
+        assert last == [1, 1]
+        assert sum(s.flushes_sent for s in stats) >= 1 and sum(s.tail_probes for s in stats) == 0
+    assert all(int(r.count[c]) == 2 for r in results for c in range(CHUNKS - 1))
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_a_lost_result_of_the_last_unit_comes_back_for_the_probe(make_cluster, probe):
+    cluster = make_cluster(2, seed=4, elems_per_packet=K, tail_probe=probe, **TIMING)
+    dropped = _drop_first_result_of_last_unit(cluster.workers[1])
+    rng = np.random.default_rng(12)
+    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
+    results = cluster.reduce_all(inputs, step=0)
+    assert dropped, "the RESULT to drop never came"
+    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    assert [int(r.count[CHUNKS - 1]) for r in results] == [2, 2]  # the stored round: both counted
+    assert np.array_equal(results[0].values, results[1].values)
+    w1 = cluster.workers[1].stats
+    assert w1.results_retx >= 1  # the switch's stored copy, resent by unicast
+    if probe:
+        assert w1.tail_probes >= 1 and w1.flushes_sent == 0  # answered before the lag deadline
+    else:
+        assert w1.tail_probes == 0 and w1.flushes_sent >= 1  # recovered by a FLUSH, at the deadline
