@@ -171,6 +171,11 @@ def test_sweep_runs_every_mechanism_on_renorm_and_the_baselines_plain():
     again = _sweep("--mechanism", "none,feedback", "--mechanism", "feedback", "--methods", "renorm,prev",
                    "--drops", "0.1", "--seeds", "0,1")  # fmt: skip
     assert [s.name for s in again[3]] == [s.name for s in specs]
+    combined = _sweep("--mechanism", "retrieve+feedback", "--methods", "renorm", "--drops", "0.1", "--seeds", "0")
+    assert [(s.name, s.mechanism) for s in combined[3]] == [
+        ("lossless-s0", "none"),
+        ("renorm+retrieve+feedback-p0.10-s0", "retrieve+feedback"),
+    ]
 
 
 def test_sweep_defaults_three_seeds_one_with_quick_and_no_mechanism():
@@ -187,8 +192,10 @@ def test_sweep_defaults_three_seeds_one_with_quick_and_no_mechanism():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--mechanism", "bogus"], "choose from none,feedback,stale1,stale2,retrieve"),
+        (["--mechanism", "bogus"], "one of none, feedback, stale1, stale2, retrieve, rotate or a '+'"),
         (["--mechanism", "none,bogus"], "--mechanism"),
+        (["--mechanism", "retrieve,feedback+rotate"], "feedback does not combine with rotate"),
+        (["--mechanism", "stale2+retrieve"], "retrieve leaves no copy to bound"),
         (
             ["--methods", "prev,zero", "--mechanism", "feedback"],
             "applies to renorm runs: add renorm to --methods",
