@@ -171,7 +171,8 @@ def test_sweep_runs_every_mechanism_on_renorm_and_the_baselines_plain():
     again = _sweep("--mechanism", "none,feedback", "--mechanism", "feedback", "--methods", "renorm,prev",
                    "--drops", "0.1", "--seeds", "0,1")  # fmt: skip
     assert [s.name for s in again[3]] == [s.name for s in specs]
-    combined = _sweep("--mechanism", "retrieve+feedback", "--methods", "renorm", "--drops", "0.1", "--seeds", "0")
+    combined = _sweep("--mechanism", "retrieve+feedback", "--methods", "renorm", "--drops", "0.1",
+                      "--seeds", "0")  # fmt: skip
     assert [(s.name, s.mechanism) for s in combined[3]] == [
         ("lossless-s0", "none"),
         ("renorm+retrieve+feedback-p0.10-s0", "retrieve+feedback"),
