@@ -304,6 +304,12 @@ class Deadlines:
             & ~plan.critical_unit[units]
         )
 
+    def arm_probed(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
+        """Deadlines of ``units`` just tail-probed: their FLUSH at the lag deadline from their send (not
+        staggered), or one RTO from now if that is later, so the probe's answer has a round trip."""
+        lag_at = plan.sent_at[units] + self.config.lag_deadline_ms / 1000.0
+        plan.deadline_at[units] = np.maximum(lag_at, now + self.rto_s())
+
     def fast_flush(self, plan: ReducePlan, now: float) -> None:
         """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at
         or beyond unit v (its frontier), all of them have sent every unit before v: an older unit still

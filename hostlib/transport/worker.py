@@ -858,8 +858,7 @@ class LtaWorker:
                 self._send(rows)
             plan.probes[units] += 1
             self.stats.tail_probes += len(units)
-            lag_at = plan.sent_at[units] + self.config.lag_deadline_ms / 1000.0
-            plan.deadline_at[units] = np.maximum(lag_at, now + self.deadlines.rto_s())
+            self.deadlines.arm_probed(plan, units, now)
             rest = rest[~tail]
         more = plan.flushes[rest] < self.config.max_flushes
         units = rest[more]
