@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hostlib.protocol import HEADER_DTYPE, Flag, Op
-from hostlib.transport import LtaWorker
-from tests.conftest import check_mean_over_bitmap
+from hostlib.transport import LtaWorker, ReduceResult
+from tests.conftest import Cluster, check_mean_over_bitmap
 
 K = 16
 CHUNKS = 6  # one exponent unit, then data units 1..6: the last data unit is chunk 5
@@ -67,15 +67,24 @@ def _drop_first_result_of_last_unit(worker: LtaWorker) -> list[int]:
     return dropped
 
 
+def _reduce_with_one_drop(
+    cluster: Cluster, drop: Callable[[LtaWorker], list[int]], seed: int
+) -> list[ReduceResult]:
+    """Two workers reduce seeded inputs once, worker 1 losing the packet ``drop`` picks; every chunk of
+    both results is numpy's mean over its bitmap."""
+    dropped = drop(cluster.workers[1])
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
+    results = cluster.reduce_all(inputs, step=0)
+    assert dropped, "the packet to drop never went by"
+    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    return results
+
+
 @pytest.mark.parametrize("probe", [True, False])
 def test_a_lost_grad_of_the_last_unit_is_added_by_the_probe_not_flushed_out(make_cluster, probe):
     cluster = make_cluster(2, seed=3, elems_per_packet=K, tail_probe=probe, **TIMING)
-    dropped = _drop_first_grad_of_last_unit(cluster.workers[1])
-    rng = np.random.default_rng(11)
-    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
-    results = cluster.reduce_all(inputs, step=0)
-    assert dropped, "the GRAD to drop was never sent"
-    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    results = _reduce_with_one_drop(cluster, _drop_first_grad_of_last_unit, seed=11)
     last = [int(r.count[CHUNKS - 1]) for r in results]
     stats = [w.stats for w in cluster.workers]
     if probe:
@@ -91,12 +100,7 @@ def test_a_lost_grad_of_the_last_unit_is_added_by_the_probe_not_flushed_out(make
 @pytest.mark.parametrize("probe", [True, False])
 def test_a_lost_result_of_the_last_unit_comes_back_for_the_probe(make_cluster, probe):
     cluster = make_cluster(2, seed=4, elems_per_packet=K, tail_probe=probe, **TIMING)
-    dropped = _drop_first_result_of_last_unit(cluster.workers[1])
-    rng = np.random.default_rng(12)
-    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
-    results = cluster.reduce_all(inputs, step=0)
-    assert dropped, "the RESULT to drop never came"
-    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    results = _reduce_with_one_drop(cluster, _drop_first_result_of_last_unit, seed=12)
     assert [int(r.count[CHUNKS - 1]) for r in results] == [2, 2]  # the stored round: both counted
     assert np.array_equal(results[0].values, results[1].values)
     w1 = cluster.workers[1].stats

@@ -88,9 +88,14 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _split(text: str) -> list[str]:
+    """A comma list's non-empty names."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def _names(allowed: tuple[str, ...]):  # noqa: ANN202
     def parse(text: str) -> list[str]:
-        names = [v.strip() for v in text.split(",") if v.strip()]
+        names = _split(text)
         unknown = set(names) - set(allowed)
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}; got {text!r}")
@@ -102,7 +107,7 @@ def _names(allowed: tuple[str, ...]):  # noqa: ANN202
 def _mechanisms(text: str) -> list[str]:
     from lta.train.experiment import mechanism_parts  # imports torch: only when the flag is given
 
-    names = [v.strip() for v in text.split(",") if v.strip()]
+    names = _split(text)
     if not names:
         raise argparse.ArgumentTypeError(f"no mechanism named in {text!r}")
     for name in names:

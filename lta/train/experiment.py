@@ -134,7 +134,7 @@ def mechanism_parts(mechanism: str) -> frozenset[str]:
     feedback with rotate (the residual lives in the original basis; ShardedOptimizer refuses it too)."""
     parts = mechanism.split("+")
     unknown = [p for p in parts if p not in MECHANISMS]
-    if unknown or not mechanism:
+    if unknown:  # "" too: its one part is unknown
         raise ValueError(
             f"mechanism must be one of {', '.join(MECHANISMS)} or a '+' combination, got {mechanism!r}"
         )
