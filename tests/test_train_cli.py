@@ -234,7 +234,7 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path, cap
     out = tmp_path / "sim"
     cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--seeds", "0", "--simulate-workers", "16"]
     cmd += ["--drops", "0.2", "--methods", "renorm", "--optimizer", "sgd", "--loss-model", "ge"]
-    cmd += ["--out", str(out)]
+    cmd += ["--batch", "4", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
@@ -245,6 +245,9 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path, cap
         "sgd",
         "ge",
     )
+    # --batch 4 (the 4-worker run's global batch of 16 sequences, one per simulated worker); the
+    # validation set keeps --quick's batches of 8
+    assert (config["train"]["batch"], config["train"]["val_batch"]) == (4, 8)
     lossy = next(r for r in results["rows"] if r["drop"] == 0.2)
     # Each worker's GRADs (67 chunks x 40 steps) cross its own Gilbert-Elliott link at a mean 0.2 in
     # bursts of 4 (r = 1/4, p = r·0.2/0.8; exponents are spared in exact mode): the mean of m losses of
@@ -292,3 +295,44 @@ def test_jobs_give_the_sequential_sweep_and_keep_finished_runs(tmp_path, capsys)
     capsys.readouterr()
     assert cli.main(["train", "--quick", "--jobs", "2"]) == 2  # as base[:5] + --jobs 2, in this process
     assert "--simulate-workers" in capsys.readouterr().err
+
+
+def test_the_validation_set_does_not_follow_the_training_batch():
+    """--batch changes the training batch only: the validation loss of one model is the same at any
+    batch, and changes with val_batch (its own setting)."""
+    import torch
+
+    from lta.train.experiment import TrainConfig, evaluate, quick_config
+    from lta.train.gpt import CharCorpus, CharGpt
+
+    cfg, corpus = quick_config(), CharCorpus()
+    torch.manual_seed(0)
+    model = CharGpt(cfg.gpt(corpus.vocab))
+    losses = {
+        (batch, val_batch): evaluate(model, corpus, TrainConfig(**{**vars(cfg), "batch": batch,
+                                                                   "val_batch": val_batch}), 0, 1)
+        for batch, val_batch in ((8, 8), (3, 8), (8, 5))
+    }  # fmt: skip
+    assert losses[(3, 8)] == losses[(8, 8)]
+    assert losses[(8, 5)][1] == 8 * 5 * cfg.context and losses[(8, 8)][1] == 8 * 8 * cfg.context
+    assert losses[(8, 5)][0] != losses[(8, 8)][0]
+
+
+def test_a_run_folder_from_before_a_new_setting_is_reused_and_other_settings_are_refused(tmp_path):
+    """OUT/runs/settings.json written before TrainConfig had val_batch (validation batches were
+    --batch's): the same sweep today trains as those runs did, so the folder is taken; a folder
+    whose runs had another batch is refused as before."""
+    from hostlib.errors import UsageError
+    from lta.train.experiment import TrainConfig, config_dict, quick_config
+    from lta.train.parallel import RunStore
+
+    for cfg in (TrainConfig(steps=1000), quick_config()):
+        settings = {"workers": 4, "directions": ["up", "param"], "train": config_dict(cfg)}
+        old = {**settings, "train": {k: v for k, v in settings["train"].items() if k != "val_batch"}}
+        out = tmp_path / f"b{cfg.batch}"
+        (out / "runs").mkdir(parents=True)
+        (out / "runs" / "settings.json").write_text(json.dumps(old))
+        RunStore(out, settings)  # taken
+        other = {**settings, "train": {**settings["train"], "batch": cfg.batch + 1}}
+        with pytest.raises(UsageError, match=r"other settings \(train\)"):
+            RunStore(out, other)

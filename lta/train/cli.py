@@ -212,6 +212,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--steps", type=argtypes.positive_int, help="training steps per run (default: 300; with --quick 40)"
     )
     p.add_argument(
+        "--batch",
+        type=argtypes.positive_int,
+        metavar="B",
+        help="sequences per worker and step of the 4-worker run (default: 16; with --quick 8); "
+        "--simulate-workers N share the same global batch of 4*B sequences",
+    )
+    p.add_argument(
         "--stale-bound",
         type=argtypes.nonnegative_int,
         default=8,
@@ -366,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.steps:
         overrides["steps"] = args.steps
+    if args.batch:
+        overrides["batch"] = args.batch
     # Exact runs need every lost packet to be shown lost by a later one that arrived (the fence); a
     # RESULT lost on the way down (--directions ...,down) has no such witness: timers close those runs.
     if args.timed_close or "down" in args.directions:

@@ -54,6 +54,9 @@ class TrainConfig:
     stale_bound: int = 8
     drift_every: int = 10
     val_batches: int = 32
+    # Sequences per validation batch: the validation set (val_batches of them, seeded) does not follow
+    # `batch`, so runs trained with another batch (lta train --batch) are evaluated on the same set.
+    val_batch: int = 16
     exp_copies: int = 6  # exponent packets gate a whole reduce: send them often enough to survive 40% loss
     # Exact runs (TransportConfig.exact): a round closes by the switch's seeded drop decisions alone,
     # never by a timer, so two runs with the same seed repeat bit for bit at any drop rate and the
@@ -88,6 +91,7 @@ def quick_config() -> TrainConfig:
         warmup=5,
         drift_every=5,
         val_batches=8,
+        val_batch=8,
         elems_per_packet=256,  # ~17k parameters: 67 chunks rather than 17
     )
 
@@ -514,7 +518,7 @@ def evaluate(
     batches = torch.Generator().manual_seed(12345)
     total, count = 0.0, 0
     for i in range(cfg.val_batches):
-        x, y = corpus.batch("val", cfg.batch, cfg.context, batches)
+        x, y = corpus.batch("val", cfg.val_batch, cfg.context, batches)
         if i % n_workers == rank:
             total += float(model(x, y)) * y.numel()
             count += y.numel()
@@ -524,3 +528,15 @@ def evaluate(
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return asdict(cfg)
+
+
+def with_new_fields(settings: dict[str, Any]) -> dict[str, Any]:
+    """Saved sweep settings (a run store's, a checkpoint folder's) with the TrainConfig fields added
+    since they were written filled in, under ``train``, as the code that trained them behaved: at their
+    defaults, except ``val_batch``, which was ``batch``. A folder from before a new field stays usable."""
+    train = settings.get("train")
+    if not isinstance(train, dict):
+        return settings
+    before = {k: v for k, v in config_dict(TrainConfig()).items() if k != "steps"}
+    before["val_batch"] = train.get("batch", before["batch"])
+    return {**settings, "train": {**before, **train}}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hostlib.errors import UsageError
-from lta.train.experiment import RunSpec, TrainConfig
+from lta.train.experiment import RunSpec, TrainConfig, with_new_fields
 from lta.train.sweep import RunResult
 
 _cluster: Any = None  # the process's SimulatedCluster (built once: the corpus is read once)
@@ -50,7 +50,7 @@ class RunStore:
         self.root.mkdir(parents=True, exist_ok=True)
         marker = self.root / "settings.json"
         if marker.exists():
-            saved = json.loads(marker.read_text())
+            saved = with_new_fields(json.loads(marker.read_text()))
             if saved != settings:
                 differs = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
                 raise UsageError(

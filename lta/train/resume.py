@@ -38,7 +38,7 @@ from typing import Any
 
 from hostlib.errors import UsageError
 from hostlib.torch_ext.checkpoint import CheckpointMismatch, check_manifest, read_manifest
-from lta.train.experiment import CheckpointPlan, RunSpec, TrainConfig, config_dict
+from lta.train.experiment import CheckpointPlan, RunSpec, TrainConfig, config_dict, with_new_fields
 from lta.train.sweep import RunResult
 
 SWEEP_FILE = "sweep.json"
@@ -104,7 +104,7 @@ class SweepCheckpoints:
                 saved = json.loads(sweep_file.read_text())["settings"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise UsageError(f"cannot read {sweep_file}: {exc}") from None
-            differs = _differences(saved, settings)
+            differs = _differences(with_new_fields(saved), settings)
             if differs:
                 raise CheckpointMismatch(
                     f"the checkpoints in {root} belong to another sweep: "
