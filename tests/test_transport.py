@@ -140,10 +140,10 @@ def test_renormalization_is_unbiased_where_prev_and_zero_are_not(make_cluster):
     mean): renormalized ~ 0; zero-fill is scaled by ~(1 - p); prev lags behind the drift.
 
     A round costs its loss timers whatever its length (~0.2-0.5 s here at 4 or 16 chunks), so the
-    samples come from long tensors rather than many rounds: 15 rounds of 16 chunks draw as many chunk
-    losses and element errors as 60 rounds of 4, and the mean drifts 0.2 a round so that it spans the
+    samples come from long tensors rather than many rounds: 8 rounds of 32 chunks draw as many chunk
+    losses and element errors as 64 rounds of 4, and the mean drifts 0.4 a round so that it spans the
     same range (1 to ~4)."""
-    n, rounds, length, loss, drift = 4, 15, 16 * K, 0.3, 0.2
+    n, rounds, length, loss, drift = 4, 8, 32 * K, 0.3, 0.4
     errors = {}
     for name, renorm, fallback in [
         ("renorm", "count", "prev"),
