@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hostlib.protocol import HEADER_DTYPE, Flag, Op
-from hostlib.transport import LtaWorker, ReduceResult
+from hostlib.transport import Fallback, LtaWorker, ReduceResult
 from tests.conftest import Cluster, check_mean_over_bitmap
 
 K = 16
@@ -26,17 +26,17 @@ def _headers(rows: np.ndarray) -> np.ndarray:
     return np.ndarray((len(rows),), dtype=HEADER_DTYPE, buffer=rows, strides=(rows.strides[0],))
 
 
-def _last_data_unit(hdr: np.ndarray, op: Op) -> np.ndarray:
-    return (hdr["op"] == op) & (hdr["chunk"] == CHUNKS - 1) & ((hdr["flags"] & Flag.MAX) == 0)
+def _last_data_unit(hdr: np.ndarray, op: Op, chunk: int = CHUNKS - 1) -> np.ndarray:
+    return (hdr["op"] == op) & (hdr["chunk"] == chunk) & ((hdr["flags"] & Flag.MAX) == 0)
 
 
-def _drop_first_grad_of_last_unit(worker: LtaWorker) -> list[int]:
-    """Worker ``worker`` loses its first GRAD of the last data chunk on the way up."""
+def _drop_first_grad_of_last_unit(worker: LtaWorker, chunk: int = CHUNKS - 1) -> list[int]:
+    """Worker ``worker`` loses its first GRAD of the last data chunk (or of ``chunk``) on the way up."""
     dropped: list[int] = []
     send: Callable[[np.ndarray], int] = worker.io.send_rows
 
     def lossy_send(rows: np.ndarray) -> int:
-        hit = np.flatnonzero(_last_data_unit(_headers(rows), Op.GRAD))
+        hit = np.flatnonzero(_last_data_unit(_headers(rows), Op.GRAD, chunk))
         if hit.size and not dropped:
             dropped.append(int(hit[0]))
             keep = np.ones(len(rows), dtype=bool)
@@ -68,15 +68,22 @@ def _drop_first_result_of_last_unit(worker: LtaWorker) -> list[int]:
 
 
 def _reduce_with_one_drop(
-    cluster: Cluster, drop: Callable[[LtaWorker], list[int]], seed: int
+    cluster: Cluster, drop: Callable[[LtaWorker], list[int]], seed: int, owners: np.ndarray | None = None
 ) -> list[ReduceResult]:
     """Two workers reduce seeded inputs once, worker 1 losing the packet ``drop`` picks; every chunk of
-    both results is numpy's mean over its bitmap."""
+    both results is numpy's mean over its bitmap (with ``owners``, every chunk a worker waits for: its
+    own and the last)."""
     dropped = drop(cluster.workers[1])
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
-    results = cluster.reduce_all(inputs, step=0)
+    results = cluster.reduce_all(inputs, step=0, owners=owners)
     assert dropped, "the packet to drop never went by"
+    if owners is not None:  # the others' chunks are unspecified: skip them in the check
+        waited = [(owners == w) | (np.arange(CHUNKS) == CHUNKS - 1) for w in range(2)]
+        for w, r in enumerate(results):
+            r.fallback[~waited[w]] = Fallback.ZERO
+        assert check_mean_over_bitmap(results, inputs, K) == sum(int(m.sum()) for m in waited)
+        return results
     assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
     return results
 
@@ -109,3 +116,20 @@ def test_a_lost_result_of_the_last_unit_comes_back_for_the_probe(make_cluster, p
         assert w1.tail_probes >= 1 and w1.flushes_sent == 0  # answered before the lag deadline
     else:
         assert w1.tail_probes == 0 and w1.flushes_sent >= 1  # recovered by a FLUSH, at the deadline
+
+
+def test_an_owners_last_unit_is_flushed_at_once_when_a_peers_grad_of_it_is_lost(make_cluster):
+    """Owner-only chunks (a reduce-scatter, interleaved: chunks 0, 2, 4 are worker 0's), worker 1's GRAD
+    of chunk 4, worker 0's last own chunk, lost. Worker 0 hears no RESULT of a later chunk it owns; the
+    last chunk is every worker's, so its RESULT shows worker 1 past chunk 4, and worker 0 flushes chunk 4
+    at once (a FLUSH, none on the lag timer) with itself alone in it. Before the last chunk was every
+    worker's, worker 0 waited the lag deadline for worker 1 (1.5 s here: a timer FLUSH)."""
+    cluster = make_cluster(2, seed=5, elems_per_packet=K, **TIMING)
+    owners = np.arange(CHUNKS) % 2
+    results = _reduce_with_one_drop(
+        cluster, lambda w: _drop_first_grad_of_last_unit(w, CHUNKS - 2), seed=13, owners=owners
+    )
+    w0 = cluster.workers[0].stats
+    assert int(results[0].count[CHUNKS - 2]) == 1 and int(results[0].bitmap[CHUNKS - 2]) == 0b01
+    assert w0.flushes_sent >= 1 and w0.flushes_on_timer == 0
+    assert [int(r.count[CHUNKS - 1]) for r in results] == [2, 2]  # the last chunk reached both

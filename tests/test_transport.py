@@ -370,7 +370,8 @@ def test_tail_units_wait_the_lag_deadline_for_a_peer_that_has_not_sent_them(make
 def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
     """A reduce-scatter's chunks (``owners``, interleaved as the process group sends them): each worker's
     own chunks equal numpy's mean over the workers in their bitmap, the others' chunks never reach it (no
-    RESULT received, no FLUSH sent for them) and count nothing in its stats."""
+    RESULT received, no FLUSH sent for them) and count nothing in its stats; the last chunk is every
+    worker's (its RESULT shows who passed the whole reduce)."""
     if loss == 0.0:  # late is not lost here (see test_every_chunk_is_the_mean_over_its_bitmap)
         deadlines = {f"{name}_deadline_ms": 5000 for name in ("sync", "lag", "min", "max")}
     else:
@@ -379,35 +380,37 @@ def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
     cluster = make_cluster(n, up=loss, down=loss / 2, seed=n, heartbeat_interval_s=0, **deadlines)
     chunks = 40 * n
     owners = np.arange(chunks) % n
+    last = np.arange(chunks) == chunks - 1
+    waited = [(owners == w) | last for w in range(n)]  # worker w's own chunks and the last
     rng = np.random.default_rng(n)
     for step in range(3):
         inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
         results = cluster.reduce_all(inputs, step=step, owners=owners)
         for w, r in enumerate(results):
-            theirs = owners != w
+            theirs = ~waited[w]
             assert np.all(r.count[theirs] == 0) and np.all(r.fallback[theirs] == Fallback.NONE)
-        # only each worker's own chunks are checked: the others' values are unspecified
+        # only the chunks each worker waits for are checked: the others' values are unspecified
         masked = []
         for w, r in enumerate(results):
             fallback = r.fallback.copy()
-            fallback[owners != w] = Fallback.ZERO  # skip them in the check
+            fallback[~waited[w]] = Fallback.ZERO  # skip them in the check
             masked.append(dataclasses.replace(r, fallback=fallback))
         assert check_mean_over_bitmap(masked, inputs, K) > 0
         if loss == 0.0:
             for w, r in enumerate(results):
-                assert np.all(r.count[owners == w] == n)
+                assert np.all(r.count[waited[w]] == n)
     exp_units = -(-chunks // K)
     for w in cluster.workers:
-        # RESULTs: the exponent units (every worker's) and its own chunks, each once or resent; never a
-        # chunk of another worker's
-        own = chunks // n  # per reduce
-        assert w.stats.chunks == 3 * own
+        # RESULTs: the exponent units (every worker's), its own chunks and the last, each once or
+        # resent; never another chunk of another worker's
+        mine = int(waited[w.worker_id].sum())  # per reduce
+        assert w.stats.chunks == 3 * mine
         if loss == 0.0:
             assert w.stats.flushes_sent == 0
             # (an exponent unit's second copy, exp_copies, may find its round closed: its RESULT is
             # resent, and ignored)
-            assert w.stats.packets_received - w.stats.packets_ignored == 3 * (exp_units + own)
+            assert w.stats.packets_received - w.stats.packets_ignored == 3 * (exp_units + mine)
     counters = cluster.switch.read_counters(cluster.job_id)
-    if loss == 0.0:  # every data RESULT left once, to its owner; exponent RESULTs to all
+    if loss == 0.0:  # every data RESULT left once, to its owner (the last to all); exponent RESULTs to all
         resent = counters["grad_late_resend"] + counters["flush_resend"]
-        assert counters["tx_packets"] - resent == 3 * (exp_units * n + chunks)
+        assert counters["tx_packets"] - resent == 3 * (exp_units * n + chunks - 1 + n)

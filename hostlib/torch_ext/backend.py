@@ -237,7 +237,10 @@ class ProcessGroupLta(dist.ProcessGroup):
         self.manager.allreduce(
             staged, stream="reduce_scatter", key=key, out=result, owners=owners, mine=mine_chunks
         )  # writes this rank's chunks of ``result`` alone
-        self.manager.stream("reduce_scatter").chunks_received += len(mine_chunks)
+        # the RESULTs waited for: this rank's chunks, and the last chunk, which is every rank's (in exact
+        # mode the fence after it is)
+        last = int(owners[-1] != self._rank and not worker.config.exact)
+        self.manager.stream("reduce_scatter").chunks_received += len(mine_chunks) + last
         mine = result.reshape(per, world, k)[:, rank, :]
         scale = np.float32(world if op == dist.ReduceOp.SUM else 1)
         cpu32 = output.device.type == "cpu" and output.dtype == torch.float32 and not output.requires_grad

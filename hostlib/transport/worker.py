@@ -369,7 +369,8 @@ class LtaWorker:
         ``owners``: one int per chunk, the only worker that needs that chunk's result (-1: every worker),
         the same on every worker (a reduce-scatter). Those chunks go owner-only (Flag.OWNER): the switch
         sends their RESULT to the owner alone; a worker sends the chunks others own and waits for none of
-        them. In the result, a chunk another worker owns has count 0, no fallback, and unspecified
+        them, except the last chunk, which is always every worker's (its RESULT proves who passed the
+        whole reduce). In the result, a chunk another worker owns has count 0, no fallback, and unspecified
         values; stats and the health check count only the chunks this worker waits for."""
         t0 = time.perf_counter()
         local = _as_float32(x)
@@ -415,6 +416,13 @@ class LtaWorker:
                 )
             if exact:  # the fence is every worker's
                 owners = np.append(owners, -1)
+            elif owners.max(initial=-1) >= 0:
+                # The last chunk is every worker's: its RESULT shows each worker who passed the whole
+                # reduce (units go in order), so an owner flushes its own last units at once, and a
+                # GRAD of the last unit lost is probed by its sender (docs/protocol.md, "Owner-only
+                # units"). Without it an owner's last unit waited the lag deadline for a peer's lost GRAD.
+                owners = owners.copy()
+                owners[-1] = -1
         plan.reset(
             self._next_unit,
             self._slots,

@@ -7,8 +7,8 @@ Reports step-time percentiles, the loss curve's end, and per collective what lta
 parameter copies, their largest age (never above S) and resyncs.
 
 The reduce-scatter's RESULTs are owner-only (docs/protocol.md): a rank receives the RESULTs of its own
-chunks alone. ``rs_result_packets`` says how many RESULT packets a rank waited for in reduce-scatters and
-how many chunks it keeps (equal with owner-only RESULTs).
+chunks alone, and every rank the last chunk of each call. ``rs_result_packets`` says how many RESULT packets
+rank 0 waited for in reduce-scatters and how many chunks it keeps (one more per call: the last chunk).
 
 Step time is wall time, which the other work on a shared machine inflates; ``cpu_ms_per_step`` is the CPU
 time every rank's process spent per timed step (summed over the ranks; the embedded softswitch's thread
@@ -152,7 +152,7 @@ def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
         "grad_loss_seen": 1.0 - sum(s["contributions"] for s in rs) / (world * chunks) if chunks else 0.0,
         "grad_chunks_fallback": sum(s["chunks_fallback"] for s in rs),
         "rs_lossy_calls": rs[0]["lossy_calls"],
-        # owner-only RESULTs: a rank waits for its own chunks' RESULTs alone
+        # owner-only RESULTs: a rank waits for its own chunks' RESULTs and each call's last chunk
         "rs_result_packets": {
             "received_per_rank": rs[0]["chunks_received"],
             "owner_only_per_rank": rs[0]["chunks"],
