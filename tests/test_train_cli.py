@@ -234,7 +234,7 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path, cap
     out = tmp_path / "sim"
     cmd = [sys.executable, "-m", "lta", "-q", "train", "--quick", "--seeds", "0", "--simulate-workers", "16"]
     cmd += ["--drops", "0.2", "--methods", "renorm", "--optimizer", "sgd", "--loss-model", "ge"]
-    cmd += ["--batch", "4", "--out", str(out)]
+    cmd += ["--batch", "4", "--lr", "0.1", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
@@ -248,6 +248,7 @@ def test_simulated_workers_sgd_and_bursty_loss_run_through_the_cli(tmp_path, cap
     # --batch 4 (the 4-worker run's global batch of 16 sequences, one per simulated worker); the
     # validation set keeps --quick's batches of 8
     assert (config["train"]["batch"], config["train"]["val_batch"]) == (4, 8)
+    assert (config["train"]["sgd_lr"], config["train"]["lr"]) == (0.1, 3e-3)  # --lr is SGD's here
     lossy = next(r for r in results["rows"] if r["drop"] == 0.2)
     # Each worker's GRADs (67 chunks x 40 steps) cross its own Gilbert-Elliott link at a mean 0.2 in
     # bursts of 4 (r = 1/4, p = r·0.2/0.8; exponents are spared in exact mode): the mean of m losses of

@@ -219,6 +219,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--simulate-workers N share the same global batch of 4*B sequences",
     )
     p.add_argument(
+        "--lr",
+        type=argtypes.float_range(0.0, low_open=True, what="learning rate"),
+        metavar="LR",
+        help="peak learning rate of the warmup + cosine schedule (default: 3e-3 with AdamW, 0.2 with "
+        "--optimizer sgd)",
+    )
+    p.add_argument(
         "--stale-bound",
         type=argtypes.nonnegative_int,
         default=8,
@@ -375,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["steps"] = args.steps
     if args.batch:
         overrides["batch"] = args.batch
+    if args.lr:
+        overrides["sgd_lr" if args.optimizer == "sgd" else "lr"] = args.lr
     # Exact runs need every lost packet to be shown lost by a later one that arrived (the fence); a
     # RESULT lost on the way down (--directions ...,down) has no such witness: timers close those runs.
     if args.timed_close or "down" in args.directions:
