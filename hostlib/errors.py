@@ -31,3 +31,14 @@ class HealthCheckError(LtaError, RuntimeError):
 
 class UnhealthyTraining(LtaError, RuntimeError):
     """Reduces kept falling back instead of aggregating: training would go on without the gradients."""
+
+
+class TrainingDiverged(LtaError, ArithmeticError):
+    """A training run's loss or gradient became NaN or infinite: ``run`` and ``step`` say which and when."""
+
+    def __init__(self, message: str, run: str = "", step: int = -1) -> None:
+        super().__init__(message, run, step)  # all in args: it survives pickling (lta train --jobs)
+        self.run, self.step = run, step
+
+    def __str__(self) -> str:
+        return str(self.args[0])

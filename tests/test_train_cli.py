@@ -337,3 +337,48 @@ def test_a_run_folder_from_before_a_new_setting_is_reused_and_other_settings_are
         other = {**settings, "train": {**settings["train"], "batch": cfg.batch + 1}}
         with pytest.raises(UsageError, match=r"other settings \(train\)"):
             RunStore(out, other)
+
+
+def test_a_diverging_simulated_run_is_one_line_that_names_it(tmp_path):
+    """A learning rate no run survives: the sequential sweep stops at the first run that diverges, --jobs
+    lets every run end and then names each that diverged, with the step; one line, exit 1, no table."""
+    base = [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "3", "--seeds", "0"]
+    base += ["--drops", "0.2", "--methods", "renorm", "--lr", "10000", "--steps", "6"]
+    for jobs, expect in ((1, "run lossless-s0 diverged at step "), (2, "2 of 2 runs trained diverged (")):
+        out = tmp_path / f"jobs{jobs}"
+        done = subprocess.run([*base, "--jobs", str(jobs), "--out", str(out)], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and expect in err[-1], done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and not (out / "table.md").exists()
+    assert "lossless-s0 at step" in err[-1] and "renorm-p0.20-s0 at step" in err[-1]
+
+
+def test_the_runs_that_did_not_diverge_are_kept_and_the_others_named():
+    """lta.train.parallel._as_finished over finished futures: the runs that ended are yielded (and so
+    saved), then TrainingDiverged names each diverged run and its step."""
+    from concurrent.futures import Future
+    from pathlib import Path
+
+    from hostlib.errors import TrainingDiverged
+    from lta.train.experiment import RunSpec
+    from lta.train.parallel import _as_finished
+
+    specs = [RunSpec(f"r{i}", "renorm", 0.1, i, 1) for i in range(3)]
+
+    class Pool:  # submit runs nothing: run 1 diverged at step 7, the others ended
+        def submit(self, fn, spec, directions):  # noqa: ANN001, ANN202
+            future: Future = Future()
+            if spec.name == "r1":
+                future.set_exception(TrainingDiverged("run r1 diverged", "r1", 7))
+            else:
+                future.set_result({"name": spec.name})
+            return future
+
+    got = []
+    with pytest.raises(TrainingDiverged) as raised:
+        for data in _as_finished(Pool(), specs, ("up",), Path("OUT/runs")):  # type: ignore[arg-type]
+            got.append(data["name"])
+    assert sorted(got) == ["r0", "r2"]
+    message = str(raised.value)
+    assert "1 of 3 runs trained diverged (r1 at step 7" in message and "kept in OUT/runs" in message

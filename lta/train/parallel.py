@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hostlib.errors import UsageError
+from hostlib.errors import TrainingDiverged, UsageError
 from lta.train.experiment import RunSpec, TrainConfig, with_new_fields
 from lta.train.sweep import RunResult
 
@@ -108,7 +108,7 @@ def run_parallel(
         with ProcessPoolExecutor(
             max_workers=jobs, mp_context=context, initializer=_start, initargs=(n_workers, cfg)
         ) as pool:
-            for data in _as_finished(pool, todo, directions):
+            for data in _as_finished(pool, todo, directions, store.root):
                 store.save(data)
                 result = SimulatedRunResult.from_json(data)
                 results[result.spec.name] = result
@@ -118,10 +118,30 @@ def run_parallel(
 
 
 def _as_finished(
-    pool: ProcessPoolExecutor, specs: list[RunSpec], directions: tuple[str, ...]
+    pool: ProcessPoolExecutor, specs: list[RunSpec], directions: tuple[str, ...], kept: Path
 ) -> Iterator[dict[str, Any]]:
+    """Each run's result as it ends. A run that diverges does not stop the others: once every run has
+    ended, TrainingDiverged names the ones that did (the others are saved as they end)."""
     pending: set[Future[dict[str, Any]]] = {pool.submit(_run, spec, directions) for spec in specs}
+    diverged: list[TrainingDiverged] = []
     while pending:
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
         for future in done:
-            yield future.result()
+            try:
+                data = future.result()
+            except TrainingDiverged as exc:
+                diverged.append(exc)
+                continue
+            yield data
+    if diverged:
+        which = ", ".join(f"{d.run} at step {d.step}" for d in sorted(diverged, key=lambda d: d.run))
+        rest = (
+            f"the other runs finished and are kept in {kept}, but no table was written"
+            if len(diverged) < len(specs)
+            else "no table was written"
+        )
+        raise TrainingDiverged(
+            f"{len(diverged)} of {len(specs)} runs trained diverged ({which}: a worker's loss or gradient "
+            f"was not finite); {rest}: leave those runs out (--drops, --mechanism, --lr) and run the "
+            "command again"
+        )
