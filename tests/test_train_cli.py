@@ -339,19 +339,22 @@ def test_a_run_folder_from_before_a_new_setting_is_reused_and_other_settings_are
             RunStore(out, other)
 
 
-def test_a_diverging_simulated_run_is_one_line_that_names_it(tmp_path):
+def test_a_diverging_simulated_run_is_one_line_that_names_it(tmp_path, capsys):
     """A learning rate no run survives: the sequential sweep stops at the first run that diverges, --jobs
     lets every run end and then names each that diverged, with the step; one line, exit 1, no table."""
-    base = [sys.executable, "-m", "lta", "train", "--quick", "--simulate-workers", "3", "--seeds", "0"]
-    base += ["--drops", "0.2", "--methods", "renorm", "--lr", "10000", "--steps", "6"]
-    for jobs, expect in ((1, "run lossless-s0 diverged at step "), (2, "2 of 2 runs trained diverged (")):
-        out = tmp_path / f"jobs{jobs}"
-        done = subprocess.run([*base, "--jobs", str(jobs), "--out", str(out)], capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
-        err = done.stderr.strip().splitlines()
-        assert done.returncode == 1 and expect in err[-1], done.stderr[-2000:]
-        assert "Traceback" not in done.stderr and not (out / "table.md").exists()
-    assert "lossless-s0 at step" in err[-1] and "renorm-p0.20-s0 at step" in err[-1]
+    argv = ["train", "--quick", "--simulate-workers", "3", "--seeds", "0", "--drops", "0.2"]
+    argv += ["--methods", "renorm", "--lr", "10000", "--steps", "6"]
+    assert cli.main(["-q", *argv, "--out", str(tmp_path / "seq")]) == 1  # in this process
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run lossless-s0 diverged at step " in err[0], err
+    out = tmp_path / "jobs"
+    cmd = [sys.executable, "-m", "lta", *argv, "--jobs", "2", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "2 of 2 runs trained diverged (" in last, done.stderr[-2000:]
+    assert "lossless-s0 at step" in last and "renorm-p0.20-s0 at step" in last
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "seq" / "table.md").exists() and not (out / "table.md").exists()
 
 
 def test_the_runs_that_did_not_diverge_are_kept_and_the_others_named():
