@@ -385,3 +385,15 @@ def test_the_runs_that_did_not_diverge_are_kept_and_the_others_named():
     assert sorted(got) == ["r0", "r2"]
     message = str(raised.value)
     assert "1 of 3 runs trained diverged (r1 at step 7" in message and "kept in OUT/runs" in message
+
+
+def test_a_diverging_run_of_worker_processes_is_one_line_that_names_it(tmp_path):
+    """The real path (4 worker processes through the softswitch): a worker whose loss or gradient is not
+    finite ends the sweep with one line naming the run, the step and the worker; exit 1, no traceback."""
+    cmd = [sys.executable, "-m", "lta", "train", "--quick", "--seeds", "0", "--drops", "0", "--lr", "10000"]
+    cmd += ["--steps", "4", "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "run lossless-s0 diverged at step " in last, done.stderr[-2000:]
+    assert "'s loss or gradient is not finite" in last and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "table.md").exists()

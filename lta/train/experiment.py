@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hostlib.errors import TrainingDiverged
 from hostlib.torch_ext.checkpoint import load_shard, read_manifest, save_shard
 from hostlib.torch_ext.sharded import ShardedOptimizer
 from hostlib.transport import LtaWorker, TransportConfig
@@ -280,6 +281,8 @@ def worker_main(
                     return
                 summary = run.train(events, commands)
             events.put(("done", rank, summary))
+    except TrainingDiverged as exc:  # a result of the run, not a bug: the parent says it in one line
+        events.put(("diverged", rank, exc.args))
     except BaseException:
         events.put(("error", rank, traceback.format_exc()))
 
@@ -459,6 +462,14 @@ class TrainingRun:
             x, y = self.corpus.batch("train", cfg.batch, cfg.context, self.batches)
             loss = self.model(x, y)
             loss.backward()
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            if not (torch.isfinite(loss) and all(bool(torch.isfinite(g).all()) for g in grads)):
+                raise TrainingDiverged(
+                    f"run {spec.name} diverged at step {step}: worker {rank}'s loss or gradient is not "
+                    "finite (a lower --lr or drop rate may keep it stable)",
+                    spec.name,
+                    step,
+                )
             if self.stragglers is not None:  # what a slow step adds to the real compute
                 self.stragglers.sleep(rank, step, 0, extra_only=True)
             opt.step()

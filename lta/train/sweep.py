@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.errors import TrainingDiverged
 from hostlib.liveness import LivenessEvent, LivenessMonitor
 from hostlib.simulate import loss_policy
 from hostlib.torch_ext.checkpoint import ShardFile, commit, read_manifest
@@ -145,6 +146,8 @@ class LocalCluster:
             ) from None
         if event[0] == "error":
             raise WorkerFailed(f"worker {event[1]} failed:\n{event[2]}")
+        if event[0] == "diverged":
+            raise TrainingDiverged(*event[2])
         return event
 
     def run(
