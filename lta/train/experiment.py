@@ -464,12 +464,7 @@ class TrainingRun:
             loss.backward()
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             if not (torch.isfinite(loss) and all(bool(torch.isfinite(g).all()) for g in grads)):
-                raise TrainingDiverged(
-                    f"run {spec.name} diverged at step {step}: worker {rank}'s loss or gradient is not "
-                    "finite (a lower --lr or drop rate may keep it stable)",
-                    spec.name,
-                    step,
-                )
+                raise diverged(spec.name, step, f"worker {rank}'s")
             if self.stragglers is not None:  # what a slow step adds to the real compute
                 self.stragglers.sleep(rank, step, 0, extra_only=True)
             opt.step()
@@ -535,6 +530,17 @@ def evaluate(
             count += y.numel()
     model.train()
     return total, count
+
+
+def diverged(run: str, step: int, whose: str = "a worker's") -> TrainingDiverged:
+    """The error of a run (worker processes or simulated workers) whose loss or gradient stopped being
+    finite at ``step``."""
+    return TrainingDiverged(
+        f"run {run} diverged at step {step}: {whose} loss or gradient is not finite (a lower --lr or "
+        "drop rate may keep it stable)",
+        run,
+        step,
+    )
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:

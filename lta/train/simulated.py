@@ -54,7 +54,6 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from hostlib.dropmodels import DIRECTIONS
-from hostlib.errors import TrainingDiverged
 from hostlib.feedback import ResidualFeedback, counted_mask, feedback_stats
 from hostlib.rotation import Rotation
 from hostlib.simulate import (
@@ -73,6 +72,7 @@ from lta.train.experiment import (
     RunSpec,
     TrainConfig,
     aggregation,
+    diverged,
     evaluate,
     lr_factor,
     make_optimizer,
@@ -416,12 +416,7 @@ class SimulatedRun:
         """One Algorithm 1 step for every worker; returns each worker's training loss (N,)."""
         grads, losses = self.local_gradients()
         if not (np.isfinite(losses).all() and np.isfinite(grads).all()):
-            raise TrainingDiverged(
-                f"run {self.spec.name} diverged at step {self.step_count}: a worker's loss or gradient is "
-                "not finite (a lower --lr or drop rate may keep it stable)",
-                self.spec.name,
-                self.step_count,
-            )
+            raise diverged(self.spec.name, self.step_count)
         reduced = self.reduce(grads)
         self.owned.grad = torch.from_numpy(reduced.copy())
         self.opt.step()
