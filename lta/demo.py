@@ -18,7 +18,7 @@ from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.verify import check_result, seeded_input
 from lta.jsonout import emit
-from lta.launch import JobSpec, report_progress, run_job
+from lta.launch import JobSpec, leaf_ids, report_progress, run_job
 from lta.progress import Status
 
 SCHEMA = "lta.demo/1"
@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="0: one switch; L > 0: a leaf-spine tree of L leaf softswitches (the workers in contiguous "
         "blocks) and a spine, --loss and --down-loss on both levels (docs/protocol.md, 'Hierarchy')",
+    )
+    p.add_argument(
+        "--own-leaf",
+        action="store_true",
+        help="with --leaves L: a worker alone in its block has no leaf switch and joins the spine as its "
+        "own leaf (docs/protocol.md, 'A worker as its own leaf')",
     )
     p.add_argument(
         "--mib",
@@ -137,13 +143,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--leaves {args.leaves} is more than --workers {args.workers}: every leaf needs a worker"
         )
+    if args.own_leaf and not args.leaves:
+        raise UsageError("--own-leaf is for a leaf-spine tree: give --leaves L")
     if args.netns:
         return _run_netns(args, n_values)
     drop = {"up": DropPolicy(p=args.loss), "down": DropPolicy(p=args.down_loss)}
     spec = JobSpec(
         n_workers=args.workers,
         transport=TransportConfig(
-            elems_per_packet=args.elems_per_packet, fallback=args.fallback, seed=args.seed
+            elems_per_packet=args.elems_per_packet,
+            fallback=args.fallback,
+            seed=args.seed,
+            own_leaf=args.own_leaf,
         ),
         drop=drop,
         switch_seed=args.seed,
@@ -169,12 +180,13 @@ def run(args: argparse.Namespace) -> int:
         )
     wall = time.perf_counter() - t0
     counters = switch.read_counters(spec.job_id)
-    leaves = [sw.read_counters(spec.job_id) for sw in switches[:-1]]
+    leaves = {j: sw.read_counters(spec.job_id) for j, sw in zip(leaf_ids(spec), switches[:-1], strict=True)}
     ok = all(r["worst_error_over_bound"] < 1.0 for r in results)
     if args.json:
         doc = {"workers": results, "switch": counters, "wall_s": wall, "exact": ok}
         if args.leaves:
-            doc["leaves"] = leaves
+            doc["leaves"] = list(leaves.values())
+            doc["leaf_ids"] = list(leaves)
         emit(SCHEMA, doc)
         return 0 if ok else 1
     _print_tables(args, results, counters, wall, ok, leaves)
@@ -194,6 +206,8 @@ def _run_netns(args: argparse.Namespace, n_values: int) -> int:
 
     if not args.leaves:
         raise UsageError("--netns builds a leaf-spine tree: give --leaves L (one switch: lta mininet)")
+    if args.own_leaf:
+        raise UsageError("--netns gives every leaf a switch: drop --own-leaf")
     if args.elems_per_packet != 64 or args.fallback != "prev":
         raise UsageError(
             "--netns runs the workers with the transport's defaults: drop --elems-per-packet/--fallback"
@@ -256,7 +270,7 @@ def _print_tables(args, results, counters, wall, ok, leaves) -> None:
             f"{r['worst_error_over_bound']:.2f}",
         )
     console.print(table)
-    for j, leaf in enumerate(leaves):
+    for j, leaf in leaves.items():
         shown = {k: v for k, v in leaf.items() if v}
         console.print(
             f"leaf {j} counters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), soft_wrap=True

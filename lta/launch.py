@@ -141,6 +141,15 @@ def _with_rank(exc: LtaError, rank: int) -> LtaError:
         return exc
 
 
+def leaf_ids(spec: JobSpec) -> list[int]:
+    """The leaves of ``spec``'s tree that have a switch, by id (none for one flat switch): all of them,
+    but with ``transport.own_leaf`` a block of one worker, who joins the spine itself."""
+    if not spec.leaves:
+        return []
+    blocks = leaf_blocks(spec.n_workers, spec.leaves)
+    return [j for j, block in enumerate(blocks) if len(block) > 1 or not spec.transport.own_leaf]
+
+
 class _Fabric:
     """The softswitches of a job, serving on loopback: one flat switch, or L leaves and a spine; threads of
     this process, or with ``spec.switch_processes`` a process each."""
@@ -149,7 +158,14 @@ class _Fabric:
         self.spec = spec
         self.switches: list[SoftSwitch] = []  # leaves first, then the spine (or the one flat switch)
         self.servers: list[SoftSwitchServer | SoftSwitchProcess] = []
-        n_switches = spec.leaves + 1 if spec.leaves else 1
+        self.blocks = (
+            leaf_blocks(spec.n_workers, spec.leaves) if spec.leaves else [list(range(spec.n_workers))]
+        )
+        self.leaf_of = {w: j for j, block in enumerate(self.blocks) for w in block}
+        # Leaf j's switch (its index in servers), or None where its worker is its own leaf.
+        switched = {j: i for i, j in enumerate(leaf_ids(spec))}
+        self.leaf_switch = [switched.get(j) for j in range(spec.leaves)]
+        n_switches = len(switched) + 1
         try:
             if spec.switch_processes:
                 procs = [SoftSwitchProcess(seed=spec.switch_seed + 7919 * i) for i in range(n_switches)]
@@ -166,10 +182,6 @@ class _Fabric:
         except BaseException:
             self.stop()
             raise
-        self.blocks = (
-            leaf_blocks(spec.n_workers, spec.leaves) if spec.leaves else [list(range(spec.n_workers))]
-        )
-        self.leaf_of = {w: j for j, block in enumerate(self.blocks) for w in block}
 
     @property
     def top(self) -> SoftSwitch:
@@ -177,8 +189,11 @@ class _Fabric:
         return self.switches[-1]
 
     def entry(self, rank: int) -> tuple[str, int]:
-        """The address worker ``rank`` sends to: the flat switch, or its leaf."""
-        return self.servers[self.leaf_of[rank] if self.spec.leaves else 0].address
+        """The address worker ``rank`` sends to: the flat switch, its leaf, or the spine (its own leaf)."""
+        if not self.spec.leaves:
+            return self.servers[0].address
+        i = self.leaf_switch[self.leaf_of[rank]]
+        return self.servers[-1 if i is None else i].address
 
     def install(self, addrs: dict[int, Any]) -> None:
         spec, cfg = self.spec, self.spec.transport
@@ -188,11 +203,16 @@ class _Fabric:
             self._configure(0, flat, spec.drop)
             return
         spine_address = self.servers[-1].address
-        for j, block in enumerate(self.blocks):
+        contributors = []  # the spine's: each leaf's switch, or the worker that is its own leaf
+        for j, (block, i) in enumerate(zip(self.blocks, self.leaf_switch, strict=True)):
+            if i is None:
+                contributors.append(addrs[block[0]])
+                continue
             ports = {w: addrs[w] for w in block}
             leaf = leaf_job(spec.job_id, ports, spec.n_workers, spine_address, j, **kw)
-            self._configure(j, leaf, spec.drop)
-        spine = spine_job(spec.job_id, [s.address for s in self.servers[:-1]], **kw)
+            self._configure(i, leaf, spec.drop)
+            contributors.append(self.servers[i].address)
+        spine = spine_job(spec.job_id, contributors, **kw)
         self._configure(len(self.servers) - 1, spine, spec.spine_drop)
 
     def _configure(self, i: int, job: JobConfig, drop: dict[str, DropPolicy]) -> None:

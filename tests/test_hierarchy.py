@@ -418,6 +418,62 @@ def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels(swi
     assert spine_sw is switches[2] and spine_sw.read_counters(1)["drop_policy_up"] > 0
 
 
+def test_a_worker_alone_in_its_block_joins_the_spine_as_its_own_leaf():
+    """5 workers over 4 leaves (blocks 2, 1, 1, 1) with ``own_leaf``: one leaf switch serves workers 0-1
+    and workers 2-4 send to the spine themselves as leaves 1-3; 10% of GRADs dropped at the leaf and of
+    partials at the spine. Every chunk is checked against numpy's mean over its global bitmap, and the
+    spine heard each contributor at its own address."""
+    from hostlib.dropmodels import DropPolicy
+    from hostlib.transport import TransportConfig
+    from lta.demo import demo_worker
+    from lta.launch import JobSpec, run_job
+
+    drop = {"up": DropPolicy(p=0.1)}
+    transport = TransportConfig(seed=4, own_leaf=True)
+    spec = JobSpec(n_workers=5, transport=transport, drop=drop, leaves=4, spine_drop=drop, switch_seed=4)
+    switches: list = []
+    results, spine_sw = run_job(spec, demo_worker, 12000, 3, 4, switches=switches)
+    assert all(r["checked_chunks"] > 0 and r["worst_error_over_bound"] < 1.0 for r in results)
+    assert sum(r["stats"]["chunks_partial"] for r in results) > 0  # loss happened
+    assert len(switches) == 2 and spine_sw is switches[1]
+    leaf_counters = switches[0].read_counters(1)
+    assert leaf_counters["up_partial"] > 0 and leaf_counters["drop_policy_up"] > 0
+    assert switches[0].read_worker_rx(1, 2) != [0, 0]  # the leaf served workers 0 and 1 only
+    assert all(n > 0 for n in spine_sw.read_worker_rx(1))  # leaf 0's partials, workers 2-4's own
+    assert spine_sw.read_counters(1)["drop_bad_worker"] == 0
+
+
+def test_a_worker_as_its_own_leaf_sends_its_grad_again_at_its_first_flush():
+    """Two workers, each its own leaf, 10% of the partials dropped at the spine. A leaf's first FLUSH of
+    a unit sends its partial up again without closing the spine's round, so a lost GRAD gets a second
+    try and a round misses a worker only when both tries were lost: P(full) = (1 - p^2)^2 ~ 0.98, where
+    a flat switch, which closes at the FLUSH without the lost GRAD, has (1 - p)^2 = 0.81."""
+    from hostlib.dropmodels import DropPolicy
+    from hostlib.transport import TransportConfig
+    from lta.demo import demo_worker
+    from lta.launch import JobSpec, run_job
+
+    transport = TransportConfig(seed=6, own_leaf=True)
+    spine_drop = {"up": DropPolicy(p=0.1)}
+    spec = JobSpec(n_workers=2, transport=transport, leaves=2, spine_drop=spine_drop, switch_seed=6)
+    switches: list = []
+    results, spine_sw = run_job(spec, demo_worker, 64 * 400, 3, 6, switches=switches)
+    assert len(switches) == 1  # the spine alone
+    assert all(r["checked_chunks"] > 0 and r["worst_error_over_bound"] < 1.0 for r in results)
+    stats = results[0]["stats"]
+    full = stats["chunks_full"] / (stats["chunks_full"] + stats["chunks_partial"])
+    counters = spine_sw.read_counters(1)
+    assert counters["drop_policy_up"] > 0.05 * 2 * 3 * 400  # the loss happened
+    assert full > 0.95, (full, counters)
+
+
+def test_own_leaf_needs_the_leaf_blocks():
+    from hostlib.transport import LtaWorker, TransportConfig
+
+    with pytest.raises(ValueError, match="own_leaf needs leaf_sizes"):
+        LtaWorker(1, 0, 2, ("127.0.0.1", 9), config=TransportConfig(own_leaf=True))
+
+
 def test_the_documented_leaf_and_spine_files_parse(tmp_path):
     import re
     from pathlib import Path
@@ -508,6 +564,25 @@ def test_bench_scaling_reports_each_switchs_cpu_per_reduce(capsys):
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "switch CPU per reduce" in text and "2 leaves" in text and "spine" in text
+
+
+def test_bench_scaling_own_leaf_runs_the_one_worker_leaves_without_a_switch(capsys):
+    """``lta bench scaling --own-leaf``: 3 workers over 2 leaves (blocks 2 and 1) run through one leaf
+    switch and the spine (two CPU figures), the one switch as before; the text says how many leaves had
+    a switch."""
+    import json
+
+    from lta import cli
+
+    argv = ["bench", "scaling", "--workers", "3", "--leaves", "2", "--own-leaf", "--sim-workers", ""]
+    argv += ["--kib", "1", "--iters", "2", "--plot", "", "--loss", "0"]
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert out["config"]["own_leaf"] is True
+    assert len(rows["processes"]["switch_cpu_ms"]) == 1 and len(rows["leaves=2"]["switch_cpu_ms"]) == 2
+    assert cli.main(argv) == 0
+    assert "2 leaves" in (text := capsys.readouterr().out) and "(1 with a switch)" in text
 
 
 def test_bench_scaling_drops_at_the_spine_by_spine_loss_and_reports_what_loss_cost(capsys):

@@ -149,6 +149,13 @@ class TransportConfig:
     # for a first FLUSH that went to another leaf (which only resends its partial) and then for the
     # others' one FLUSH round trip later, or, in the tail, for a later rank's stagger (up to +50% RTO).
     leaf_sizes: tuple[int, ...] = ()
+    # Behind leaves, a worker alone in its block (leaf_sizes) has no leaf switch: it is its own leaf, the
+    # spine's contributor leaf_index(leaf_sizes, worker_id), at its own address in the spine's job
+    # (docs/protocol.md, "A worker as its own leaf"). Its packets are then partials of one (worker_id =
+    # its leaf's id, count 1, its own bit) and its FLUSHes follow a leaf's upward rules: the first of a
+    # unit sends the unit's GRAD again, a repeated one (RETX) sends it as a FLUSH, which closes the
+    # spine's round. Workers in blocks of two or more ignore it, so one setting serves the whole job.
+    own_leaf: bool = False
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)

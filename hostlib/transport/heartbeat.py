@@ -6,7 +6,10 @@ when that counter stops; a process that dies stops its heartbeat with it.
 Each beat also sends one PARAM of chunk ``ALIVE_CHUNK`` (CRITICAL), which the switch relays to every
 other worker (``hostlib.protocol``): the peers learn that this worker is alive even when none of its
 GRADs is counted (chaos seed 32: a rank behind a burst of lost RESULTs was missing from a whole window
-of RESULTs, presumed dead, and its peers ran on without bound so that it never got back in).
+of RESULTs, presumed dead, and its peers ran on without bound so that it never got back in). A worker
+that is its own leaf (``TransportConfig.own_leaf``) sends no relay: the spine would replicate it to the
+leaves, which relay nothing across levels anyway, under its leaf id, which its peers would take for a
+worker's.
 
 The packet is built once; each beat is one ``sendto`` on the worker's own socket (a UDP send is atomic,
 so it interleaves safely with the transport's sends from the training thread). It carries the job's K
@@ -34,6 +37,7 @@ class Heartbeat:
         worker_id: int,
         elems_per_packet: int,
         interval_s: float,
+        relay: bool = True,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {interval_s}")
@@ -41,7 +45,7 @@ class Heartbeat:
         self.packet = make_packet(
             Op.HEARTBEAT, job_id=job_id, worker_id=worker_id, elems_per_packet=elems_per_packet, nelem=0
         )
-        self.relay = make_packet(
+        self.relay: bytes | None = make_packet(
             Op.PARAM,
             job_id=job_id,
             worker_id=worker_id,
@@ -50,6 +54,8 @@ class Heartbeat:
             chunk=ALIVE_CHUNK,
             flags=int(Flag.CRITICAL),
         )
+        if not relay:
+            self.relay = None
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lta-heartbeat-{worker_id}", daemon=True)
@@ -62,7 +68,8 @@ class Heartbeat:
         while True:
             try:
                 self.sock.sendto(self.packet, self.switch_addr)
-                self.sock.sendto(self.relay, self.switch_addr)
+                if self.relay is not None:
+                    self.sock.sendto(self.relay, self.switch_addr)
                 self.sent += 1
             except OSError as exc:  # closed socket (shutting down) or a transient send error
                 if self._stop.is_set() or self.sock.fileno() < 0:

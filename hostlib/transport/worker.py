@@ -110,10 +110,15 @@ class LtaWorker:
         self._held, self._held_since = "", 0.0
         self.stats = TransportStats(io=self.io.mode)
         self._fallback = FALLBACK_POLICIES[self.config.fallback]
-        self._header = {"version": VERSION, "job_id": job_id, "worker_id": worker_id, "step": 0}
         # The worker id a RESULT this worker's FLUSH closed carries: its own, or behind leaf switches
         # (config.leaf_sizes) its leaf's id, the contributor that closed the spine's round.
         self._closer_id = leaf_index(self.config.leaf_sizes, worker_id)
+        if self.config.own_leaf and not self.config.leaf_sizes:
+            raise ValueError("own_leaf needs leaf_sizes: a worker is its own leaf only behind a spine")
+        # Its own leaf (config.own_leaf, alone in its block): it talks to the spine as leaf _closer_id.
+        self.own_leaf = bool(self.config.own_leaf and self.config.leaf_sizes[self._closer_id] == 1)
+        self.switch_id = self._closer_id if self.own_leaf else worker_id  # the id its switch knows it by
+        self._header = {"version": VERSION, "job_id": job_id, "worker_id": self.switch_id, "step": 0}
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
@@ -143,9 +148,10 @@ class LtaWorker:
                 self.sock,
                 self.switch_addr,
                 job_id=job_id,
-                worker_id=worker_id,
+                worker_id=self.switch_id,
                 elems_per_packet=k,
                 interval_s=self.config.heartbeat_interval_s,
+                relay=not self.own_leaf,
             ).start()
 
     @property
@@ -193,6 +199,8 @@ class LtaWorker:
         timeout = self.config.health_timeout_s if timeout_s is None else timeout_s
         probe = self._control_batch(1, Op.FLUSH, 0)
         probe["slot"], probe["seq"] = self.probe_slot, PROBE_SEQ
+        if self.own_leaf:  # a leaf's first probe goes up as an empty partial (GRAD), its repeats as FLUSHes
+            probe["op"] = int(Op.GRAD)
         rows = batch_rows(probe)
         t0 = time.perf_counter()
         give_up, resend_at, gap = t0 + timeout, t0, 0.05
@@ -202,6 +210,7 @@ class LtaWorker:
                 self._send(rows)
                 resend_at, gap = now + gap, min(2 * gap, 0.5)
                 probe["flags"] |= _RETX  # the next ones are repeats (see _send_flushes); rows is a view
+                probe["op"] = int(Op.FLUSH)
             if now >= give_up:
                 break
             n = self.io.recv(max(0.0, min(resend_at, give_up) - now))
@@ -435,6 +444,9 @@ class LtaWorker:
             owners=owners,
             worker_id=self.worker_id,
         )
+        if self.own_leaf:  # partials of one: this worker's count and bit
+            for batch in (plan.exp_batch, plan.data_batch):
+                batch["count"], batch["bitmap"] = 1, np.uint64(1) << np.uint64(self.worker_id)
         self._next_unit += plan.units
         self._start_pacing()
         plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
@@ -913,11 +925,33 @@ class LtaWorker:
         b["exp"] = np.where(exp, 0, plan.shift[np.where(exp, 0, c)])
         b["chunk"] = c
         b["nelem"] = 0
+        if self.own_leaf:
+            self._as_leaf_flushes(plan, units, b, exp, c)
         rows = batch_rows(self._flush_batch)[:n]
         for _ in range(self.config.flush_copies):
             self._send(rows)
         plan.flushed_at[units] = time.perf_counter()
         self.stats.flushes_sent += n
+
+    def _as_leaf_flushes(
+        self, plan: ReducePlan, units: np.ndarray, b: np.ndarray, exp: np.ndarray, c: np.ndarray
+    ) -> None:
+        """The FLUSHes ``b`` of a worker that is its own leaf, turned into what a leaf sends up at them
+        (docs/protocol.md, "A worker as its own leaf"): the unit's partial, which is its GRAD (an exponent
+        unit's, or a quantized chunk's; a withheld chunk has none and sends an empty one, count 0), as a
+        GRAD at the unit's first FLUSH (it adds the partial if the spine lacks it, without closing the
+        spine's round) and as a FLUSH at a repeated one (it closes it); both flagged RETX."""
+        has = exp.copy()
+        has[~exp] = plan.has_exp[c[~exp]]
+        rows = np.flatnonzero(exp)
+        b[rows] = plan.exp_batch[units[rows]]
+        rows = np.flatnonzero(has & ~exp)
+        b[rows] = plan.data_batch[c[rows]]
+        empty = np.flatnonzero(~has)  # (rows of this scratch batch may hold an earlier call's partials)
+        for name in ("count", "bitmap", "weight", "payload"):
+            b[name][empty] = 0
+        b["op"] = np.where(plan.flushes[units] > 1, int(Op.FLUSH), int(Op.GRAD))
+        b["flags"] |= _RETX
 
     def _send(self, rows: np.ndarray) -> None:
         sent = self.io.send_rows(rows)

@@ -23,7 +23,7 @@ from softswitch.hierarchy import leaf_blocks
 
 SCHEMA = "lta.bench.scaling/1"
 _CONFIG_KEYS = (
-    "workers leaves sim_workers kib loss spine_loss iters elems_per_packet pool_size switches plot"
+    "workers leaves own_leaf sim_workers kib loss spine_loss iters elems_per_packet pool_size switches plot"
 ).split()
 
 
@@ -104,7 +104,11 @@ def _p50s_s(
         JobSpec(
             n_workers=n,
             job_id=1 + j,
-            transport=TransportConfig(elems_per_packet=args.elems_per_packet, pool_size=args.pool_size),
+            transport=TransportConfig(
+                elems_per_packet=args.elems_per_packet,
+                pool_size=args.pool_size,
+                own_leaf=args.own_leaf and leaves > 0,
+            ),
             drop=drop,
             leaves=leaves,
             spine_drop=spine_drop if leaves else {},
@@ -322,6 +326,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "has two lossy links per worker where the one switch has one and loses about twice the units; "
         "0 compares the two at the same loss per worker)",
     )
+    sc.add_argument(
+        "--own-leaf",
+        action="store_true",
+        help="in a tree, a worker alone in its block has no leaf switch and joins the spine as its own "
+        "leaf (docs/protocol.md, 'A worker as its own leaf'); the simulator's trees are not changed",
+    )
     sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
     sc.add_argument(
         "--elems-per-packet",
@@ -400,10 +410,13 @@ def _run_scaling(args: argparse.Namespace) -> int:
         for h in out["hierarchy"]:
             one, two = h["one_level_switch_cpu_ms"], h["two_level_switch_cpu_ms"]
             if one and two:
+                # (--own-leaf: leaves of one worker have no switch)
+                leaf_cpu = " ".join(f"{c:.2f}" for c in two[:-1]) or "none with a switch"
+                if 0 < len(two) - 1 < h["leaves"]:
+                    leaf_cpu += f" ({len(two) - 1} with a switch)"
                 print(
                     f"  {h['workers']} workers, {h['kib']} KiB: one switch {sum(one):.2f}; {h['leaves']} "
-                    f"leaves {' '.join(f'{c:.2f}' for c in two[:-1])}, spine {two[-1]:.2f} "
-                    f"(sum {sum(two):.2f})"
+                    f"leaves {leaf_cpu}, spine {two[-1]:.2f} (sum {sum(two):.2f})"
                 )
     if out["sim_hierarchy"]:
         print(
