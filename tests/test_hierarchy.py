@@ -429,7 +429,7 @@ def test_a_worker_alone_in_its_block_joins_the_spine_as_its_own_leaf():
     from lta.launch import JobSpec, run_job
 
     drop = {"up": DropPolicy(p=0.1)}
-    transport = TransportConfig(seed=4, own_leaf=True)
+    transport = TransportConfig(seed=4, own_leaf=True, heartbeat_interval_s=0.05)
     spec = JobSpec(n_workers=5, transport=transport, drop=drop, leaves=4, spine_drop=drop, switch_seed=4)
     switches: list = []
     results, spine_sw = run_job(spec, demo_worker, 12000, 3, 4, switches=switches)
@@ -441,6 +441,9 @@ def test_a_worker_alone_in_its_block_joins_the_spine_as_its_own_leaf():
     assert switches[0].read_worker_rx(1, 2) != [0, 0]  # the leaf served workers 0 and 1 only
     assert all(n > 0 for n in spine_sw.read_worker_rx(1))  # leaf 0's partials, workers 2-4's own
     assert spine_sw.read_counters(1)["drop_bad_worker"] == 0
+    # Its heartbeats reach the spine, but no ALIVE relay (under a leaf id) that the spine would replicate
+    assert spine_sw.read_counters(1)["heartbeat"] > 0 and spine_sw.read_counters(1)["param_fwd"] == 0
+    assert leaf_counters["drop_bad_worker"] == 0
 
 
 def test_a_worker_as_its_own_leaf_sends_its_grad_again_at_its_first_flush():
