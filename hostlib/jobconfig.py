@@ -12,7 +12,7 @@ and by ``lta ctl apply FILE`` alike (the two cannot import each other, so the sc
     job_id = 1
     switch = "s1"                   # optional when the file names at most one switch
     quorum = 2                      # optional: close a round at this count (default: all workers)
-    pool_size = 512                 # optional: slots of the job
+    pool_size = 2048                # optional: slots of the job (default: 2048, 512 for K > 1024)
     slot_base = 0                   # optional: its first slot (default: placed in the first free range)
     elems_per_packet = 64           # optional: K (a P4 switch runs its compiled K = 64)
     workers = [                     # worker w is workers[w]
@@ -56,11 +56,12 @@ from hostlib.protocol import (
     MAX_JOBS,
     MAX_LEAVES,
     MAX_WORKERS,
+    default_pool_size,
     parse_address,
 )
 
 DEFAULT_P4RUNTIME_TARGET = "127.0.0.1:9559"  # P4Runtime's registered port
-DEFAULT_POOL_SIZE = 512
+DEFAULT_POOL_SIZE = default_pool_size(DEFAULT_ELEMS_PER_PACKET)  # the P4 format's (K = 64): 2048
 MAX_POOL_SIZE = 65535
 MAX_SWITCH_PORT = 510  # BMv2's ports are 9 bits and 511 is its drop port
 DEFAULT_SUBNET = "10.0.0"
@@ -380,7 +381,9 @@ class TableReader:
             job_id=job_id,
             workers=workers,
             quorum=self.integer(where, table, "quorum", 1, n),
-            pool_size=DEFAULT_POOL_SIZE if pool_size is None else pool_size,
+            pool_size=default_pool_size(elems or DEFAULT_ELEMS_PER_PACKET)
+            if pool_size is None
+            else pool_size,
             slot_base=self.integer(where, table, "slot_base", 0, MAX_POOL_SIZE - 1),
             elems_per_packet=DEFAULT_ELEMS_PER_PACKET if elems is None else elems,
             switch=switch,

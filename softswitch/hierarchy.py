@@ -54,7 +54,7 @@ def leaf_job(
     uplink: Port,
     leaf_id: int,
     *,
-    pool_size: int = 512,
+    pool_size: int = 0,
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET,
     quorum: int | None = None,
 ) -> JobConfig:
@@ -71,7 +71,7 @@ def spine_job(
     job_id: int,
     leaves: Sequence[Port],
     *,
-    pool_size: int = 512,
+    pool_size: int = 0,
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET,
     quorum: int | None = None,
 ) -> JobConfig:

@@ -34,6 +34,7 @@ from hostlib.protocol import (
     Op,
     Role,
     check_elems_per_packet,
+    default_pool_size,
 )
 from softswitch.batch import (
     LEAF_FINAL,
@@ -79,7 +80,7 @@ class JobConfig:
     job_id: int
     workers: list[Port | None]
     quorum: int | None = None  # None: all workers (leaves) served here
-    pool_size: int = 512
+    pool_size: int = 0  # 0: default_pool_size(elems_per_packet)
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET
     role: Role = Role.FLAT
     uplink: Port | None = None  # LEAF: the spine's port/address, where partials go
@@ -109,9 +110,11 @@ class JobConfig:
             self.quorum = local
         if not 1 <= self.quorum <= local:
             raise ValueError(f"quorum must be in 1..{local}, got {self.quorum}")
+        check_elems_per_packet(self.elems_per_packet)
+        if self.pool_size == 0:
+            self.pool_size = default_pool_size(self.elems_per_packet)
         if not 1 <= self.pool_size <= 65535:
             raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
-        check_elems_per_packet(self.elems_per_packet)
 
     @property
     def n_workers(self) -> int:

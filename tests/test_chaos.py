@@ -346,7 +346,7 @@ def test_self_hosted_switch_lowers_the_quorum_when_a_worker_dies():
     with pytest.raises(ValueError, match="liveness_timeout_s"):
         LtaOptions(liveness_timeout_s=-1)
     embedded = EmbeddedSwitch(0, ("127.0.0.1", 0))
-    cfg = TransportConfig(heartbeat_interval_s=0.1, elems_per_packet=64)
+    cfg = TransportConfig(heartbeat_interval_s=0.1, elems_per_packet=64, pool_size=512)
     workers = [LtaWorker(1, w, 3, embedded.address, config=cfg) for w in range(3)]
     try:
         embedded.add_job(1, [w.address for w in workers], pool_size=512, elems_per_packet=64,

@@ -17,6 +17,7 @@ from controlplane.bmv2 import free_tcp_port
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
+from hostlib.jobconfig import DEFAULT_POOL_SIZE
 from hostlib.protocol import COUNTERS, Op, make_packet
 from lta.cli import main as lta
 from softswitch.p4runtime_server import serve
@@ -143,7 +144,7 @@ def test_cli_job_drop_stats_watch(softswitch, capsys):
     base = ["ctl", "--target", target]
     assert lta([*base, "load"]) == 0
     assert lta([*base, "job", "add", "3", "--port", "1", "--port", "2", "--quorum", "2"]) == 0
-    assert "job 3: 2 workers, quorum 2, slots 0..511" in capsys.readouterr().out
+    assert f"job 3: 2 workers, quorum 2, slots 0..{DEFAULT_POOL_SIZE - 1}" in capsys.readouterr().out
     assert lta([*base, "drop", "set", "3", "down", "bernoulli", "--p", "0.25", "--worker", "1"]) == 0
     assert switch.jobs[3].policies == {("down", 1): DropPolicy("bernoulli", p=0.25)}
     switch.process(make_packet(Op.GRAD, job_id=3, worker_id=0, seq=1), 1)

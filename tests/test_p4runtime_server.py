@@ -15,7 +15,7 @@ from controlplane.errors import WriteRejected
 from controlplane.jobs import JobSpec, WorkerSpec, job_entry, worker_entries
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
-from hostlib.jobconfig import parse_jobs
+from hostlib.jobconfig import DEFAULT_POOL_SIZE, parse_jobs
 from hostlib.p4info import to_proto, update
 from hostlib.p4schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
 from hostlib.protocol import Op, make_packet
@@ -241,7 +241,8 @@ def _all_groups() -> p4runtime_pb2.Entity:
 
 def test_jobs_that_do_not_fit_are_refused():
     too_far = parse_jobs('[[jobs]]\njob_id = 1\nslot_base = 65000\nworkers = ["127.0.0.1:1"]\n').jobs
-    with pytest.raises(ValueError, match=r"job 1: slots 65000..65511 exceed the switch's \d+ slots"):
+    end = 65000 + DEFAULT_POOL_SIZE - 1  # the default pool
+    with pytest.raises(ValueError, match=rf"job 1: slots 65000..{end} exceed the switch's \d+ slots"):
         serve(SoftSwitch(), port_key="address", load_pipeline=True, jobs=too_far)
     with pytest.raises(ValueError, match="jobs need the pipeline"):
         serve(SoftSwitch(), jobs=too_far)
@@ -249,14 +250,16 @@ def test_jobs_that_do_not_fit_are_refused():
         '[[jobs]]\njob_id = 1\nslot_base = 0\npool_size = 100\nworkers = ["127.0.0.1:1"]\n'
         '[[jobs]]\njob_id = 2\nslot_base = 99\nworkers = ["127.0.0.1:2"]\n'
     ).jobs
-    with pytest.raises(ValueError, match=r"job 2: slots 99..610 overlap job 1's slots 0..99"):
+    overlap = rf"job 2: slots 99..{98 + DEFAULT_POOL_SIZE} overlap job 1's slots 0..99"
+    with pytest.raises(ValueError, match=overlap):
         serve(SoftSwitch(), port_key="address", load_pipeline=True, jobs=overlapping)
 
 
 def test_ctl_refuses_a_pinned_pool_over_another_job(served):
     _, ctl = served
     ctl.add_job(JobSpec(1, (WorkerSpec(1),), pool_size=100, slot_base=0))
-    with pytest.raises(ValueError, match=r"job 2: slots 50..561 overlap job 1's slots 0..99"):
+    overlap = rf"job 2: slots 50..{49 + DEFAULT_POOL_SIZE} overlap job 1's slots 0..99"
+    with pytest.raises(ValueError, match=overlap):
         ctl.add_job(JobSpec(2, (WorkerSpec(2),), slot_base=50))
     assert ctl.add_job(JobSpec(3, (WorkerSpec(3),), pool_size=10)).slot_base == 100  # first free slots
 

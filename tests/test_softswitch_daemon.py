@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hostlib.errors import ConfigError
+from hostlib.jobconfig import DEFAULT_POOL_SIZE
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.config import load_switch
 from tests.conftest import run_workers
@@ -167,7 +168,7 @@ workers = ["127.0.0.1:{ports[2]}"]
         }
         assert (listing["7"]["slot_base"], listing["7"]["pool_size"], listing["7"]["quorum"]) == (
             1000,
-            512,
+            DEFAULT_POOL_SIZE,
             1,
         )
         # The job works with its own K = 32, which P4Runtime cannot carry.

@@ -18,8 +18,11 @@ from tests.conftest import Cluster, check_mean_over_bitmap
 
 K = 16
 CHUNKS = 6  # one exponent unit, then data units 1..6: the last data unit is chunk 5
-# The lag deadline is long against the RTO (20-300 ms), so a FLUSH on it is easy to tell apart.
-TIMING = dict(lag_deadline_ms=1500, sync_deadline_ms=1500, min_deadline_ms=20, max_deadline_ms=300)
+# The lag deadline is long against the RTO (20-300 ms), so a FLUSH on it is easy to tell apart. No tail
+# copies (the last two data units sent twice) unless a test says so: one would bring the dropped GRAD in.
+TIMING = dict(
+    lag_deadline_ms=1500, sync_deadline_ms=1500, min_deadline_ms=20, max_deadline_ms=300, tail_units=0
+)
 
 
 def _headers(rows: np.ndarray) -> np.ndarray:
@@ -133,3 +136,32 @@ def test_an_owners_last_unit_is_flushed_at_once_when_a_peers_grad_of_it_is_lost(
     assert int(results[0].count[CHUNKS - 2]) == 1 and int(results[0].bitmap[CHUNKS - 2]) == 0b01
     assert w0.flushes_sent >= 1 and w0.flushes_on_timer == 0
     assert [int(r.count[CHUNKS - 1]) for r in results] == [2, 2]  # the last chunk reached both
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_last_two_units_go_twice_so_one_lost_grad_of_them_costs_nothing(make_cluster, exact):
+    """Tail copies (``tail_units`` = 2, the default): worker 1's first GRAD of the last data unit lost, its
+    second copy (sent right after) brings it in: both workers count 2 everywhere, with no tail probe and
+    no FLUSH. The switch saw each worker's last two units twice: every copy after the first is a
+    duplicate of a counted GRAD (``grad_dup`` while the round is open, ``grad_late_resend`` after it
+    closed), as are the exponent unit's ``exp_copies``. In exact mode no unit goes twice but the
+    exponent's (a copy would draw the drop policy again)."""
+    timing = {**TIMING, "tail_units": 2}
+    cluster = make_cluster(2, seed=6, elems_per_packet=K, exact=exact, **timing)
+    dropped = _drop_first_grad_of_last_unit(cluster.workers[1])
+    rng = np.random.default_rng(14)
+    inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
+    results = cluster.reduce_all(inputs, step=0)
+    assert dropped
+    counters = cluster.switch.read_counters(cluster.job_id)
+    exp_copies, workers = cluster.workers[0].config.exp_copies, 2
+    if exact:  # no copy: the lost GRAD waits for the fence's FLUSH, which closes without it
+        assert int(results[0].count[CHUNKS - 1]) == 1
+        assert counters["grad_dup"] + counters["grad_late_resend"] == workers * (exp_copies - 1)
+        return
+    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    assert all(int(r.count[c]) == 2 for r in results for c in range(CHUNKS))
+    stats = [w.stats for w in cluster.workers]
+    assert [s.flushes_sent for s in stats] == [0, 0] and [s.tail_probes for s in stats] == [0, 0]
+    copies = workers * (exp_copies - 1) + workers * 2 - 1  # (worker 1's first copy of the last unit lost)
+    assert counters["grad_dup"] + counters["grad_late_resend"] == copies

@@ -13,6 +13,7 @@ from hostlib.protocol import (
     MAX_ELEMS_PER_PACKET,
     MAX_LEAVES,
     check_elems_per_packet,
+    default_pool_size,
 )
 
 _IP_UDP_BYTES = 20 + 8
@@ -32,7 +33,9 @@ FALLBACK_POLICIES = {"prev": Fallback.PREV, "zero": Fallback.ZERO, "local": Fall
 @dataclass
 class TransportConfig:
     elems_per_packet: int = DEFAULT_ELEMS_PER_PACKET  # K
-    pool_size: int = 512  # P, must equal the job's pool size on the switch; slot P-1 is the probe's
+    # P, must equal the job's pool size on the switch; slot P-1 is the probe's. 0: the protocol's
+    # default for K (hostlib.protocol.default_pool_size: 2048, 512 above 1024 values a packet).
+    pool_size: int = 0
     window: int | None = None  # units in flight; None: what the socket buffers hold, default_window_cap, P-1
     # Until the first RESULT of a reduce shows that every worker has started it, units wait this long:
     # workers reach a reduce at different times (skew), and flushing then would throw their data away.
@@ -55,6 +58,15 @@ class TransportConfig:
     exp_copies: int = 2
     # FLUSHes too: a lost FLUSH (or its answer) costs a doubled RTO; a duplicate costs one packet.
     flush_copies: int = 2
+    # The last tail_units data units of a reduce go tail_copies times too. A lost GRAD mid-reduce is
+    # found by a later unit's RESULT (every worker past it) and flushed at once; the last units have no
+    # later one, so their losses waited for a timer (tail probe, FLUSH): a reduce of 66 jumbo chunks
+    # (4 workers, 10% loss) had p90 114-148 ms against p50 43-52. With the last two sent twice, the last
+    # RESULTs come (the switch drops the copy of a counted GRAD as a duplicate) and prove the units
+    # before them passed: p90 48-53 ms (docs/protocol.md, "Host side"). Off in exact mode, as the tail
+    # probe is (a copy would draw the drop policy again).
+    tail_units: int = 2
+    tail_copies: int = 2
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
     max_deadline_ms: float = 500.0
@@ -159,6 +171,8 @@ class TransportConfig:
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)
+        if self.pool_size == 0:
+            self.pool_size = default_pool_size(self.elems_per_packet)
         self.leaf_sizes = tuple(self.leaf_sizes)
         if len(self.leaf_sizes) > MAX_LEAVES or any(size < 1 for size in self.leaf_sizes):
             raise ValueError(
@@ -170,10 +184,13 @@ class TransportConfig:
             raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
         if not 2 <= self.pool_size <= 65535:
             raise ValueError(f"pool_size must be in 2..65535 (slot P-1 is the probe's), got {self.pool_size}")
-        if self.exp_copies < 1 or self.flush_copies < 1:
+        if self.exp_copies < 1 or self.flush_copies < 1 or self.tail_copies < 1:
             raise ValueError(
-                f"exp_copies and flush_copies must be >= 1, got {self.exp_copies}, {self.flush_copies}"
+                f"exp_copies, flush_copies and tail_copies must be >= 1, got {self.exp_copies}, "
+                f"{self.flush_copies}, {self.tail_copies}"
             )
+        if self.tail_units < 0:
+            raise ValueError(f"tail_units must be >= 0, got {self.tail_units}")
         if self.window is not None and not 1 <= self.window <= self.data_slots:
             raise ValueError(f"window must be in 1..pool_size-1={self.data_slots}, got {self.window}")
         if not 0 < self.min_deadline_ms <= self.max_deadline_ms:

@@ -92,6 +92,8 @@ class LtaWorker:
         self._slots = self.config.data_slots
         self.window = min(self.config.window or min(fit, default_window_cap(self._packet_bytes)), self._slots)
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
+        # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
+        self._tail_units = 0 if self.config.exact else self.config.tail_units
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
         self._rng = np.random.default_rng([self.config.seed, job_id, worker_id])
         self._plans: dict[int, ReducePlan] = {}
@@ -744,6 +746,10 @@ class LtaWorker:
                 self._send(plan.data_rows[c[0] : c[-1] + 1])  # contiguous: a view, no copy
             elif c.size:
                 self._send(plan.data_rows[c])
+            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
+                for _ in range(self.config.tail_copies - 1):  # (TransportConfig.tail_units)
+                    self._send(last)
         now = time.perf_counter()
         state[units] = IN_FLIGHT
         if plan.any_owned:  # another worker's chunk: sent, nothing to wait for

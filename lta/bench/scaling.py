@@ -12,7 +12,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.dropmodels import DropPolicy
-from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_POOL_SIZE
+from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
@@ -342,8 +342,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     sc.add_argument(
         "--pool-size",
         type=argtypes.int_range(2, MAX_POOL_SIZE, "pool size"),
-        default=DEFAULT_POOL_SIZE,
-        help=f"slots of each job (2..{MAX_POOL_SIZE}); a worker's own units in flight stay within half of "
+        default=0,
+        help=f"slots of each job (2..{MAX_POOL_SIZE}; default: 2048, 512 above 1024 values a packet); a "
+        "worker's own units in flight stay within half of "
         "them of its oldest unsettled one (hostlib/transport/reuse.py), so a larger pool lets the "
         "pipeline run on while a lost unit is recovered",
     )
