@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elems", type=int, default=16384, help="float32 values per allreduce")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pool-size", type=int, default=512)
+    parser.add_argument(
+        "--pool-size", type=int, default=0, help="slots of the job (default: the protocol's, 2048 at K = 64)"
+    )
     parser.add_argument("--window", type=int, default=None, help="packets in flight (default: transport's)")
     parser.add_argument("--min-deadline-ms", type=float, default=None, help="floor of the FLUSH deadline")
     parser.add_argument(

@@ -17,7 +17,7 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_JOB_ID`` | job id on the switch (1..63) | 1 |
 | ``LTA_BIND_HOST`` / ``LTA_BIND_PORT_BASE`` | worker UDP address | 127.0.0.1 / 0 |
 | ``LTA_ELEMS_PER_PACKET`` | K (must match the switch's job) | self-hosted: path MTU's (16367); else 64 |
-| ``LTA_POOL_SIZE`` | P (must match the switch's job) | 512 |
+| ``LTA_POOL_SIZE`` | P (must match the switch's job) | 2048; 512 above K = 1024 |
 | ``LTA_FALLBACK``, ``LTA_RENORMALIZE`` | transport policies | prev / count |
 | ``LTA_DROP_UP``, ``LTA_DROP_DOWN``, ``LTA_DROP_PARAM`` | Bernoulli loss, self-hosted switch only | 0 |
 | ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
@@ -57,7 +57,7 @@ from typing import Any
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import HealthCheckError
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
-from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, parse_address
+from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, default_pool_size, parse_address
 from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
 
 log = logging.getLogger(__name__)
@@ -178,9 +178,10 @@ class LtaOptions:
         # Packet size follows the path for the self-hosted softswitch (one 64 KiB datagram on loopback);
         # an external switch may be a P4 program compiled for K=64, so that stays its default.
         default_k = DEFAULT_ELEMS_PER_PACKET if switch else elems_for_path(SELF_HOSTED_LISTEN)
+        k = int(number("LTA_ELEMS_PER_PACKET", default_k))
         transport = TransportConfig(
-            elems_per_packet=int(number("LTA_ELEMS_PER_PACKET", default_k)),
-            pool_size=int(number("LTA_POOL_SIZE", 512)),
+            elems_per_packet=k,
+            pool_size=int(number("LTA_POOL_SIZE", default_pool_size(k))),
             fallback=env.get("LTA_FALLBACK", "prev"),
             renormalize=env.get("LTA_RENORMALIZE", "count"),
             seed=seed,
