@@ -181,3 +181,18 @@ def test_comma_lists_give_one_result_per_pair(monkeypatch, capsys):
         assert sum(line.split()[0] == system for line in text if line.strip()) == 2
     assert sum("gloo/lta p50 2.000" in line and "lta/raw pps 0.250" in line for line in text) == 2
     assert sum("io plain" in line for line in text if not line.startswith(" ")) == 2
+
+
+def test_raw_senders_keep_their_windows_within_the_echos_buffer():
+    """Four senders of 67 jumbo datagrams (what a 4 MiB reduce of K = 16367 sends) echo every datagram
+    of every iteration without a stall: with lta's window (63 datagrams each) they overflowed the echo's
+    receive buffer, and each lost datagram cost an iteration the stall timeout."""
+    from lta.bench.allreduce import RAW_DATAGRAM_OVERHEAD, echo_window
+
+    reported = 8 << 20  # SO_RCVBUF as Linux reports it: twice the usable bytes
+    window = echo_window(reported, 65504, 4)
+    cost = 65504 + RAW_DATAGRAM_OVERHEAD  # per datagram
+    assert 4 * window * cost <= reported // 2 < 4 * (window + 1) * cost
+    spec = RawSpec(67, 65504, iters=3, warmup=1, io="mmsg-c", stall_timeout_s=0.5)
+    raw = run_raw(4, spec, in_process=True)
+    assert raw["timeouts"] == 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -140,6 +141,20 @@ def lta_datagrams_per_reduce(n_values: int, elems_per_packet: int, exp_copies: i
     return chunks + exp_copies * math.ceil(chunks / elems_per_packet)
 
 
+# What the kernel charges a receive buffer for a datagram received on its own (no GRO train): the data plus
+# sk_buff, shared info and alignment, about 1 KiB on x86-64 (a 292-byte datagram takes ~1.3 KiB).
+RAW_DATAGRAM_OVERHEAD = 1024
+
+
+def echo_window(rcvbuf: int, pkt_bytes: int, senders: int) -> int:
+    """Datagrams in flight per sender that ``senders`` senders can keep at once in the echo server's
+    receive buffer of ``rcvbuf`` bytes as the kernel reports it (twice the usable size). The echo takes
+    datagrams one by one, so each costs RAW_DATAGRAM_OVERHEAD more than its bytes: with lta's window
+    (2047 units of K = 64 since the pool is 2048; 63 jumbo datagrams) 4 senders overflowed it, and every
+    lost datagram cost the raw sender its stall timeout (p50 over 1 s)."""
+    return max(2, rcvbuf // 2 // (pkt_bytes + RAW_DATAGRAM_OVERHEAD) // max(1, senders))
+
+
 def lta_window(rcvbuf: int, pkt_bytes: int, config: TransportConfig) -> int:
     """The window LtaWorker keeps for a socket whose SO_RCVBUF reads ``rcvbuf`` (Linux doubles it)."""
     fit = max(2, rcvbuf // 2 // (pkt_bytes + 64))
@@ -207,7 +222,8 @@ class RawSpec:
     iters: int
     warmup: int = 0
     io: str | None = None  # None: BatchSocket's default (LTA_IO, else the fastest available)
-    window: int | None = None  # datagrams in flight per sender; None: lta's window for this socket
+    window: int | None = None  # datagrams in flight per sender; None: lta's, within the echo's buffer
+    senders: int = 1  # how many send to the echo at once (run_raw sets it): they share its buffer
     buffer_bytes: int = TransportConfig.socket_buffer_bytes
     stall_timeout_s: float = 1.0  # an iteration with no reply for this long is given up (and counted)
     start_timeout_s: float = 300.0  # bound on every barrier wait (the first one covers process start)
@@ -345,7 +361,10 @@ def _raw_sender_main(
             sock.bind(("127.0.0.1", 0))
             bs = BatchSocket(sock, spec.io)
             rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-            window = spec.window or lta_window(rcvbuf, spec.packet_bytes, TransportConfig())
+            window = spec.window or min(
+                lta_window(rcvbuf, spec.packet_bytes, TransportConfig()),
+                echo_window(rcvbuf, spec.packet_bytes, spec.senders),
+            )
             if payload is None:
                 rows = np.zeros((spec.n_datagrams, spec.packet_bytes), dtype=np.uint8)
             else:
@@ -383,6 +402,7 @@ def run_raw(
     if payloads is not None and len(payloads) != n_senders:
         raise ValueError(f"need one payload per sender ({n_senders}), got {len(payloads)}")
     results: dict[int, dict] = {}
+    spec = dataclasses.replace(spec, senders=n_senders)
     with EchoServer(spec) as server:
         if in_process:
             to_parent: Any = queue_mod.Queue()
