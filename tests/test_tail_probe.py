@@ -142,26 +142,32 @@ def test_an_owners_last_unit_is_flushed_at_once_when_a_peers_grad_of_it_is_lost(
 def test_the_last_two_units_go_twice_so_one_lost_grad_of_them_costs_nothing(make_cluster, exact):
     """Tail copies (``tail_units`` = 2, the default): worker 1's first GRAD of the last data unit lost, its
     second copy (sent right after) brings it in: both workers count 2 everywhere, with no tail probe and
-    no FLUSH. The switch saw each worker's last two units twice: every copy after the first is a
-    duplicate of a counted GRAD (``grad_dup`` while the round is open, ``grad_late_resend`` after it
-    closed), as are the exponent unit's ``exp_copies``. In exact mode no unit goes twice but the
-    exponent's (a copy would draw the drop policy again)."""
+    no FLUSH. Worker 0 sent each of its last two data units twice and the others once. In exact mode no
+    data unit goes twice (a copy would draw the drop policy again): the lost GRAD stays out."""
     timing = {**TIMING, "tail_units": 2}
     cluster = make_cluster(2, seed=6, elems_per_packet=K, exact=exact, **timing)
     dropped = _drop_first_grad_of_last_unit(cluster.workers[1])
+    sent: list[int] = []  # the data chunks of worker 0's GRADs, every copy
+    send = cluster.workers[0].io.send_rows
+
+    def counting_send(rows: np.ndarray) -> int:
+        hdr = _headers(rows)
+        data = (hdr["op"] == Op.GRAD) & ((hdr["flags"] & Flag.MAX) == 0)
+        sent.extend(hdr["chunk"][data].tolist())
+        return send(rows)
+
+    cluster.workers[0].io.send_rows = counting_send  # type: ignore[method-assign]
     rng = np.random.default_rng(14)
     inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
     results = cluster.reduce_all(inputs, step=0)
     assert dropped
-    counters = cluster.switch.read_counters(cluster.job_id)
-    exp_copies, workers = cluster.workers[0].config.exp_copies, 2
-    if exact:  # no copy: the lost GRAD waits for the fence's FLUSH, which closes without it
-        assert int(results[0].count[CHUNKS - 1]) == 1
-        assert counters["grad_dup"] + counters["grad_late_resend"] == workers * (exp_copies - 1)
+    copies = [sent.count(c) for c in range(CHUNKS)]
+    if exact:  # (the fence, a critical zero chunk after the data, is not a data chunk of the input)
+        assert copies[:CHUNKS] == [1] * CHUNKS
+        assert int(results[0].count[CHUNKS - 1]) == 1  # closed at the fence's FLUSH without worker 1
         return
+    assert copies == [1] * (CHUNKS - 2) + [2, 2]
     assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
     assert all(int(r.count[c]) == 2 for r in results for c in range(CHUNKS))
     stats = [w.stats for w in cluster.workers]
     assert [s.flushes_sent for s in stats] == [0, 0] and [s.tail_probes for s in stats] == [0, 0]
-    copies = workers * (exp_copies - 1) + workers * 2 - 1  # (worker 1's first copy of the last unit lost)
-    assert counters["grad_dup"] + counters["grad_late_resend"] == copies

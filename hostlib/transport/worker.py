@@ -1109,13 +1109,15 @@ class LtaWorker:
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
         payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
         exp = u < plan.exp_units
-        for i in np.flatnonzero(exp & (count > 0)):
-            c0 = int(u[i]) * k
-            c1 = min(c0 + k, plan.chunks_count)
-            self._on_exponents(plan, c0, c1, payload[rows[i], : c1 - c0])
-            plan.own_exp[c0:c1] = bool(int(bitmap[i]) >> self.worker_id & 1)
-            plan.exp_bitmap[c0:c1] = bitmap[i]
-            plan.any_withheld |= int(bitmap[i]) != (1 << n_workers) - 1
+        agreed = np.flatnonzero(exp & (count > 0))
+        if agreed.size:  # every exponent RESULT of the batch at once (K chunks each, fewer in the last)
+            chunks = u[agreed][:, None] * k + np.arange(k)  # (exponent units, K)
+            valid = chunks < plan.chunks_count
+            ebits = np.broadcast_to(bitmap[agreed][:, None], chunks.shape)[valid]
+            self._on_exponents(plan, chunks[valid], payload[rows[agreed]][valid])
+            plan.own_exp[chunks[valid]] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
+            plan.exp_bitmap[chunks[valid]] = ebits
+            plan.any_withheld |= bool(np.any(bitmap[agreed] != np.uint64((1 << n_workers) - 1)))
         data = ~exp
         if not data.any():
             return
@@ -1158,12 +1160,12 @@ class LtaWorker:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)
 
-    def _on_exponents(self, plan: ReducePlan, c0: int, c1: int, agreed: np.ndarray) -> None:
-        """The exponent round for chunks [c0, c1) closed: their data-round shifts are known. Chunks are
-        quantized lazily, a block at a time as they are sent, so the quantizing overlaps the switch's
-        work on the packets already sent."""
-        plan.shift[c0:c1] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
-        plan.exp_known[c0:c1] = True
+    def _on_exponents(self, plan: ReducePlan, chunks: np.ndarray, agreed: np.ndarray) -> None:
+        """The exponent rounds of ``chunks`` closed with the ``agreed`` exponents: their data-round shifts
+        are known. Chunks are quantized lazily, a block at a time as they are sent, so the quantizing
+        overlaps the switch's work on the packets already sent."""
+        plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
+        plan.exp_known[chunks] = True
 
 
 def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
