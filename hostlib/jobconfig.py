@@ -374,6 +374,7 @@ class TableReader:
                 raise self.fail(f"{where}.drop[{d}]", f"a second {drop.direction} policy for {who}")
             drops.append(drop)
         elems = self.integer(where, table, "elems_per_packet", 1, MAX_ELEMS_PER_PACKET)
+        k = DEFAULT_ELEMS_PER_PACKET if elems is None else elems
         pool_size = self.integer(where, table, "pool_size", 1, MAX_POOL_SIZE)
         role, uplink_entry, leaf_id, worker_base = self.hierarchy(where, table, n)
         uplink = None if uplink_entry is None else uplink_entry.address
@@ -381,11 +382,9 @@ class TableReader:
             job_id=job_id,
             workers=workers,
             quorum=self.integer(where, table, "quorum", 1, n),
-            pool_size=default_pool_size(elems or DEFAULT_ELEMS_PER_PACKET)
-            if pool_size is None
-            else pool_size,
+            pool_size=default_pool_size(k) if pool_size is None else pool_size,
             slot_base=self.integer(where, table, "slot_base", 0, MAX_POOL_SIZE - 1),
-            elems_per_packet=DEFAULT_ELEMS_PER_PACKET if elems is None else elems,
+            elems_per_packet=k,
             switch=switch,
             drops=tuple(drops),
             index=i,

@@ -431,17 +431,26 @@ class Fabric:
             if leaf_id is None:
                 for out_port, out in self.spine.step(port, lta):
                     if self._hop("up"):
-                        self.queue.append((out_port - 1, 3, out))
+                        self._from_spine(out_port, out, slot, seq, got)
                 continue
             for out_port, out in self.leaves[leaf_id].step(port, lta):
                 if out_port == 3:
                     if self._hop("up"):
                         self.queue.append((None, leaf_id + 1, out))
                 elif self._hop("down"):
-                    header = decode(out)
-                    assert header["op"] == Op.RESULT
-                    if (header["slot"], header["seq"]) == (slot, seq):
-                        got.setdefault(2 * leaf_id + out_port - 1, out)
+                    self._take(2 * leaf_id + out_port - 1, out, slot, seq, got)
+
+    def _from_spine(self, out_port: int, out: bytes, slot: int, seq: int, got: dict[int, bytes]) -> None:
+        """A packet the spine sent out of ``out_port`` and the link let through: to leaf out_port - 1."""
+        self.queue.append((out_port - 1, 3, out))
+
+    @staticmethod
+    def _take(w: int, out: bytes, slot: int, seq: int, got: dict[int, bytes]) -> None:
+        """Worker ``w`` receives ``out``, a RESULT: it keeps the first one of (slot, seq)."""
+        header = decode(out)
+        assert header["op"] == Op.RESULT
+        if (header["slot"], header["seq"]) == (slot, seq):
+            got.setdefault(w, out)
 
     def round(self, slot: int, seq: int, values: dict[int, np.ndarray]) -> dict[int, bytes]:
         """Every worker sends its GRAD, then FLUSHes (as hosts do, with no timing here; every FLUSH
@@ -514,6 +523,30 @@ def tree(request) -> Iterator[list[Node]]:
                 s.stop()
 
 
+def check_one_global_result(
+    g: int, got: dict[int, bytes], values: dict[int, np.ndarray], ignored: tuple[str, ...]
+) -> list[int]:
+    """Round ``g``: all 4 workers took a RESULT, the same one but for the ``ignored`` fields (RETX
+    resends), whose payload is the sum of ``values`` over exactly the workers of its bitmap, with count
+    and weight its size (so sum / count is their mean). Returns the counted workers."""
+    assert sorted(got) == [0, 1, 2, 3], f"round {g}: {sorted(set(range(4)) - set(got))} unanswered"
+    fields = [decode(lta) for lta in got.values()]
+    first = fields[0]
+    for f in fields[1:]:  # one global RESULT for everyone
+        assert {k: v for k, v in f.items() if k not in ignored} == {
+            k: v for k, v in first.items() if k not in ignored
+        }
+        np.testing.assert_array_equal(f["payload"], first["payload"])
+    counted = [w for w in range(4) if first["bitmap"] >> w & 1]
+    assert first["bitmap"] < 16 and first["count"] == len(counted) == first["weight"]
+    expected = sum((values[w] for w in counted), np.zeros(64, dtype=np.int64))
+    np.testing.assert_array_equal(first["payload"], expected)
+    if counted:
+        mean = first["payload"] / first["count"]
+        np.testing.assert_allclose(mean, np.mean([values[w] for w in counted], axis=0))
+    return counted
+
+
 def test_two_leaves_two_workers_each_with_loss_on_both_levels(tree):
     """Workers 0, 1 on leaf 0 (ports 1, 2), workers 2, 3 on leaf 1; each leaf's port 3 goes to the spine,
     whose ports 1 and 2 are leaves 0 and 1. Every hop drops packets at random (seeded: the same drops
@@ -534,22 +567,7 @@ def test_two_leaves_two_workers_each_with_loss_on_both_levels(tree):
     for g in range(16):
         slot, seq = g % 4, g // 4 + 1
         values = {w: vec(1000 * g + w, -(2**20), 2**20) for w in range(4)}
-        got = fabric.round(slot, seq, values)
-        assert sorted(got) == [0, 1, 2, 3], f"round {g}: {sorted(set(range(4)) - set(got))} unanswered"
-        fields = [decode(lta) for lta in got.values()]
-        first = fields[0]
-        for f in fields[1:]:  # one global RESULT for everyone (RETX aside)
-            assert {k: v for k, v in f.items() if k not in ("payload", "flags")} == {
-                k: v for k, v in first.items() if k not in ("payload", "flags")
-            }
-            np.testing.assert_array_equal(f["payload"], first["payload"])
-        counted = [w for w in range(4) if first["bitmap"] >> w & 1]
-        assert first["bitmap"] < 16 and first["count"] == len(counted) == first["weight"]
-        expected = sum((values[w] for w in counted), np.zeros(64, dtype=np.int64))
-        np.testing.assert_array_equal(first["payload"], expected)
-        if counted:
-            mean = first["payload"] / first["count"]
-            np.testing.assert_allclose(mean, np.mean([values[w] for w in counted], axis=0))
+        counted = check_one_global_result(g, fabric.round(slot, seq, values), values, ("payload", "flags"))
         partial_rounds += len(counted) < 4
     assert (
         fabric.lost["up"] > 5 and fabric.lost["down"] > 5 and partial_rounds >= 1
@@ -582,30 +600,11 @@ class OwnLeafFabric(Fabric):
         if self._hop("up"):
             self.queue.append((None, self.OWN[w] + 1, lta))
 
-    def deliver(self, slot: int, seq: int, got: dict[int, bytes]) -> None:
-        while self.queue:
-            leaf_id, port, lta = self.queue.pop(0)
-            if leaf_id is None:
-                for out_port, out in self.spine.step(port, lta):
-                    if not self._hop("up"):
-                        continue
-                    if out_port == 1:
-                        self.queue.append((0, 3, out))
-                    else:  # straight to the worker that is its own leaf
-                        header = decode(out)
-                        assert header["op"] == Op.RESULT
-                        if (header["slot"], header["seq"]) == (slot, seq):
-                            got.setdefault(out_port, out)
-                continue
-            for out_port, out in self.leaves[leaf_id].step(port, lta):
-                if out_port == 3:
-                    if self._hop("up"):
-                        self.queue.append((None, 1, out))
-                elif self._hop("down"):
-                    header = decode(out)
-                    assert header["op"] == Op.RESULT
-                    if (header["slot"], header["seq"]) == (slot, seq):
-                        got.setdefault(out_port - 1, out)
+    def _from_spine(self, out_port: int, out: bytes, slot: int, seq: int, got: dict[int, bytes]) -> None:
+        if out_port == 1:  # leaf 0
+            super()._from_spine(out_port, out, slot, seq, got)
+        else:  # straight to the worker that is its own leaf (worker 2 on port 2, 3 on port 3)
+            self._take(out_port, out, slot, seq, got)
 
     def round(self, slot: int, seq: int, values: dict[int, np.ndarray]) -> dict[int, bytes]:
         got: dict[int, bytes] = {}
@@ -646,18 +645,7 @@ def test_workers_that_are_their_own_leaves_beside_a_leaf_switch(tree):
         slot, seq = g % 4, g // 4 + 1
         values = {w: vec(700 * g + w, -(2**20), 2**20) for w in range(4)}
         got = fabric.round(slot, seq, values)
-        assert sorted(got) == [0, 1, 2, 3], f"round {g}: {sorted(set(range(4)) - set(got))} unanswered"
-        fields = [decode(lta) for lta in got.values()]
-        first = fields[0]
-        for f in fields[1:]:
-            assert {k: v for k, v in f.items() if k not in ("payload", "flags", "worker_id")} == {
-                k: v for k, v in first.items() if k not in ("payload", "flags", "worker_id")
-            }
-            np.testing.assert_array_equal(f["payload"], first["payload"])
-        counted = [w for w in range(4) if first["bitmap"] >> w & 1]
-        assert first["bitmap"] < 16 and first["count"] == len(counted) == first["weight"]
-        expected = sum((values[w] for w in counted), np.zeros(64, dtype=np.int64))
-        np.testing.assert_array_equal(first["payload"], expected)
+        counted = check_one_global_result(g, got, values, ("payload", "flags", "worker_id"))
         partial_rounds += len(counted) < 4
         own_counted += sum(w in counted for w in OwnLeafFabric.OWN)
     assert fabric.lost["up"] > 5 and fabric.lost["down"] > 5 and partial_rounds >= 1

@@ -45,17 +45,19 @@ class Heartbeat:
         self.packet = make_packet(
             Op.HEARTBEAT, job_id=job_id, worker_id=worker_id, elems_per_packet=elems_per_packet, nelem=0
         )
-        self.relay: bytes | None = make_packet(
-            Op.PARAM,
-            job_id=job_id,
-            worker_id=worker_id,
-            elems_per_packet=elems_per_packet,
-            nelem=0,
-            chunk=ALIVE_CHUNK,
-            flags=int(Flag.CRITICAL),
+        self.relay = (
+            make_packet(
+                Op.PARAM,
+                job_id=job_id,
+                worker_id=worker_id,
+                elems_per_packet=elems_per_packet,
+                nelem=0,
+                chunk=ALIVE_CHUNK,
+                flags=int(Flag.CRITICAL),
+            )
+            if relay
+            else None
         )
-        if not relay:
-            self.relay = None
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lta-heartbeat-{worker_id}", daemon=True)

@@ -1114,9 +1114,10 @@ class LtaWorker:
             chunks = u[agreed][:, None] * k + np.arange(k)  # (exponent units, K)
             valid = chunks < plan.chunks_count
             ebits = np.broadcast_to(bitmap[agreed][:, None], chunks.shape)[valid]
-            self._on_exponents(plan, chunks[valid], payload[rows[agreed]][valid])
-            plan.own_exp[chunks[valid]] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
-            plan.exp_bitmap[chunks[valid]] = ebits
+            chunks = chunks[valid]
+            self._on_exponents(plan, chunks, payload[rows[agreed]][valid])
+            plan.own_exp[chunks] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
+            plan.exp_bitmap[chunks] = ebits
             plan.any_withheld |= bool(np.any(bitmap[agreed] != np.uint64((1 << n_workers) - 1)))
         data = ~exp
         if not data.any():
