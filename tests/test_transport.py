@@ -230,7 +230,7 @@ _CHILD = textwrap.dedent(
     import sys, numpy as np
     from hostlib.transport import LtaWorker, TransportConfig
     host, port = sys.argv[1], int(sys.argv[2])
-    w = LtaWorker(1, 2, 3, (host, port), config=TransportConfig(sync_deadline_ms=1000))
+    w = LtaWorker(1, 2, 3, (host, port), config=TransportConfig(sync_deadline_ms=1000, pool_size=512))
     print(w.address[1], flush=True)
     sys.stdin.readline()
     x = np.full(50000, 9.0, np.float32)
@@ -257,9 +257,13 @@ def test_worker_killed_mid_reduce_others_finish_with_count_n_minus_1(make_cluste
         )
         try:
             child_port = int(child.stdout.readline())
-            cfg = TransportConfig(sync_deadline_ms=1000)  # the child process may start slowly here
+            # The child process may start slowly here. A pool of 512 (the default before 2048) holds the
+            # others at unit 255 by the peer rule while it starts; with 2048 the whole reduce (~800 units)
+            # goes at once and closes without a child slower than the sync deadline.
+            cfg = TransportConfig(sync_deadline_ms=1000, pool_size=512)
             workers = [LtaWorker(1, w, 3, server.address, config=cfg) for w in range(2)]
-            switch.add_job(JobConfig(1, [w.address for w in workers] + [("127.0.0.1", child_port)]))
+            addrs = [w.address for w in workers] + [("127.0.0.1", child_port)]
+            switch.add_job(JobConfig(1, addrs, pool_size=512))
             child.stdin.write("go\n")
             child.stdin.flush()
             x = [np.full(50000, 1.0, np.float32), np.full(50000, 2.0, np.float32)]
