@@ -43,6 +43,9 @@ ENV_VAR = "LTA_CODEC"
 EMPTY_EXPONENT = -127  # proposal for an all-zero chunk
 SHIFT_LIMIT = 127  # the header's exp field is a signed byte
 SUM_BITS = 30  # sums stay below 2^30, one bit of margin under int32
+# The proposal of a chunk holding NaN or Inf: far above any float32 exponent (at most 128), so the max
+# over workers keeps it, and its data round runs at the lowest shift (every contribution quantizes to ~0).
+NONFINITE_EXPONENT = 1 << 24
 
 
 def headroom_bits(n_workers: int) -> int:
@@ -57,19 +60,29 @@ def contribution_limit(n_workers: int) -> int:
     return 1 << (SUM_BITS - headroom_bits(n_workers))
 
 
-def exponent_proposals(chunks: np.ndarray) -> np.ndarray:
+def exponent_proposals(chunks: np.ndarray, *, mark_nonfinite: bool = False) -> np.ndarray:
     """Per chunk (rows of ``chunks``), the int32 ``e`` with ``max|x| < 2^e``.
 
-    Raises ValueError on NaN or Inf: they cannot be summed meaningfully and would poison every worker."""
+    A chunk holding NaN or Inf raises ValueError, or, with ``mark_nonfinite``, proposes
+    :data:`NONFINITE_EXPONENT`: above every real exponent, so the switch's max carries it to every worker
+    whose exponent RESULT counts it (docs/protocol.md, "Non-finite values")."""
     # max|x| as max(max x, -min x): two reductions, no |x| temporary the size of the tensor.
     maxabs = np.maximum(chunks.max(axis=1), -chunks.min(axis=1))
-    if not np.all(np.isfinite(maxabs)):
-        bad = int(np.flatnonzero(~np.isfinite(maxabs))[0])
+    finite = np.isfinite(maxabs)
+    if not finite.all() and not mark_nonfinite:
+        bad = int(np.flatnonzero(~finite)[0])
         raise ValueError(f"tensor holds NaN or Inf (first in chunk {bad}); refusing to send it")
-    _, exponent = np.frexp(maxabs)
+    with np.errstate(invalid="ignore"):
+        _, exponent = np.frexp(maxabs)
     exponent = exponent.astype(np.int32)
     exponent[maxabs == 0] = EMPTY_EXPONENT
+    exponent[~finite] = NONFINITE_EXPONENT
     return exponent
+
+
+def nonfinite_agreed(agreed_exponent: np.ndarray) -> np.ndarray:
+    """Which agreed exponents say that some counted worker's chunk held NaN or Inf."""
+    return np.asarray(agreed_exponent) >= NONFINITE_EXPONENT
 
 
 def data_shifts(agreed_exponent: np.ndarray, n_workers: int) -> np.ndarray:

@@ -66,6 +66,7 @@ class ReducePlan:
         self.shift = np.zeros(c, dtype=np.int32)
         self.has_exp = np.zeros(c, dtype=bool)  # quantized, own exponent counted: will be sent
         self.exp_known = np.zeros(c, dtype=bool)  # the agreed exponent arrived
+        self.nonfinite = np.zeros(c, dtype=bool)  # ... and says some counted worker's chunk was not finite
         self.own_exp = np.zeros(c, dtype=bool)  # ... and this worker's proposal was counted in it
         # ... and whose proposals it counted (bit w: worker w). A worker whose bit is missing withholds
         # the chunk: it never sends that GRAD (LtaWorker._quantize_ahead), and every peer knows it.
@@ -198,7 +199,7 @@ class ReducePlan:
         self.closed_early = 0
         self.lt_at = self.hard_close_at = math.inf
         self.rx_batches = []
-        for flags in (self.has_exp, self.exp_known, self.own_exp, self.quantized):
+        for flags in (self.has_exp, self.exp_known, self.nonfinite, self.own_exp, self.quantized):
             flags[:] = False
         self.exp_bitmap[:] = 0
         self.any_withheld = False

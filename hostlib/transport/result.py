@@ -26,6 +26,9 @@ class ReduceResult:
     shift: np.ndarray  # per chunk fixed-point shift used (error bound 2^-shift)
     elapsed_s: float
     critical: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # bool per chunk
+    # bool per chunk: some counted worker's chunk held NaN or Inf, so ``values`` are NaN there on every
+    # worker whose exponent RESULT counted it (docs/protocol.md, "Non-finite values")
+    nonfinite: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def contributors(self, chunk: int) -> list[int]:
         bits = int(self.bitmap[chunk])
@@ -49,6 +52,7 @@ class TransportStats:
     fallback_local: int = 0
     withheld_chunks: int = 0  # own exponent proposal not counted: withheld (whatever the values)
     saturated_results: int = 0  # RESULTs flagged SATURATED by some sender
+    nonfinite_chunks: int = 0  # chunks returned as NaN: some counted worker's values were not finite
     flushes_sent: int = 0
     # FLUSHes of units not yet behind every worker's frontier: a timer decided (a late worker's
     # packet could still have come). 0 in exact runs: every round closed by the drop policy alone.

@@ -416,7 +416,17 @@ class LtaWorker:
         staged[n:] = 0.0
         if self.config.renormalize == "weight":
             chunks *= np.float32(weight)
-        proposals = codec.exponent_proposals(chunks)
+        # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
+        # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
+        proposals = codec.exponent_proposals(chunks, mark_nonfinite=True)
+        own_nonfinite = proposals == codec.NONFINITE_EXPONENT
+        if own_nonfinite.any():
+            chunks[own_nonfinite] = 0.0
+            log.warning(
+                "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
+                self.worker_id,
+                int(own_nonfinite.sum()),
+            )
         self._header["step"] = step
         if owners is not None:
             owners = np.asarray(owners, dtype=np.int64).reshape(-1)
@@ -473,10 +483,11 @@ class LtaWorker:
         key = n if key is None else key
         if missing.any():
             rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, chunks)
+        nonfinite = plan.nonfinite[:n_chunks] & ~plan.elsewhere[:n_chunks]
         if out is None:
             values = rows.reshape(-1)[:n].copy()
-            if self._fallback == Fallback.PREV:
-                self._prev[key] = values
+            if self._fallback == Fallback.PREV:  # a NaN chunk is not kept: its rows hold the ~0 sums
+                self._prev[key] = values.copy() if nonfinite.any() else values
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             kept = None
@@ -487,6 +498,9 @@ class LtaWorker:
             for dst in (values, kept):
                 if dst is not None:
                     _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+        if nonfinite.any():
+            _fill_chunks(values, nonfinite, k, np.nan)
+            self.stats.nonfinite_chunks += int(nonfinite.sum())
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
@@ -506,6 +520,7 @@ class LtaWorker:
             shift=plan.shift[c].copy(),
             elapsed_s=elapsed,
             critical=plan.critical[c].copy(),
+            nonfinite=nonfinite.copy(),
         )
 
     # ---- pacing and early close (LTP) ------------------------------------------------------------
@@ -1167,6 +1182,7 @@ class LtaWorker:
         overlaps the switch's work on the packets already sent."""
         plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
         plan.exp_known[chunks] = True
+        plan.nonfinite[chunks] = codec.nonfinite_agreed(agreed)
 
 
 def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
@@ -1184,6 +1200,15 @@ def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | No
     dst[: full * k].reshape(full, k)[sel] = rows[sel]
     if full * k < n and which[full]:
         dst[full * k : n] = rows[full, : n - full * k]
+
+
+def _fill_chunks(values: np.ndarray, which: np.ndarray, k: int, fill: float) -> None:
+    """Set every value of the chunks ``which`` (a bool mask over chunks of K) of the flat ``values``."""
+    n = values.size
+    full = n // k
+    values[: full * k].reshape(full, k)[which[:full]] = fill
+    if full * k < n and which[full]:
+        values[full * k :] = fill
 
 
 def _as_float32(x: Any) -> np.ndarray:
