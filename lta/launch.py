@@ -52,8 +52,8 @@ class JobSpec:
     spine_drop: dict[str, DropPolicy] = field(default_factory=dict)
     # Each softswitch in a process of its own (softswitch.process) instead of a thread of this one: the
     # switches of a tree then share no interpreter lock (``lta bench scaling --switches processes``;
-    # on the 2-core host it did not lower a tree's p50 against one switch, README). The switches run_job
-    # hands back still read as the ones that served (counters, slot registers).
+    # on the 2-core host it did not lower a tree's p50 against one switch, docs/results.md). The switches
+    # run_job hands back still read as the ones that served (counters, slot registers).
     switch_processes: bool = False
 
 

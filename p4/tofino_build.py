@@ -1,13 +1,14 @@
 """Compile p4/tofino with p4c's Tofino backend and keep the artifacts that matter in git.
 
-The compiler (``p4c-barefoot``, p4lang/p4c configured with ``-DENABLE_TOFINO=ON``) is built from source
-outside the project (p4/tofino/README.md). This script runs it, then its assembler ``bfas`` on the
-``.bfa`` it wrote (``p4c-barefoot`` alone exits 0 for a program that needs more stages than the chip has;
-``bfas`` is what refuses it), and copies into ``p4/tofino/build/``: ``bf-rt.json`` (the control plane's
-names, ids and widths; the compiler's front end writes it before the backend runs, so it is kept even
-when the backend fails), and, once the program fits, ``context.json`` and the resource reports; then
-``manifest.json`` naming the compiler, a hash of the sources, whether the program fits and, if not, the
-first error. ``tests/test_tofino.py`` fails when the sources changed and the artifacts did not::
+The compiler (``p4c-barefoot``, p4c's open Tofino backend; tested: 9.13.4) must be on PATH; the
+project does not carry it (p4/tofino/README.md, "The compiler"). This script runs it, then its
+assembler ``bfas`` on the ``.bfa`` it wrote (``p4c-barefoot`` alone exits 0 for a program that needs
+more stages than the chip has; ``bfas`` is what refuses it), and copies into ``p4/tofino/build/``:
+``bf-rt.json`` (the control plane's names, ids and widths; the compiler's front end writes it before
+the backend runs, so it is kept even when the backend fails), and, once the program fits,
+``context.json`` and the resource reports; then ``manifest.json`` naming the compiler, a hash of the
+sources, whether the program fits and, if not, the first error. ``tests/test_tofino.py`` fails when
+the sources changed and the artifacts did not::
 
     .venv/bin/python p4/tofino_build.py            # compile and refresh p4/tofino/build/
     .venv/bin/python p4/tofino_build.py --check    # exit 1 if the artifacts are stale
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(reason or "p4/tofino/build is current")
         return 1 if reason else 0
     if shutil.which(args.compiler) is None:
-        print(f"{args.compiler} is not on PATH: build it first (p4/tofino/README.md)", file=sys.stderr)
+        print(f"{args.compiler} is not on PATH (tested: 9.13.4; p4/tofino/README.md)", file=sys.stderr)
         return 1
     return build(args.compiler)
 

@@ -5,7 +5,7 @@ while one of them runs a batch through the engine (which holds the lock), the ot
 of the tree waits on the other switches' work as well as its own. Each switch in its own process
 (:class:`SoftSwitchProcess`) has its own lock and is scheduled by the kernel like any daemon, as
 ``lta softswitch`` processes are in the netns tree (``lta demo --leaves L --netns``). On the loaded 2-core
-host that did not make a tree faster against one switch (README, ``lta bench scaling --switches``): the
+host that did not make a tree faster against one switch (docs/results.md, "Leaf-spine trees"): the
 relayed packets' system calls, not the lock, are most of a leaf's cost.
 
 The parent keeps a :class:`~softswitch.pipeline.SoftSwitch` of its own (``switch``) that gets every job and

@@ -1,5 +1,5 @@
 """lta.bench.sim_step_cost: both gradient paths step the same spec and the table reads their samples
-(no timed assertion: the figures are for the README, measured in the same run)."""
+(no timed assertion: the figures are for docs/results.md, measured in the same run)."""
 
 from __future__ import annotations
 

@@ -416,7 +416,7 @@ def test_feedback_aggregate_is_the_mean_over_survivors_of_gradient_plus_residual
 
 
 def test_oracle_split_directions_lose_only_gradients_or_only_parameter_copies(corpus):
-    """The oracle split of issue R (lta/train/README.md, "N=64: where the loss comes from"):
+    """The oracle split of issue R (docs/results.md, "N=64: where the loss comes from"):
     ``directions=("up",)`` loses gradient contributions only, so after every step every replica is the
     owners' values (no stale copy), and the run is the ``retrieve`` run with both directions loss for
     loss (its lost copies are resent within the step; the ``up`` streams are the same draws);

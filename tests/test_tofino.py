@@ -346,7 +346,9 @@ def test_resource_summary_counts_units_per_stage_and_phv_containers():
 @pytest.mark.tofino
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(COMPILER is None, reason="p4c-barefoot is not on PATH (build it: p4/tofino/README.md)")
+@pytest.mark.skipif(
+    COMPILER is None, reason="p4c-barefoot is not on PATH (tested: 9.13.4; p4/tofino/README.md)"
+)
 def test_recompile_matches_committed_artifacts(tmp_path):
     """The compiler, run now, agrees with the manifest on whether the program fits (and on the first
     error if not), and writes the committed bf-rt.json's tables, actions and fields with their ids and

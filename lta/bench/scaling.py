@@ -354,7 +354,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="threads",
         help="run every softswitch (the one switch, every leaf and the spine) as a thread of this process "
         "(they share its interpreter lock), or each in a process of its own, as separate switches are "
-        "(README: no better p50 ratio measured)",
+        "(docs/results.md: no better p50 ratio measured)",
     )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
     sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
