@@ -28,6 +28,10 @@
  *       out[out_rows[i]] = float32(double(sums[rows[i]]) * (2^-shifts[i] / divisors[i])), exactly the
  *       reference's arithmetic (float64 scale, one product, one rounding to float32): bit-identical.
  *       divisors None: no division.
+ *   maxabs(chunks, out) -> None
+ *       out[r] = max |chunks[r]| (float32; NaN when the row holds a NaN, +inf for an infinity): the
+ *       exponent round's proposals read the tensor once here (numpy's two row reductions over rows of
+ *       K = 64 values took ~7 ms of a 4 MiB reduce on the 2-core host, this pass well under 1 ms).
  *
  * Buffers: chunks and out (quantize), sums and out (dequantize) are 2-D with contiguous rows (strides[1]
  * equal to the item size; any row stride, so a field of a structured packet batch or a column slice of a
@@ -393,11 +397,54 @@ fail_sums:
     Py_RETURN_NONE;
 }
 
+/* max|x| of one float32 row; NaN when the row holds one (as numpy's max would), +inf for an infinity.
+ * On the bit patterns with the sign cleared: for floats that are not NaN their order as unsigned integers
+ * is the order of the magnitudes, and every NaN lies above +inf (0x7f800000), so one integer max (which
+ * the compiler vectorizes, unlike a float max with NaN semantics) gives all three answers. */
+HOT_LOOP
+static float maxabs_row(const char *src, Py_ssize_t width) {
+    uint32_t m = 0;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        uint32_t bits;
+        memcpy(&bits, src + 4 * j, 4);
+        bits &= 0x7fffffffu;
+        m = bits > m ? bits : m;
+    }
+    if (m > 0x7f800000u)
+        return NAN;
+    float out;
+    memcpy(&out, &m, 4);
+    return out;
+}
+
+static PyObject *codec_maxabs(PyObject *self, PyObject *args) {
+    PyObject *chunks_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO:maxabs", &chunks_obj, &out_obj))
+        return NULL;
+    rows_t chunks;
+    Py_buffer out_view;
+    if (get_rows(chunks_obj, &chunks, 0, 1, "chunks") < 0)
+        return NULL;
+    if (get_vector(out_obj, &out_view, 1, 4, chunks.rows, "out") < 0) {
+        PyBuffer_Release(&chunks.view);
+        return NULL;
+    }
+    float *out = (float *)out_view.buf;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t r = 0; r < chunks.rows; r++)
+        out[r] = maxabs_row(chunks.base + r * chunks.stride, chunks.width);
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&out_view);
+    PyBuffer_Release(&chunks.view);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef codec_methods[] = {
     {"quantize", codec_quantize, METH_VARARGS,
      "quantize(chunks, rows, shifts, limit, seed, out, saturated): stochastic rounding into int32 rows."},
     {"dequantize", codec_dequantize, METH_VARARGS,
      "dequantize(sums, rows, shifts, divisors, out, out_rows): int32 rows times 2^-shift / divisor."},
+    {"maxabs", codec_maxabs, METH_VARARGS, "maxabs(chunks, out): out[r] = max|chunks[r]| (NaN if any)."},
     {NULL, NULL, 0, NULL},
 };
 

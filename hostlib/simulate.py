@@ -26,6 +26,8 @@ import numpy as np
 from hostlib import codec
 from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback
+from hostlib.transport.result import fallback_codes as result_rule
+from hostlib.transport.result import renormalize_divisor
 
 
 @dataclass
@@ -302,16 +304,7 @@ def fallback_codes(
         raise ValueError(f"renormalize must be 'count' or 'none' here, got {renormalize!r}")
     if fallback not in FALLBACK_POLICIES:
         raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {fallback!r}")
-    policy = FALLBACK_POLICIES[fallback]
-    arrived = delivered & (count > 0)
-    if renormalize == "none":
-        got = arrived if policy == Fallback.ZERO else arrived & (count == n_workers)
-    else:
-        got = arrived
-    codes = np.where(got, Fallback.NONE, policy).astype(np.int8)
-    if renormalize == "none":
-        codes[..., count < n_workers] = policy
-    return got, codes
+    return result_rule(delivered & (count > 0), count, n_workers, renormalize, FALLBACK_POLICIES[fallback])
 
 
 def worker_values(
@@ -337,10 +330,7 @@ def worker_values(
     count = summed.count
     got, codes = fallback_codes(count, delivered, n_workers, renormalize=renormalize, fallback=fallback)
     policy = FALLBACK_POLICIES[fallback]
-    if renormalize == "none":
-        divisor = np.full(len(count), float(n_workers))
-    else:
-        divisor = np.maximum(count, 1).astype(np.float64)
+    divisor = renormalize_divisor(count, None, renormalize, n_workers)
     if policy == Fallback.LOCAL:
         if local is None:
             raise ValueError("fallback='local' needs the worker's own values (local=...)")

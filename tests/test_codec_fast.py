@@ -199,6 +199,35 @@ def test_nan_and_inf_are_refused_with_the_chunk_named(use_path, path, bad):
 
 
 @pytest.mark.parametrize("path", ["c", "numpy"])
+@pytest.mark.parametrize("k", [1, 7, 64, 359])
+def test_exponent_proposals_bound_every_value_tightly(use_path, path, k):
+    """Per chunk, e with max|x| < 2^e <= 2 max|x| (the contract), whatever the row width: checked value by
+    value in float64 against the chunk's own entries, with signed zeros, subnormals and the float32
+    extremes in it; -127 for an all-zero chunk; NaN and Inf refused with the chunk named."""
+    if path == "c" and codec._cext is None:
+        pytest.skip(codec._CEXT_MISSING)
+    use_path(path)
+    x = random_chunks(np.random.default_rng(9), 200, k)
+    x[2] = -0.0
+    x[3, 0] = np.float32(1e-45)  # the smallest subnormal
+    x[4, -1] = np.float32(-3.4e38)
+    x[5] = 0.0
+    x[5, 0] = np.float32(-2.0)  # a power of two: 2^1 <= |x| < 2^2
+    e = codec.exponent_proposals(x)
+    maxabs = np.abs(x.astype(np.float64)).max(axis=1)
+    nonzero = maxabs > 0
+    assert np.all(maxabs[nonzero] < np.ldexp(1.0, e[nonzero]))
+    assert np.all(np.ldexp(1.0, e[nonzero]) <= 2 * maxabs[nonzero])
+    assert np.all(e[~nonzero] == codec.EMPTY_EXPONENT) and not nonzero[[0, 2]].any()
+    assert e[5] == 2
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[7, k // 2] = bad
+        with pytest.raises(ValueError, match="NaN or Inf.*chunk 7"):
+            codec.exponent_proposals(y)
+
+
+@pytest.mark.parametrize("path", ["c", "numpy"])
 @pytest.mark.parametrize("rows", ["all", "slice", "index"])
 def test_quantize_into_writes_the_payload_rows_of_a_packet_batch_in_place(use_path, path, rows):
     """The worker's use: the big-endian payload field of a structured packet batch, a slice or an index

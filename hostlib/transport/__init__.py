@@ -8,8 +8,10 @@ RESULT is FLUSHed at its deadline, up to ``max_flushes`` times, then given up.
 One module per concern: ``config`` (TransportConfig, fallbacks, path-MTU packet size), ``plan`` (the
 buffers of one reduce, critical chunk masks), ``deadlines`` (RTO, deadline rules, early flushes, critical
 resends), ``io`` (batched socket I/O), ``pacing`` (token bucket, learned bottleneck rate), ``earlyclose``
-(LTP's loss-tolerant threshold and deadline), ``result`` (ReduceResult, statistics, fallback rows),
-``worker`` (LtaWorker and its unit engine).
+(LTP's loss-tolerant threshold and deadline), ``result`` (ReduceResult, statistics, the
+renormalize/fallback rule), ``engine`` (ReduceEngine: the one owner of a reduce), ``health`` (switch
+probe, training health), ``trace`` (EngineTrace, the engine's hook for benchmarks), ``worker``
+(LtaWorker, the front users hold).
 
 LTP's mechanisms (seed 002), all off by default: ``allreduce(x, critical=...)`` marks chunks that must
 come back with every worker counted (resent, never FLUSHed); ``TransportConfig(pace_gbps=...)`` or

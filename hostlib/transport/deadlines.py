@@ -276,7 +276,7 @@ class Deadlines:
         if crit.any():
             at[crit] = start + self.rto_s() * np.where(plan.retx[units[crit]] > 0, 2.0, 1.0)
         if not plan.synced:
-            # Exponent units also get an early probe (see LtaWorker._on_deadlines), one RTO after
+            # Exponent units also get an early probe (see ReduceEngine._on_deadlines), one RTO after
             # each send.
             exp = (units < plan.exp_units) & ~plan.critical_unit[units]
             if exp.any():
@@ -347,7 +347,7 @@ class Deadlines:
         worker has provably sent it (its bit at that unit or later; this worker: sent), so it is flushed
         then, one worker per unit first, as fast_flush does. Without it the round waited for a GRAD that
         never comes: the lag deadline (200 ms) per run of withheld units, and with a pool of D <= K data
-        slots a deadlock that only the peer-hold bound broke (0.5-1 s; see LtaWorker._peer_limit)."""
+        slots a deadlock that only the peer-hold bound broke (0.5-1 s; see ReduceEngine._peer_limit)."""
         if not plan.any_withheld:
             return
         units = plan.in_flight()

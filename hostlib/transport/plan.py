@@ -69,7 +69,7 @@ class ReducePlan:
         self.nonfinite = np.zeros(c, dtype=bool)  # ... and says some counted worker's chunk was not finite
         self.own_exp = np.zeros(c, dtype=bool)  # ... and this worker's proposal was counted in it
         # ... and whose proposals it counted (bit w: worker w). A worker whose bit is missing withholds
-        # the chunk: it never sends that GRAD (LtaWorker._quantize_ahead), and every peer knows it.
+        # the chunk: it never sends that GRAD (ReduceEngine._quantize_ahead), and every peer knows it.
         self.exp_bitmap = np.zeros(c, dtype=np.uint64)
         self.any_withheld = False  # some worker withholds some chunk of this reduce
         self.quantized = np.zeros(c, dtype=bool)
@@ -215,13 +215,13 @@ class ReducePlan:
     @property
     def withheld(self) -> np.ndarray:
         """Chunks this worker quantized but did not send: its exponent proposal was not counted in the
-        agreed exponent (see LtaWorker._quantize_ahead)."""
+        agreed exponent (see ReduceEngine._quantize_ahead)."""
         return self.quantized & ~self.own_exp
 
     def withheld_by(self, units: np.ndarray, bits: np.ndarray) -> np.ndarray:
         """Whether worker ``w`` (bit ``bits[w]``) withholds unit ``u``, for every pair (``len(units)`` x
         ``len(bits)``): a data unit whose agreed exponent arrived without that worker's proposal. Such a
-        GRAD never comes (LtaWorker._quantize_ahead), whatever the wait."""
+        GRAD never comes (ReduceEngine._quantize_ahead), whatever the wait."""
         data = units >= self.exp_units
         c = np.where(data, units - self.exp_units, 0)
         missing = ((self.exp_bitmap[c][:, None] >> bits[None, :]) & np.uint64(1)) == 0

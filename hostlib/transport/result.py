@@ -66,7 +66,7 @@ class TransportStats:
     held_by_span_s: float = 0.0
     held_by_peers_s: float = 0.0
     # Peers excused from the peer rule at once because they withhold the units it waited for their bit
-    # in (LtaWorker._peer_limit), and peer-hold waits that ran out (Deadlines.peer_hold_s).
+    # in (ReduceEngine._peer_limit), and peer-hold waits that ran out (Deadlines.peer_hold_s).
     withheld_excuses: int = 0
     peer_hold_timeouts: int = 0
     packets_sent: int = 0
@@ -78,7 +78,7 @@ class TransportStats:
     heartbeats_relayed: int = 0  # peers' relayed heartbeats (ALIVE_CHUNK PARAMs), not in params_received
     # Critical chunks (allreduce(critical=...)): how many were reduced, how many came back with every
     # worker counted, with fewer (renormalized), or not at all; GRAD resends of critical units; RESULTs
-    # of critical units that came back short (see LtaWorker._settle for when that can happen).
+    # of critical units that came back short (see ReduceEngine._settle for when that can happen).
     critical_chunks: int = 0
     critical_full: int = 0
     critical_partial: int = 0
@@ -140,6 +140,48 @@ class TransportStats:
         self.elapsed_s += elapsed
         self.reduce_ms.append(elapsed * 1000.0)
         return empty + no_result
+
+
+def fallback_codes(
+    arrived: np.ndarray,
+    count: np.ndarray,
+    n_workers: int,
+    renormalize: str,
+    policy: Fallback,
+    elsewhere: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The renormalize/fallback rule, per chunk: whether a worker keeps the RESULT's aggregate (``got``)
+    and the Fallback code it reports. ``arrived``: a RESULT with count > 0 reached the worker (any
+    shape ending in the chunks: (C,) for one worker, (N, C) for N at once); ``count`` (C,): its count.
+
+    ``renormalize`` "count" or "weight": every arrived chunk is kept (its sum over its count or weight
+    is unbiased for any value-independent loss). "none" (sum / N): with the zero fallback any arrived
+    chunk is kept (lost contributions count as zeros), otherwise only complete ones (count == N); every
+    chunk short of N is marked with the fallback either way. ``elsewhere``: chunks another worker owns
+    (no RESULT was due): code NONE, not kept."""
+    if renormalize == "none":
+        got = arrived if policy == Fallback.ZERO else arrived & (count == n_workers)
+    else:
+        got = arrived
+    codes = np.where(got, Fallback.NONE, policy).astype(np.int8)
+    if renormalize == "none":  # zero-filled chunks are a fallback too, though they keep sum/N
+        codes[..., count < n_workers] = policy
+    if elsewhere is not None:
+        codes[..., elsewhere] = Fallback.NONE
+    return got, codes
+
+
+def renormalize_divisor(
+    count: np.ndarray, weight: np.ndarray | None, renormalize: str, n_workers: int
+) -> np.ndarray:
+    """What a chunk's sum is divided by: its count ("count"), its summed sample weight where positive
+    and else its count ("weight"), or N ("none")."""
+    if renormalize == "count":
+        return count
+    if renormalize == "weight":
+        assert weight is not None, "renormalize='weight' needs the summed weights"
+        return np.where(weight > 0, weight, count)
+    return np.full(len(count), n_workers)
 
 
 def fallback_rows(

@@ -320,7 +320,7 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     critical = np.arange(n_chunks) % every == 0 if every else None
     with LtaWorker(
         JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
-        bind=(bind_host, int(bind_port)),
+        bind=(bind_host, int(bind_port)), trace=getattr(args, "trace", None),
     ) as worker:  # fmt: skip
         _wait_for_go()
         window_s = [0.0, 0.0]  # wall-clock bounds of the timed allreduces (TCP competitor's window)

@@ -7,8 +7,8 @@ results resent by the switch, units overtaken, the RTO before and after, when it
 and when its last RESULT came. It then relates the slowest allreduces (by the slowest rank, as the
 bench times them) to those events.
 
-This is a diagnostic, not a benchmark: the tracing wraps a few ``LtaWorker`` methods (a few µs per
-call), so its times are a little above the bench's. Run as root::
+This is a diagnostic, not a benchmark: the tracer (an ``EngineTrace`` on each worker's engine) costs a
+few µs per call, so its times are a little above the bench's. Run as root::
 
     python -m lta.bench.lossy_tail run --rate 1gbit --loss 0.01 --iters 2000 --out /tmp/tail.json
     python -m lta.bench.lossy_tail analyse /tmp/tail.json    # the saved run again
@@ -17,7 +17,6 @@ call), so its times are a little above the bench's. Run as root::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -30,156 +29,125 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.transport.engine import ReduceEngine
+from hostlib.transport.plan import GAVE_UP, ReducePlan
+from hostlib.transport.result import ReduceResult
+from hostlib.transport.trace import EngineTrace
 from lta.bench import lossy
 
 _STAT_KEYS = ("flushes_sent", "flushes_on_timer", "results_retx", "units_overtaken", "packets_sent")
 
 
 # ---- worker side ---------------------------------------------------------------------------------
-class _Tracer:
-    """Per-reduce events of one LtaWorker (installed by wrapping its methods)."""
+class _Tracer(EngineTrace):
+    """Per-reduce events of one LtaWorker, through its engine's trace hook."""
 
     def __init__(self) -> None:
         self.reduces: list[dict[str, Any]] = []
         self.cur: dict[str, Any] | None = None
         self.t0 = 0.0
+        self._before: dict[str, Any] = {}
+        self._ru0: Any = None
 
     def _ms(self) -> float:
         return round((time.perf_counter() - self.t0) * 1e3, 3)
 
-    def install(self) -> None:
-        from hostlib.transport import worker as worker_mod
+    def on_reduce_start(self, engine: ReduceEngine, plan: ReducePlan) -> None:
+        self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        self._before = engine.stats.as_dict()
+        self.t0 = time.perf_counter()
+        self.cur = {
+            "flushes": [], "first_result_ms": None, "last_result_ms": None, "all_sent_ms": None,
+            "exp_deadlines": 0, "rto0_ms": round(engine.deadlines.rto_s() * 1e3, 3),
+            "srtt0_ms": engine.deadlines.srtt_ms, "rttvar0_ms": round(engine.deadlines.rttvar_ms, 3),
+            "max_oversleep_ms": 0.0, "max_busy_ms": 0.0, "max_wait_ms": 0.0, "max_wait_at_ms": 0.0,
+            "_last_out": None,
+        }  # fmt: skip
 
-        cls = worker_mod.LtaWorker
-        tracer = self
-
-        def wrap(name: str, before: Any = None, after: Any = None) -> None:
-            orig = getattr(cls, name)
-
-            @functools.wraps(orig)
-            def traced(self_: Any, *args: Any, **kwargs: Any) -> Any:
-                if before is not None and tracer.cur is not None:
-                    before(self_, *args)
-                out = orig(self_, *args, **kwargs)
-                if after is not None and tracer.cur is not None:
-                    after(self_, *args)
-                return out
-
-            setattr(cls, name, traced)
-
-        def on_flushes(w: Any, plan: Any, units: np.ndarray, step: int) -> None:
-            now = time.perf_counter()
-            assert tracer.cur is not None
-            tracer.cur["flushes"].append(
-                {
-                    "t_ms": tracer._ms(),
-                    "n": int(len(units)),
-                    "units": [int(u) for u in units[:8]],
-                    "nth": int(plan.flushes[units].max()),  # already incremented by the caller
-                    "exp": int(np.count_nonzero(units < plan.exp_units)),
-                    "timer": int(np.count_nonzero(units >= plan.frontier.min())),
-                    "waited_ms": round(float((now - plan.sent_at[units]).max()) * 1e3, 3),
-                    "all_sent": bool(plan.all_sent),
-                    "synced": bool(plan.synced),
-                    "rto_ms": round(w.deadlines.rto_s() * 1e3, 3),
-                }
-            )
-
-        def on_settle(w: Any, plan: Any, hdr: Any, rows: Any, u: np.ndarray) -> None:
-            assert tracer.cur is not None
-            tracer.cur["last_result_ms"] = tracer._ms()
-            if tracer.cur["first_result_ms"] is None:
-                tracer.cur["first_result_ms"] = tracer.cur["last_result_ms"]
-
-        def on_send_ready(w: Any, plan: Any) -> None:
-            assert tracer.cur is not None
-            if plan.next_unit == plan.units and tracer.cur["all_sent_ms"] is None:
-                tracer.cur["all_sent_ms"] = tracer._ms()
-
-        def on_deadlines(w: Any, plan: Any, due: np.ndarray, now: float, step: int) -> None:
-            assert tracer.cur is not None
-            exp = due[due < plan.exp_units]
-            if exp.size and not plan.synced:
-                tracer.cur["exp_deadlines"] += int(exp.size)
-
-        from hostlib.transport import io as io_mod
-
-        orig_recv = io_mod.WorkerIO.recv
-
-        def recv(self_: Any, timeout_s: float) -> int:
-            t_in = time.perf_counter()
-            n = orig_recv(self_, timeout_s)
-            cur = tracer.cur
-            if cur is not None:
-                t_out = time.perf_counter()
-                # oversleep: returned later than asked with nothing (or late with something): the
-                # process was not running; busy: time between two receives spent outside recv
-                late = (t_out - t_in) - timeout_s if n == 0 else 0.0
-                cur["max_oversleep_ms"] = max(cur["max_oversleep_ms"], round(late * 1e3, 3))
-                if cur["_last_out"] is not None:
-                    busy = (t_in - cur["_last_out"]) * 1e3
-                    cur["max_busy_ms"] = max(cur["max_busy_ms"], round(busy, 3))
-                cur["_last_out"] = t_out
-                wait = (t_out - t_in) * 1e3
-                if wait > cur["max_wait_ms"]:
-                    cur["max_wait_ms"], cur["max_wait_at_ms"] = round(wait, 3), tracer._ms()
-            return n
-
-        io_mod.WorkerIO.recv = recv  # type: ignore[method-assign]
-        wrap("_send_flushes", before=on_flushes)
-        wrap("_settle", after=on_settle)
-        wrap("_send_ready", after=on_send_ready)
-        wrap("_on_deadlines", before=on_deadlines)
-
-        orig_allreduce = cls.allreduce
-
-        @functools.wraps(orig_allreduce)
-        def allreduce(self_: Any, x: Any, **kwargs: Any) -> Any:
-            before = self_.stats.as_dict()
-            tracer.t0 = time.perf_counter()
-            tracer.cur = {
-                "flushes": [], "first_result_ms": None, "last_result_ms": None, "all_sent_ms": None,
-                "exp_deadlines": 0, "rto0_ms": round(self_.deadlines.rto_s() * 1e3, 3),
-                "srtt0_ms": self_.deadlines.srtt_ms, "rttvar0_ms": round(self_.deadlines.rttvar_ms, 3),
-                "max_oversleep_ms": 0.0, "max_busy_ms": 0.0, "max_wait_ms": 0.0, "max_wait_at_ms": 0.0,
-                "_last_out": None,
-            }  # fmt: skip
-            ru0 = resource.getrusage(resource.RUSAGE_SELF)
-            try:
-                result = orig_allreduce(self_, x, **kwargs)
-            finally:
-                rec, tracer.cur = tracer.cur, None
-            after = self_.stats.as_dict()
-            ru1 = resource.getrusage(resource.RUSAGE_SELF)
-            rec.pop("_last_out")
-            rec["cpu_ms"] = round((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3, 2)
-            rec["nivcsw"] = ru1.ru_nivcsw - ru0.ru_nivcsw
-            plan = self_._plans[int(np.asarray(x).size)]
-            rec |= {key: after[key] - before[key] for key in _STAT_KEYS}
-            rec |= {
-                "elapsed_ms": round(result.elapsed_s * 1e3, 3),
-                "rto1_ms": round(self_.deadlines.rto_s() * 1e3, 3),
-                "srtt1_ms": self_.deadlines.srtt_ms,
-                "max_flushes": int(plan.flushes.max()),
-                "units_flushed_twice": int(np.count_nonzero(plan.flushes >= 2)),
-                "exp_flushes": int(plan.flushes[: plan.exp_units].sum()),
-                "exp_probes": int(plan.probes[: plan.exp_units].sum()),
-                "gave_up": int(np.count_nonzero(plan.state == 3)),
-                "partial": int(np.count_nonzero((result.count > 0) & (result.count < self_.n_workers))),
-                "missing": int(np.count_nonzero(result.count == 0)),
+    def on_flushes(self, engine: ReduceEngine, plan: ReducePlan, units: np.ndarray) -> None:
+        if self.cur is None:
+            return
+        now = time.perf_counter()
+        self.cur["flushes"].append(
+            {
+                "t_ms": self._ms(),
+                "n": int(len(units)),
+                "units": [int(u) for u in units[:8]],
+                "nth": int(plan.flushes[units].max()),  # already incremented by the caller
+                "exp": int(np.count_nonzero(units < plan.exp_units)),
+                "timer": int(np.count_nonzero(units >= plan.frontier.min())),
+                "waited_ms": round(float((now - plan.sent_at[units]).max()) * 1e3, 3),
+                "all_sent": bool(plan.all_sent),
+                "synced": bool(plan.synced),
+                "rto_ms": round(engine.deadlines.rto_s() * 1e3, 3),
             }
-            tracer.reduces.append(rec)
-            return result
+        )
 
-        cls.allreduce = allreduce  # type: ignore[method-assign]
+    def on_settled(self, engine: ReduceEngine, plan: ReducePlan, units: np.ndarray) -> None:
+        if self.cur is None:
+            return
+        self.cur["last_result_ms"] = self._ms()
+        if self.cur["first_result_ms"] is None:
+            self.cur["first_result_ms"] = self.cur["last_result_ms"]
+
+    def on_sent(self, engine: ReduceEngine, plan: ReducePlan) -> None:
+        if self.cur is not None and plan.next_unit == plan.units and self.cur["all_sent_ms"] is None:
+            self.cur["all_sent_ms"] = self._ms()
+
+    def on_deadlines(self, engine: ReduceEngine, plan: ReducePlan, due: np.ndarray) -> None:
+        if self.cur is None:
+            return
+        exp = due[due < plan.exp_units]
+        if exp.size and not plan.synced:
+            self.cur["exp_deadlines"] += int(exp.size)
+
+    def on_recv(self, engine: ReduceEngine, timeout_s: float, n: int, t_in: float, t_out: float) -> None:
+        cur = self.cur
+        if cur is None:
+            return
+        # oversleep: returned later than asked with nothing (or late with something): the process was not
+        # running; busy: time between two receives spent outside recv
+        late = (t_out - t_in) - timeout_s if n == 0 else 0.0
+        cur["max_oversleep_ms"] = max(cur["max_oversleep_ms"], round(late * 1e3, 3))
+        if cur["_last_out"] is not None:
+            busy = (t_in - cur["_last_out"]) * 1e3
+            cur["max_busy_ms"] = max(cur["max_busy_ms"], round(busy, 3))
+        cur["_last_out"] = t_out
+        wait = (t_out - t_in) * 1e3
+        if wait > cur["max_wait_ms"]:
+            cur["max_wait_ms"], cur["max_wait_at_ms"] = round(wait, 3), self._ms()
+
+    def on_reduce_end(self, engine: ReduceEngine, plan: ReducePlan, result: ReduceResult) -> None:
+        rec, self.cur = self.cur, None
+        if rec is None:
+            return
+        after = engine.stats.as_dict()
+        ru0, ru1 = self._ru0, resource.getrusage(resource.RUSAGE_SELF)
+        rec.pop("_last_out")
+        rec["cpu_ms"] = round((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) * 1e3, 2)
+        rec["nivcsw"] = ru1.ru_nivcsw - ru0.ru_nivcsw
+        rec |= {key: after[key] - self._before[key] for key in _STAT_KEYS}
+        rec |= {
+            "elapsed_ms": round(result.elapsed_s * 1e3, 3),
+            "rto1_ms": round(engine.deadlines.rto_s() * 1e3, 3),
+            "srtt1_ms": engine.deadlines.srtt_ms,
+            "max_flushes": int(plan.flushes.max()),
+            "units_flushed_twice": int(np.count_nonzero(plan.flushes >= 2)),
+            "exp_flushes": int(plan.flushes[: plan.exp_units].sum()),
+            "exp_probes": int(plan.probes[: plan.exp_units].sum()),
+            "gave_up": int(np.count_nonzero(plan.state == GAVE_UP)),
+            "partial": int(np.count_nonzero((result.count > 0) & (result.count < engine.n_workers))),
+            "missing": int(np.count_nonzero(result.count == 0)),
+        }
+        self.reduces.append(rec)
 
 
 def worker_cli(argv: list[str]) -> int:
     tracer = _Tracer()
-    tracer.install()
     plain = lossy.lta_worker_main
 
     def traced_main(args: argparse.Namespace) -> dict[str, Any]:
+        args.trace = tracer
         out = plain(args)
         out["trace"] = tracer.reduces[args.warmup :]
         return out

@@ -1,0 +1,967 @@
+"""``ReduceEngine``: the unit engine of one worker, the one owner of a reduce's state.
+
+It plans a reduce, sends its units (exponent and data GRADs), receives and settles RESULTs, keeps the
+deadlines, pacing and early close, and builds the :class:`ReduceResult`. It works on whole batches:
+every wake-up receives what is queued in one system call, parses the headers as one structured array,
+settles all the RESULTs at once (vectorized), sends every unit that may go in one call, and scans the
+deadlines of the units in flight with numpy. No Python runs per packet in the steady state.
+
+Its interface is small: :meth:`reduce` (one allreduce of a float32 vector), :meth:`receive` (handle
+what arrived, between reduces too), the PARAM sends, the codec state, and :attr:`trace` (an
+:class:`EngineTrace` told of each step, for benchmarks). ``LtaWorker`` (worker.py) is the front that
+users hold; health verdicts are health.py's.
+
+Three LTP mechanisms sit on that engine (seed 002): *critical* units are resent until every worker is
+counted and never FLUSHed; a token bucket *paces* the sends (``TransportConfig.pace_gbps`` /
+``pace_learn``, see pacing.py); *adaptive early close* (``TransportConfig.early_close_theta``, see
+earlyclose.py) ends a reduce once enough of it is in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hostlib import codec
+from hostlib.protocol import (
+    ALIVE_CHUNK,
+    HEADER_BYTES,
+    HEADER_DTYPE,
+    VERSION,
+    Flag,
+    Op,
+    batch_rows,
+    empty_batch,
+    packet_bytes,
+)
+from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
+from hostlib.transport.deadlines import Deadlines, leaf_index
+from hostlib.transport.earlyclose import EarlyClose
+from hostlib.transport.io import WorkerIO
+from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
+from hostlib.transport.plan import DONE, ELSEWHERE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
+from hostlib.transport.result import (
+    ReduceResult,
+    TransportStats,
+    fallback_codes,
+    fallback_rows,
+    renormalize_divisor,
+)
+from hostlib.transport.reuse import SlotReuse
+from hostlib.transport.trace import EngineTrace
+
+_QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends that need them
+_RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
+_RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL), int(Flag.OWNER)
+_SATURATED = int(Flag.SATURATED)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReduceOutcome:
+    """What the health checks need from one reduce besides its result."""
+
+    got_nothing: int  # chunks this worker waited for that got no aggregate
+    chunks: int  # chunks this worker waited for (at least 1)
+    passed: bool  # the peers had left this reduce before this worker started it
+
+
+class ReduceEngine:
+    """The unit engine of worker ``worker_id`` of job ``job_id`` (``n_workers`` in all), talking to the
+    switch at ``switch_addr`` (resolved) through ``io``. All workers of a job reduce vectors of the same
+    lengths in the same order: the slot and round of every packet follow from that order."""
+
+    def __init__(
+        self,
+        job_id: int,
+        worker_id: int,
+        n_workers: int,
+        config: TransportConfig,
+        io: WorkerIO,
+        window: int,
+    ) -> None:
+        self.job_id, self.worker_id, self.n_workers = job_id, worker_id, n_workers
+        self.config = cfg = config
+        self.io = io
+        k = cfg.elems_per_packet
+        self.packet_bytes = packet_bytes(k)
+        # The pool's last slot is reserved for the health probe (health.probe_switch); units use the others.
+        self.probe_slot = cfg.pool_size - 1
+        self._slots = cfg.data_slots
+        self.window = window
+        self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
+        # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
+        self._tail_units = 0 if cfg.exact else cfg.tail_units
+        self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
+        self._rng = np.random.default_rng([cfg.seed, job_id, worker_id])
+        self._plans: dict[int, ReducePlan] = {}
+        self._prev: dict[Any, np.ndarray] = {}
+        self.deadlines = Deadlines(cfg, worker_id, n_workers)
+        self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
+        # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
+        self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
+        # Since when only the peers' progress holds this worker's next unit, nothing of its own in flight
+        # (_peer_limit); inf while it is not so held. Kept across reduces: a worker held at every reduce
+        # by a dead peer must not start its wait afresh each time.
+        self._peer_wait_since = math.inf
+        # What held this worker's sending at its last _send_ready ("span", "peers" or ""), and since when
+        # (stats.held_by_span_s, held_by_peers_s).
+        self._held, self._held_since = "", 0.0
+        self.stats = TransportStats(io=io.mode)
+        self._fallback = FALLBACK_POLICIES[cfg.fallback]
+        # The worker id a RESULT this worker's FLUSH closed carries: its own, or behind leaf switches
+        # (config.leaf_sizes) its leaf's id, the contributor that closed the spine's round.
+        self._closer_id = leaf_index(cfg.leaf_sizes, worker_id)
+        if cfg.own_leaf and not cfg.leaf_sizes:
+            raise ValueError("own_leaf needs leaf_sizes: a worker is its own leaf only behind a spine")
+        # Its own leaf (config.own_leaf, alone in its block): it talks to the spine as leaf _closer_id.
+        self.own_leaf = bool(cfg.own_leaf and cfg.leaf_sizes[self._closer_id] == 1)
+        self.switch_id = self._closer_id if self.own_leaf else worker_id  # the id its switch knows it by
+        self._header = {"version": VERSION, "job_id": job_id, "worker_id": self.switch_id, "step": 0}
+        self._worker_bits = np.arange(n_workers, dtype=np.uint64)
+        # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
+        self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
+        self.param_requests: set[int] = set()
+        # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
+        # receiver waiting for a critical chunk must not wait for this worker's next publish.
+        self.param_responder: Any = None
+        # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
+        # queue (when the last frame sent will have left it), for per-unit deadlines.
+        self._frame = frame_bytes(self.packet_bytes)
+        self.pacer = TokenBucket(cfg.pace_gbps * 1e9, cfg.pace_burst_ms / 1000.0, self._frame)
+        self.rate_learner = RateLearner()
+        self._queue_free_at = 0.0
+        theta = cfg.early_close_theta
+        self.early = None if theta is None else EarlyClose(theta, cfg.early_close_slack_ms)
+        self.trace: EngineTrace | None = None  # told of each step of a reduce (benchmarks; None: nobody)
+
+    # ---- one reduce ----------------------------------------------------------------------------
+    def reduce(
+        self,
+        local: np.ndarray,
+        *,
+        step: int,
+        key: Any,
+        weight: int,
+        critical: Any,
+        out: np.ndarray | None,
+        owners: np.ndarray | None,
+    ) -> tuple[ReduceResult, ReduceOutcome]:
+        """One allreduce of the float32 vector ``local`` (see ``LtaWorker.allreduce`` for the arguments
+        and the guarantee); returns the result and what the health checks need."""
+        t0 = time.perf_counter()
+        n = local.size
+        k, exact = self.config.elems_per_packet, self.config.exact
+        n_chunks = max(1, -(-n // k))
+        plan = self._plan_for(n)
+        mask = None if critical is None else critical_chunks(critical, n, k)
+        if exact:
+            fenced = np.zeros(plan.chunks_count, dtype=bool)
+            if mask is not None:
+                fenced[:n_chunks] = mask
+            fenced[n_chunks] = True
+            mask = fenced
+        chunks = plan.chunks
+        staged = chunks.reshape(-1)
+        if local.ctypes.data != staged.ctypes.data:  # not filled in place (input_buffer)
+            staged[:n] = local
+        staged[n:] = 0.0
+        if self.config.renormalize == "weight":
+            chunks *= np.float32(weight)
+        proposals = codec.exponent_proposals(chunks)
+        self._header["step"] = step
+        owners = self._owners_rule(owners, n_chunks)
+        plan.reset(
+            self._next_unit,
+            self._slots,
+            self._header,
+            weight,
+            proposals,
+            self.n_workers,
+            mask,
+            exponents_critical=exact,
+            owners=owners,
+            worker_id=self.worker_id,
+        )
+        if self.own_leaf:  # partials of one: this worker's count and bit
+            for batch in (plan.exp_batch, plan.data_batch):
+                batch["count"], batch["bitmap"] = 1, np.uint64(1) << np.uint64(self.worker_id)
+        self._next_unit += plan.units
+        self._start_pacing()
+        plan.frame_s = self._frame * 8 / self.pacer.rate_bps if self.pacer.paced else 0.0
+        self._arm_early_close(plan, t0)
+        if self.trace is not None:
+            self.trace.on_reduce_start(self, plan)
+        self._run_units(plan, step, t0)
+        self._count_held(time.perf_counter(), "")
+        self._learn(plan, time.perf_counter() - t0)
+        result, outcome = self._finish(plan, n, n_chunks, key, out, t0)
+        if self.trace is not None:
+            self.trace.on_reduce_end(self, plan, result)
+        return result, outcome
+
+    def _owners_rule(self, owners: np.ndarray | None, n_chunks: int) -> np.ndarray | None:
+        """``owners`` checked, with the chunks that are every worker's whatever it says (see
+        ``LtaWorker.allreduce``)."""
+        if owners is None:
+            return None
+        owners = np.asarray(owners, dtype=np.int64).reshape(-1)
+        if len(owners) != n_chunks or owners.max(initial=-1) >= self.n_workers:
+            raise ValueError(
+                f"owners must hold one worker id (< {self.n_workers}) or -1 per chunk: {n_chunks} "
+                f"values, got {len(owners)} (max {owners.max(initial=-1)})"
+            )
+        if self.config.exact:  # the fence is every worker's
+            return np.append(owners, -1)
+        if owners.max(initial=-1) >= 0:
+            # The last chunk is every worker's: its RESULT shows each worker who passed the whole
+            # reduce (units go in order), so an owner flushes its own last units at once, and a
+            # GRAD of the last unit lost is probed by its sender (docs/protocol.md, "Owner-only
+            # units"). Without it an owner's last unit waited the lag deadline for a peer's lost GRAD.
+            owners = owners.copy()
+            owners[-1] = -1
+        return owners
+
+    def _finish(
+        self, plan: ReducePlan, n: int, n_chunks: int, key: Any, out: np.ndarray | None, t0: float
+    ) -> tuple[ReduceResult, ReduceOutcome]:
+        """The reduce's values (renormalized where a RESULT came, the fallback elsewhere), its result
+        and its statistics."""
+        arrived = (plan.state[plan.exp_units :] == DONE) & (plan.count > 0)
+        got, fallback = fallback_codes(
+            arrived, plan.count, self.n_workers, self.config.renormalize, self._fallback, plan.elsewhere
+        )
+        rows = plan.out
+        missing = ~got & ~plan.elsewhere
+        key = n if key is None else key
+        if missing.any():
+            rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, plan.chunks)
+        if out is None:
+            values = rows.reshape(-1)[:n].copy()
+            if self._fallback == Fallback.PREV:
+                self._prev[key] = values
+        else:
+            values = out if out.ndim == 1 else out.reshape(-1)
+            kept = None
+            if self._fallback == Fallback.PREV:  # a copy the caller cannot overwrite, reused
+                kept = self._prev.get(key)
+                if kept is None or kept.size != n:
+                    kept = self._prev[key] = np.zeros(n, dtype=np.float32)
+            for dst in (values, kept):
+                if dst is not None:
+                    _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+        elapsed = time.perf_counter() - t0
+        got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
+        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
+        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
+        last = plan.base + plan.units - 1
+        passed = bool(self._slot_newest[last % self._slots] > last)
+        waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
+        done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
+        c = slice(0, n_chunks)  # without the exact mode's fence
+        result = ReduceResult(
+            values=values,
+            count=np.where(done, plan.count[c], 0),
+            bitmap=np.where(done, plan.bitmap[c], np.uint64(0)),
+            fallback=fallback[c],
+            withheld=plan.withheld[c],
+            saturated=(plan.result_flags[c] & Flag.SATURATED).astype(bool),
+            shift=plan.shift[c].copy(),
+            elapsed_s=elapsed,
+            critical=plan.critical[c].copy(),
+        )
+        return result, ReduceOutcome(got_nothing, waited, passed)
+
+    # ---- pacing and early close (LTP) ------------------------------------------------------------
+    def _bottleneck_bps(self) -> float:
+        """The rate frames leave the bottleneck at: the pacing rate, else the learned one (0: unknown)."""
+        return self.pacer.rate_bps if self.pacer.paced else self.rate_learner.estimate_bps
+
+    def _start_pacing(self) -> None:
+        cfg = self.config
+        if cfg.pace_learn:
+            learned = self.rate_learner.next_rate_bps()
+            self.pacer.set_rate(learned if learned > 0 else cfg.pace_gbps * 1e9)
+
+    def _arm_early_close(self, plan: ReducePlan, t0: float) -> None:
+        if self.early is None:
+            return
+        rtprop = self.deadlines.rtprop_ms
+        wire = (plan.units + (self.config.exp_copies - 1) * plan.exp_units) * self._frame
+        rtprop_s = None if rtprop is None else rtprop / 1000.0
+        times = self.early.times(plan.n, wire, rtprop_s, self._bottleneck_bps())
+        plan.lt_at, plan.hard_close_at = t0 + times.lt_s, t0 + times.deadline_s
+
+    def _learn(self, plan: ReducePlan, elapsed: float) -> None:
+        """After a reduce: one delivery-rate sample, and (early close) its completion time."""
+        self.rate_learner.sample(plan.rx_batches, self._frame)
+        if self.early is not None:
+            self.early.record(plan.n, elapsed, plan.full_units == plan.units)
+
+    def _early_close(self, plan: ReducePlan, now: float, step: int) -> None:
+        """LTP's Early Close: past LT with at least 1 - theta of the units full, or past LT + C, FLUSH
+        every data unit still in flight at once (critical ones excepted) instead of waiting for its own
+        deadline."""
+        assert self.early is not None
+        if not plan.closing:
+            if now >= plan.hard_close_at:
+                plan.closing = "deadline"
+            elif now >= plan.lt_at and plan.all_sent and self.early.enough_in(plan.full_units, plan.units):
+                plan.closing = "theta"
+            else:
+                return
+        units = plan.in_flight()
+        units = units[(units >= plan.exp_units) & (plan.flushes[units] == 0) & ~plan.critical_unit[units]]
+        if not units.size:
+            return
+        # How long the unit that would have waited longest had left on its own deadline (an upper bound
+        # on the wait cut short: its RESULT may have been on the way; measure saved time end to end).
+        cut_s = float(plan.deadline_at[units].max() - now)
+        self.stats.early_close_deadline_cut_ms += max(0.0, cut_s) * 1000.0
+        plan.flushes[units] += 1
+        plan.closed_early += len(units)
+        self._send_flushes(plan, units, step)
+        self.deadlines.arm(plan, units, now)
+
+    def broadcast_params(
+        self, chunk_ids: np.ndarray, values: np.ndarray, *, step: int = 0, critical: bool = False
+    ) -> None:
+        """Send absolute float32 values of the given chunks (rows of ``values``, K each) as PARAM; the
+        switch replicates them to every other worker. ``critical`` exempts them from emulated loss."""
+        k = self.config.elems_per_packet
+        values = np.asarray(values, dtype=np.float32).reshape(len(chunk_ids), -1)
+        if values.shape[1] > k:
+            raise ValueError(f"param rows have {values.shape[1]} values, more than K={k}")
+        batch = self.control_batch(len(chunk_ids), Op.PARAM, step)
+        batch["chunk"] = chunk_ids
+        batch["nelem"] = values.shape[1]
+        batch["flags"] = int(Flag.CRITICAL) if critical else 0
+        batch["payload"][:, : values.shape[1]] = values.view(np.int32)
+        self.send(batch_rows(batch))
+
+    def request_params(self, chunk_ids: np.ndarray, *, step: int = 0) -> None:
+        """Ask the owners of these chunks for a reliable resend (PARAM_REQ, marked critical)."""
+        batch = self.control_batch(len(chunk_ids), Op.PARAM_REQ, step)
+        batch["chunk"] = chunk_ids
+        batch["flags"] = int(Flag.CRITICAL)
+        self.send(batch_rows(batch))
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Receive whatever arrived (parameter broadcasts, requests) for up to ``timeout_s``."""
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            self._receive(max(0.0, deadline - time.perf_counter()), None)
+            if time.perf_counter() >= deadline:
+                return
+
+    def codec_state(self) -> dict[str, Any]:
+        """What the next reduces depend on besides their inputs (copies): the stochastic-rounding
+        generator, the unit counter (slot and round of every packet) and the ``prev`` fallback's last
+        values. :meth:`load_codec_state` on a fresh worker of the same job makes its next reduces
+        round and number their packets exactly as this one's would (checkpoint/restore)."""
+        return {
+            "rng": self._rng.bit_generator.state,
+            "next_unit": self._next_unit,
+            "prev": {key: values.copy() for key, values in self._prev.items()},
+        }
+
+    def load_codec_state(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self._next_unit = int(state["next_unit"])
+        self.reuse.restart_at(self._next_unit)
+        self._slot_newest[:] = -1  # units numbered afresh from the checkpoint's
+        self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
+
+    def input_buffer(self, n: int) -> np.ndarray:
+        """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
+        A caller that writes its input there and passes it as ``x`` to :meth:`allreduce` saves a copy; the
+        next reduce of that length overwrites it."""
+        return self._plan_for(n).chunks.reshape(-1)[:n]
+
+    # ---- the unit engine -----------------------------------------------------------------------
+    def _plan_for(self, n: int) -> ReducePlan:
+        """The plan of a reduce of ``n`` values. Exact mode: one zero chunk after the data, the fence
+        (critical: spared by emulated loss)."""
+        k = self.config.elems_per_packet
+        return self._plan((max(1, -(-n // k)) + 1) * k if self.config.exact else n)
+
+    def _plan(self, n: int) -> ReducePlan:
+        if n == 0:
+            raise ValueError("cannot allreduce an empty tensor")
+        plan = self._plans.get(n)
+        if plan is None:
+            plan = self._plans[n] = ReducePlan(n, self.config.elems_per_packet)
+        return plan
+
+    def control_batch(self, n: int, op: Op, step: int) -> np.ndarray:
+        batch = empty_batch(n, self.config.elems_per_packet)
+        for name, value in self._header.items():
+            batch[name] = value
+        batch["op"] = int(op)
+        batch["step"] = step
+        return batch
+
+    def _run_units(self, plan: ReducePlan, step: int, t0: float) -> None:
+        dl = self.deadlines
+        give_up_at = t0 + self.config.reduce_timeout_s
+        self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
+        while True:
+            plan.advance_low()
+            if not np.any(plan.state < DONE):
+                return
+            paced_out = self._send_ready(plan)
+            if self.trace is not None:
+                self.trace.on_sent(self, plan)
+            plan.frontier[self.worker_id] = plan.next_unit - 1
+            if self._held == "peers" and plan.own_shown >= 0 and not self.config.exact:
+                # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
+                # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
+                span = self.reuse.span
+                dl.stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
+            if plan.next_unit == plan.units and not plan.all_sent:
+                # The tail: nothing more of ours is coming, so units still open wait only the RTO.
+                plan.all_sent = True
+                dl.rearm_shorter(plan, time.perf_counter())
+            now = time.perf_counter()
+            wait = min(dl.next_at(plan) - now, 0.05, give_up_at - now)
+            if paced_out:  # units wait for tokens: wake when the next frame may go
+                wait = min(wait, self.pacer.wait_s(now))
+            if self.early is not None and not plan.closing:
+                wait = min(wait, (plan.lt_at if plan.all_sent else plan.hard_close_at) - now)
+            if self._peer_wait_since < give_up_at:  # held by the peers alone: see _peer_limit
+                wait = min(wait, self._peer_wait_since + dl.peer_hold_s(plan) - now)
+            was_synced = plan.synced
+            result_batches = len(plan.rx_batches)
+            self._receive(max(0.0, wait), plan)
+            now = time.perf_counter()
+            if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
+                self.reuse.set_presumed_dead(dead.astype(bool))
+                self.reuse.saw(plan.base, plan.frontier)
+            if plan.synced and not was_synced:
+                # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
+                dl.rearm_shorter(plan, now)
+            if plan.frontier.min() > plan.fast_flushed_to:
+                dl.fast_flush(plan, now)
+            dl.flush_withheld(plan, now)
+            if self.early is not None:
+                self._early_close(plan, now, step)
+            due = dl.due(plan, now)
+            if due.size:
+                self._on_deadlines(plan, due, now, step)
+            if now >= give_up_at:
+                plan.state[plan.state < DONE] = GAVE_UP
+                return
+
+    def _send_ready(self, plan: ReducePlan) -> bool:
+        """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
+        round settled, its exponent known. Quantizes the chunks it needs (a block ahead) just before.
+        Returns True when the pacer held back units the window would have let go."""
+        u0 = plan.next_unit
+        self._count_held(time.perf_counter(), "")
+        in_flight = int(np.count_nonzero(plan.state[plan.low : u0] == IN_FLIGHT))
+        room = self.window - in_flight
+        if room <= 0 or u0 >= plan.units:
+            return False
+        # A slot's next round starts only once this worker (own span) and every live peer are done with
+        # the round before it (reuse.py): a peer that lost its RESULT can still ask for the stored copy.
+        own, peers = plan.low + self.reuse.span, self._peer_limit(plan, in_flight)
+        hi = min(plan.units, u0 + room, own, peers)
+        # Once every unit up to hi has gone, a reuse rule holds the next one (the window has room).
+        held = ("span" if own <= peers else "peers") if min(own, peers) < min(plan.units, u0 + room) else ""
+        try:
+            return self._send_units(plan, u0, hi)
+        finally:
+            if held and plan.next_unit >= hi:
+                self._count_held(time.perf_counter(), held)
+
+    def _send_units(self, plan: ReducePlan, u0: int, hi: int) -> bool:
+        """:meth:`_send_ready` once the window and the reuse rules gave ``hi``: units ``u0..hi-1`` go
+        but for those whose exponent is unknown and those the pacer holds back."""
+        state, k = plan.state, self.config.elems_per_packet
+        units = np.arange(u0, max(u0, hi))
+        blocked = np.zeros(len(units), dtype=bool)
+        data = units >= plan.exp_units
+        blocked[data] |= state[(units[data] - plan.exp_units) // k] < DONE  # exponent not settled
+        if blocked.any():
+            units = units[: int(np.argmax(blocked))]
+        # Tokens bind only when more units are ready than they allow; units blocked for another reason
+        # wait for a RESULT, not for the pacer (a wake-up per frame time would spin for nothing).
+        paced_out = False
+        if self.pacer.paced and units.size:
+            allowed = self.pacer.allowance(time.perf_counter())
+            if allowed < units.size:
+                units, paced_out = units[:allowed], True
+        if not units.size:
+            return paced_out
+        plan.next_unit = int(units[-1]) + 1
+        units = units[state[units] == PENDING]  # settled already (a peer's FLUSH): nothing to send
+        if not units.size:
+            return paced_out
+        queue_free_at = self._queue_free_at
+        exp_units = units[units < plan.exp_units]
+        if exp_units.size:
+            rows = plan.exp_rows[exp_units]
+            for _ in range(self.config.exp_copies):
+                self.send(rows)
+        c = units[units >= plan.exp_units] - plan.exp_units
+        if c.size:
+            self._quantize_ahead(plan, int(c[0]), int(c[-1]) + 1)
+            c = c[plan.has_exp[c]]  # no exponent: withheld, but the RESULT is still awaited
+            if c.size and c[-1] - c[0] + 1 == c.size:
+                self.send(plan.data_rows[c[0] : c[-1] + 1])  # contiguous: a view, no copy
+            elif c.size:
+                self.send(plan.data_rows[c])
+            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
+                for _ in range(self.config.tail_copies - 1):  # (TransportConfig.tail_units)
+                    self.send(last)
+        now = time.perf_counter()
+        state[units] = IN_FLIGHT
+        if plan.any_owned:  # another worker's chunk: sent, nothing to wait for
+            data = units >= plan.exp_units
+            theirs = units[data][plan.elsewhere[units[data] - plan.exp_units]]
+            if theirs.size:
+                state[theirs] = ELSEWHERE
+                units = units[state[units] == IN_FLIGHT]
+        plan.sent_at[units] = now
+        rate = self._bottleneck_bps()
+        if rate > 0:  # each unit's frame leaves the bottleneck after those queued before it
+            start = max(now, queue_free_at)
+            plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
+        self.deadlines.arm(plan, units, now)
+        return paced_out
+
+    def _count_held(self, now: float, held: str) -> None:
+        """Add the time since the last call to what held sending then (``stats.held_by_span_s``: this
+        worker's own oldest unsettled unit, a lost one being recovered or one a late peer still holds
+        open; ``held_by_peers_s``: the peers' progress alone), and remember what holds it from ``now``
+        on ("": neither)."""
+        if self._held == "span":
+            self.stats.held_by_span_s += now - self._held_since
+        elif self._held == "peers":
+            self.stats.held_by_peers_s += now - self._held_since
+        self._held, self._held_since = held, now
+
+    def _peer_limit(self, plan: ReducePlan, in_flight: int) -> int:
+        """The first unit of ``plan`` the peers' progress does not let go yet (reuse.py). When it holds
+        this worker with nothing of its own in flight, the wait is bounded: after ``Deadlines.peer_hold_s``
+        without news, the peers that hold it are excused until their bits show up again."""
+        first, holders = self.reuse.limit()
+        local = first - plan.base
+        if local <= plan.next_unit and plan.any_withheld and local < plan.units:
+            # A holder that withholds units between its newest shown bit and here cannot show progress
+            # before it has sent past them, and that may need this worker's next units (its own span
+            # waits for their RESULTs): with D <= K data slots a run of K withheld units always
+            # deadlocked, until the peer-hold bound below. It is excused at once instead, as that bound
+            # would (for one pool at most, or until its bit shows again).
+            lo = max(plan.low, int(plan.frontier[holders].min()) + 1)
+            span = np.arange(lo, max(lo, local + 1))
+            if span.size:
+                withholding = holders & plan.withheld_by(span, self._worker_bits).any(axis=0)
+                if withholding.any():
+                    log.debug("worker %d: peers %s withhold units before %d; going on", self.worker_id,
+                              np.flatnonzero(withholding).tolist(), first)  # fmt: skip
+                    self.stats.withheld_excuses += int(withholding.sum())
+                    self.reuse.excuse(withholding)
+                    first, holders = self.reuse.limit()
+                    local = first - plan.base
+        if local > plan.next_unit or in_flight:
+            self._peer_wait_since = math.inf
+            return local
+        now = time.perf_counter()
+        if self._peer_wait_since == math.inf:
+            self._peer_wait_since = now
+        elif now >= self._peer_wait_since + self.deadlines.peer_hold_s(plan):
+            log.debug("worker %d: no news of peers %s past unit %d; going on", self.worker_id,
+                      np.flatnonzero(holders).tolist(), first)  # fmt: skip
+            self.reuse.excuse(holders)
+            self.stats.peer_hold_timeouts += 1
+            self._peer_wait_since = math.inf
+            first, _ = self.reuse.limit()
+            local = first - plan.base
+        return local
+
+    def _quantize_ahead(self, plan: ReducePlan, c0: int, c1: int) -> None:
+        """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
+        block, so that the numpy passes are large and run while earlier packets are at the switch."""
+        block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+        hi = min(plan.chunks_count, max(c1, c0 + block))
+        known = plan.exp_known[c1:hi]
+        if not known.all():
+            hi = c1 + int(np.argmin(known))
+        todo = np.flatnonzero(plan.exp_known[c0:hi] & ~plan.quantized[c0:hi]) + c0
+        if not todo.size:
+            return
+        lo, top = int(todo[0]), int(todo[-1]) + 1
+        sel: slice | np.ndarray = slice(lo, top) if todo.size == top - lo else todo
+        shifts = plan.shift[sel]
+        d = plan.data_batch
+        # Straight into the packet rows (big-endian), no int32 temporary.
+        saturated = codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], sel)
+        d["exp"][sel] = shifts
+        # A chunk whose agreed exponent does not count this worker's proposal (lost on the way) is
+        # withheld, whatever its values: its values may exceed the agreed bound, and withholding only
+        # those (a decision on the values) would remove the largest contributions and bias the mean; a
+        # contribution missing for a reason independent of the values is renormalized away. A chunk
+        # whose proposal was counted cannot exceed the bound; if the codec clamps one all the same, it
+        # goes flagged SATURATED (docs/protocol.md).
+        counted = plan.own_exp[sel]
+        d["flags"][sel] = (
+            np.where(plan.critical[sel], _CRITICAL, 0)
+            | np.where(saturated & counted, _SATURATED, 0)
+            | np.where(plan.owner[sel] >= 0, _OWNER, 0)
+        )
+        plan.has_exp[sel] = counted  # the others are withheld (ReducePlan.withheld)
+        plan.quantized[sel] = True
+
+    def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
+        """Units whose deadline passed: resend (critical), probe, FLUSH, or give up."""
+        if self.trace is not None:
+            self.trace.on_deadlines(self, plan, due)
+        if plan.any_critical:
+            crit = self.deadlines.resending(plan, due)
+            data = due >= plan.exp_units
+            # A chunk withheld for want of an exponent has no GRAD to resend: it is flushed as any other.
+            crit[data] &= plan.has_exp[due[data] - plan.exp_units]
+            if crit.any():
+                self._resend_critical(plan, due[crit], now)
+                due = due[~crit]
+                if not due.size:
+                    return
+        sync_end = plan.sent_at[due] + self.deadlines.sync_wait_s()
+        probe = (due < plan.exp_units) & (not plan.synced) & (now < sync_end)
+        if probe.any():
+            # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
+            # duplicate (or counts it, if the first copies were lost); once the round closed, it
+            # answers with the stored RESULT, so a worker that lost the exponent RESULT recovers in
+            # one RTO instead of sitting out the whole group. No FLUSH yet: others may be late.
+            units = due[probe]
+            plan.probes[units] += 1
+            self.send(plan.exp_rows[units])
+            self.deadlines.arm(plan, units, now)
+        rest = due[~probe]
+        tail = self.deadlines.tail_probing(plan, rest)
+        if tail.any():
+            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer. The
+            # FLUSH keeps its time (the lag deadline from the send), or one RTO from now if later.
+            # Sent flush_copies times, as a FLUSH is: a lost probe or a lost answer costs the lag deadline.
+            units = rest[tail]
+            rows = plan.data_rows[units - plan.exp_units]
+            for _ in range(self.config.flush_copies):
+                self.send(rows)
+            plan.probes[units] += 1
+            self.stats.tail_probes += len(units)
+            self.deadlines.arm_probed(plan, units, now)
+            rest = rest[~tail]
+        more = plan.flushes[rest] < self.config.max_flushes
+        units = rest[more]
+        if units.size:
+            # Units behind every worker's frontier lost a packet for sure (fast_flush); the others are
+            # flushed on a timer's word: some worker may still have been about to send.
+            on_timer = (units >= plan.frontier.min()) & ~plan.proven_in[units]
+            self.stats.flushes_on_timer += int(np.count_nonzero(on_timer))
+            plan.flushes[units] += 1
+            self._send_flushes(plan, units, step)
+            self.deadlines.arm(plan, units, now)
+        plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
+        """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
+        first copy was lost, dropped as a duplicate if it was not, answered with the stored RESULT if the
+        round closed and only the RESULT was lost."""
+        exp = units[units < plan.exp_units]
+        if exp.size:
+            plan.exp_batch["flags"][exp] |= _RETX
+            self.send(plan.exp_rows[exp])
+        c = units[units >= plan.exp_units] - plan.exp_units
+        if c.size:
+            plan.data_batch["flags"][c] |= _RETX
+            self.send(plan.data_rows[c])
+        plan.retx[units] += 1
+        late = self.deadlines.waiting_for_late_peer(plan, units, now)
+        plan.retx_spent[units[~late]] += 1
+        self.stats.critical_resends += len(units)
+        self.deadlines.arm(plan, units, now)
+
+    def _send_flushes(self, plan: ReducePlan, units: np.ndarray, step: int) -> None:
+        if self.trace is not None:
+            self.trace.on_flushes(self, plan, units)
+        n = len(units)
+        if len(self._flush_batch) < n:
+            self._flush_batch = self.control_batch(max(n, 2 * len(self._flush_batch), 16), Op.FLUSH, 0)
+        b = self._flush_batch[:n]
+        b["step"] = step
+        b["slot"], b["seq"] = plan.slots[units], plan.seqs[units]
+        exp = units < plan.exp_units
+        c = np.where(exp, units, units - plan.exp_units)
+        # A repeated FLUSH (this worker's earlier one went unanswered) says so with RETX: a leaf closes
+        # the spine's round only on such a FLUSH (docs/protocol.md, "Hierarchy").
+        b["flags"] = np.where(exp, _MAX, 0) | np.where(plan.flushes[units] > 1, _RETX, 0)
+        b["exp"] = np.where(exp, 0, plan.shift[np.where(exp, 0, c)])
+        b["chunk"] = c
+        b["nelem"] = 0
+        if self.own_leaf:
+            self._as_leaf_flushes(plan, units, b, exp, c)
+        rows = batch_rows(self._flush_batch)[:n]
+        for _ in range(self.config.flush_copies):
+            self.send(rows)
+        plan.flushed_at[units] = time.perf_counter()
+        self.stats.flushes_sent += n
+
+    def _as_leaf_flushes(
+        self, plan: ReducePlan, units: np.ndarray, b: np.ndarray, exp: np.ndarray, c: np.ndarray
+    ) -> None:
+        """The FLUSHes ``b`` of a worker that is its own leaf, turned into what a leaf sends up at them
+        (docs/protocol.md, "A worker as its own leaf"): the unit's partial, which is its GRAD (an exponent
+        unit's, or a quantized chunk's; a withheld chunk has none and sends an empty one, count 0), as a
+        GRAD at the unit's first FLUSH (it adds the partial if the spine lacks it, without closing the
+        spine's round) and as a FLUSH at a repeated one (it closes it); both flagged RETX."""
+        has = exp.copy()
+        has[~exp] = plan.has_exp[c[~exp]]
+        rows = np.flatnonzero(exp)
+        b[rows] = plan.exp_batch[units[rows]]
+        rows = np.flatnonzero(has & ~exp)
+        b[rows] = plan.data_batch[c[rows]]
+        empty = np.flatnonzero(~has)  # (rows of this scratch batch may hold an earlier call's partials)
+        for name in ("count", "bitmap", "weight", "payload"):
+            b[name][empty] = 0
+        b["op"] = np.where(plan.flushes[units] > 1, int(Op.FLUSH), int(Op.GRAD))
+        b["flags"] |= _RETX
+
+    def send(self, rows: np.ndarray) -> None:
+        """Send packet rows to the switch, spending pacing tokens and counting them."""
+        sent = self.io.send_rows(rows)
+        self.stats.packets_sent += sent
+        if not sent:
+            return
+        now = time.perf_counter()
+        self.pacer.spend(sent, now)
+        rate = self._bottleneck_bps()
+        if rate > 0:
+            self._queue_free_at = max(now, self._queue_free_at) + sent * self._frame * 8 / rate
+
+    # ---- receiving -----------------------------------------------------------------------------
+    def receive_batch(self, n: int) -> None:
+        """Handle the first ``n`` rows received outside a reduce: parameters, requests, slot news."""
+        self._handle(n, None)
+
+    def _receive(self, timeout_s: float, plan: ReducePlan | None) -> None:
+        """Wait up to ``timeout_s`` for packets, then handle everything queued as one batch."""
+        if self.trace is None:
+            n = self.io.recv(timeout_s)
+        else:
+            t_in = time.perf_counter()
+            n = self.io.recv(timeout_s)
+            self.trace.on_recv(self, timeout_s, n, t_in, time.perf_counter())
+        if n:
+            self.stats.packets_received += n
+            self._handle(n, plan)
+
+    def _handle(self, n: int, plan: ReducePlan | None) -> None:
+        rx = self.io.rx
+        data = rx.data
+        hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+        ok = (rx.lens[:n] == self.packet_bytes) & (hdr["version"] == VERSION) & (hdr["job_id"] == self.job_id)
+        ops = hdr["op"]
+        params = np.flatnonzero(ok & (ops == _PARAM))
+        if params.size:
+            self._on_params(hdr, params)
+        requests = ok & (ops == _PARAM_REQ)
+        if requests.any():
+            self.param_requests.update(hdr["chunk"][requests].tolist())
+            if self.param_responder is not None:
+                self.param_responder()
+        # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
+        result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
+        if result.any():  # a slot's newest round, remembered even between reduces (a late worker's news)
+            slot = hdr["slot"][result].astype(np.int64)
+            mine = slot < self._slots
+            unit = (hdr["seq"][result].astype(np.int64) - 1) * self._slots + slot
+            np.maximum.at(self._slot_newest, slot[mine], unit[mine])
+        results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
+        self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
+        if plan is not None and results.size:
+            self._on_results(plan, hdr, results)
+
+    def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
+        alive = hdr["chunk"][rows] == ALIVE_CHUNK
+        if alive.any():  # a peer's relayed heartbeat: news for the deadlines, no parameter
+            senders = hdr["worker_id"][rows[alive]].astype(np.int64)
+            self.deadlines.heard(senders[senders < self.n_workers], time.perf_counter())
+            self.stats.heartbeats_relayed += int(alive.sum())
+            rows = rows[~alive]
+            if not rows.size:
+                return
+        k = self.config.elems_per_packet
+        payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
+        values = payload.astype(np.float32)
+        for i, (chunk, step, nelem) in enumerate(
+            zip(
+                hdr["chunk"][rows].tolist(),
+                hdr["step"][rows].tolist(),
+                hdr["nelem"][rows].tolist(),
+                strict=True,
+            )
+        ):
+            self.param_inbox[chunk] = (step, values[i, :nelem])
+        self.stats.params_received += len(rows)
+
+    def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:
+        """Settle the units these RESULTs answer, all at once."""
+        u_all = (hdr["seq"][rows].astype(np.int64) - 1) * self._slots + hdr["slot"][rows] - plan.base
+        state = plan.state
+        take = (u_all >= 0) & (u_all < plan.units)
+        take[take] = state[u_all[take]] != DONE
+        rows_all = rows
+        rows, u = rows[take], u_all[take]
+        # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
+        first = np.sort(np.unique(u, return_index=True)[1])
+        rows, u = rows[first], u[first]
+        self.stats.packets_ignored += len(u_all) - len(u)
+        later = u_all >= plan.units
+        if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
+            bitmap = hdr["bitmap"][rows_all[later]].astype(np.uint64)
+            bits = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+            self.reuse.saw(plan.base, np.where(bits, u_all[later][:, None], -1).max(axis=0))
+        # Every RESULT frame of this batch crossed this worker's link: one point of the delivery rate.
+        plan.rx_batches.append((time.perf_counter(), len(u_all)))
+        if u.size:
+            self._settle(plan, hdr, rows, u)
+            if self.trace is not None:
+                self.trace.on_settled(self, plan, u)
+        self._drop_overtaken(plan)
+
+    def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
+        k, n_workers = self.config.elems_per_packet, self.n_workers
+        prior = plan.state[u].copy()
+        plan.state[u] = DONE
+        plan.synced = True
+        flags = hdr["flags"][rows].astype(np.int64)
+        count = hdr["count"][rows].astype(np.int64)
+        bitmap = hdr["bitmap"][rows].astype(np.uint64)
+        retx = (flags & _RETX) != 0
+        self.stats.results_retx += int(retx.sum())
+        # A clean answer is an RTT sample. So is a complete multicast that answers a FLUSHed unit: a round
+        # closes complete by its last GRAD alone, so the FLUSH was spurious and the wait we saw is what
+        # the RTO must cover. A unicast resend (RETX) never is: the multicast went first on the same path,
+        # so it was lost, and the wait measured the recovery (srtt grew 5-30x at 1-20% down loss).
+        # A resent critical GRAD leaves it unknown which copy was answered (Karn): no sample.
+        # Nor is a complete answer to a unit proven lost (fast_flush: every worker had sent it and more),
+        # whose FLUSH was not spurious: behind a leaf switch (docs/protocol.md, "Hierarchy") such a
+        # unit had lost a leaf's partial, which the leaf resent at the FLUSH, and the wait measured that
+        # recovery (at 1% loss on both levels, about 5 such units per worker and reduce of 1056 units
+        # made the RTO up to twice the flat switch's). A flat switch never answers one complete but
+        # with a RETX resend.
+        clean = (prior == IN_FLIGHT) & ~retx
+        clean &= (plan.flushes[u] == 0) | ((count == n_workers) & ~plan.proven_lost[u])
+        clean &= plan.retx[u] == 0
+        if clean.any():
+            rtt_ms = (time.perf_counter() - plan.sent_at[u[clean]]) * 1000.0
+            # The batch's median (the upper one for an even count): np.partition, not np.median, whose
+            # Python-level checks cost more than the selection on a batch of a few hundred.
+            mid = len(rtt_ms) // 2
+            self.deadlines.rtt_sample(float(np.partition(rtt_ms, mid)[mid]), float(rtt_ms.min()))
+        # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
+        # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
+        # the FLUSH on the way and times nothing.
+        answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
+        answered &= retx | (hdr["worker_id"][rows] == self._closer_id)
+        if answered.any():
+            flush_ms = (time.perf_counter() - plan.flushed_at[u[answered]]) * 1000.0
+            mid = len(flush_ms) // 2
+            self.deadlines.flush_sample(float(np.partition(flush_ms, mid)[mid]))
+        self.deadlines.track_absent(bitmap)
+        plan.full_units += int(np.count_nonzero(count == n_workers))
+        if plan.any_critical:
+            short = plan.critical_unit[u] & (count < n_workers)
+            if short.any():
+                # Only a FLUSH or a quorum below N closes a round short, and no worker flushes a critical
+                # unit unless it presumes a peer dead or has resent it critical_max_resends times (or the
+                # workers marked different chunks): renormalized like any partial chunk, and counted.
+                self.stats.critical_partial_results += int(short.sum())
+                log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
+        # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
+        has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+        reached = np.where(has_bit, u[:, None], -1).max(axis=0)
+        np.maximum(plan.frontier, reached, out=plan.frontier)
+        plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
+        # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
+        payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
+        exp = u < plan.exp_units
+        agreed = np.flatnonzero(exp & (count > 0))
+        if agreed.size:  # every exponent RESULT of the batch at once (K chunks each, fewer in the last)
+            chunks = u[agreed][:, None] * k + np.arange(k)  # (exponent units, K)
+            valid = chunks < plan.chunks_count
+            ebits = np.broadcast_to(bitmap[agreed][:, None], chunks.shape)[valid]
+            chunks = chunks[valid]
+            self._on_exponents(plan, chunks, payload[rows[agreed]][valid])
+            plan.own_exp[chunks] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
+            plan.exp_bitmap[chunks] = ebits
+            plan.any_withheld |= bool(np.any(bitmap[agreed] != np.uint64((1 << n_workers) - 1)))
+        data = ~exp
+        if not data.any():
+            return
+        c = u[data] - plan.exp_units
+        cnt, shift = count[data], hdr["exp"][rows[data]].astype(np.int32)
+        plan.count[c], plan.bitmap[c] = cnt, bitmap[data]
+        plan.weight[c] = hdr["weight"][rows[data]]
+        plan.result_flags[c], plan.shift[c] = flags[data], shift
+        # Dequantized as they arrive, straight from the receive buffer.
+        divisor = renormalize_divisor(cnt, plan.weight[c], self.config.renormalize, n_workers)
+        got = cnt > 0
+        if got.all():
+            codec.dequantize_into(payload, shift, divisor, plan.out, rows=rows[data], out_rows=c)
+        elif got.any():
+            codec.dequantize_into(
+                payload, shift[got], divisor[got], plan.out, rows=rows[data][got], out_rows=c[got]
+            )
+
+    def _drop_overtaken(self, plan: ReducePlan) -> None:
+        """A RESULT for global unit ``g`` means slot ``g mod D`` (D data slots) has moved past every older
+        round: units g-D, g-2D, ... that are still open can never be answered (the switch drops their
+        GRADs and FLUSHes as stale). Give them up now instead of waiting through every deadline: the
+        worker that fell behind falls back for those chunks and catches up. The newest round of each
+        slot is remembered across reduces, so a worker that starts a reduce its peers left skips at once
+        to where they are (before, its own span held it on stale units until their FLUSHes gave up)."""
+        d, base = self._slots, plan.base
+        hi = min(plan.units, int(self._slot_newest.max()) - base - d + 1)
+        if hi <= plan.low:
+            return
+        v = np.arange(plan.low, hi)
+        v = v[plan.state[v] < DONE]
+        over = v[base + v < self._slot_newest[(base + v) % d]]
+        if over.size:
+            plan.state[over] = GAVE_UP
+            self.stats.units_overtaken += len(over)
+
+    def _on_exponents(self, plan: ReducePlan, chunks: np.ndarray, agreed: np.ndarray) -> None:
+        """The exponent rounds of ``chunks`` closed with the ``agreed`` exponents: their data-round shifts
+        are known. Chunks are quantized lazily, a block at a time as they are sent, so the quantizing
+        overlaps the switch's work on the packets already sent."""
+        plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
+        plan.exp_known[chunks] = True
+
+
+def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
+    """``dst[:n]`` = the first ``n`` values of ``rows`` (chunks of K), only in the chunks ``which`` (a bool
+    mask over the chunks; None: all)."""
+    if which is None or which.all():
+        dst[:n] = rows.reshape(-1)[:n]
+        return
+    k = rows.shape[1]
+    full = n // k
+    idx = np.flatnonzero(which[:full])
+    sel: slice | np.ndarray = idx
+    if len(idx) > 1 and np.all(np.diff(idx) == idx[1] - idx[0]):  # every N-th (a reduce-scatter's)
+        sel = slice(int(idx[0]), int(idx[-1]) + 1, int(idx[1] - idx[0]))  # one strided pass, no gather
+    dst[: full * k].reshape(full, k)[sel] = rows[sel]
+    if full * k < n and which[full]:
+        dst[full * k : n] = rows[full, : n - full * k]
