@@ -240,6 +240,16 @@ def _key(options: LtaOptions, name: str) -> str:
     return f"lta/job{options.job_id}/{name}"
 
 
+def _run_incarnation(store, rank: int, options: LtaOptions) -> int:
+    """The run's incarnation (docs/protocol.md, "Run after run"): rank 0 draws it once per store, every
+    rank (a rank restarted into the same run too) reads that one. A new torchrun has a new store, so a
+    new incarnation: its health probes make the switch forget the slots the previous run left."""
+    key = _key(options, "incarnation")
+    if rank == 0 and not store.check([key]):
+        store.set(key, str(int.from_bytes(os.urandom(4), "big") or 1))
+    return int(store.get(key).decode())
+
+
 def join_job(
     store, rank: int, world: int, options: LtaOptions, timeout: timedelta | None = None
 ) -> LtaSession:
@@ -267,7 +277,9 @@ def join_job(
         switch_addr = options.switch
         switch_rcvbuf, switch_sockets = 0, 1
     port = options.bind_port_base + rank if options.bind_port_base else 0
-    transport = replace(options.transport, seed=options.seed)
+    transport = replace(
+        options.transport, seed=options.seed, incarnation=_run_incarnation(store, rank, options)
+    )
     try:
         worker = LtaWorker(
             options.job_id, rank, world, switch_addr, config=transport, bind=(options.bind_host, port)

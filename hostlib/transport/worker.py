@@ -199,7 +199,9 @@ class LtaWorker:
         the answer took; raises :class:`HealthCheckError` saying what to check when none came. The probe
         changes no slot that units use, so a worker may run it while the job trains (a rejoin)."""
         timeout = self.config.health_timeout_s if timeout_s is None else timeout_s
-        probe = self._control_batch(1, Op.FLUSH, 0)
+        # `step` carries the run's incarnation: a switch forgets the job's slots at its first probe of a
+        # new one (docs/protocol.md, "Run after run").
+        probe = self._control_batch(1, Op.FLUSH, self.config.incarnation)
         probe["slot"], probe["seq"] = self.probe_slot, PROBE_SEQ
         if self.own_leaf:  # a leaf's first probe goes up as an empty partial (GRAD), its repeats as FLUSHes
             probe["op"] = int(Op.GRAD)
