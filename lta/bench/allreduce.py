@@ -54,6 +54,7 @@ from hostlib import argtypes
 from hostlib.batchio import IO_MODES, BatchSocket, RxBatch, addr_key, available_modes
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
+from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.transport.config import default_window_cap
@@ -193,9 +194,8 @@ def free_tcp_port() -> int:
 
 
 def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
-    import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     port = free_tcp_port()  # for the TCP store
     queue = ctx.Queue()
     procs = [
@@ -409,9 +409,7 @@ def run_raw(
             barrier: Any = threading.Barrier(n_senders)
             make: Callable[..., Any] = threading.Thread
         else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn")
+            ctx = spawn_context()
             to_parent, barrier, make = ctx.Queue(), ctx.Barrier(n_senders), ctx.Process
         runners = [
             make(
