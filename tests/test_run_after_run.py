@@ -213,3 +213,79 @@ def test_successive_torchrun_runs_against_one_softswitch_are_exact(tmp_path, run
                     np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
     finally:
         server.stop()
+
+
+def _crashing_rank(rank: int, world: int, store_path: str, env: dict[str, str], results) -> None:
+    """Run 0 of the crash test: reduce forever; killed (SIGKILL) by the test mid-reduce."""
+    import os
+
+    import torch.distributed as dist
+
+    import hostlib.torch_ext.backend  # noqa: F401  (registers "lta")
+
+    os.environ.update(env)
+    dist.init_process_group(
+        "lta", init_method=f"file://{store_path}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    call = 0
+    while True:
+        dist.all_reduce(_tensor(99, call % 3, rank))
+        if call == 2:
+            results.put((rank, True, "reducing"))
+        call += 1
+
+
+def test_a_job_restarted_after_a_crash_is_exact(tmp_path):
+    """Run 0 is killed mid-reduce (rounds left open, GRADs in flight); run 1 of the same job on the same
+    switch and addresses sums its own values only."""
+    switch = SoftSwitch()
+    workers = [("127.0.0.1", BASE_PORT + 50 + r) for r in range(WORLD)]
+    switch.add_job(JobConfig(1, workers, elems_per_packet=64))
+    server = SoftSwitchServer(switch).start()
+    try:
+        host, port = server.address
+        env = {
+            "LTA_SWITCH": f"{host}:{port}",
+            "LTA_BIND_PORT_BASE": str(workers[0][1]),
+            "LTA_ELEMS_PER_PACKET": "64",
+        }
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        crashing = [
+            ctx.Process(target=_crashing_rank, args=(r, WORLD, str(tmp_path / "store0"), env, queue))
+            for r in range(WORLD)
+        ]
+        try:
+            assert start_and_collect_started(crashing, queue) == ["reducing"] * WORLD
+        finally:
+            for proc in crashing:
+                proc.kill()
+                proc.join(timeout=20)
+        stale_rounds = int((switch.jobs[1].slots.seq > 0).sum())
+        assert stale_rounds > 0  # the crashed run left rounds on the switch
+        queue = ctx.Queue()
+        procs = [
+            ctx.Process(target=_rank, args=(r, WORLD, str(tmp_path / "store1"), env, 1, queue))
+            for r in range(WORLD)
+        ]
+        out = start_and_collect(procs, queue, WORLD, 120)
+        expected = [
+            sum(_tensor(1, call, r).numpy().astype(np.float64) for r in range(WORLD)) for call in range(3)
+        ]
+        for rank_out in out:
+            assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), rank_out["stats"]
+            for got, want in zip(rank_out["sums"], expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+    finally:
+        server.stop()
+
+
+def start_and_collect_started(procs, queue) -> list:
+    """Start ``procs``; the first message of each (they go on running)."""
+    for proc in procs:
+        proc.start()
+    got = {}
+    while len(got) < len(procs):
+        rank, ok, value = queue.get(timeout=120)
+        got[rank] = value
+    return [got[r] for r in sorted(got)]
