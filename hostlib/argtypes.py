@@ -8,6 +8,7 @@ Each raises ``argparse.ArgumentTypeError``; argparse turns that into ``lta X: er
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 from hostlib.protocol import MAX_WORKERS, parse_address
@@ -41,7 +42,7 @@ def float_range(
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
         too_low = value <= low if low_open else value < low
-        if value != value or too_low or (high is not None and value > high):
+        if not math.isfinite(value) or too_low or (high is not None and value > high):
             left = "(" if low_open else "["
             right = f"{high}]" if high is not None else "inf)"
             raise argparse.ArgumentTypeError(f"{what} must be in {left}{low}, {right}, got {text}")

@@ -15,6 +15,13 @@ class LtaError(Exception):
     exit_code = 1
 
 
+class AddressInUseError(LtaError, OSError):
+    """A port this command was told to listen on is taken (``--listen``, ``--metrics-port``, ...): one exit
+    status for all of them, 1, as for every condition of the machine rather than of the command line."""
+
+    exit_code = 1
+
+
 class UsageError(LtaError, ValueError):
     """A command-line value or configuration entry is out of range or malformed."""
 

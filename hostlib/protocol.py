@@ -44,6 +44,9 @@ INT32_MIN = -(2**31)
 # and every worker gets the RESULT; every later one is answered by a unicast resend. An answer proves
 # that the switch runs, knows the job, and maps this worker id to this sender's address.
 PROBE_SEQ = 2**32 - 1
+# A probe's `step` is its run's incarnation (0: none). The first GRAD or FLUSH of round PROBE_SEQ of
+# slot P-1 whose nonzero step differs from the one the switch holds for the job starts a new run there:
+# the switch forgets every slot of the job first (docs/protocol.md, "Run after run"; the softswitch).
 # The relayed heartbeat (a host convention on the existing contract, no new op): besides its HEARTBEAT,
 # each beat a worker sends one PARAM of chunk ALIVE_CHUNK (CRITICAL, nelem 0), which the switch replicates
 # to every other worker of the job as any PARAM. A peer heard from this way lately is alive, whatever

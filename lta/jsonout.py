@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import IO, Any
 
+from hostlib.errors import LtaError
+
 RESERVED = ("schema", "lta_version", "torch_version")
 
 
@@ -61,5 +63,10 @@ def emit(
     Values json cannot encode (paths, namespaces' odd members) are written as their ``str``."""
     text = json.dumps(document(schema, content), indent=indent, default=str)
     stream = out or sys.stdout
-    stream.write(text + "\n")
-    stream.flush()
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except BrokenPipeError:
+        raise  # the reader left: lta's main exits quietly (EXIT_BROKEN_PIPE)
+    except OSError as exc:  # e.g. > /dev/full, a full disk
+        raise LtaError(f"cannot write the JSON document: {exc.strerror or exc}") from None

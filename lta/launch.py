@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import LtaError
+from hostlib.lifetime import spawn_context
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -274,7 +274,7 @@ def run_jobs(
     n = specs[0].n_workers
     if any(spec.n_workers != n for spec in specs) or len({spec.job_id for spec in specs}) < len(specs):
         raise ValueError("jobs that share worker processes need the same worker count and distinct job ids")
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     log_level = logging.getLogger().getEffectiveLevel()
     timeout_s = max(spec.timeout_s for spec in specs)
     fabrics: list[_Fabric] = []

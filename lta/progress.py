@@ -131,6 +131,17 @@ class Status:
         if self._progress is not None:
             self._progress.update(self._task, description=phase)
 
+    def line(self, text: str) -> None:
+        """Write ``text`` as a line of its own on stderr (a finished step: it stays), above the live line
+        on a terminal; silent under ``-q``."""
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:

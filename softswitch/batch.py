@@ -36,6 +36,7 @@ from hostlib.protocol import (
     HEADER_OFFSETS,
     MAX_JOBS,
     MAX_WORKERS,
+    PROBE_SEQ,
     SWITCH_COUNTERS,
     VERSION,
     Flag,
@@ -228,7 +229,9 @@ class BatchEngine:
             data = np.ascontiguousarray(data[:n])
         length = _int64(lens, n)
         port = _int64(ingress, n)
-        if _swcore is None:
+        # A batch that starts a new run (once per run: docs/protocol.md, "Run after run") goes through the
+        # reference, which forgets the job's slots at that packet: rare, so decided here, not in C.
+        if _swcore is None or self._announces_new_run(data, length, n):
             return self._one_by_one(sw, data, np.minimum(length, data.shape[1]), port, n)
         self._reserve(n, n * self._max_workers)
         m, rows = _swcore.run(
@@ -256,6 +259,24 @@ class BatchEngine:
             self._commit,
         )
         return self._output(m, rows)
+
+    def _announces_new_run(self, data: np.ndarray, length: np.ndarray, n: int) -> bool:
+        """Whether a packet of the batch may start a new run of its job (:meth:`_Job.announces_new_run`,
+        judged on its header alone; the reference applies the checks before it)."""
+        if data.shape[1] < HEADER_BYTES:
+            return False
+        head = data[:n, :HEADER_BYTES]
+        seq_at, job_at, slot_at, step_at = (HEADER_OFFSETS[f] for f in ("seq", "job_id", "slot", "step"))
+        # seq == PROBE_SEQ (all ones): a cheap filter over the batch, the rest per candidate.
+        probes = np.flatnonzero((length >= HEADER_BYTES) & (head[:, seq_at : seq_at + 4] == 0xFF).all(axis=1))
+        for i in probes.tolist():
+            row = head[i].tobytes()
+            job = self._jobs.get(int.from_bytes(row[job_at : job_at + 2], "big"))
+            slot = int.from_bytes(row[slot_at : slot_at + 2], "big")
+            step = int.from_bytes(row[step_at : step_at + 4], "big")
+            if job is not None and job.announces_new_run(slot, PROBE_SEQ, step):
+                return True
+        return False
 
     def _stream(self, job_id: int, direction: int, receiver: int, sender: int) -> DropStream | None:
         key = (job_id, direction, receiver, sender)

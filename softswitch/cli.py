@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
 import sys
 import threading
 
 from hostlib import argtypes
-from hostlib.errors import LtaError, UsageError
+from hostlib.errors import AddressInUseError, LtaError, UsageError
 from hostlib.jobconfig import JobFile, load_jobs
 from hostlib.protocol import LTA_PORT
 from softswitch.config import build_switch, softswitch_jobs
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = SoftSwitchServer(switch, args.listen)
     except OSError as exc:
-        raise LtaError(f"{exc} (is another softswitch there? pick another --listen HOST:PORT)") from None
+        error = AddressInUseError if exc.errno == errno.EADDRINUSE else LtaError
+        raise error(f"{exc} (is another softswitch there? pick another --listen HOST:PORT)") from None
     p4rt = None
     try:
         if args.p4runtime:

@@ -14,6 +14,7 @@ outcome, packet for packet.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from hostlib.protocol import (
     MAX_JOBS,
     MAX_LEAVES,
     MAX_WORKERS,
+    PROBE_SEQ,
     SWITCH_COUNTERS,
     VERSION,
     Flag,
@@ -45,6 +47,8 @@ from softswitch.batch import (
     OutBatch,
     worker_keys,
 )
+
+log = logging.getLogger(__name__)
 
 Port = Hashable  # an int port number (raw ports, BMv2-like) or a (host, udp_port) address
 Egress = list[tuple[Port, bytes]]
@@ -155,6 +159,27 @@ class _Job:
         self.streams: dict[tuple[str, int, int | None], DropStream] = {}
         # Port keys of the workers (see softswitch.batch.port_key), for the batched worker check and egress.
         self.worker_keys = worker_keys(cfg.workers)
+        # The incarnation of the run the slots belong to (docs/protocol.md, "Run after run"; 0: none yet).
+        self.incarnation = 0
+
+    def announces_new_run(self, s: int, q: int, step: int) -> bool:
+        """Whether a GRAD or FLUSH of slot ``s``, round ``q``, with ``step`` starts a new run: a probe of
+        the job's last slot whose incarnation is set and not the one the slots belong to."""
+        return q == PROBE_SEQ and s == self.cfg.pool_size - 1 and step != 0 and step != self.incarnation
+
+    def start_run(self, incarnation: int) -> None:
+        """Forget every slot (in place: the native engine holds these arrays); counters, drop policies and
+        their streams are kept."""
+        log.info(
+            "job %d: a new run (incarnation %08x, was %08x): its slots are forgotten",
+            self.cfg.job_id,
+            incarnation,
+            self.incarnation,
+        )
+        self.slots.regs[...] = 0
+        self.slots.bitmap[...] = 0
+        self.slots.acc[...] = 0
+        self.incarnation = incarnation
 
     def stream(self, direction: str, worker: int, sender: int | None = None) -> DropStream | None:
         """The drop stream of (direction, worker), or None when no policy applies (nothing is drawn).
@@ -379,6 +404,8 @@ class SoftSwitch:
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
+        if job.announces_new_run(s, q, step):
+            job.start_run(step)
         # Owner-only RESULT (Flag.OWNER): a flat switch's worker names the owner in `count`; a leaf or a
         # spine multicasts as before (the flag is not kept).
         owner, owner_flag = (hcount, flags & _OWNER) if cfg.role == _FLAT else (0, 0)

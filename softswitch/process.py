@@ -18,12 +18,12 @@ decisions), which only a switch that goes on serving would need.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import signal
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
 from hostlib.dropmodels import DropPolicy
+from hostlib.lifetime import spawn_context
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -72,7 +72,7 @@ class SoftSwitchProcess:
     def __init__(self, seed: int = 0, listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.switch = SoftSwitch(seed=seed)
         self.address: tuple[str, int] = listen
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = spawn_context()
         self._conn, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(
             target=_serve, args=(child, seed, listen), name="softswitch", daemon=True

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.lifetime import spawn_context
 from softswitch.config import load_switch
 from softswitch.pipeline import SoftSwitch
 from softswitch.reuseport import MAX_GROUP, Program, bind_group, slot_program
@@ -221,7 +222,7 @@ class ShardedSoftSwitch:
     def start(self) -> ShardedSoftSwitch:
         self._socks = shard_sockets(self.listen, self.n_shards, self.buffer_bytes)
         self.address = self._socks[0].getsockname()
-        ctx = multiprocessing.get_context("spawn")  # no fork of a possibly threaded parent
+        ctx = spawn_context()  # no fork of a possibly threaded parent
         try:
             for i, sock in enumerate(self._socks):
                 parent_end, child_end = ctx.Pipe()

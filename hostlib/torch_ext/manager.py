@@ -290,7 +290,10 @@ class LtaManager:
                 stale_copies=totals.stale_copies,
                 max_age=totals.max_age,
                 markers_missed=totals.markers_missed,
-                loss_seen=1.0 - totals.chunks_fresh / max(1, totals.chunks_expected),
+                # nothing expected, nothing lost: no lossy all-gather ran (0 chunks)
+                loss_seen=(1.0 - totals.chunks_fresh / totals.chunks_expected)
+                if totals.chunks_expected
+                else 0.0,
                 stale_bound=self._gatherer.stale_bound,
             )
         return out

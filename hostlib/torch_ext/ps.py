@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from hostlib.errors import UsageError
-from hostlib.protocol import parse_address
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS
 from hostlib.ps_client import PsClient, PsClientConfig
+from hostlib.ps_wire import ALIASES, CODEC_BY_NAME
+from hostlib.torch_ext.envparse import EnvReader
 from hostlib.torch_ext.flat import FlatParams
 from hostlib.torch_ext.manager import LtaManager
 
@@ -63,25 +65,20 @@ class PSOptimizer(torch.optim.Optimizer):
     @classmethod
     def from_env(cls, params: Iterable[torch.Tensor], *, lr: float | None = None) -> PSOptimizer:
         """A PSOptimizer whose client the ``LTA_PS*`` variables describe (module docstring)."""
-        server = os.environ.get("LTA_PS")
-        if not server:
+        read = EnvReader(os.environ)
+        address = read.address("LTA_PS")
+        if address is None:
             raise UsageError(
                 "LTA_PS is not set: give the parameter server as LTA_PS=host:port (lta ps --listen)"
             )
+        compression = read.choice("LTA_PS_COMPRESSION", "none", (*CODEC_BY_NAME, *ALIASES))
+        k = read.integer("LTA_ELEMS_PER_PACKET", 64, 1, MAX_ELEMS_PER_PACKET)
+        topk_ratio = read.real("LTA_PS_TOPK_RATIO", 0.01, 0.0, 1.0)
+        job_id, rank = read.integer("LTA_JOB_ID", 1, 1, MAX_JOBS - 1), read.integer("RANK", 0, 0)
         try:
-            address = parse_address(server)
-            config = PsClientConfig(
-                elems_per_packet=int(os.environ.get("LTA_ELEMS_PER_PACKET", "64")),
-                compression=os.environ.get("LTA_PS_COMPRESSION", "none"),
-                topk_ratio=float(os.environ.get("LTA_PS_TOPK_RATIO", "0.01")),
-            )
-            client = PsClient(
-                address,
-                int(os.environ.get("LTA_JOB_ID", "1")),
-                int(os.environ.get("RANK", "0")),
-                config=config,
-            )
-        except ValueError as exc:
+            config = PsClientConfig(elems_per_packet=k, compression=compression, topk_ratio=topk_ratio)
+            client = PsClient(address, job_id, rank, config=config)
+        except ValueError as exc:  # a combination the variables' own ranges allow (e.g. int8 with K = 1)
             raise UsageError(f"LTA_PS* variables: {exc}") from None
         return cls(params, client, lr=lr)
 

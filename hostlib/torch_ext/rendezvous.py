@@ -47,18 +47,27 @@ fallbacks.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from hostlib.dropmodels import DIRECTIONS, DropPolicy
-from hostlib.errors import HealthCheckError
+from hostlib.errors import HealthCheckError, UsageError
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
-from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, default_pool_size, parse_address
-from hostlib.transport import LtaWorker, TransportConfig, elems_for_path
+from hostlib.protocol import (
+    DEFAULT_ELEMS_PER_PACKET,
+    MAX_ELEMS_PER_PACKET,
+    MAX_JOBS,
+    default_pool_size,
+    parse_address,
+)
+from hostlib.torch_ext.envparse import EnvReader
+from hostlib.transport import FALLBACK_POLICIES, LtaWorker, TransportConfig, elems_for_path
 
 log = logging.getLogger(__name__)
 
@@ -162,35 +171,25 @@ class LtaOptions:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> LtaOptions:
-        env = dict(os.environ if env is None else env)
-
-        def number(name: str, default: float, kind: type = int) -> float:
-            text = env.get(name)
-            if text is None or text == "":
-                return default
-            try:
-                return kind(text)
-            except ValueError:
-                raise ValueError(f"{name}={text!r} is not a valid {kind.__name__}") from None
-
-        seed = int(number("LTA_SEED", 0))
-        switch = env.get("LTA_SWITCH")
+        """The options the ``LTA_*`` variables give (table above). A bad value raises one
+        :class:`~hostlib.errors.UsageError` (a ValueError) naming the variable and what it accepts."""
+        read = EnvReader(dict(os.environ if env is None else env))
+        seed = read.integer("LTA_SEED", 0, 0)
+        switch = read.address("LTA_SWITCH")
         # Packet size follows the path for the self-hosted softswitch (one 64 KiB datagram on loopback);
         # an external switch may be a P4 program compiled for K=64, so that stays its default.
         default_k = DEFAULT_ELEMS_PER_PACKET if switch else elems_for_path(SELF_HOSTED_LISTEN)
-        k = int(number("LTA_ELEMS_PER_PACKET", default_k))
+        k = read.integer("LTA_ELEMS_PER_PACKET", default_k, 1, MAX_ELEMS_PER_PACKET)
         transport = TransportConfig(
             elems_per_packet=k,
-            pool_size=int(number("LTA_POOL_SIZE", default_pool_size(k))),
-            fallback=env.get("LTA_FALLBACK", "prev"),
-            renormalize=env.get("LTA_RENORMALIZE", "count"),
+            pool_size=read.integer("LTA_POOL_SIZE", default_pool_size(k), 2, 65535),
+            fallback=read.choice("LTA_FALLBACK", "prev", FALLBACK_POLICIES),
+            renormalize=read.choice("LTA_RENORMALIZE", "count", ("count", "weight", "none")),
             seed=seed,
-            health_timeout_s=float(number("LTA_HEALTH_TIMEOUT", 5.0, float)),
-            on_unhealthy=env.get("LTA_ON_UNHEALTHY", "raise"),
+            health_timeout_s=read.real("LTA_HEALTH_TIMEOUT", 5.0, 0.0),
+            on_unhealthy=read.choice("LTA_ON_UNHEALTHY", "raise", ("raise", "warn", "ignore")),
         )
-        exact_ms = number("LTA_EXACT_MS", 0.0, float)
-        if exact_ms < 0:
-            raise ValueError(f"LTA_EXACT_MS={exact_ms} must be >= 0 (0: off)")
+        exact_ms = read.real("LTA_EXACT_MS", 0.0, 0.0)
         if exact_ms:  # rounds close by the drop policy's decisions, never by a timer (TransportConfig.exact)
             transport = replace(
                 transport,
@@ -202,28 +201,42 @@ class LtaOptions:
             )
         drop = {}
         for direction in DIRECTIONS:
-            p = number(f"LTA_DROP_{direction.upper()}", 0.0, float)
+            p = read.probability(f"LTA_DROP_{direction.upper()}")
             if p:
                 drop[direction] = DropPolicy(p=p)
+        try:
+            lossy_ops = parse_lossy_ops(read.env.get("LTA_LOSSY_OPS", ",".join(sorted(DEFAULT_LOSSY_OPS))))
+        except ValueError as exc:  # names the variable and the accepted values
+            raise UsageError(str(exc)) from None
         return cls(
-            switch=parse_address(switch) if switch else None,
-            job_id=int(number("LTA_JOB_ID", 1)),
-            bind_host=env.get("LTA_BIND_HOST", "127.0.0.1"),
-            bind_port_base=int(number("LTA_BIND_PORT_BASE", 0)),
+            switch=switch,
+            job_id=read.integer("LTA_JOB_ID", 1, 1, MAX_JOBS - 1),
+            bind_host=read.env.get("LTA_BIND_HOST", "127.0.0.1"),
+            bind_port_base=read.integer("LTA_BIND_PORT_BASE", 0, 0, 65535),
             transport=transport,
             drop=drop,
             seed=seed,
-            lossy_ops=parse_lossy_ops(env.get("LTA_LOSSY_OPS", ",".join(sorted(DEFAULT_LOSSY_OPS)))),
-            stale_bound=int(number("LTA_STALE_BOUND", 8)),
-            liveness_timeout_s=float(number("LTA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S, float)),
-            switch_sockets=int(number("LTA_SWITCH_SOCKETS", 0)) or None,
+            lossy_ops=lossy_ops,
+            stale_bound=read.integer("LTA_STALE_BOUND", 8, 1),
+            liveness_timeout_s=read.real("LTA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S, 0.0),
+            switch_sockets=read.integer("LTA_SWITCH_SOCKETS", 0, 0, 64) or None,
         )
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: open sessions are kept in a WeakSet
 class LtaSession:
+    """One rank's link to its job: the worker, and the softswitch it hosts (if any). Closed by the
+    process group's shutdown (``destroy_process_group``) or, for a script that never calls it, by an
+    ``atexit`` hook: the heartbeat, liveness and softswitch threads are stopped and joined, and the
+    sockets closed, before the interpreter finalizes (a daemon thread still running then is ended by
+    the interpreter wherever it stands; "terminate called without an active exception", issue 42)."""
+
     worker: LtaWorker
     embedded: Any | None  # the softswitch this rank hosts (hostlib.torch_ext.embedded), if any
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        _OPEN_SESSIONS.add(self)
 
     @property
     def switch(self) -> Any | None:
@@ -231,13 +244,41 @@ class LtaSession:
         return self.embedded.switch if self.embedded is not None else None
 
     def close(self) -> None:
+        """Stop and join this session's threads, close its sockets; a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        _OPEN_SESSIONS.discard(self)
         self.worker.close()
         if self.embedded is not None:
             self.embedded.stop()
 
 
+_OPEN_SESSIONS: weakref.WeakSet[LtaSession] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    """Close every session still open at exit, in order, while the interpreter is whole."""
+    for session in list(_OPEN_SESSIONS):
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - at exit: report and go on closing the others
+            log.exception("lta: closing a session at exit failed")
+
+
 def _key(options: LtaOptions, name: str) -> str:
     return f"lta/job{options.job_id}/{name}"
+
+
+def _run_incarnation(store, rank: int, options: LtaOptions) -> int:
+    """The run's incarnation (docs/protocol.md, "Run after run"): rank 0 draws it once per store, every
+    rank (a rank restarted into the same run too) reads that one. A new torchrun has a new store, so a
+    new incarnation: its health probes make the switch forget the slots the previous run left."""
+    key = _key(options, "incarnation")
+    if rank == 0 and not store.check([key]):
+        store.set(key, str(int.from_bytes(os.urandom(4), "big") or 1))
+    return int(store.get(key).decode())
 
 
 def join_job(
@@ -267,7 +308,9 @@ def join_job(
         switch_addr = options.switch
         switch_rcvbuf, switch_sockets = 0, 1
     port = options.bind_port_base + rank if options.bind_port_base else 0
-    transport = replace(options.transport, seed=options.seed)
+    transport = replace(
+        options.transport, seed=options.seed, incarnation=_run_incarnation(store, rank, options)
+    )
     try:
         worker = LtaWorker(
             options.job_id, rank, world, switch_addr, config=transport, bind=(options.bind_host, port)

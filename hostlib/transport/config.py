@@ -83,6 +83,11 @@ class TransportConfig:
     # "plain" forces one system call per packet. The environment variable LTA_IO does the same.
     io: str | None = None
     seed: int = 0
+    # The run this worker belongs to (docs/protocol.md, "Run after run"): one nonzero 32-bit value shared
+    # by every worker of a run and new for each run; the health probe carries it (`step`), and a switch
+    # forgets the job's slots at the first probe of a new one, so a run starts clean on a switch that
+    # served earlier runs. 0: none (the probe announces nothing; the switch keeps its slots).
+    incarnation: int = 0
     # Health. Before the first reduce, check_switch() waits this long for the switch to answer a probe
     # (0 skips the check). During training, a reduce where at least `unhealthy_fraction` of the chunks
     # got nothing from the network (no RESULT, or a RESULT with count 0) is unhealthy; after
@@ -189,6 +194,8 @@ class TransportConfig:
                 f"exp_copies, flush_copies and tail_copies must be >= 1, got {self.exp_copies}, "
                 f"{self.flush_copies}, {self.tail_copies}"
             )
+        if not 0 <= self.incarnation <= 0xFFFFFFFF:
+            raise ValueError(f"incarnation must be in 0..2**32-1 (0: none), got {self.incarnation}")
         if self.tail_units < 0:
             raise ValueError(f"tail_units must be >= 0, got {self.tail_units}")
         if self.window is not None and not 1 <= self.window <= self.data_slots:

@@ -31,7 +31,9 @@ def probe_switch(
     ``timeout_s`` passes. Returns the seconds the answer took; raises :class:`HealthCheckError` saying
     what to check when none came (``address``: the worker's own, for the message)."""
     timeout, cfg = timeout_s, engine.config
-    probe = engine.control_batch(1, Op.FLUSH, 0)
+    # `step` carries the run's incarnation: a switch forgets the job's slots at its first probe of a
+    # new one (docs/protocol.md, "Run after run").
+    probe = engine.control_batch(1, Op.FLUSH, engine.config.incarnation)
     probe["slot"], probe["seq"] = engine.probe_slot, PROBE_SEQ
     if engine.own_leaf:  # a leaf's first probe goes up as an empty partial (GRAD), its repeats as FLUSHes
         probe["op"] = int(Op.GRAD)

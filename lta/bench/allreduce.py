@@ -54,9 +54,11 @@ from hostlib import argtypes
 from hostlib.batchio import IO_MODES, BatchSocket, RxBatch, addr_key, available_modes
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
+from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from hostlib.transport.config import default_window_cap
+from lta.demo import memory_available
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_job, running
 from lta.progress import Status
@@ -193,9 +195,8 @@ def free_tcp_port() -> int:
 
 
 def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
-    import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     port = free_tcp_port()  # for the TCP store
     queue = ctx.Queue()
     procs = [
@@ -409,9 +410,7 @@ def run_raw(
             barrier: Any = threading.Barrier(n_senders)
             make: Callable[..., Any] = threading.Thread
         else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn")
+            ctx = spawn_context()
             to_parent, barrier, make = ctx.Queue(), ctx.Barrier(n_senders), ctx.Process
         runners = [
             make(
@@ -501,6 +500,9 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
     if args.io != "auto" and args.io not in available_modes():
         available = ", ".join(available_modes())
         raise UsageError(f"allreduce --io: {args.io} is not available here (available: {available})")
+    for n in args.workers:
+        for mib in args.mib:
+            check_memory(n, mib)
     return BenchOptions(
         workers=tuple(args.workers),
         mibs=tuple(args.mib),
@@ -510,6 +512,23 @@ def parse_options(args: argparse.Namespace) -> BenchOptions:
         elems_per_packet=args.elems_per_packet,
         io=None if args.io == "auto" else args.io,
     )
+
+
+# Bytes a worker holds per value at once: its float64 draw (8) and float32 input (4), the tensor reduced
+# in place (4), and about as much again in the transport's and gloo's staging.
+_BYTES_PER_VALUE = 32
+
+
+def check_memory(workers: int, mib: float) -> None:
+    """Refuse, before any process starts, a size this machine cannot hold (one line, not a MemoryError
+    in a worker)."""
+    need, have = workers * int(mib * (1 << 20) / 4) * _BYTES_PER_VALUE, memory_available()
+    if have is not None and need > have:
+        gib = 1 << 30
+        raise UsageError(
+            f"--mib {mib:g} with {workers} workers needs about {need / gib:.1f} GiB and "
+            f"{have / gib:.1f} GiB is available: lower --mib or --workers"
+        )
 
 
 def summarize(times_s: list[float], n_bytes: int, n: int) -> dict:

@@ -7,7 +7,6 @@ step-time percentiles and their ratio."""
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import time
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.errors import LtaError
+from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
 from lta.jsonout import emit
 from lta.launch import running
@@ -72,7 +72,7 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
 
 
 def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: float = 600.0) -> dict:
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     queue, port = ctx.Queue(), free_tcp_port()
     procs = [
         ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)

@@ -18,7 +18,6 @@ start and the end of the run."""
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import time
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
+from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
 from lta.jsonout import emit
 from lta.launch import running
@@ -111,7 +111,7 @@ def run_variant(
     timeout_s: float = 900.0,
     seed: int = 0,
 ) -> dict:
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     queue, port = ctx.Queue(), free_tcp_port()
     procs = [
         ctx.Process(

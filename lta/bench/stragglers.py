@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -49,6 +48,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.errors import UsageError
+from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
 from lta.bench.ps_train import make_problem, seed_summary
@@ -252,7 +252,7 @@ def run_workers(spec: Spec, progress: Callable[[str], None]) -> list[list[dict[s
     from softswitch.pipeline import JobConfig, SoftSwitch
     from softswitch.server import SoftSwitchServer
 
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     server = SoftSwitchServer(SoftSwitch(seed=0)).start()
     procs: list[Any] = []
     conns: list[Connection] = []

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from hostlib.errors import LtaError
 from lta.chaos import netns
 from lta.chaos.report import markdown, summary
 from lta.chaos.runner import run_one
 from lta.chaos.schedule import draw
 from lta.chaos.worker import DOORS
+from lta.progress import Status
 
 
 def _seeds(text: str) -> list[int]:
@@ -78,31 +81,51 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _span(seeds: list[int]) -> str:
+    if not seeds:
+        return "none left"
+    return f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}..{seeds[-1]}"
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise LtaError(f"cannot write {path}: {exc.strerror or exc} (choose another --out)") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LtaError(f"--out {args.out}: cannot make the folder: {exc.strerror or exc}") from None
     why_not = netns.available()
     use_netns = not args.no_netns and why_not is None
     if not args.no_netns and why_not is not None:
-        print(f"lta chaos: no reorder/duplicate faults drawn: {why_not}", flush=True)
+        print(f"lta chaos: no reorder/duplicate faults drawn: {why_not}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     done: set[int] = set()
     if args.resume and (args.out / "chaos.json").exists():
         rows = json.loads((args.out / "chaos.json").read_text())["runs"]
         done = {int(r["seed"]) for r in rows}
-    for seed in args.seeds:
-        if seed in done:
-            continue
-        spec = draw(seed, args.doors, args.workers, args.steps, netns=use_netns)
-        t0 = time.monotonic()
-        outcome = run_one(spec, args.bound, args.out / f"run{seed}" if args.keep else None)
-        rows.append(outcome.as_dict())
-        print(
-            f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:6s} "
-            f"{time.monotonic() - t0:6.1f}s {outcome.cause}",
-            flush=True,
-        )
-        (args.out / "chaos.json").write_text(json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
-        (args.out / "chaos.md").write_text(markdown(rows))
+    todo = [seed for seed in args.seeds if seed not in done]
+    # Written now too: an --out that cannot be written fails before the first run, not after it.
+    _write(args.out / "chaos.json", json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
+    title = f"lta chaos: {len(todo)} runs (seeds {_span(todo)}), results in {args.out}"
+    with Status(title) as status:
+        for i, seed in enumerate(todo):
+            spec = draw(seed, args.doors, args.workers, args.steps, netns=use_netns)
+            status.update(f"run {i + 1}/{len(todo)}: seed {seed}, {spec.door}, {','.join(spec.kinds)}")
+            t0 = time.monotonic()
+            outcome = run_one(spec, args.bound, args.out / f"run{seed}" if args.keep else None)
+            rows.append(outcome.as_dict())
+            # one line per run, on stderr as all progress (stdout: the summary)
+            status.line(
+                f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:6s} "
+                f"{time.monotonic() - t0:6.1f}s {outcome.cause}"
+            )
+            _write(args.out / "chaos.json", json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
+            _write(args.out / "chaos.md", markdown(rows))
     counts = summary(rows)["verdicts"]
     print(" ".join(f"{k}={v}" for k, v in counts.items()))
     return 1 if counts.get("hang", 0) or counts.get("silent", 0) else 0

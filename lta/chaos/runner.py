@@ -159,7 +159,13 @@ def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None
         out.mkdir(parents=True, exist_ok=True)
         wspec = _worker_spec(spec, out)
         (out / "spec.json").write_text(json.dumps(wspec))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "LTA_ON_UNHEALTHY": "raise"}
+        # LTA_PARENT_PID: each rank asks to die with this process (hostlib.lifetime)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "LTA_ON_UNHEALTHY": "raise",
+            "LTA_PARENT_PID": str(os.getpid()),
+        }
         server = _ps_server(spec) if spec.door == "ps" else None
         if server is not None:
             env["LTA_PS"] = "{}:{}".format(*server.address)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.lifetime import die_with_parent
+
 DOORS = ("ddp", "hook", "sharded", "sharded-critical", "ps", "fsdp2")
 _IN, _HIDDEN, _OUT = 32, 128, 8
 _BATCH = 32
@@ -294,6 +296,9 @@ def _reset_switch(session: Any, net: Any) -> None:
 
 
 def main() -> int:
+    parent = os.environ.get("LTA_PARENT_PID")
+    if parent:  # a rank ends with the chaos parent, however that ends (kill, SIGHUP, SIGKILL)
+        die_with_parent(parent_pid=int(parent))
     spec = json.loads(Path(sys.argv[1]).read_text())
     rank = int(sys.argv[2])
     who = f"rank {rank} (restarted)" if sys.argv[3:] == ["restarted"] else f"rank {rank}"

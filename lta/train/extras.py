@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import secrets
 import socket
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.errors import UsageError
+from hostlib.errors import AddressInUseError, UsageError
 from hostlib.stragglers import StragglerEmulator, StragglerModel
 from hostlib.telemetry import Telemetry, alpha_from_env
 from hostlib.torch_ext.dp import DpConfig, GaussianPrivacy, privacy_report, require_accountant
@@ -116,7 +117,8 @@ def check_ports_free(addr: str, first: int, count: int) -> None:
             try:
                 probe.bind((addr, port))
             except OSError as exc:
-                raise UsageError(
+                error = AddressInUseError if exc.errno == errno.EADDRINUSE else UsageError
+                raise error(
                     f"cannot serve metrics on {addr}:{port} (worker {port - first}): "
                     f"{exc.strerror}; choose another --metrics-port or --metrics-addr"
                 ) from None

@@ -16,11 +16,11 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from hostlib.errors import TrainingDiverged, UsageError
+from hostlib.lifetime import spawn_context
 from lta.train.experiment import RunSpec, TrainConfig, with_new_fields
 from lta.train.sweep import RunResult
 
@@ -104,7 +104,7 @@ def run_parallel(
             if on_done is not None:
                 on_done(found, True)
     if todo:
-        context = get_context("spawn")  # no forked torch state
+        context = spawn_context()  # no forked torch state; dies with its parent
         with ProcessPoolExecutor(
             max_workers=jobs, mp_context=context, initializer=_start, initargs=(n_workers, cfg)
         ) as pool:

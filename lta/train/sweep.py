@@ -12,7 +12,6 @@ part of the run so far (drift measured, wall time) in the manifest; a resumed ru
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
 import queue
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.errors import TrainingDiverged
+from hostlib.lifetime import spawn_context
 from hostlib.liveness import LivenessEvent, LivenessMonitor
 from hostlib.simulate import loss_policy
 from hostlib.torch_ext.checkpoint import ShardFile, commit, read_manifest
@@ -85,7 +85,7 @@ class LocalCluster:
         self.switch = SoftSwitch(seed=switch_seed)
         self.server = SoftSwitchServer(self.switch).start()
         self.extras = extras
-        self._ctx = mp.get_context("spawn")
+        self._ctx = spawn_context()
         self.events = self._ctx.Queue()
         self.commands: list[Any] = [None] * n_workers
         self.procs: list[Any] = [None] * n_workers

@@ -13,6 +13,7 @@ as one JSON document per line every ``--stats-every`` seconds and once more when
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
 import sys
@@ -21,7 +22,7 @@ import threading
 from hostlib import argtypes, robust
 from hostlib.compress import COMPRESSORS
 from hostlib.dropmodels import DropPolicy
-from hostlib.errors import LtaError, UsageError
+from hostlib.errors import AddressInUseError, LtaError, UsageError
 from hostlib.protocol import LTA_PORT, MAX_ELEMS_PER_PACKET, MAX_JOBS
 from softswitch.ps.config import FALLBACKS, JOB_KEYS, MODES, PsDrop, PsJobConfig, load_ps_config
 from softswitch.ps.server import PsServer
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = PsServer((host, int(port)), seed=seed)
     except OSError as exc:
-        raise LtaError(
+        error = AddressInUseError if exc.errno == errno.EADDRINUSE else LtaError
+        raise error(
             f"{exc} (is another lta ps or softswitch on that port? pick another with --listen)"
         ) from None
     for cfg in jobs:

@@ -1,0 +1,291 @@
+"""Run after run (docs/protocol.md, "Run after run"): a switch that served earlier runs of a job starts
+each new run clean. Hand-built packets against the reference, the native engine against the reference
+across the reset, and successive torchrun-style runs (new processes, same job and addresses) against one
+running softswitch, each checked against numpy."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from hostlib.protocol import PROBE_SEQ, Op, make_packet
+from softswitch.pipeline import JobConfig, SoftSwitch
+from softswitch.server import SoftSwitchServer
+from tests.ranks import start_and_collect
+from tests.test_softswitch import PORTS, K, decode
+from tests.test_softswitch_batch import Spec, assert_same, random_sizes
+
+POOL = 8
+PROBE_SLOT = POOL - 1
+
+
+def grad(w: int, slot: int, seq: int, values, step: int = 0) -> bytes:
+    return make_packet(
+        Op.GRAD,
+        job_id=1,
+        worker_id=w,
+        slot=slot,
+        seq=seq,
+        step=step,
+        payload=np.asarray(values),
+        elems_per_packet=K,
+    )
+
+
+def probe(w: int, incarnation: int) -> bytes:
+    return make_packet(
+        Op.FLUSH,
+        job_id=1,
+        worker_id=w,
+        slot=PROBE_SLOT,
+        seq=PROBE_SEQ,
+        step=incarnation,
+        nelem=0,
+        elems_per_packet=K,
+    )
+
+
+def two_worker_switch() -> SoftSwitch:
+    sw = SoftSwitch(seed=0)
+    sw.add_job(JobConfig(1, PORTS[:2], pool_size=POOL, elems_per_packet=K))
+    return sw
+
+
+def results(out) -> list[tuple[dict, np.ndarray]]:
+    return [decode(pkt) for _, pkt in out if decode(pkt)[0]["op"] == int(Op.RESULT)]
+
+
+def test_a_new_incarnation_forgets_the_slots_and_the_next_run_sums_alone():
+    sw = two_worker_switch()
+    # Run 1 went to round 5 of slot 0 and left round 6 open with worker 0's values (a crash).
+    old = np.array([1000, 1000, 1000, 1000])
+    for q in range(1, 6):
+        sw.process(grad(0, 0, q, old), PORTS[0])
+        sw.process(grad(1, 0, q, old), PORTS[1])
+    sw.process(grad(0, 0, 6, old), PORTS[0])
+    assert int(sw.jobs[1].slots.seq[0]) == 6
+    # Without a new incarnation, run 2's round 1 is stale: nothing is summed, nothing answered.
+    before = sw.read_counters(1)["grad_stale"]
+    assert sw.process(grad(0, 0, 1, [1, 2, 3, 4]), PORTS[0]) == []
+    assert sw.read_counters(1)["grad_stale"] == before + 1
+    # Run 2 probes with its incarnation: answered as a job's first probe (closed empty, to every worker).
+    out = results(sw.process(probe(1, 0xA1), PORTS[1]))
+    assert len(out) == 2 and all(h["count"] == 0 and h["seq"] == PROBE_SEQ for h, _ in out)
+    assert int(sw.jobs[1].slots.seq[0]) == 0 and not sw.jobs[1].slots.acc.any()
+    # Run 2's rounds start at 1 and hold exactly run 2's values (numpy over the two contributions).
+    a, b = np.array([1, 2, 3, 4]), np.array([10, -20, 30, -40])
+    assert sw.process(grad(0, 0, 1, a), PORTS[0]) == []
+    out = results(sw.process(grad(1, 0, 1, b), PORTS[1]))
+    assert len(out) == 2
+    for head, values in out:
+        assert (head["count"], head["bitmap"], head["seq"]) == (2, 0b11, 1)
+        np.testing.assert_array_equal(values, a + b)
+
+
+def test_the_same_incarnation_again_keeps_the_runs_rounds():
+    sw = two_worker_switch()
+    sw.process(probe(0, 7), PORTS[0])
+    sw.process(grad(0, 0, 1, [5, 5, 5, 5]), PORTS[0])  # run 7's round 1, open
+    # Worker 1 of the same run probes (it started later, or rejoins): the open round stays.
+    out = results(sw.process(probe(1, 7), PORTS[1]))
+    assert len(out) == 1 and out[0][0]["count"] == 0  # a unicast resend of the probe round
+    out = results(sw.process(grad(1, 0, 1, [1, 1, 1, 1]), PORTS[1]))
+    assert [h["count"] for h, _ in out] == [2, 2]
+    np.testing.assert_array_equal(out[0][1], [6, 6, 6, 6])
+
+
+def test_incarnation_zero_announces_nothing():
+    sw = two_worker_switch()
+    sw.process(grad(0, 3, 4, [1, 1, 1, 1]), PORTS[0])
+    sw.process(probe(0, 0), PORTS[0])
+    assert int(sw.jobs[1].slots.seq[3]) == 4  # kept
+
+
+def test_a_probe_from_a_stranger_resets_nothing():
+    sw = two_worker_switch()
+    sw.process(grad(0, 3, 4, [1, 1, 1, 1]), PORTS[0])
+    sw.process(probe(0, 99), 55)  # worker 0's id from a port that is not worker 0's: drop_bad_worker
+    assert int(sw.jobs[1].slots.seq[3]) == 4
+    assert sw.read_counters(1)["drop_bad_worker"] == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_native_engine_matches_the_reference_across_runs(seed):
+    """Three runs of one job through one switch, with old-run packets before each new run's probes, in
+    random batches: the batched engine (native between the resets) gives the reference's packets,
+    counters and slot registers. The reset happens in place, so the engine's next batch sees it."""
+    rng = np.random.default_rng(seed)
+    spec = Spec(1, PORTS[:2], pool=POOL, k=K)
+    packets: list[tuple[bytes, object]] = []
+    for run, incarnation in enumerate((0x11, 0x22, 0x33)):
+        for w in (0, 1):
+            packets.append((probe(w, incarnation), PORTS[w]))
+        rounds = int(rng.integers(2, 30))
+        for g in range(rounds):
+            slot, q = g % (POOL - 1), g // (POOL - 1) + 1
+            for w in rng.permutation(2).tolist():
+                if rng.random() < 0.9:
+                    values = rng.integers(-1000, 1000, size=K)
+                    packets.append((grad(w, slot, q, values, step=run), PORTS[w]))
+        # a straggler of this run, late: lands before the next run's probe
+        packets.append((grad(0, 0, 1, [9, 9, 9, 9]), PORTS[0]))
+    sizes = random_sizes(rng, len(packets), high=16)
+    assert_same(packets, [spec], sizes, seed)
+
+
+# ---- successive torchrun-style runs against one running softswitch --------------------------------------
+BASE_PORT = 42600
+WORLD = 2
+N_ELEMS = 50_000  # > one packet of K = 64: the lossy path, 782 chunks per reduce
+
+
+def _rank(rank: int, world: int, store_path: str, env: dict[str, str], run: int, results) -> None:
+    try:
+        import os
+
+        import torch.distributed as dist
+
+        import hostlib.torch_ext.backend  # noqa: F401  (registers "lta")
+        from hostlib.torch_ext import lta_stats
+
+        os.environ.update(env)
+        dist.init_process_group(
+            "lta",
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=60),
+        )
+        sums = []
+        for call in range(3):
+            t = _tensor(run, call, rank)
+            dist.all_reduce(t)  # SUM
+            sums.append(t.numpy().copy())
+        stats = lta_stats()
+        dist.destroy_process_group()
+        results.put((rank, True, {"sums": sums, "chunks_full": stats["chunks_full"], "stats": stats}))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def _tensor(run: int, call: int, rank: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 * run + 10 * call + rank)
+    return torch.randn(N_ELEMS, generator=gen)
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+def test_successive_torchrun_runs_against_one_softswitch_are_exact(tmp_path, runs):
+    switch = SoftSwitch()
+    workers = [("127.0.0.1", BASE_PORT + runs * 10 + r) for r in range(WORLD)]
+    switch.add_job(JobConfig(1, workers, elems_per_packet=64))
+    server = SoftSwitchServer(switch).start()
+    try:
+        host, port = server.address
+        env = {
+            "LTA_SWITCH": f"{host}:{port}",
+            "LTA_BIND_PORT_BASE": str(workers[0][1]),
+            "LTA_ELEMS_PER_PACKET": "64",
+        }
+        ctx = mp.get_context("spawn")
+        for run in range(runs):
+            queue = ctx.Queue()
+            store = str(tmp_path / f"store{run}")
+            procs = [ctx.Process(target=_rank, args=(r, WORLD, store, env, run, queue)) for r in range(WORLD)]
+            out = start_and_collect(procs, queue, WORLD, 120)
+            for proc in procs:
+                assert proc.exitcode == 0, f"run {run}: a rank exited {proc.exitcode}"
+            expected = [
+                sum(_tensor(run, call, r).numpy().astype(np.float64) for r in range(WORLD))
+                for call in range(3)
+            ]
+            for rank_out in out:
+                # every chunk of every reduce counted both workers: nothing of an earlier run interfered
+                assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), (run, rank_out["stats"])
+                for got, want in zip(rank_out["sums"], expected, strict=True):
+                    # fixed point: < 2^-s per contribution, s = 30 - L - E >= 25 here (|x| < 16, L = 1), plus
+                    # half a float32 ulp of the sum (< 2^-20 below 16): within 2^-19
+                    np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+    finally:
+        server.stop()
+
+
+def _crashing_rank(rank: int, world: int, store_path: str, env: dict[str, str], results) -> None:
+    """Run 0 of the crash test: reduce forever; killed (SIGKILL) by the test mid-reduce."""
+    import os
+
+    import torch.distributed as dist
+
+    import hostlib.torch_ext.backend  # noqa: F401  (registers "lta")
+
+    os.environ.update(env)
+    dist.init_process_group(
+        "lta", init_method=f"file://{store_path}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    call = 0
+    while True:
+        dist.all_reduce(_tensor(99, call % 3, rank))
+        if call == 2:
+            results.put((rank, True, "reducing"))
+        call += 1
+
+
+def test_a_job_restarted_after_a_crash_is_exact(tmp_path):
+    """Run 0 is killed mid-reduce (rounds left open, GRADs in flight); run 1 of the same job on the same
+    switch and addresses sums its own values only."""
+    switch = SoftSwitch()
+    workers = [("127.0.0.1", BASE_PORT + 50 + r) for r in range(WORLD)]
+    switch.add_job(JobConfig(1, workers, elems_per_packet=64))
+    server = SoftSwitchServer(switch).start()
+    try:
+        host, port = server.address
+        env = {
+            "LTA_SWITCH": f"{host}:{port}",
+            "LTA_BIND_PORT_BASE": str(workers[0][1]),
+            "LTA_ELEMS_PER_PACKET": "64",
+        }
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        crashing = [
+            ctx.Process(target=_crashing_rank, args=(r, WORLD, str(tmp_path / "store0"), env, queue))
+            for r in range(WORLD)
+        ]
+        try:
+            assert start_and_collect_started(crashing, queue) == ["reducing"] * WORLD
+        finally:
+            for proc in crashing:
+                proc.kill()
+                proc.join(timeout=20)
+        stale_rounds = int((switch.jobs[1].slots.seq > 0).sum())
+        assert stale_rounds > 0  # the crashed run left rounds on the switch
+        queue = ctx.Queue()
+        procs = [
+            ctx.Process(target=_rank, args=(r, WORLD, str(tmp_path / "store1"), env, 1, queue))
+            for r in range(WORLD)
+        ]
+        out = start_and_collect(procs, queue, WORLD, 120)
+        expected = [
+            sum(_tensor(1, call, r).numpy().astype(np.float64) for r in range(WORLD)) for call in range(3)
+        ]
+        for rank_out in out:
+            assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), rank_out["stats"]
+            for got, want in zip(rank_out["sums"], expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+    finally:
+        server.stop()
+
+
+def start_and_collect_started(procs, queue) -> list:
+    """Start ``procs``; the first message of each (they go on running)."""
+    for proc in procs:
+        proc.start()
+    got = {}
+    while len(got) < len(procs):
+        rank, ok, value = queue.get(timeout=120)
+        got[rank] = value
+    return [got[r] for r in sorted(got)]
