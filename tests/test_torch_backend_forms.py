@@ -268,3 +268,95 @@ def test_callforms_reject_what_no_overload_takes():
     assert made.reduceOp == dist.ReduceOp.MAX and made.timeout == timedelta(seconds=7)
     _, made = callforms.broadcast(torch.zeros(1), 3, None)
     assert made.rootRank == 3
+
+
+# ---- what the switch would degrade stays exact ------------------------------------------------------
+def _dtypes_rank(rank: int, world: int) -> dict:
+    from hostlib.torch_ext import backend
+
+    pg = dist.distributed_c10d._get_default_group()
+    gloo = dist.new_group(backend="gloo")
+    gen = torch.Generator().manual_seed(100 + rank)
+    out: dict[str, object] = {"lossy": {}}
+    # float64 with all 53 bits in use: the switch would return float32 precision
+    x = torch.randn(4 * K, dtype=torch.float64, generator=gen) * 1e3
+    mine = x.clone()
+    before = pg.lossy_calls
+    dist.all_reduce(mine)
+    out["lossy"]["float64"] = pg.lossy_calls - before
+    via_gloo = x.clone()
+    dist.all_reduce(via_gloo, group=gloo)
+    out["float64"] = (x.numpy().copy(), mine.numpy().copy(), via_gloo.numpy().copy())
+    for dtype in (torch.float16, torch.bfloat16):
+        h = _values(rank, 2 * K, dtype)
+        before = pg.lossy_calls
+        dist.all_reduce(h)
+        out["lossy"][str(dtype)] = pg.lossy_calls - before
+        out[str(dtype)] = h.float().numpy().copy()
+    c = torch.full((2 * K,), complex(rank + 1, -rank), dtype=torch.complex64)
+    before = pg.lossy_calls
+    dist.all_reduce(c)
+    out["lossy"]["complex64"] = pg.lossy_calls - before
+    out["complex64"] = c.numpy().copy()
+    # one chunk of K values mixing 1e3 and 1e-3: the shared exponent is 1e3's
+    mixed = torch.tensor([1000.0, 0.001] * (K // 2)) * (rank + 1)
+    dist.all_reduce(mixed)
+    out["mixed"] = mixed.numpy().copy()
+
+    # sparse gradients: stock DDP over a sparse embedding
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Embedding(2000, 16, sparse=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(3):
+        idx = torch.randint(0, 2000, (64,), generator=torch.Generator().manual_seed(10 * step + rank))
+        opt.zero_grad()
+        model(idx).pow(2).sum().backward()
+        opt.step()
+    out["sparse_weights"] = model.module.weight.detach().numpy().copy()
+
+    backend.monitored_barrier(timeout=timedelta(seconds=20))
+    backend.monitored_barrier(pg, timeout=timedelta(seconds=20), wait_all_ranks=True)
+    out["monitored"] = True
+    return out
+
+
+def _sparse_reference(world: int) -> np.ndarray:
+    """Plain SGD on the mean over ranks of each rank's gradient (what DDP promises), no process group."""
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(2000, 16)
+    for step in range(3):
+        grads = []
+        for rank in range(world):
+            idx = torch.randint(0, 2000, (64,), generator=torch.Generator().manual_seed(10 * step + rank))
+            model.zero_grad()
+            model(idx).pow(2).sum().backward()
+            grads.append(model.weight.grad.clone())
+        with torch.no_grad():
+            model.weight -= 0.5 * sum(grads) / world
+    return model.weight.detach().numpy()
+
+
+def test_float64_sparse_complex_reliable_half_types_switched_monitored_barrier(tmp_path):
+    results = spawn(_dtypes_rank, tmp_path)
+    world = WORLD
+    inputs = [out["float64"][0] for out in results]
+    exact = inputs[0] + inputs[1]  # two addends: one IEEE rounding, the same for any summing order
+    reference = _sparse_reference(world)
+    for out in results:
+        # dist.all_reduce hands a complex tensor over as its real view: complex64 is float32 pairs, summed
+        # in the switch like any float32 tensor; complex128 would be float64, reliable
+        assert out["lossy"] == {"float64": 0, "torch.float16": 1, "torch.bfloat16": 1, "complex64": 1}
+        _, mine, via_gloo = out["float64"]
+        np.testing.assert_array_equal(mine, exact)
+        np.testing.assert_array_equal(mine, via_gloo)
+        for dtype in ("torch.float16", "torch.bfloat16"):  # k/8 values: exact in both dtypes
+            np.testing.assert_array_equal(out[dtype], 3 * np.arange(1, 2 * K + 1) / 8)
+        np.testing.assert_array_equal(out["complex64"], np.full(2 * K, complex(3, -1)))
+        # docs: a value is kept to within 2^(E+L-30) per contribution, E the exponent of the chunk's
+        # largest |x| (1e3 and 2e3 -> E = 11), L = ceil(log2 N); SUM returns the mean times N
+        bound = world * 2.0 ** (11 + 1 - 30)
+        want = np.array([3000.0, 0.003] * (K // 2))
+        np.testing.assert_array_equal(out["mixed"][0::2], want[0::2])
+        assert np.max(np.abs(out["mixed"][1::2] - want[1::2])) <= bound
+        np.testing.assert_allclose(out["sparse_weights"], reference, rtol=1e-6, atol=1e-6)
+        assert out["monitored"]

@@ -8,20 +8,24 @@ No LTA import is needed: the installed package declares torch's ``torch.backends
 
 What goes where (``LtaOptions.lossy_ops``, ``LTA_LOSSY_OPS``; default ``allreduce,reduce_scatter``):
 
-- **allreduce of a floating-point tensor with SUM or AVG** (DDP's gradient buckets, HSDP's replicate
-  dimension) is *lossy*: reduced through the switch, renormalized by the arrival count per chunk. AVG
-  returns that mean; SUM returns ``mean × world_size``, the unbiased estimate of the sum (DDP divides each
-  bucket by the world size before a SUM allreduce, so a bucket comes back as the mean gradient of the
-  workers that arrived). Tensors with fewer than ``reliable_below`` values (default: one packet, K) take
-  the reliable path: they are control values (loss scalars, counters), not gradients.
+- **allreduce of a dense float32, float16 or bfloat16 tensor with SUM or AVG** (DDP's gradient buckets,
+  HSDP's replicate dimension) is *lossy*: reduced through the switch, renormalized by the arrival count
+  per chunk. AVG returns that mean; SUM returns ``mean × world_size``, the unbiased estimate of the sum
+  (DDP divides each bucket by the world size before a SUM allreduce, so a bucket comes back as the mean
+  gradient of the workers that arrived). Tensors with fewer than ``reliable_below`` values (default: one
+  packet, K) take the reliable path: they are control values (loss scalars, counters), not gradients.
 - **reduce_scatter** (FSDP2's gradients), same conditions: the whole input is reduced through the switch
   (RESULTs are multicast) and each rank keeps its renormalized part.
 - **all_gather** (FSDP2's parameters; only when named in ``lossy_ops``): shards go as PARAM broadcasts; a
   lost chunk leaves this rank's previous copy of the same call key, never older than S calls
   (``gather.py``, ``callkeys.py``).
-- **everything else** — broadcast, barrier, send/recv, all_to_all, the coalesced collectives, integer or
-  MIN/MAX/PRODUCT allreduce — is *reliable*: a gloo process group built on the same store, registered as
-  this group's backend so that DeviceMesh, DTensor and distributed checkpoint find it.
+- **everything else** — broadcast, barrier, monitored_barrier, send/recv, all_to_all, allreduce_coalesced,
+  MIN/MAX/PRODUCT allreduce, and tensors the switch would degrade (float64, integer, float8, sparse;
+  ``switch_carries``) — is *reliable*: a gloo process group built on the same store, registered as this
+  group's backend so that DeviceMesh, DTensor and distributed checkpoint find it.
+
+Every call form of torch's ``ProcessGroup`` methods is accepted (``callforms.py``): options absent,
+positional or keyword, a ``ReduceOp`` or a timeout in their place, the single-tensor overloads.
 
 ``LtaOptions`` can be passed as ``init_process_group("lta", pg_options=LtaOptions(...))``.
 """
