@@ -8,20 +8,24 @@ No LTA import is needed: the installed package declares torch's ``torch.backends
 
 What goes where (``LtaOptions.lossy_ops``, ``LTA_LOSSY_OPS``; default ``allreduce,reduce_scatter``):
 
-- **allreduce of a floating-point tensor with SUM or AVG** (DDP's gradient buckets, HSDP's replicate
-  dimension) is *lossy*: reduced through the switch, renormalized by the arrival count per chunk. AVG
-  returns that mean; SUM returns ``mean × world_size``, the unbiased estimate of the sum (DDP divides each
-  bucket by the world size before a SUM allreduce, so a bucket comes back as the mean gradient of the
-  workers that arrived). Tensors with fewer than ``reliable_below`` values (default: one packet, K) take
-  the reliable path: they are control values (loss scalars, counters), not gradients.
+- **allreduce of a dense float32, float16 or bfloat16 tensor with SUM or AVG** (DDP's gradient buckets,
+  HSDP's replicate dimension) is *lossy*: reduced through the switch, renormalized by the arrival count
+  per chunk. AVG returns that mean; SUM returns ``mean × world_size``, the unbiased estimate of the sum
+  (DDP divides each bucket by the world size before a SUM allreduce, so a bucket comes back as the mean
+  gradient of the workers that arrived). Tensors with fewer than ``reliable_below`` values (default: one
+  packet, K) take the reliable path: they are control values (loss scalars, counters), not gradients.
 - **reduce_scatter** (FSDP2's gradients), same conditions: the whole input is reduced through the switch
   (RESULTs are multicast) and each rank keeps its renormalized part.
 - **all_gather** (FSDP2's parameters; only when named in ``lossy_ops``): shards go as PARAM broadcasts; a
   lost chunk leaves this rank's previous copy of the same call key, never older than S calls
   (``gather.py``, ``callkeys.py``).
-- **everything else** — broadcast, barrier, send/recv, all_to_all, the coalesced collectives, integer or
-  MIN/MAX/PRODUCT allreduce — is *reliable*: a gloo process group built on the same store, registered as
-  this group's backend so that DeviceMesh, DTensor and distributed checkpoint find it.
+- **everything else** — broadcast, barrier, monitored_barrier, send/recv, all_to_all, allreduce_coalesced,
+  MIN/MAX/PRODUCT allreduce, and tensors the switch would degrade (float64, integer, float8, sparse;
+  ``switch_carries``) — is *reliable*: a gloo process group built on the same store, registered as this
+  group's backend so that DeviceMesh, DTensor and distributed checkpoint find it.
+
+Every call form of torch's ``ProcessGroup`` methods is accepted (``callforms.py``): options absent,
+positional or keyword, a ``ReduceOp`` or a timeout in their place, the single-tensor overloads.
 
 ``LtaOptions`` can be passed as ``init_process_group("lta", pg_options=LtaOptions(...))``.
 """
@@ -39,7 +43,7 @@ import torch.distributed as dist
 # In torch's bindings, missing from its stubs (as are ProcessGroup(rank, size) and Backend.allreduce below).
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
-from hostlib.torch_ext import entry
+from hostlib.torch_ext import callforms, entry
 from hostlib.torch_ext.callkeys import CallKeys
 from hostlib.torch_ext.gather import StaleGather
 from hostlib.torch_ext.manager import LtaManager, ReduceStats
@@ -48,8 +52,17 @@ from hostlib.transport import LtaWorker, ReduceResult
 
 BACKEND_NAME = entry.BACKEND_NAME
 _LOSSY_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
-# float32 travels as is; half types widen to float32 exactly. float64 would lose precision: reliable.
-_GATHER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The dtypes the switch carries with the precision the dtype has (README.md here, "what is lossy"): float32
+# as int32 with a per-chunk exponent; float16 and bfloat16 widen to float32 exactly. float64 would come back
+# at float32 precision, and complex, float8 and integer tensors are not summed there: they, and sparse
+# tensors, go the reliable way whatever the op.
+SWITCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def switch_carries(tensor: torch.Tensor) -> bool:
+    """Whether the switch can sum ``tensor`` keeping its dtype's precision: a dense (strided) float32,
+    float16 or bfloat16 tensor."""
+    return tensor.layout == torch.strided and tensor.dtype in SWITCH_DTYPES
 
 
 def _completed(result: object) -> dist.Work:
@@ -181,17 +194,19 @@ class ProcessGroupLta(dist.ProcessGroup):
         return (
             name in self.lossy_ops
             and any(op == lossy for lossy in _LOSSY_OPS)
-            and all(t.is_floating_point() for t in tensors)
+            and all(switch_carries(t) for t in tensors)
             and all(t.numel() >= self.reliable_below for t in tensors)
         )
 
-    # torch calls a backend's allreduce as (tensors, opts) only; the stub's other overloads are the API's.
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:  # type: ignore[override]
+    # torch's ProcessGroup call forms (tensors or a tensor; opts, a ReduceOp or nothing; a timeout), reduced
+    # to the Backend form by callforms.py.
+    def allreduce(self, tensors, opts=None, timeout=None):  # noqa: ANN001, ANN201
+        tensors, opts = callforms.allreduce(tensors, opts, timeout)
         stats = self.manager.stream("allreduce")
         stats.calls += 1
         if not self._is_lossy(tensors, opts.reduceOp):
             stats.reliable_calls += 1
-            return self.reliable.allreduce(tensors, opts)  # type: ignore[attr-defined]
+            return self.reliable.allreduce(tensors, opts)
         scale = float(self._world) if opts.reduceOp == dist.ReduceOp.SUM else 1.0
         for tensor in tensors:
             self._reduce_in_place(tensor, scale)
@@ -296,7 +311,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         eligible = (
             "all_gather" in self.lossy_ops
             and self.manager.has_worker
-            and input.dtype in _GATHER_DTYPES
+            and switch_carries(input)
             and output.dtype == input.dtype
             and input.numel() >= self.reliable_below
             and output.numel() == input.numel() * self._world
@@ -348,62 +363,99 @@ class ProcessGroupLta(dist.ProcessGroup):
         return bool(vote.item())
 
     # FSDP2 and dist.all_gather_into_tensor / reduce_scatter_tensor call these (torch >= 2.13 names, and
-    # the older ones); DTensor's functional collectives call the coalesced forms.
-    def all_gather_single(self, output, input, opts):  # noqa: A002, ANN001, ANN201
+    # the older ones); DTensor's functional collectives call the coalesced forms. ``opts`` may be an options
+    # object, a ReduceOp (reduce-scatter), a timeout or absent, as for every method below (callforms.py).
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002, ANN001, ANN201
+        opts = callforms.options(callforms.AllgatherOptions, opts, "all_gather")
         return self._all_gather(output, input, opts)
 
-    def _allgather_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
-        return self._all_gather(output, input, opts)
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002, ANN001, ANN201
+        return self.all_gather_single(output, input, opts)
 
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts):  # noqa: ANN001, ANN201
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):  # noqa: ANN001, ANN201
+        opts = callforms.options(callforms.AllgatherOptions, opts, "allgather_into_tensor_coalesced")
         for output, input in zip(outputs, inputs, strict=True):  # noqa: A001
             self._all_gather(output, input, opts).wait()
         return _completed(outputs)
 
-    def reduce_scatter_single(self, output, input, opts):  # noqa: A002, ANN001, ANN201
-        return self._reduce_scatter(output, input, opts)
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002, ANN001, ANN201
+        return self._reduce_scatter(
+            output, input, callforms.options(dist.ReduceScatterOptions, opts, "reduce_scatter")
+        )
 
-    def _reduce_scatter_base(self, output, input, opts):  # noqa: A002, ANN001, ANN201
-        return self._reduce_scatter(output, input, opts)
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002, ANN001, ANN201
+        return self.reduce_scatter_single(output, input, opts)
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):  # noqa: ANN001, ANN201
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):  # noqa: ANN001, ANN201
+        opts = callforms.options(dist.ReduceScatterOptions, opts, "reduce_scatter_tensor_coalesced")
         for output, input in zip(outputs, inputs, strict=True):  # noqa: A001
             self._reduce_scatter(output, input, opts).wait()
         return _completed(outputs)
 
     # ---- reliable (gloo) -----------------------------------------------------------------------------
-    def broadcast(self, tensors, opts):  # noqa: ANN001, ANN201 (signatures are torch's)
-        return self.reliable.broadcast(tensors, opts)
+    # Every ProcessGroup call form torch documents (the overloads of torch/_C/_distributed_c10d.pyi),
+    # normalized to the Backend form gloo's backend takes.
+    def broadcast(self, tensors, opts=None, timeout=None):  # noqa: ANN001, ANN201 (signatures are torch's)
+        return self.reliable.broadcast(*callforms.broadcast(tensors, opts, timeout))
 
-    def allgather(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.allgather(output_tensors, input_tensors, opts)
+    def allgather(self, output_tensors, input_tensors, opts=None):  # noqa: ANN001, ANN201
+        return self.reliable.allgather(*callforms.allgather(output_tensors, input_tensors, opts))
 
-    def allreduce_coalesced(self, tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.allreduce_coalesced(tensors, opts)
+    def allgather_coalesced(self, output_lists, input_list, opts=None):  # noqa: ANN001, ANN201
+        opts = callforms.options(callforms.AllgatherOptions, opts, "allgather_coalesced")
+        return self.reliable.allgather_coalesced(output_lists, input_list, opts)
 
-    def reduce(self, tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.reduce(tensors, opts)
+    def allreduce_coalesced(self, tensors, opts=None):  # noqa: ANN001, ANN201
+        return self.reliable.allreduce_coalesced(*callforms.allreduce_coalesced(tensors, opts))
 
-    def gather(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.gather(output_tensors, input_tensors, opts)
+    def reduce(self, tensors, opts=None, op=None, timeout=None):  # noqa: ANN001, ANN201
+        return self.reliable.reduce(*callforms.reduce(tensors, opts, op, timeout))
 
-    def scatter(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.scatter(output_tensors, input_tensors, opts)
+    def gather(self, output_tensors, input_tensors, opts=None, timeout=None):  # noqa: ANN001, ANN201
+        return self.reliable.gather(
+            *callforms.gather(output_tensors, input_tensors, opts, timeout, self._rank)
+        )
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts):  # noqa: ANN001, ANN201
-        return self.reliable.reduce_scatter(output_tensors, input_tensors, opts)
+    def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):  # noqa: ANN001, ANN201
+        return self.reliable.scatter(
+            *callforms.scatter(output_tensors, input_tensors, opts, timeout, self._rank)
+        )
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):  # noqa: A002, ANN001, ANN201
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None, timeout=None):  # noqa: ANN001, ANN201
+        return self.reliable.reduce_scatter(
+            *callforms.reduce_scatter(output_tensors, input_tensors, opts, timeout)
+        )
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002, ANN001, ANN201
+        opts = callforms.options(dist.AllToAllOptions, opts, "alltoall_base")
         return self.reliable.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
-    def send(self, tensors, dst, tag):  # noqa: ANN001, ANN201
-        return self.reliable.send(tensors, dst, tag)
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002, ANN001, ANN201
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
-    def recv(self, tensors, src, tag):  # noqa: ANN001, ANN201
-        return self.reliable.recv(tensors, src, tag)
+    def alltoall(self, output_tensors, input_tensors, opts=None):  # noqa: ANN001, ANN201
+        opts = callforms.options(dist.AllToAllOptions, opts, "alltoall")
+        return self.reliable.alltoall(output_tensors, input_tensors, opts)
 
-    def barrier(self, opts):  # noqa: ANN001, ANN201
-        return self.reliable.barrier(opts)
+    def send(self, tensors, dst, tag=0):  # noqa: ANN001, ANN201
+        return self.reliable.send(callforms.tensor_list(tensors, "send"), dst, tag)
+
+    def recv(self, tensors, src, tag=0):  # noqa: ANN001, ANN201
+        return self.reliable.recv(callforms.tensor_list(tensors, "recv"), src, tag)
+
+    def recv_anysource(self, tensors, tag=0):  # noqa: ANN001, ANN201
+        return self.reliable.recv_anysource(callforms.tensor_list(tensors, "recv_anysource"), tag)
+
+    def barrier(self, opts=None):  # noqa: ANN001, ANN201
+        return self.reliable.barrier(callforms.barrier(opts))
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):  # noqa: ANN001, ANN201
+        """gloo's monitored barrier on this group's gloo group: a rank that does not arrive within
+        ``timeout`` is named in the error (``dist.monitored_barrier`` itself refuses any backend not named
+        "gloo" before it reaches a group: call :func:`monitored_barrier` or this method)."""
+        if timeout is None:
+            timeout = dist.default_pg_timeout
+        return self.reliable.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
     def shutdown(self) -> None:
         self.manager.close()
@@ -433,6 +485,18 @@ def _create(
         options,
         lossy=not (sub_group and options.switch is not None),
     )
+
+
+def monitored_barrier(
+    group: dist.ProcessGroup | None = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
+) -> None:
+    """``dist.monitored_barrier`` for any group: an lta group's is served by its gloo group (torch's own
+    function refuses every backend but "gloo" by name), any other group's by torch."""
+    target = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(target, ProcessGroupLta):
+        target.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        return
+    dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
 
 def register() -> None:
