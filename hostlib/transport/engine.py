@@ -175,7 +175,17 @@ class ReduceEngine:
         staged[n:] = 0.0
         if self.config.renormalize == "weight":
             chunks *= np.float32(weight)
-        proposals = codec.exponent_proposals(chunks)
+        # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
+        # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
+        proposals = codec.exponent_proposals(chunks, mark_nonfinite=True)
+        own_nonfinite = proposals == codec.NONFINITE_EXPONENT
+        if own_nonfinite.any():
+            chunks[own_nonfinite] = 0.0
+            log.warning(
+                "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
+                self.worker_id,
+                int(own_nonfinite.sum()),
+            )
         self._header["step"] = step
         owners = self._owners_rule(owners, n_chunks)
         plan.reset(
@@ -243,10 +253,11 @@ class ReduceEngine:
         key = n if key is None else key
         if missing.any():
             rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, plan.chunks)
+        nonfinite = plan.nonfinite[:n_chunks] & ~plan.elsewhere[:n_chunks]
         if out is None:
             values = rows.reshape(-1)[:n].copy()
-            if self._fallback == Fallback.PREV:
-                self._prev[key] = values
+            if self._fallback == Fallback.PREV:  # a NaN chunk is not kept: its rows hold the ~0 sums
+                self._prev[key] = values.copy() if nonfinite.any() else values
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             kept = None
@@ -257,6 +268,9 @@ class ReduceEngine:
             for dst in (values, kept):
                 if dst is not None:
                     _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+        if nonfinite.any():
+            _fill_chunks(values, nonfinite, self.config.elems_per_packet, np.nan)
+            self.stats.nonfinite_chunks += int(nonfinite.sum())
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
         # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
@@ -276,6 +290,7 @@ class ReduceEngine:
             shift=plan.shift[c].copy(),
             elapsed_s=elapsed,
             critical=plan.critical[c].copy(),
+            nonfinite=nonfinite.copy(),
         )
         return result, ReduceOutcome(got_nothing, waited, passed)
 
@@ -948,6 +963,16 @@ class ReduceEngine:
         overlaps the switch's work on the packets already sent."""
         plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
         plan.exp_known[chunks] = True
+        plan.nonfinite[chunks] = codec.nonfinite_agreed(agreed)
+
+
+def _fill_chunks(values: np.ndarray, which: np.ndarray, k: int, fill: float) -> None:
+    """Set every value of the chunks ``which`` (a bool mask over chunks of K) of the flat ``values``."""
+    n = values.size
+    full = n // k
+    values[: full * k].reshape(full, k)[which[:full]] = fill
+    if full * k < n and which[full]:
+        values[full * k :] = fill
 
 
 def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
