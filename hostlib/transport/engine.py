@@ -126,6 +126,7 @@ class ReduceEngine:
         self.switch_id = self._closer_id if self.own_leaf else worker_id  # the id its switch knows it by
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": self.switch_id, "step": 0}
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
+        self._all_bits = np.uint64((1 << n_workers) - 1)  # a RESULT every worker is counted in
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
         self.param_requests: set[int] = set()
@@ -414,7 +415,7 @@ class ReduceEngine:
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         while True:
             plan.advance_low()
-            if not np.any(plan.state < DONE):
+            if not plan.unsettled():
                 return
             paced_out = self._send_ready(plan)
             if self.trace is not None:
@@ -823,8 +824,10 @@ class ReduceEngine:
         rows_all = rows
         rows, u = rows[take], u_all[take]
         # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
-        first = np.sort(np.unique(u, return_index=True)[1])
-        rows, u = rows[first], u[first]
+        # (Units mostly arrive in order, each once: then there is nothing to remove and no sort to pay.)
+        if u.size > 1 and not bool((u[1:] > u[:-1]).all()):
+            first = np.sort(np.unique(u, return_index=True)[1])
+            rows, u = rows[first], u[first]
         self.stats.packets_ignored += len(u_all) - len(u)
         later = u_all >= plan.units
         if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
@@ -889,8 +892,11 @@ class ReduceEngine:
                 self.stats.critical_partial_results += int(short.sum())
                 log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
         # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
-        has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
-        reached = np.where(has_bit, u[:, None], -1).max(axis=0)
+        if bool((bitmap == self._all_bits).all()):  # every round complete (the lossless case): one max
+            reached = np.full(n_workers, int(u.max()), dtype=np.int64)
+        else:
+            has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+            reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
         plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
