@@ -449,5 +449,9 @@ def leaf_index(leaf_sizes: tuple[int, ...], worker_id: int) -> int:
 
 
 def _mask_of(workers: np.ndarray) -> int:
-    """The bitmask of these worker ids (bit w: worker w)."""
-    return int(np.bitwise_or.reduce(np.left_shift(np.uint64(1), workers.astype(np.uint64)), initial=0))
+    """The bitmask of these worker ids (bit w: worker w). A loop over Python ints: the arrays are a few
+    ids long (alive() runs once per received batch), where numpy's calls cost more than the work."""
+    mask = 0
+    for w in workers.tolist():
+        mask |= 1 << int(w)
+    return mask

@@ -126,6 +126,7 @@ class ReduceEngine:
         self.switch_id = self._closer_id if self.own_leaf else worker_id  # the id its switch knows it by
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": self.switch_id, "step": 0}
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
+        self._all_bits = np.uint64((1 << n_workers) - 1)  # a RESULT every worker is counted in
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
         self.param_requests: set[int] = set()
@@ -429,7 +430,7 @@ class ReduceEngine:
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         while True:
             plan.advance_low()
-            if not np.any(plan.state < DONE):
+            if not plan.unsettled():
                 return
             paced_out = self._send_ready(plan)
             if self.trace is not None:
@@ -838,8 +839,10 @@ class ReduceEngine:
         rows_all = rows
         rows, u = rows[take], u_all[take]
         # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
-        first = np.sort(np.unique(u, return_index=True)[1])
-        rows, u = rows[first], u[first]
+        # (Units mostly arrive in order, each once: then there is nothing to remove and no sort to pay.)
+        if u.size > 1 and not bool((u[1:] > u[:-1]).all()):
+            first = np.sort(np.unique(u, return_index=True)[1])
+            rows, u = rows[first], u[first]
         self.stats.packets_ignored += len(u_all) - len(u)
         later = u_all >= plan.units
         if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
@@ -855,7 +858,7 @@ class ReduceEngine:
         self._drop_overtaken(plan)
 
     def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
-        k, n_workers = self.config.elems_per_packet, self.n_workers
+        n_workers = self.n_workers
         prior = plan.state[u].copy()
         plan.state[u] = DONE
         plan.synced = True
@@ -864,6 +867,40 @@ class ReduceEngine:
         bitmap = hdr["bitmap"][rows].astype(np.uint64)
         retx = (flags & _RETX) != 0
         self.stats.results_retx += int(retx.sum())
+        self._time_answers(plan, hdr, rows, u, prior, count, retx)
+        self.deadlines.track_absent(bitmap)
+        plan.full_units += int(np.count_nonzero(count == n_workers))
+        if plan.any_critical:
+            short = plan.critical_unit[u] & (count < n_workers)
+            if short.any():
+                # Only a FLUSH or a quorum below N closes a round short, and no worker flushes a critical
+                # unit unless it presumes a peer dead or has resent it critical_max_resends times (or the
+                # workers marked different chunks): renormalized like any partial chunk, and counted.
+                self.stats.critical_partial_results += int(short.sum())
+                log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
+        # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
+        if bool((bitmap == self._all_bits).all()):  # every round complete (the lossless case): one max
+            reached = np.full(n_workers, int(u.max()), dtype=np.int64)
+        else:
+            has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+            reached = np.where(has_bit, u[:, None], -1).max(axis=0)
+        np.maximum(plan.frontier, reached, out=plan.frontier)
+        plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
+        self._settle_values(plan, hdr, rows, u, count, bitmap, flags)
+
+    def _time_answers(
+        self,
+        plan: ReducePlan,
+        hdr: np.ndarray,
+        rows: np.ndarray,
+        u: np.ndarray,
+        prior: np.ndarray,
+        count: np.ndarray,
+        retx: np.ndarray,
+    ) -> None:
+        """The RTT and FLUSH round-trip samples a batch of RESULTs gives (``prior``: the units' states
+        before it settled them)."""
+        n_workers = self.n_workers
         # A clean answer is an RTT sample. So is a complete multicast that answers a FLUSHed unit: a round
         # closes complete by its last GRAD alone, so the FLUSH was spurious and the wait we saw is what
         # the RTO must cover. A unicast resend (RETX) never is: the multicast went first on the same path,
@@ -893,21 +930,20 @@ class ReduceEngine:
             flush_ms = (time.perf_counter() - plan.flushed_at[u[answered]]) * 1000.0
             mid = len(flush_ms) // 2
             self.deadlines.flush_sample(float(np.partition(flush_ms, mid)[mid]))
-        self.deadlines.track_absent(bitmap)
-        plan.full_units += int(np.count_nonzero(count == n_workers))
-        if plan.any_critical:
-            short = plan.critical_unit[u] & (count < n_workers)
-            if short.any():
-                # Only a FLUSH or a quorum below N closes a round short, and no worker flushes a critical
-                # unit unless it presumes a peer dead or has resent it critical_max_resends times (or the
-                # workers marked different chunks): renormalized like any partial chunk, and counted.
-                self.stats.critical_partial_results += int(short.sum())
-                log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
-        # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
-        has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
-        reached = np.where(has_bit, u[:, None], -1).max(axis=0)
-        np.maximum(plan.frontier, reached, out=plan.frontier)
-        plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
+
+    def _settle_values(
+        self,
+        plan: ReducePlan,
+        hdr: np.ndarray,
+        rows: np.ndarray,
+        u: np.ndarray,
+        count: np.ndarray,
+        bitmap: np.ndarray,
+        flags: np.ndarray,
+    ) -> None:
+        """What the RESULTs of units ``u`` carry: agreed exponents (exponent units) and the dequantized,
+        renormalized sums with their counts, bitmaps and weights (data units)."""
+        k, n_workers = self.config.elems_per_packet, self.n_workers
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
         payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
         exp = u < plan.exp_units

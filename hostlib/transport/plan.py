@@ -232,6 +232,14 @@ class ReducePlan:
         pending = np.flatnonzero(self.state[self.low : max(self.low, self.next_unit)] < DONE)
         self.low = self.low + int(pending[0]) if pending.size else max(self.low, self.next_unit)
 
+    def unsettled(self) -> bool:
+        """Whether any unit is still pending or in flight. Past :meth:`advance_low`, one below
+        ``next_unit`` is (``low`` stops at it); otherwise only the units not sent yet need a look (a
+        peer's FLUSH may have settled some of them already)."""
+        if self.low < self.next_unit:
+            return True
+        return bool(np.any(self.state[self.low :] < DONE))
+
     def owner_of_unit(self, units: np.ndarray) -> np.ndarray:
         """The owner of each unit's RESULT (-1: every worker; exponent units are every worker's)."""
         data = units >= self.exp_units

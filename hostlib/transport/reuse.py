@@ -102,7 +102,8 @@ class SlotReuse:
         newest = np.where(self._peers, self.sent, -1)
         top = int(np.argmax(newest))
         others = np.full(len(newest), newest[top])  # the newest unit of any peer but w itself
-        others[top] = np.delete(newest, top).max(initial=-1)
+        newest[top] = -1  # (a copy: np.where made it) the newest of the peers but top itself
+        others[top] = newest.max()
         follow = self._peers & (others > self.settled + self.data_slots)
         if follow.any():  # as far as that peer's own excuse (or one unit past its newest GRAD)
             reach = np.maximum(self.settled + 2 * self.data_slots + 1, others + 1)
