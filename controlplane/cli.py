@@ -37,7 +37,7 @@ from hostlib.jobconfig import MAX_SWITCH_PORT, WorkerEntry
 from hostlib.p4schema import describe
 from hostlib.protocol import COUNTERS, MAX_JOBS, MAX_WORKERS
 
-# Nothing in this module imports gRPC, protobuf or p4runtime-shell at import time: `lta --help` and
+# Nothing in this module imports gRPC, protobuf or the P4Runtime bindings at import time: `lta --help` and
 # `lta ctl --help` work without the p4rt extra, and a command says it needs it (_connect).
 
 _job_id = argtypes.int_range(1, MAX_JOBS - 1, "job id")

@@ -19,7 +19,7 @@ from hostlib.p4schema import Entry
 from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_LEAVES, MAX_WORKERS, Role
 
 if TYPE_CHECKING:
-    from p4.v1 import p4runtime_pb2
+    from hostlib.p4proto import p4runtime_pb2
 
 __all__ = [
     "DEFAULT_POOL_SIZE",
@@ -185,7 +185,7 @@ def role_entries(job: JobSpec) -> list[Entry]:
 
 
 def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
-    from p4.v1 import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
+    from hostlib.p4proto import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
 
     pre = p4runtime_pb2.PacketReplicationEngineEntry()
     group = pre.multicast_group_entry

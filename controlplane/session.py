@@ -15,8 +15,6 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 from google.rpc import code_pb2, status_pb2
-from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from controlplane.errors import (
@@ -26,6 +24,7 @@ from controlplane.errors import (
     SwitchUnreachable,
     WriteRejected,
 )
+from hostlib.p4proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 
 __all__ = ["DEFAULT_TARGET", "DEFAULT_TIMEOUT_S", "P4RuntimeSession", "write_errors"]
 

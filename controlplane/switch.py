@@ -12,9 +12,6 @@ import ipaddress
 from dataclasses import replace
 from pathlib import Path
 
-from p4.v1 import p4runtime_pb2
-from p4runtime_sh.context import P4Type
-
 from controlplane.errors import ControlPlaneError, PipelineMismatch
 from controlplane.jobs import (
     JobSpec,
@@ -31,6 +28,7 @@ from hostlib import p4info
 from hostlib.dropmodels import DropPolicy
 from hostlib.jobentries import place_pools
 from hostlib.p4info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
+from hostlib.p4proto import p4runtime_pb2
 from hostlib.p4schema import (
     BMV2_JSON_PATH,
     JOB_ROLES_TABLE,
@@ -285,7 +283,7 @@ class LtaSwitch:
         requests = []
         for name in COUNTERS:
             entity = p4runtime_pb2.Entity()
-            entity.counter_entry.counter_id = self.names.id(P4Type.counter, name)
+            entity.counter_entry.counter_id = self.names.id(p4info.P4Type.counter, name)
             if job_id is not None:
                 entity.counter_entry.index.index = job_id
             requests.append(entity)
@@ -299,7 +297,7 @@ class LtaSwitch:
     def read_worker_rx(self, job_id: int, n_workers: int) -> list[int]:
         """Packets from each of the job's first ``n_workers`` workers that passed the worker check
         (``WORKER_COUNTER``; heartbeats included): the liveness signal."""
-        counter_id = self.names.id(P4Type.counter, WORKER_COUNTER)
+        counter_id = self.names.id(p4info.P4Type.counter, WORKER_COUNTER)
         requests = []
         for w in range(n_workers):
             entity = p4runtime_pb2.Entity()
@@ -315,12 +313,12 @@ class LtaSwitch:
     def clear_counters(self, job_id: int) -> None:
         updates = []
         for name in COUNTERS:
-            c = p4runtime_pb2.CounterEntry(counter_id=self.names.id(P4Type.counter, name))
+            c = p4runtime_pb2.CounterEntry(counter_id=self.names.id(p4info.P4Type.counter, name))
             c.index.index = job_id
             c.data.packet_count = 0
             c.data.byte_count = 0
             updates.append(c)
-        worker_rx = self.names.id(P4Type.counter, WORKER_COUNTER)
+        worker_rx = self.names.id(p4info.P4Type.counter, WORKER_COUNTER)
         for w in range(MAX_WORKERS):
             c = p4runtime_pb2.CounterEntry(counter_id=worker_rx)
             c.index.index = worker_counter_index(job_id, w)

@@ -11,8 +11,9 @@ import importlib
 
 from hostlib.errors import LtaError
 
-# What the p4rt extra brings (grpcio, protobuf, p4runtime, p4runtime-shell), by a module of each.
-P4RT_MODULES = ("grpc", "google.protobuf", "p4.v1.p4runtime_pb2", "p4runtime_sh.context")
+# What the p4rt extra brings (grpcio, protobuf, googleapis-common-protos, finsy's P4Runtime bindings), by a
+# module of each.
+P4RT_MODULES = ("grpc", "google.protobuf", "google.rpc.status_pb2", "finsy.proto")
 
 
 class MissingExtra(LtaError):

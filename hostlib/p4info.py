@@ -1,5 +1,6 @@
 """Our P4Info through protobuf: load it, look names up, convert :class:`~hostlib.p4schema.Entry` to and
-from P4Runtime ``TableEntry`` messages. Needs the ``p4rt`` extra (protobuf, p4runtime, p4runtime-shell).
+from P4Runtime ``TableEntry`` messages. Needs the ``p4rt`` extra (protobuf and the p4runtime bindings; not
+p4runtime-shell, whose pins on protobuf and p4runtime keep it out of the project's environment).
 
 The softswitch's P4Runtime server decodes with the same code ``controlplane`` encodes with, so the two
 ends cannot disagree; nothing depends on the numeric ids, which the compiler chooses.
@@ -7,15 +8,15 @@ ends cannot disagree; nothing depends on the numeric ids, which the compiler cho
 
 from __future__ import annotations
 
+import enum
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
-from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2
-from p4runtime_sh.context import Context, P4Type
 
+from hostlib.p4proto import p4info_pb2, p4runtime_pb2
 from hostlib.p4schema import (
     P4INFO_PATH,
     ROLE_NAMES,
@@ -30,6 +31,18 @@ from hostlib.p4schema import (
 
 class P4InfoMismatch(ValueError):
     """A P4Info that is not LTA's program (some name the control plane needs is missing)."""
+
+
+class P4Type(enum.Enum):
+    """The kinds of P4Info object the control plane looks up by name; the value is the P4Info field."""
+
+    table = "tables"
+    action = "actions"
+    counter = "counters"
+    direct_counter = "direct_counters"
+    meter = "meters"
+    register = "registers"
+    digest = "digests"
 
 
 def load_p4info(path: Path = P4INFO_PATH) -> p4info_pb2.P4Info:
@@ -56,9 +69,12 @@ def missing_names(info: p4info_pb2.P4Info) -> list[str]:
 
 @dataclass
 class P4Names:
-    """Name <-> id lookups over one P4Info (a thin layer over p4runtime-shell's Context)."""
+    """Name <-> id lookups over one P4Info. An object is found by its full name (``LtaIngress.x.y``) or its
+    alias, as P4Runtime clients name them."""
 
     info: p4info_pb2.P4Info
+    _by_name: dict[tuple[P4Type, str], Any] = field(init=False, repr=False)
+    _by_id: dict[int, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         missing = missing_names(self.info)
@@ -69,29 +85,53 @@ class P4Names:
                 + (" ..." if len(missing) > 6 else "")
                 + " — recompile p4/v1model/lta.p4 and load p4/build/ (lta ctl apply)"
             )
-        self.ctx = Context()
-        self.ctx.set_p4info(self.info)
+        self._by_name, self._by_id = {}, {}
+        for kind in P4Type:
+            for obj in getattr(self.info, kind.value):
+                self._by_id[obj.preamble.id] = obj
+                self._by_name[(kind, obj.preamble.name)] = obj
+                if obj.preamble.alias:
+                    self._by_name.setdefault((kind, obj.preamble.alias), obj)
+
+    def obj(self, kind: P4Type, name: str) -> Any:
+        """The P4Info object (``p4info_pb2.Table``, ``Action``, ...) named ``name``; KeyError naming it."""
+        try:
+            return self._by_name[(kind, name)]
+        except KeyError:
+            raise KeyError(f"the P4Info has no {kind.name} named {name!r}") from None
+
+    def by_id(self, obj_id: int) -> Any:
+        try:
+            return self._by_id[obj_id]
+        except KeyError:
+            raise KeyError(f"the P4Info has no object with id {obj_id}") from None
 
     def id(self, kind: P4Type, name: str) -> int:
-        return self.ctx.get_obj_id(kind, name)
+        return int(self.obj(kind, name).preamble.id)
 
     def name(self, obj_id: int) -> str:
-        return self.ctx.get_name_from_id(obj_id)
+        return str(self.by_id(obj_id).preamble.name)
 
-    def table(self, name: str):
-        return self.ctx.get_obj(P4Type.table, name)
+    def table(self, name: str) -> Any:
+        return self.obj(P4Type.table, name)
 
-    def action(self, name: str):
-        return self.ctx.get_obj(P4Type.action, name)
+    def action(self, name: str) -> Any:
+        return self.obj(P4Type.action, name)
 
-    def match_field(self, table: str, field: str):
-        return self.ctx.get_mf(table, field)
+    def match_field(self, table: str, field_name: str) -> Any:
+        for mf in self.table(table).match_fields:
+            if mf.name == field_name:
+                return mf
+        raise KeyError(f"table {table!r} has no match field {field_name!r}")
 
-    def param(self, action: str, param: str):
-        return self.ctx.get_param(action, param)
+    def param(self, action: str, param: str) -> Any:
+        for p in self.action(action).params:
+            if p.name == param:
+                return p
+        raise KeyError(f"action {action!r} has no parameter {param!r}")
 
     def counter_size(self, name: str) -> int:
-        return self.ctx.get_obj(P4Type.counter, name).size
+        return int(self.obj(P4Type.counter, name).size)
 
     def has_roles(self) -> bool:
         """Whether the program has job roles (docs/protocol.md, "Hierarchy"): the v1model one does."""
@@ -138,7 +178,7 @@ def to_proto(names: P4Names, entry: Entry, with_action: bool = True) -> p4runtim
 
 
 def from_proto(names: P4Names, proto: p4runtime_pb2.TableEntry) -> Entry:
-    table = names.ctx.get_obj_by_id(proto.table_id)
+    table = names.by_id(proto.table_id)
     fields = {mf.id: mf for mf in table.match_fields}
     match: dict[str, int | Ternary] = {}
     for m in proto.match:
@@ -152,7 +192,7 @@ def from_proto(names: P4Names, proto: p4runtime_pb2.TableEntry) -> Entry:
             raise ValueError(f"{table.preamble.name}.{mf.name}: match kind {kind} is not used by LTA")
     action, params = "", {}
     if proto.action.HasField("action"):
-        action_info = names.ctx.get_obj_by_id(proto.action.action.action_id)
+        action_info = names.by_id(proto.action.action.action_id)
         action = action_info.preamble.name
         param_names = {p.id: p.name for p in action_info.params}
         params = {param_names[p.param_id]: decode(p.value) for p in proto.action.action.params}

@@ -35,13 +35,11 @@ from pathlib import Path
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
-from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
-from p4runtime_sh.context import P4Type
 
 from hostlib.jobconfig import JobEntry, WorkerEntry
 from hostlib.jobentries import job_lookup_entry, multicast_group_id, place_pools, role_entries, worker_entries
-from hostlib.p4info import P4Names, from_proto, load_p4info, missing_names, to_proto, update
+from hostlib.p4info import P4Names, P4Type, from_proto, load_p4info, missing_names, to_proto, update
+from hostlib.p4proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 from hostlib.p4schema import (
     BMV2_JSON_PATH,
     JOB_ROLES_TABLE,
@@ -316,7 +314,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _write_table(self, kind: str, proto: p4runtime_pb2.TableEntry) -> set[int]:
         names = self.pipeline.names
         try:
-            table_info = names.ctx.get_obj_by_id(proto.table_id)
+            table_info = names.by_id(proto.table_id)
         except KeyError:
             raise _UpdateError(code_pb2.NOT_FOUND, f"no table with id {proto.table_id}") from None
         table = table_info.preamble.name

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from p4.v1 import p4runtime_pb2
 
 from controlplane.bmv2 import Bmv2Switch, bmv2_missing, host_worker, lta_of, worker_frame
 from controlplane.errors import (
@@ -28,6 +27,7 @@ from controlplane.jobs import JobSpec, job_entry
 from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
 from hostlib.p4info import load_p4info, update
+from hostlib.p4proto import p4runtime_pb2
 from hostlib.p4schema import BMV2_JSON_PATH, JOB_ROLES_TABLE, WORKER_ADDRESSES_TABLE
 from hostlib.protocol import COUNTERS, Flag, Header, Op, Role, make_packet
 from softswitch.p4runtime_server import serve

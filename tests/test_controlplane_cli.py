@@ -350,13 +350,13 @@ def test_apply_without_switches_goes_to_the_target(softswitch, tmp_path, capsys)
 # ---- without the p4rt extra --------------------------------------------------------------------------
 BLOCK_P4RT = """\
 import sys
-for name in ("grpc", "google", "p4", "p4runtime_sh"):
+for name in ("grpc", "google", "finsy"):
     sys.modules[name] = None  # `import grpc` now raises ImportError, as when the extra is not installed
 """
 
 
 def run_without_p4rt(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`lta ARGV` in a fresh interpreter where gRPC, protobuf and p4runtime(-shell) cannot be imported."""
+    """`lta ARGV` in a fresh interpreter where gRPC, protobuf and the P4Runtime bindings do not import."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCK_P4RT)
@@ -393,7 +393,7 @@ def test_help_works_and_commands_name_the_extra_without_p4rt(tmp_path):
 def test_building_the_parser_imports_no_grpc():
     code = (
         "import sys\nfrom lta.cli import build_parser\nbuild_parser()\n"
-        "p4rt = ('grpc', 'p4runtime_sh', 'google.protobuf', 'p4.')\n"
+        "p4rt = ('grpc', 'finsy', 'google.protobuf', 'google.rpc', 'p4.')\n"
         "print(sorted(m for m in sys.modules if m.startswith(p4rt)))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -113,7 +113,7 @@ def test_a_switch_that_heard_nobody_marks_nobody_offline():
 
 def test_monitor_through_p4runtime_lowers_and_restores_the_quorum():
     """The monitor drives the real control plane (LtaSwitch over gRPC) of a softswitch."""
-    pytest.importorskip("p4runtime_sh")
+    pytest.importorskip("finsy.proto", reason="needs the p4rt extra: pip install 'lta[p4rt]'")
     from controlplane.bmv2 import host_worker
     from controlplane.jobs import JobSpec
     from controlplane.switch import LtaSwitch

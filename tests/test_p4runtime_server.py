@@ -9,7 +9,6 @@ from concurrent import futures
 import grpc
 import numpy as np
 import pytest
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controlplane.errors import WriteRejected
 from controlplane.jobs import JobSpec, WorkerSpec, job_entry, worker_entries
@@ -17,6 +16,7 @@ from controlplane.switch import LtaSwitch
 from hostlib.dropmodels import DropPolicy
 from hostlib.jobconfig import DEFAULT_POOL_SIZE, parse_jobs
 from hostlib.p4info import to_proto, update
+from hostlib.p4proto import p4runtime_pb2, p4runtime_pb2_grpc
 from hostlib.p4schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
 from hostlib.protocol import Op, make_packet
 from softswitch.p4runtime_server import serve

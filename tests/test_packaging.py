@@ -104,7 +104,7 @@ def test_wheel_carries_the_compiled_program_and_py_typed(wheel: Path) -> None:
     plain = {re.split(r"[<>=!~; \[]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r}
     assert {"numpy", "torch", "rich", "matplotlib"} <= plain  # what train, demo, bench, softswitch import
     # Only ctl, the P4Runtime server, packet tools and tests use these: extras, not runtime dependencies.
-    assert not plain & {"scapy", "grpcio", "protobuf", "p4runtime", "p4runtime-shell", "pytest", "mypy"}
+    assert not plain & {"scapy", "grpcio", "protobuf", "finsy", "torchft", "pytest", "mypy"}
     assert any(r.startswith("scapy") and 'extra == "tools"' in r for r in requires)
     assert any(r.startswith("grpcio") and 'extra == "p4rt"' in r for r in requires)
 
@@ -268,7 +268,7 @@ def _venv_run(venv: Path, program: str, *args: str, timeout: float = 180) -> sub
 
 @pytest.mark.slow
 def test_fresh_venv_has_no_extras(fresh_venv: Path) -> None:
-    for module in ("grpc", "p4runtime_sh", "scapy"):
+    for module in ("grpc", "finsy", "scapy"):
         out = _venv_run(fresh_venv, "python", "-c", f"import {module}")
         assert out.returncode != 0 and f"No module named '{module}'" in out.stderr
 

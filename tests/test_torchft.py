@@ -1,8 +1,8 @@
 """torchft with an lta replica group (hostlib/torch_ext/ft.py, examples/torchft_lta.py): two replica groups
 train with torchft's Manager, DDP and optimizer wrappers, their gradients reduced through LTA.
 
-torchft is optional and cannot share an environment with the p4rt extra (protobuf): these tests skip where
-it is not installed."""
+torchft is the ft extra (make setup installs it with dev, beside the p4rt extra): these tests skip where it
+is not installed."""
 
 from __future__ import annotations
 

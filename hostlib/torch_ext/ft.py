@@ -19,9 +19,8 @@ previous quorum's job is closed (``ProcessGroupLta.abort``). torchft's ``Manager
 (``ReduceOp.SUM``) and divides by the participants: the lta group's SUM is the renormalized mean times
 the group size, so the result is the mean over the replicas whose packets arrived.
 
-``lta_replica_group`` imports torchft when called: it is not a dependency of this package (torchft
-0.2's OpenTelemetry exporter needs protobuf >= 5, which the ``p4rt`` extra's p4runtime-shell excludes:
-install torchft in an environment without the ``p4rt`` extra).
+``lta_replica_group`` imports torchft when called: it is the ``ft`` extra (``pip install 'lta[ft]'``), and
+``make setup`` installs it beside the ``p4rt`` extra (both on protobuf 6).
 """
 
 from __future__ import annotations
@@ -33,10 +32,7 @@ from typing import Any
 from hostlib.extras import MissingExtra
 from hostlib.torch_ext.rendezvous import LtaOptions
 
-TORCHFT_HINT = (
-    "pip install torchft (in an environment without the p4rt extra: torchft's OpenTelemetry exporter "
-    "needs protobuf >= 5, p4runtime-shell < 3.21)"
-)
+TORCHFT_HINT = "pip install 'lta[ft]' (torchft)"
 
 
 def _torchft_process_group() -> Any:
