@@ -307,8 +307,9 @@ class SoftSwitch:
             return dict(zip(SWITCH_COUNTERS, self._counters[job_id].tolist(), strict=True))
 
     def job_state(self, job_id: int) -> dict[str, np.ndarray]:
-        """Copies of a job's counters, worker counters and slot registers (``regs``, ``bitmap``, ``acc``):
-        what a switch that served in another process hands back (:mod:`softswitch.process`)."""
+        """Copies of a job's counters, worker counters, slot registers (``regs``, ``bitmap``, ``acc``) and
+        the incarnation its slots belong to: what a switch that served in another process hands back
+        (:mod:`softswitch.process`)."""
         with self._lock:
             slots = self.jobs[job_id].slots
             return {
@@ -317,6 +318,7 @@ class SoftSwitch:
                 "regs": slots.regs.copy(),
                 "bitmap": slots.bitmap.copy(),
                 "acc": slots.acc.copy(),
+                "incarnation": np.array([self.jobs[job_id].incarnation], dtype=np.int64),
             }
 
     def load_job_state(self, job_id: int, state: dict[str, np.ndarray]) -> None:
@@ -334,6 +336,8 @@ class SoftSwitch:
             slots.regs[...] = state["regs"]  # in place: the engine holds these arrays
             slots.bitmap[...] = state["bitmap"]
             slots.acc[...] = state["acc"]
+            if "incarnation" in state:
+                self.jobs[job_id].incarnation = int(state["incarnation"][0])
 
     def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
         """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
