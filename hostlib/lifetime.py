@@ -16,6 +16,7 @@ import ctypes.util
 import logging
 import multiprocessing as mp
 import multiprocessing.context
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -66,3 +67,45 @@ _CONTEXT = _Context()
 def spawn_context() -> Any:
     """``multiprocessing.get_context("spawn")``, except that its processes die with their parent."""
     return _CONTEXT
+
+
+def child_pids(pid: int | None = None) -> list[int]:
+    """The live direct children of ``pid`` (default: this process), from /proc (Linux; [] elsewhere)."""
+    me = os.getpid() if pid is None else pid
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def end_children_on_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> dict[int, Any]:
+    """On each of ``signals``: SIGKILL every child of this process at once (a worker still importing has
+    not asked for its parent-death signal yet; multiprocessing's resource tracker is spared; it ends by
+    itself once the others are gone, and cleans up after them), then raise ``SystemExit(128 + signal)``
+    so that the launcher's own clean-up (``finally``, context managers) still runs. For a launcher's main
+    thread; returns the handlers it replaced (for :func:`signal.signal` to put back)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        tracker = getattr(getattr(mp, "resource_tracker", None), "_resource_tracker", None)
+        spare = getattr(tracker, "_pid", None)
+        for pid in child_pids():
+            if pid != spare:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        raise SystemExit(128 + signum)
+
+    return {sig: signal.signal(sig, handler) for sig in signals}

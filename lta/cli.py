@@ -15,9 +15,11 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 
 from hostlib.errors import LtaError
+from hostlib.lifetime import end_children_on_signals
 from lta.cliparse import LtaArgumentParser
 from lta.jsonout import version_line
 from lta.progress import configure_logging, level_from
@@ -36,6 +38,8 @@ SUBCOMMAND_MODULES = (
 )
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+# Commands that start worker processes (their SIGTERM/SIGHUP ends the workers first: _run).
+_LAUNCHERS = frozenset({"train", "demo", "chaos", "bench"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +105,16 @@ def _run(argv: list[str] | None, prog: list[str]) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    if args.command not in _LAUNCHERS:
+        return int(args.func(args) or 0)
+    # A launcher's workers end with it: SIGTERM/SIGHUP kill them at once (hostlib/lifetime.py; SIGKILL of
+    # the launcher reaches them through their parent-death signal).
+    replaced = end_children_on_signals()
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        for sig, previous in replaced.items():
+            signal.signal(sig, previous)
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ class BatchEngine:
 
     def _announces_new_run(self, data: np.ndarray, length: np.ndarray, n: int) -> bool:
         """Whether a packet of the batch may start a new run of its job (:meth:`_Job.announces_new_run`,
-        judged on its header alone; the reference applies the checks before it)."""
+        judged on its header alone; the reference applies the checks before it), or is a probe of a job
+        whose new run is pending (its answer is held)."""
         if data.shape[1] < HEADER_BYTES:
             return False
         head = data[:n, :HEADER_BYTES]
@@ -274,7 +275,8 @@ class BatchEngine:
             job = self._jobs.get(int.from_bytes(row[job_at : job_at + 2], "big"))
             slot = int.from_bytes(row[slot_at : slot_at + 2], "big")
             step = int.from_bytes(row[step_at : step_at + 4], "big")
-            if job is not None and job.announces_new_run(slot, PROBE_SEQ, step):
+            probe_slot = job is not None and slot == job.cfg.pool_size - 1
+            if probe_slot and (job.run_pending or job.announces_new_run(slot, PROBE_SEQ, step)):
                 return True
         return False
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +161,9 @@ class _Job:
         self.worker_keys = worker_keys(cfg.workers)
         # The incarnation of the run the slots belong to (docs/protocol.md, "Run after run"; 0: none yet).
         self.incarnation = 0
+        # A sharded switch: this shard started a new run and the others have not forgotten their slots yet;
+        # until then no probe of the job is answered (so no worker sends a unit), softswitch/shards.py.
+        self.run_pending = False
 
     def announces_new_run(self, s: int, q: int, step: int) -> bool:
         """Whether a GRAD or FLUSH of slot ``s``, round ``q``, with ``step`` starts a new run: a probe of
@@ -223,6 +226,9 @@ class SoftSwitch:
         # Emulated loss spares CRITICAL packets (the contract). Tests set False to emulate a real network,
         # where the flag protects nothing, and check that the hosts' resends deliver critical data anyway.
         self.spare_critical = True
+        # Called (job id, incarnation) under the lock when a probe starts a new run of a job here; a shard
+        # of a sharded switch sets it, and the job's probes go unanswered until release_run.
+        self.on_new_run: Callable[[int, int], None] | None = None
 
     # ---- control plane -------------------------------------------------------------------------
     def add_job(self, cfg: JobConfig) -> None:
@@ -249,6 +255,19 @@ class SoftSwitch:
             self._counters[job_id] = 0
             self._worker_rx[job_id] = 0
             self._batch.set_jobs(self.jobs)
+
+    def start_run(self, job_id: int, incarnation: int) -> None:
+        """Forget the job's slots for a new run of ``incarnation`` (unless they already belong to it): what
+        a probe of a new incarnation does, for a shard whose slots the probe did not reach."""
+        with self._lock:
+            job = self.jobs[job_id]
+            if incarnation and incarnation != job.incarnation:
+                job.start_run(incarnation)
+
+    def release_run(self, job_id: int) -> None:
+        """Answer the job's probes again (every shard has forgotten its slots for the new run)."""
+        with self._lock:
+            self.jobs[job_id].run_pending = False
 
     def set_quorum(self, job_id: int, quorum: int) -> None:
         """Change a running job's quorum (liveness: lowered while workers are offline, restored when they
@@ -288,8 +307,9 @@ class SoftSwitch:
             return dict(zip(SWITCH_COUNTERS, self._counters[job_id].tolist(), strict=True))
 
     def job_state(self, job_id: int) -> dict[str, np.ndarray]:
-        """Copies of a job's counters, worker counters and slot registers (``regs``, ``bitmap``, ``acc``):
-        what a switch that served in another process hands back (:mod:`softswitch.process`)."""
+        """Copies of a job's counters, worker counters, slot registers (``regs``, ``bitmap``, ``acc``) and
+        the incarnation its slots belong to: what a switch that served in another process hands back
+        (:mod:`softswitch.process`)."""
         with self._lock:
             slots = self.jobs[job_id].slots
             return {
@@ -298,6 +318,7 @@ class SoftSwitch:
                 "regs": slots.regs.copy(),
                 "bitmap": slots.bitmap.copy(),
                 "acc": slots.acc.copy(),
+                "incarnation": np.array([self.jobs[job_id].incarnation], dtype=np.int64),
             }
 
     def load_job_state(self, job_id: int, state: dict[str, np.ndarray]) -> None:
@@ -315,6 +336,8 @@ class SoftSwitch:
             slots.regs[...] = state["regs"]  # in place: the engine holds these arrays
             slots.bitmap[...] = state["bitmap"]
             slots.acc[...] = state["acc"]
+            if "incarnation" in state:
+                self.jobs[job_id].incarnation = int(state["incarnation"][0])
 
     def read_worker_rx(self, job_id: int, n_workers: int | None = None) -> list[int]:
         """``WORKER_COUNTER`` of the job's first ``n_workers`` workers (default: all of them): packets
@@ -404,8 +427,12 @@ class SoftSwitch:
         if s >= cfg.pool_size:
             self._count(job_id, "drop_slot_range")
             return []
-        if job.announces_new_run(s, q, step):
+        probe = q == PROBE_SEQ and s == cfg.pool_size - 1
+        if probe and job.announces_new_run(s, q, step):
             job.start_run(step)
+            if self.on_new_run is not None:
+                job.run_pending = True
+                self.on_new_run(job_id, step)
         # Owner-only RESULT (Flag.OWNER): a flat switch's worker names the owner in `count`; a leaf or a
         # spine multicasts as before (the flag is not kept).
         owner, owner_flag = (hcount, flags & _OWNER) if cfg.role == _FLAT else (0, 0)
@@ -417,7 +444,8 @@ class SoftSwitch:
                     job, data, w, s, q, exp, flags, nelem, step, chunk, hcount, weight, hbitmap
                 )
             fflags = flags & (_MAX | _RETX) | owner_flag
-            return self._flush(job, w, s, q, exp, fflags, nelem, step, chunk, owner)
+            out = self._flush(job, w, s, q, exp, fflags, nelem, step, chunk, owner)
+            return [] if probe and job.run_pending else out  # held: the worker probes again
 
         # GRAD
         if not flags & _CRITICAL * self.spare_critical and job.drops("up", w):

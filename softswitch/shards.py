@@ -149,8 +149,20 @@ def _shard_main(
     except Exception as exc:
         _send(conn, {"kind": "error", "shard": index, "error": f"{type(exc).__name__}: {exc}"})
         return
+    send_lock = threading.Lock()  # the serve loop's thread (on_new_run) and this one both send
+
+    def send(msg: dict[str, Any]) -> bool:
+        with send_lock:
+            return _send(conn, msg)
+
+    # A new run seen here (a probe in this shard's slots): the other shards must forget their slots too
+    # before any worker sends a unit; the parent relays, and this shard holds the job's probes meanwhile.
+    def new_run(job: int, incarnation: int) -> None:
+        send({"kind": "new_run", "shard": index, "job": job, "incarnation": incarnation})
+
+    switch.on_new_run = new_run
     server.start()
-    _send(conn, _report("ready", index, switch, server))
+    send(_report("ready", index, switch, server))
     next_report = time.monotonic() + report_every
     try:
         while not stop.is_set() and not server.exited.is_set():
@@ -161,17 +173,23 @@ def _shard_main(
                     break  # the parent is gone: stop, leave no orphan
                 if msg == "stop":
                     break
-                if msg == "report" and not _send(conn, _report("report", index, switch, server)):
+                if msg == "report" and not send(_report("report", index, switch, server)):
                     break
+                if isinstance(msg, dict) and msg.get("kind") == "start_run":
+                    switch.start_run(msg["job"], msg["incarnation"])
+                    if not send({**msg, "kind": "run_started", "shard": index}):
+                        break
+                if isinstance(msg, dict) and msg.get("kind") == "release_run":
+                    switch.release_run(msg["job"])
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + report_every
-                if not _send(conn, _report("report", index, switch, server)):
+                if not send(_report("report", index, switch, server)):
                     break
     finally:
         server.stop()
         if server.failure is not None:
-            _send(conn, {"kind": "error", "shard": index, "error": server.failure})
-        _send(conn, _report("final", index, switch, server))
+            send({"kind": "error", "shard": index, "error": server.failure})
+        send(_report("final", index, switch, server))
         conn.close()
 
 
@@ -217,6 +235,9 @@ class ShardedSoftSwitch:
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._stopped = False
+        # New runs being relayed: (job, incarnation) -> (the shard that saw it, shards not yet reset).
+        self._runs: dict[tuple[int, int], tuple[int, set[int]]] = {}
+        self._send_lock = threading.Lock()  # the reader relays while collect()/stop() ask
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> ShardedSoftSwitch:
@@ -257,11 +278,8 @@ class ShardedSoftSwitch:
         if self._stopped:
             return
         self._stopping = True
-        for conn in self._conns:
-            try:
-                conn.send("stop")
-            except (OSError, EOFError):
-                pass
+        for i in range(len(self._conns)):
+            self._send_to(i, "stop")
         deadline = time.monotonic() + _STOP_TIMEOUT_S
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -299,12 +317,9 @@ class ShardedSoftSwitch:
         """Ask every running shard for its counters now; return the latest report of each shard."""
         with self._cond:
             before = list(self._seen)
-        for i, conn in enumerate(self._conns):
+        for i in range(len(self._conns)):
             if not self._finished[i]:
-                try:
-                    conn.send("report")
-                except (OSError, EOFError):
-                    pass
+                self._send_to(i, "report")
         deadline = time.monotonic() + timeout
         with self._cond:
             while not all(s > b or f for s, b, f in zip(self._seen, before, self._finished, strict=True)):
@@ -340,6 +355,32 @@ class ShardedSoftSwitch:
         log.error("softswitch: %s", message)
         self.done.set()
 
+    def _relay_run(self, shard: int, msg: dict[str, Any]) -> None:
+        """A new run (docs/protocol.md, "Run after run") seen by ``shard``: every other shard forgets the
+        job's slots, then ``shard`` answers the job's probes again. Runs in the reader thread."""
+        key = (msg["job"], msg["incarnation"])
+        if msg["kind"] == "new_run":
+            others = set(range(self.n_shards)) - {shard}
+            self._runs[key] = (shard, others)
+            for other in others:
+                self._send_to(
+                    other, {"kind": "start_run", "job": msg["job"], "incarnation": msg["incarnation"]}
+                )
+        elif key in self._runs:
+            self._runs[key][1].discard(shard)
+        origin, waiting = self._runs.get(key, (shard, set()))
+        if not waiting and key in self._runs:
+            del self._runs[key]
+            self._send_to(origin, {"kind": "release_run", "job": msg["job"]})
+            log.info("softswitch: job %d starts a new run on every shard", msg["job"])
+
+    def _send_to(self, shard: int, msg: Any) -> None:
+        with self._send_lock:
+            try:
+                self._conns[shard].send(msg)
+            except (OSError, EOFError):
+                pass  # that shard is gone: the reader reports it
+
     def _read_reports(self) -> None:
         index = {id(conn): i for i, conn in enumerate(self._conns)}
         open_conns = list(self._conns)
@@ -360,6 +401,9 @@ class ShardedSoftSwitch:
                         self._fail(f"shard {i} (pid {proc.pid}) exited unexpectedly, code {proc.exitcode}")
                     with self._cond:
                         self._cond.notify_all()
+                    continue
+                if msg["kind"] in ("new_run", "run_started"):
+                    self._relay_run(i, msg)
                     continue
                 with self._cond:
                     if msg["kind"] == "error":

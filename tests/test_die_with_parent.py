@@ -70,9 +70,17 @@ def _kill_and_check(proc: subprocess.Popen, kids: set[int], sig: int) -> None:
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = {pid for pid in alive if _alive(pid)}
+    what = {pid: _cmdline(pid) for pid in alive}
     for pid in alive:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
-    assert not alive, f"children {sorted(alive)} outlived their parent's {signal.Signals(sig).name}"
+    assert not alive, f"children {what} outlived their parent's {signal.Signals(sig).name}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return "?"
 
 
 PARENT = textwrap.dedent(
@@ -143,6 +151,28 @@ def test_lta_bench_allreduce_workers_die_with_it(tmp_path):
         kids = _wait_for_children(proc, 2)
         time.sleep(1.0)
         _kill_and_check(proc, kids | _children(proc.pid), signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_lta_chaos_ranks_die_with_it(tmp_path):
+    proc = _launch(["chaos", "--seeds", "0", "--no-netns", "--out", str(tmp_path / "chaos")], tmp_path)
+    try:
+        kids = _wait_for_children(proc, 2)
+        time.sleep(2.0)  # the ranks are importing or training; either way they must end with the parent
+        _kill_and_check(proc, kids | _children(proc.pid), signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_lta_train_workers_die_with_it(tmp_path):
+    proc = _launch(["train", "--quick", "--out", str(tmp_path / "train")], tmp_path)
+    try:
+        kids = _wait_for_children(proc, 2)
+        time.sleep(2.0)
+        _kill_and_check(proc, kids | _children(proc.pid), signal.SIGTERM)
     finally:
         if proc.poll() is None:
             proc.kill()

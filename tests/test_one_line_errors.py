@@ -128,3 +128,19 @@ def test_a_lossy_all_gather_that_never_ran_reports_no_loss():
     manager.gatherer()  # made (FSDP2 asks for it), never called: 0 chunks expected
     row = manager.collective_stats(("all_gather",))["all_gather"]
     assert row["chunks"] == 0 and row["loss_seen"] == 0.0
+
+
+def test_chaos_shows_a_start_line_and_one_line_per_run_on_stderr(tmp_path, capsys, monkeypatch):
+    """The runs themselves are replaced (each takes a minute); what is checked is what the user sees."""
+    from lta import cli
+    from lta.chaos import cli as chaos_cli
+    from lta.chaos.runner import Outcome
+
+    monkeypatch.setattr(chaos_cli, "run_one", lambda spec, bound, keep: Outcome(spec, "ok", "fine", 1.0))
+    assert cli.main(["chaos", "--seeds", "3,4", "--out", str(tmp_path), "--no-netns"]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert err[0].startswith("lta chaos: 2 runs (seeds 3..4)")
+    runs = [line for line in err if line.startswith("seed ")]
+    assert [line.split()[1] for line in runs] == ["3", "4"] and all(" ok " in line for line in runs)
+    assert captured.out.strip().splitlines() == ["ok=2 loud=0 hang=0 silent=0"]

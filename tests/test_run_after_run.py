@@ -6,6 +6,7 @@ running softswitch, each checked against numpy."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 import traceback
 from datetime import timedelta
 
@@ -289,3 +290,92 @@ def start_and_collect_started(procs, queue) -> list:
         rank, ok, value = queue.get(timeout=120)
         got[rank] = value
     return [got[r] for r in sorted(got)]
+
+
+# ---- a sharded switch: the shard that sees the probe holds it until every shard forgot its slots ----------
+def test_a_shard_holds_the_probes_of_a_new_run_until_released():
+    sw = two_worker_switch()
+    seen: list[tuple[int, int]] = []
+    sw.on_new_run = lambda job, incarnation: seen.append((job, incarnation))
+    sw.process(grad(0, 2, 9, [1, 1, 1, 1]), PORTS[0])
+    assert sw.process(probe(0, 5), PORTS[0]) == []  # new run: slots forgotten, answer held
+    assert seen == [(1, 5)] and int(sw.jobs[1].slots.seq[2]) == 0
+    assert sw.process(probe(1, 5), PORTS[1]) == []  # the run's other worker: held too
+    sw.release_run(1)
+    out = results(sw.process(probe(1, 5), PORTS[1]))
+    assert len(out) == 1 and out[0][0]["seq"] == PROBE_SEQ
+    assert seen == [(1, 5)]  # the same incarnation again starts nothing
+
+
+def test_start_run_from_the_control_side_forgets_once():
+    sw = two_worker_switch()
+    sw.process(grad(0, 2, 9, [1, 1, 1, 1]), PORTS[0])
+    sw.start_run(1, 8)
+    assert int(sw.jobs[1].slots.seq[2]) == 0
+    sw.process(grad(0, 2, 1, [1, 1, 1, 1]), PORTS[0])
+    sw.start_run(1, 8)  # the incarnation it already holds: the new run's round stays
+    assert int(sw.jobs[1].slots.seq[2]) == 1
+
+
+def test_the_native_engine_matches_the_reference_while_a_run_is_held():
+    spec = Spec(1, PORTS[:2], pool=POOL, k=K)
+    ref, bat = (two_worker_switch() for _ in range(2))
+    for sw in (ref, bat):
+        sw.on_new_run = lambda job, incarnation: None
+    rng = np.random.default_rng(4)
+    packets = [
+        (grad(0, 1, 3, [1, 2, 3, 4]), PORTS[0]),
+        (probe(0, 0x44), PORTS[0]),
+        (probe(1, 0x44), PORTS[1]),
+    ]
+    packets += [(grad(w, 1, 1, rng.integers(-9, 9, size=K)), PORTS[w]) for w in (0, 1)]
+    from tests.test_softswitch_batch import run_batched, run_reference, state
+
+    expected = run_reference(ref, packets)
+    got = run_batched(bat, packets, [2, 1, 2], rng)
+    assert got == expected and state(bat) == state(ref)
+    assert spec.job_id == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT steering is Linux")
+def test_successive_runs_against_a_sharded_softswitch_are_exact(tmp_path):
+    """Two shards (slots 0-127 on one, 128-255 and the probe slot 255 on the other): the second run's
+    probe reaches one shard, which holds its answer until the other has forgotten its slots too."""
+    from hostlib import codec
+    from hostlib.transport import LtaWorker, TransportConfig
+    from softswitch.shards import ShardedSoftSwitch
+    from tests.conftest import run_workers
+
+    pool, k = 256, 64
+    ports = [BASE_PORT + 70 + w for w in range(WORLD)]
+    workers_toml = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+    cfg = tmp_path / "switch.toml"
+    cfg.write_text(
+        f"[[jobs]]\njob_id = 1\nworkers = [{workers_toml}]\npool_size = {pool}\nelems_per_packet = {k}\n"
+    )
+    rng = np.random.default_rng(11)
+    with ShardedSoftSwitch(str(cfg), ("127.0.0.1", 0), 2, report_every=30.0) as sharded:
+        for run, incarnation in enumerate((0xA, 0xB, 0xC)):
+            config = TransportConfig(elems_per_packet=k, pool_size=pool, incarnation=incarnation)
+            workers = [
+                LtaWorker(1, w, WORLD, sharded.address, config=config, bind=("127.0.0.1", p))
+                for w, p in enumerate(ports)
+            ]
+            try:
+                run_workers(workers, lambda w, i: w.check_switch())
+                for _ in range(2):
+                    x = [rng.standard_normal(30_000).astype(np.float32) for _ in range(WORLD)]
+                    exact = np.stack(x).astype(np.float64).mean(axis=0)
+                    for r in run_workers(workers, lambda w, i, x=x: w.allreduce(x[i])):
+                        assert np.all(r.count == WORLD), f"run {run}: {np.sum(r.count < WORLD)} chunks short"
+                        bound = np.repeat(codec.error_bound(r.shift), k)[: len(exact)]
+                        assert np.all(np.abs(r.values - exact) < bound + np.abs(exact) * 2**-24)
+            finally:
+                for w in workers:
+                    w.close()
+        totals = sharded.collect()
+    stale = sum(
+        rep["counters"]["1"]["grad_stale"] if "1" in rep["counters"] else rep["counters"][1]["grad_stale"]
+        for rep in totals
+    )
+    assert stale == 0

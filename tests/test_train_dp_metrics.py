@@ -65,8 +65,9 @@ def test_busy_metrics_port_is_refused_before_training(capsys, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        # a port in use exits 1, as lta softswitch --listen does
         assert cli.main(["train", "--quick", "--workers", "3", "--metrics-port", str(port - 1),
-                         "--out", str(tmp_path)]) == 1  # fmt: skip  (port in use: 1, as --listen)
+                         "--out", str(tmp_path)]) == 1  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert f"cannot serve metrics on 127.0.0.1:{port} (worker 1)" in err and len(err.splitlines()) == 1
 

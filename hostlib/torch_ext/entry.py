@@ -35,7 +35,9 @@ _log = logging.getLogger(__name__)
 
 def _create_process_group(backend_options: _DistributedBackendOptions, pg_options: object) -> ProcessGroup:
     from hostlib.torch_ext import backend  # the heavy part, imported when a group is made
+    from hostlib.torch_ext.shutdown import destroy_at_exit
 
+    destroy_at_exit()  # a group the script leaves behind is ended before the interpreter finalizes
     return backend._create(backend_options, pg_options)
 
 
