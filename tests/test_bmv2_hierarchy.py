@@ -28,9 +28,9 @@ from softswitch.pipeline import SoftSwitch
 from tests import test_bmv2_diff as diff
 from tests.test_bmv2_diff import (
     Pair,
+    assert_result,
     check_counters,
     check_frame,
-    check_result,
     decode,
     flush,
     grad,
@@ -133,11 +133,11 @@ def test_leaf_sends_closed_rounds_up_and_multicasts_the_spines_result(fresh):
     check_up(out[3], Op.GRAD, mine, flags=retx, **up)
     check_up(out[5], Op.FLUSH, mine, flags=retx, **up)
     final = dict(count=3, bitmap=0b1101, weight=9, step=4, chunk=6, worker_id=0, job_id=1)
-    check_result(out[6], [1, 2], total, flags=0, **final)
-    check_result(out[7], [2], total, flags=retx, **final)
-    check_result(out[8], [1], total, flags=retx, **final)
-    check_result(out[12], [1, 2], vec(2), flags=0, count=1, bitmap=1, slot=1)
-    check_result(out[13], [1, 2], vec(2), flags=retx, count=1, bitmap=1, slot=1)
+    assert_result(out[6], [1, 2], total, flags=0, **final)
+    assert_result(out[7], [2], total, flags=retx, **final)
+    assert_result(out[8], [1], total, flags=retx, **final)
+    assert_result(out[12], [1, 2], vec(2), flags=0, count=1, bitmap=1, slot=1)
+    assert_result(out[13], [1, 2], vec(2), flags=retx, count=1, bitmap=1, slot=1)
     empty = dict(count=0, bitmap=0, weight=0, slot=2, exp=3)
     check_up(out[14], Op.GRAD, np.zeros(64), flags=int(Flag.MAX), **empty)
     check_up(out[15], Op.GRAD, np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
@@ -168,7 +168,7 @@ def test_leaf_quorum_and_policies_count_its_own_workers(fresh):
     )
     check_up(out[0], Op.GRAD, vec(1), count=1, bitmap=0b1000, flags=0)
     check_up(out[1], Op.GRAD, vec(1), count=1, bitmap=0b1000, flags=int(Flag.RETX))
-    check_result(out[2], [1], vec(1), count=1, bitmap=0b1000, worker_id=1)
+    assert_result(out[2], [1], vec(1), count=1, bitmap=0b1000, worker_id=1)
     check_counters(
         fresh,
         {1: dict(rx_packets=3, grad_start=1, result_quorum=1, up_partial=1, up_resend=1, down_result=1,
@@ -199,9 +199,9 @@ def test_spine_adds_partials_weighted_by_their_counts(fresh):
     )
     assert [len(o) for o in out] == [0, 0, 0, 0, 0, 0, 3, 1, 1, 0, 0]
     closed = dict(count=5, bitmap=0b11111, weight=8, step=3, chunk=2, worker_id=2, job_id=2)
-    check_result(out[6], [1, 2, 3], a + b + c, flags=0, **closed)
-    check_result(out[7], [1], a + b + c, flags=int(Flag.RETX), **closed)
-    check_result(out[8], [2], a + b + c, flags=int(Flag.RETX), **closed)
+    assert_result(out[6], [1, 2, 3], a + b + c, flags=0, **closed)
+    assert_result(out[7], [1], a + b + c, flags=int(Flag.RETX), **closed)
+    assert_result(out[8], [2], a + b + c, flags=int(Flag.RETX), **closed)
     check_counters(
         fresh,
         {2: dict(rx_packets=11, grad_start=1, grad_add=2, grad_dup=2, grad_exp_mismatch=1, drop_malformed=1,
@@ -241,8 +241,8 @@ def test_duplicate_at_a_lowered_quorum_at_a_leaf_and_a_spine(fresh):
     )
     assert [len(o) for o in out] == [1, 3, 3]
     check_up(out[0], Op.GRAD, vec(1), count=1, bitmap=0b0100, weight=1, flags=0)
-    check_result(out[1], [1, 2, 3], vec(2) + vec(3), count=3, bitmap=0b0111, weight=3, worker_id=1)
-    check_result(out[2], [1, 2, 3], vec(4) + vec(5), count=2, bitmap=0b0101, worker_id=2, slot=1)
+    assert_result(out[1], [1, 2, 3], vec(2) + vec(3), count=3, bitmap=0b0111, weight=3, worker_id=1)
+    assert_result(out[2], [1, 2, 3], vec(4) + vec(5), count=2, bitmap=0b0101, worker_id=2, slot=1)
     check_counters(
         fresh,
         {1: dict(rx_packets=3, grad_start=1, grad_dup=2, result_quorum=1, up_partial=1, tx_packets=1),
@@ -273,14 +273,14 @@ def test_spine_flush_and_empty_partials(fresh):
         ],
     )
     assert [len(o) for o in out] == [0, 0, 3, 3, 3, 0, 3, 0, 3, 0, 3, 0, 0, 3]
-    max_flags = int(Flag.MAX)
-    check_result(out[2], [1, 2, 3], np.maximum(b, c), count=3, bitmap=0b11100, exp=5, flags=max_flags, slot=1)
-    check_result(out[3], [1, 2, 3], a, count=2, bitmap=0b00011, slot=2, worker_id=0)
-    check_result(out[4], [1, 2, 3], np.zeros(64), count=0, bitmap=0, slot=3)
-    check_result(out[6], [1, 2, 3], a, count=1, bitmap=0b00001, slot=4, worker_id=1)
-    check_result(out[8], [1, 2, 3], a, count=1, bitmap=0b00001, slot=5, worker_id=0)
-    check_result(out[10], [1, 2, 3], a, count=1, bitmap=0b00001, slot=6, exp=3)
-    check_result(out[13], [1, 2, 3], np.zeros(64), count=0, bitmap=0, slot=7, worker_id=2)
+    mx = int(Flag.MAX)
+    assert_result(out[2], [1, 2, 3], np.maximum(b, c), count=3, bitmap=0b11100, exp=5, flags=mx, slot=1)
+    assert_result(out[3], [1, 2, 3], a, count=2, bitmap=0b00011, slot=2, worker_id=0)
+    assert_result(out[4], [1, 2, 3], np.zeros(64), count=0, bitmap=0, slot=3)
+    assert_result(out[6], [1, 2, 3], a, count=1, bitmap=0b00001, slot=4, worker_id=1)
+    assert_result(out[8], [1, 2, 3], a, count=1, bitmap=0b00001, slot=5, worker_id=0)
+    assert_result(out[10], [1, 2, 3], a, count=1, bitmap=0b00001, slot=6, exp=3)
+    assert_result(out[13], [1, 2, 3], np.zeros(64), count=0, bitmap=0, slot=7, worker_id=2)
     check_counters(
         fresh,
         {2: dict(rx_packets=14, grad_start=5, grad_add=3, result_quorum=1, flush_partial=5, flush_empty=1,
@@ -305,7 +305,7 @@ def test_spine_policies_are_by_leaf(fresh):
             (2, partial(2, 1, vec(2), 1, 0b10, op=Op.FLUSH)),  # a FLUSH passes: closes, leaf 2 loses it
         ],
     )
-    check_result(out[3], [1, 2], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, worker_id=1)
+    assert_result(out[3], [1, 2], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, worker_id=1)
     check_counters(
         fresh,
         {2: dict(rx_packets=4, grad_start=1, drop_policy_up=1, grad_add=1, flush_partial=1,
@@ -393,11 +393,11 @@ def test_owner_flag_is_ignored_in_leaf_and_spine_rounds(fresh):
     )
     assert [len(o) for o in out] == [0, 1, 2, 1, 1, 0, 0, 3, 3]
     check_up(out[1], Op.GRAD, vec(1) + vec(2), flags=0, count=2, bitmap=0b1100)
-    check_result(out[2], [1, 2], total, flags=0, count=3, bitmap=0b1101)
-    check_result(out[3], [2], total, flags=retx, count=3, bitmap=0b1101)
+    assert_result(out[2], [1, 2], total, flags=0, count=3, bitmap=0b1101)
+    assert_result(out[3], [2], total, flags=retx, count=3, bitmap=0b1101)
     check_up(out[4], Op.GRAD, np.zeros(64), flags=0, count=0, bitmap=0, slot=1)
-    check_result(out[7], [1, 2, 3], a + b + c, flags=0, count=4, bitmap=0b1111, worker_id=2)
-    check_result(out[8], [1, 2, 3], np.zeros(64), flags=0, count=0, bitmap=0, slot=1)
+    assert_result(out[7], [1, 2, 3], a + b + c, flags=0, count=4, bitmap=0b1111, worker_id=2)
+    assert_result(out[8], [1, 2, 3], np.zeros(64), flags=0, count=0, bitmap=0, slot=1)
     check_counters(
         fresh,
         {1: dict(rx_packets=5, grad_start=1, grad_add=1, result_quorum=1, up_partial=2, down_result=1,
