@@ -348,6 +348,10 @@ def test_parameter_server_worker_killed_and_restarted_rejoins_and_every_rank_fin
 
 @pytest.mark.chaos
 def test_switch_losing_its_state_under_bursty_loss_is_never_a_hang_or_a_lie(tmp_path):
+    """The switch forgets every slot at step 12 (its jobs kept) under 20% bursty GRAD loss: a forgotten
+    round is one more lost packet (its units are flushed, fall back or start the slot's round again), so
+    every rank trains to the end and exits 0: "ok" (3 of 3 runs on a loaded 2-core machine; accepting
+    "loud" too let a regression that raises after a restart pass)."""
     spec = RunSpec(
         12,
         "ddp",
@@ -359,9 +363,8 @@ def test_switch_losing_its_state_under_bursty_loss_is_never_a_hang_or_a_lie(tmp_
         ],
     )
     out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
-    assert out.verdict in ("ok", "loud"), out.as_dict()
-    if out.verdict == "loud":
-        assert out.cause.startswith("rank ") and "\n" not in out.cause
+    assert (out.verdict, out.cause) == ("ok", ""), out.as_dict()
+    assert out.exit_codes == {0: 0, 1: 0, 2: 0}
 
 
 def test_self_hosted_switch_lowers_the_quorum_when_a_worker_dies():
