@@ -2,14 +2,17 @@
 
 Each worker's input is a function of ``(seed, round, worker)``, so any worker can rebuild all inputs
 and check its own result: a chunk that came back with count > 0 must equal the mean of the
-contributors named in its bitmap, within the codec's bound ``2^-shift`` (docs/protocol.md) plus half
-an ulp of the float32 result. Used by ``lta demo``, the Mininet demo and the lossy benchmark.
+contributors named in its bitmap, within the codec's bound ``2^-s`` (docs/protocol.md) plus half an ulp
+of the float32 result. ``s`` is worked out from the inputs (:func:`input_bound`), never read from the
+result: a transport that quantized with a coarser shift than the inputs call for fails the check.
+Used by ``lta demo``, the Mininet demo and the lossy benchmark.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hostlib import codec
 from hostlib.transport import ReduceResult
 
 
@@ -17,46 +20,73 @@ def seeded_input(seed: int, round_: int, worker: int, elems: int) -> np.ndarray:
     return np.random.default_rng([seed, round_, worker]).standard_normal(elems).astype(np.float32)
 
 
+def input_bound(inputs: np.ndarray, elems_per_packet: int) -> np.ndarray:
+    """Per chunk, the codec's error bound for ``inputs`` ((workers, values), all N of the job): the agreed
+    exponent is at most the proposal of the max |x| over every worker, so the data shift is at least
+    :func:`codec.data_shifts` of it, and a mean over any contributors is off by less than its
+    ``2^-shift``."""
+    n_workers, n = inputs.shape
+    k = elems_per_packet
+    chunks = -(-n // k)
+    maxabs = np.zeros(chunks * k, dtype=np.float32)
+    maxabs[:n] = np.abs(inputs).max(axis=0)
+    return codec.error_bound(
+        codec.data_shifts(codec.exponent_proposals(maxabs.reshape(chunks, k)), n_workers)
+    )
+
+
 def check_result(
-    result: ReduceResult, inputs: np.ndarray, elems_per_packet: int, mean_all: np.ndarray | None = None
+    result: ReduceResult,
+    inputs: np.ndarray,
+    elems_per_packet: int,
+    mean_all: np.ndarray | None = None,
+    bound: np.ndarray | None = None,
 ) -> tuple[int, float]:
     """(chunks checked, worst |error| / tolerance) over the chunks renormalized from a RESULT.
     ``inputs`` is (workers, values). A worst ratio below 1 passes.
 
     The chunks every worker contributed to (the usual case) are compared in one vectorized pass against
     the mean over all workers: ``mean_all`` (float64, ``inputs.astype(np.float64).mean(axis=0)``; pass
-    it when the same inputs are checked many times), computed here when absent. The others go chunk by
-    chunk (:func:`check_chunks`, the reference). The chunk loop alone took ~4 ms per 1 MiB allreduce, on
-    the core the next allreduce needs (lta bench lossy at 1 Gbit/s: p50 17.2-18.5 ms with it, 16.5
-    with the vectorized pass, 15.1 without any check)."""
+    it when the same inputs are checked many times), computed here when absent; ``bound`` likewise is
+    :func:`input_bound` of the inputs. The others go chunk by chunk (:func:`check_chunks`, the
+    reference). The chunk loop alone took ~4 ms per 1 MiB allreduce, on the core the next allreduce
+    needs (lta bench lossy at 1 Gbit/s: p50 17.2-18.5 ms with it, 16.5 with the vectorized pass, 15.1
+    without any check)."""
     n_workers, n = inputs.shape
     k = elems_per_packet
+    if bound is None:
+        bound = input_bound(inputs, k)
     full = (result.count == n_workers) & (result.bitmap == np.uint64((1 << n_workers) - 1))
     checked, worst = 0, 0.0
     if full.any():  # every value at once (no gathers), then the worst of each full chunk
         if mean_all is None:
             mean_all = inputs.astype(np.float64).mean(axis=0)
-        shift = np.repeat(result.shift.astype(np.float64), k)[:n]
-        tolerance = np.exp2(-shift) + np.spacing(np.abs(mean_all).astype(np.float32)) / 2
+        tolerance = np.repeat(bound, k)[:n] + np.spacing(np.abs(mean_all).astype(np.float32)) / 2
         ratio = np.abs(result.values - mean_all) / tolerance
         worst = float(np.maximum.reduceat(ratio, np.arange(0, n, k))[full].max())
         checked = int(np.count_nonzero(full))
-    rest, rest_worst = check_chunks(result, inputs, k, np.flatnonzero((result.count > 0) & ~full))
+    rest, rest_worst = check_chunks(result, inputs, k, np.flatnonzero((result.count > 0) & ~full), bound)
     return checked + rest, max(worst, rest_worst)
 
 
 def check_chunks(
-    result: ReduceResult, inputs: np.ndarray, elems_per_packet: int, chunks: np.ndarray
+    result: ReduceResult,
+    inputs: np.ndarray,
+    elems_per_packet: int,
+    chunks: np.ndarray,
+    bound: np.ndarray | None = None,
 ) -> tuple[int, float]:
     """:func:`check_result` for the given ``chunks``, one at a time against the mean of the contributors
     named in each chunk's bitmap."""
+    if bound is None:
+        bound = input_bound(inputs, elems_per_packet)
     checked, worst = 0, 0.0
     for c in chunks.tolist():
         contributors = result.contributors(int(c))
         lo, hi = c * elems_per_packet, min((c + 1) * elems_per_packet, inputs.shape[1])
         expected = inputs[contributors, lo:hi].astype(np.float64).mean(axis=0)
         error = np.abs(result.values[lo:hi] - expected)
-        tolerance = 2.0 ** -float(result.shift[c]) + np.spacing(np.abs(expected).astype(np.float32)) / 2
+        tolerance = bound[c] + np.spacing(np.abs(expected).astype(np.float32)) / 2
         worst = max(worst, float((error / tolerance).max()))
         checked += 1
     return checked, worst

@@ -88,7 +88,10 @@ def test_vectorized_result_check_agrees_with_the_chunk_by_chunk_check():
     workers, k, chunks = 3, 16, 12
     inputs = rng.standard_normal((workers, k * chunks - 5)).astype(np.float32)  # a short last chunk
     means = inputs.astype(np.float64).mean(axis=0)
-    shift = rng.integers(10, 20, chunks).astype(np.int32)
+    # the shift the codec takes for these inputs: s = 30 - ceil(log2 3) - E, max|x| of a chunk < 2^E
+    maxabs = np.zeros(k * chunks)
+    maxabs[: inputs.shape[1]] = np.abs(inputs).max(axis=0)
+    shift = (28 - np.frexp(maxabs.reshape(chunks, k).max(axis=1))[1]).astype(np.int32)
     for full_share in (1.0, 0.5):
         count = np.where(rng.random(chunks) < full_share, 3, rng.integers(0, 3, chunks)).astype(np.int64)
         bitmap = np.array([(1 << w) - 1 for w in count], dtype=np.uint64)  # the first `count` workers
@@ -103,6 +106,12 @@ def test_vectorized_result_check_agrees_with_the_chunk_by_chunk_check():
         result.values[full * k] += 2 * 2.0 ** -float(shift[full])
         assert check_result(result, inputs, k, mean_all=means)[1] > 1
         assert check_chunks(result, inputs, k, every)[1] > 1
+    # a transport that quantized 4096 times coarser (and reported that shift) fails: the bound is the
+    # inputs', not the RESULT's
+    coarse = _reduce_result(
+        inputs, k, np.full(chunks, 3), np.full(chunks, 7, dtype=np.uint64), shift - 12, rng
+    )
+    assert check_result(coarse, inputs, k)[1] > 1
 
 
 # ---- --rate ---------------------------------------------------------------------------------------

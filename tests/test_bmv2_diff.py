@@ -220,7 +220,7 @@ def decode(lta: bytes) -> dict:
     return fields
 
 
-def check_result(out: list[tuple[int, bytes]], ports, payload=None, **fields) -> None:
+def assert_result(out: list[tuple[int, bytes]], ports, payload=None, **fields) -> None:
     """``out`` (one input's outputs) is one RESULT to each of ``ports``, every copy with these header
     fields and, if given, this payload (all K lanes)."""
     assert sorted(p for p, _ in out) == sorted(ports), out
@@ -275,9 +275,9 @@ def test_full_round_then_retransmission_after_result(fresh):
     np.testing.assert_array_equal(np.frombuffer(result[36:], ">i4"), vec(1) + vec(2) + vec(3))
     total = vec(1) + vec(2) + vec(3)
     round_fields = dict(count=3, bitmap=0b111, weight=9, seq=1, slot=0, worker_id=2)
-    check_result(out[2], [1, 2, 3], total, flags=0, **round_fields)
-    check_result(out[3], [2], total, flags=int(Flag.RETX), **round_fields)
-    check_result(out[4], [3], total, flags=int(Flag.RETX), **round_fields)
+    assert_result(out[2], [1, 2, 3], total, flags=0, **round_fields)
+    assert_result(out[3], [2], total, flags=int(Flag.RETX), **round_fields)
+    assert_result(out[4], [3], total, flags=int(Flag.RETX), **round_fields)
     check_counters(
         fresh,
         {1: dict(rx_packets=5, grad_start=1, grad_add=2, result_quorum=1, grad_late_resend=1, flush_resend=1,
@@ -301,8 +301,8 @@ def test_duplicates_ignored_and_slot_reuse_with_higher_seq(fresh):
         ],
     )
     assert [len(o) for o in out] == [0, 0, 2, 0, 0, 0, 2]
-    check_result(out[2], [1, 2], vec(1) + vec(2), count=2, bitmap=0b11, seq=1)  # not vec(9)
-    check_result(out[6], [1, 2], vec(3) + vec(4), count=2, bitmap=0b11, seq=2)
+    assert_result(out[2], [1, 2], vec(1) + vec(2), count=2, bitmap=0b11, seq=1)  # not vec(9)
+    assert_result(out[6], [1, 2], vec(3) + vec(4), count=2, bitmap=0b11, seq=2)
     check_counters(
         fresh,
         {1: dict(rx_packets=7, grad_start=2, grad_dup=1, grad_add=2, result_quorum=2, grad_stale=1,
@@ -329,12 +329,12 @@ def test_flush_partial_and_count_zero(fresh):
     )
     assert [len(o) for o in out] == [0, 0, 3, 1, 3, 1, 1]
     partial = dict(count=2, bitmap=0b011, weight=11, slot=1, seq=1, worker_id=2)
-    check_result(out[2], [1, 2, 3], vec(1) + vec(2), flags=0, **partial)
-    check_result(out[3], [3], vec(1) + vec(2), flags=int(Flag.RETX), **partial)  # vec(3) not added
+    assert_result(out[2], [1, 2, 3], vec(1) + vec(2), flags=0, **partial)
+    assert_result(out[3], [3], vec(1) + vec(2), flags=int(Flag.RETX), **partial)  # vec(3) not added
     empty = dict(count=0, bitmap=0, weight=0, slot=2, seq=3, exp=12, step=77, chunk=5, nelem=10, worker_id=0)
-    check_result(out[4], [1, 2, 3], np.zeros(64), flags=int(Flag.MAX), **empty)
-    check_result(out[5], [2], np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
-    check_result(out[6], [2], np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
+    assert_result(out[4], [1, 2, 3], np.zeros(64), flags=int(Flag.MAX), **empty)
+    assert_result(out[5], [2], np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
+    assert_result(out[6], [2], np.zeros(64), flags=int(Flag.MAX | Flag.RETX), **empty)
     check_counters(
         fresh,
         {1: dict(rx_packets=7, grad_start=1, grad_add=1, flush_partial=1, grad_late_resend=2, flush_empty=1,
@@ -354,8 +354,8 @@ def test_quorum_below_n(fresh):
     )
     assert [len(o) for o in out] == [0, 3, 1]
     closed = dict(count=2, bitmap=0b101, slot=3, seq=1, worker_id=2, job_id=2)
-    check_result(out[1], [2, 3, 4], vec(5) + vec(6), flags=0, **closed)
-    check_result(out[2], [3], vec(5) + vec(6), flags=int(Flag.RETX), **closed)
+    assert_result(out[1], [2, 3, 4], vec(5) + vec(6), flags=0, **closed)
+    assert_result(out[2], [3], vec(5) + vec(6), flags=int(Flag.RETX), **closed)
     check_counters(
         fresh,
         {2: dict(rx_packets=3, grad_start=1, grad_add=1, result_quorum=1, grad_late_resend=1, tx_packets=4)},
@@ -369,8 +369,8 @@ def test_quorum_one_closes_on_every_start(fresh):
         [(1, grad(3, 0, vec(1), slot=s, seq=2)) for s in range(3)] + [(2, grad(3, 1, vec(2), slot=1, seq=2))],
     )
     for s in range(3):  # every start closes its round at once, with worker 0 alone
-        check_result(out[s], [1, 2], vec(1), count=1, bitmap=0b1, slot=s, seq=2, flags=0, job_id=3)
-    check_result(out[3], [2], vec(1), count=1, bitmap=0b1, slot=1, seq=2, flags=int(Flag.RETX))
+        assert_result(out[s], [1, 2], vec(1), count=1, bitmap=0b1, slot=s, seq=2, flags=0, job_id=3)
+    assert_result(out[3], [2], vec(1), count=1, bitmap=0b1, slot=1, seq=2, flags=int(Flag.RETX))
     check_counters(
         fresh, {3: dict(rx_packets=4, grad_start=3, result_quorum=3, grad_late_resend=1, tx_packets=7)}
     )
@@ -392,7 +392,7 @@ def test_exponent_rounds_take_the_signed_max(fresh):
     assert [len(o) for o in out] == [0, 0, 3]
     expected = low.copy()
     expected[:3] = [-5, 9, -126]  # the signed max per lane, not the sum
-    check_result(out[2], [1, 2, 3], expected, count=3, bitmap=0b111, nelem=3,
+    assert_result(out[2], [1, 2, 3], expected, count=3, bitmap=0b111, nelem=3,
                  flags=int(Flag.MAX | Flag.SATURATED))  # fmt: skip
     check_counters(fresh, {1: dict(rx_packets=3, grad_start=1, grad_add=2, result_quorum=1, tx_packets=3)})
 
@@ -410,7 +410,7 @@ def test_exponent_mismatch_and_saturated_flag(fresh):
         ],
     )
     assert [len(o) for o in out] == [0, 0, 0, 0, 3]
-    check_result(out[4], [1, 2, 3], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, exp=20,
+    assert_result(out[4], [1, 2, 3], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, exp=20,
                  flags=int(Flag.SATURATED))  # fmt: skip
     check_counters(
         fresh,
@@ -422,7 +422,7 @@ def test_int32_sums_wrap_alike(fresh):
     add_jobs(fresh, JobSpec(1, workers(1, 2)))
     big = np.full(64, 2**31 - 10)
     out = run(fresh, [(1, grad(1, 0, big)), (2, grad(1, 1, big))])
-    check_result(out[1], [1, 2], np.full(64, 2 * (2**31 - 10) - 2**32), count=2)  # wrapped: -20
+    assert_result(out[1], [1, 2], np.full(64, 2 * (2**31 - 10) - 2**32), count=2)  # wrapped: -20
     check_counters(fresh, {1: dict(rx_packets=2, grad_start=1, grad_add=1, result_quorum=1, tx_packets=2)})
 
 
@@ -509,13 +509,13 @@ def test_quorum_change_keeps_open_rounds(fresh):
         ],
     )
     assert [len(o) for o in out] == [4, 1, 0, 4]
-    check_result(out[0], [1, 2, 3, 4], vec(1) + vec(2) + vec(3), count=3, bitmap=0b0111, slot=0, flags=0)
-    check_result(out[1], [4], vec(1) + vec(2) + vec(3), count=3, bitmap=0b0111, flags=int(Flag.RETX))
-    check_result(out[3], [1, 2, 3, 4], vec(5) + vec(6) + vec(7), count=3, bitmap=0b1011, slot=1)
+    assert_result(out[0], [1, 2, 3, 4], vec(1) + vec(2) + vec(3), count=3, bitmap=0b0111, slot=0, flags=0)
+    assert_result(out[1], [4], vec(1) + vec(2) + vec(3), count=3, bitmap=0b0111, flags=int(Flag.RETX))
+    assert_result(out[3], [1, 2, 3, 4], vec(5) + vec(6) + vec(7), count=3, bitmap=0b1011, slot=1)
     fresh.configure(lambda ctl: ctl.set_quorum(1, 4))
     out = run(fresh, [(w, grad(1, w - 1, vec(w), slot=2)) for w in (1, 2, 3, 4)])
     assert [len(o) for o in out] == [0, 0, 0, 4]
-    check_result(out[3], [1, 2, 3, 4], vec(1) + vec(2) + vec(3) + vec(4), count=4, bitmap=0b1111, slot=2)
+    assert_result(out[3], [1, 2, 3, 4], vec(1) + vec(2) + vec(3) + vec(4), count=4, bitmap=0b1111, slot=2)
     check_counters(
         fresh,
         {
@@ -557,8 +557,8 @@ def test_duplicate_at_a_lowered_quorum_closes_the_round(fresh):
     )
     assert [len(o) for o in out] == [4, 1, 0, 0]
     survivors = vec(1) + vec(2) + vec(3)
-    check_result(out[0], [1, 2, 3, 4], survivors, count=3, bitmap=0b0111, weight=3, worker_id=1, flags=0)
-    check_result(out[1], [1], survivors, count=3, bitmap=0b0111, flags=int(Flag.RETX))
+    assert_result(out[0], [1, 2, 3, 4], survivors, count=3, bitmap=0b0111, weight=3, worker_id=1, flags=0)
+    assert_result(out[1], [1], survivors, count=3, bitmap=0b0111, flags=int(Flag.RETX))
     fresh.configure(lambda ctl: ctl.set_quorum(1, 2))
     out = run(
         fresh,
@@ -568,7 +568,7 @@ def test_duplicate_at_a_lowered_quorum_closes_the_round(fresh):
         ],
     )
     assert [len(o) for o in out] == [1, 0]
-    check_result(out[0], [3], vec(4) + vec(5), count=2, bitmap=0b0011, worker_id=0, flags=own)
+    assert_result(out[0], [3], vec(4) + vec(5), count=2, bitmap=0b0011, worker_id=0, flags=own)
     check_counters(
         fresh,
         {1: dict(rx_packets=13, grad_start=3, grad_add=3, grad_dup=6, result_quorum=2, grad_late_resend=1,
@@ -615,7 +615,7 @@ def test_drop_policies_up_down_param(fresh):
         ],
     )
     assert [[p for p, _ in o] for o in out] == [[], [], [], [1, 2], [], [1], [1, 3], []]
-    check_result(out[3], [1, 2], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, flags=0)
+    assert_result(out[3], [1, 2], vec(1) + vec(2) + vec(3), count=3, bitmap=0b111, flags=0)
     check_counters(
         fresh,
         {1: dict(rx_packets=8, grad_start=1, drop_policy_up=1, grad_add=2, result_quorum=1,
@@ -655,15 +655,15 @@ def test_owner_only_result_goes_to_the_owner_alone(fresh):
     assert [[p for p, _ in o] for o in out] == [[], [], [to[1]], [to[1]], [to[1]], [], [], [to[0]], [to[2]],
                                                 [], [], []]  # fmt: skip
     full = vec(1) + vec(2) + vec(3)
-    check_result(out[2], [to[1]], full, count=3, bitmap=0b111, weight=3, flags=own, worker_id=2)
-    check_result(out[3], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
-    check_result(out[4], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
+    assert_result(out[2], [to[1]], full, count=3, bitmap=0b111, weight=3, flags=own, worker_id=2)
+    assert_result(out[3], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
+    assert_result(out[4], [to[1]], full, count=3, bitmap=0b111, flags=own | int(Flag.RETX))
     # The owner renormalizes over the workers counted: numpy's mean over exactly those.
     partial = decode(out[7][0][1])
     assert (partial["count"], partial["bitmap"], partial["flags"]) == (2, 0b101, own)
     counted = [vec(4), vec(5)]
     np.testing.assert_allclose(partial["payload"] / partial["count"], np.mean(counted, axis=0))
-    check_result(out[8], [to[2]], np.zeros(64), count=0, bitmap=0, flags=own, exp=7, nelem=9, seq=4)
+    assert_result(out[8], [to[2]], np.zeros(64), count=0, bitmap=0, flags=own, exp=7, nelem=9, seq=4)
     check_counters(
         fresh,
         {1: dict(rx_packets=12, grad_start=3, grad_add=5, result_quorum=2, grad_late_resend=1,
@@ -707,8 +707,8 @@ def test_two_jobs_share_ports_and_slot_numbers(fresh):
         ],
     )
     assert [len(o) for o in out] == [0, 0, 0, 0, 3, 3]
-    check_result(out[4], [1, 2, 3], vec(1) + vec(3) + vec(5), job_id=1, count=3, bitmap=0b111, slot=5)
-    check_result(out[5], [2, 3, 4], vec(2) + vec(4) + vec(6), job_id=2, count=3, bitmap=0b111, slot=5)
+    assert_result(out[4], [1, 2, 3], vec(1) + vec(3) + vec(5), job_id=1, count=3, bitmap=0b111, slot=5)
+    assert_result(out[5], [2, 3, 4], vec(2) + vec(4) + vec(6), job_id=2, count=3, bitmap=0b111, slot=5)
     each = dict(rx_packets=3, grad_start=1, grad_add=2, result_quorum=1, tx_packets=3)
     check_counters(fresh, {1: each, 2: each})
 
@@ -716,18 +716,24 @@ def test_two_jobs_share_ports_and_slot_numbers(fresh):
 def test_reset_job_on_both(fresh):
     add_jobs(fresh, JobSpec(1, workers(1, 2)))
     out = run(fresh, [(1, grad(1, 0, vec(1))), (2, grad(1, 1, vec(2)))])
-    check_result(out[1], [1, 2], vec(1) + vec(2), count=2, seq=1)
+    assert_result(out[1], [1, 2], vec(1) + vec(2), count=2, seq=1)
     fresh.configure(lambda ctl: ctl.reset_job(1))
     out = run(fresh, [(1, grad(1, 0, vec(3))), (2, grad(1, 1, vec(2))), (2, flush(1, 1, slot=1, seq=4))])
     # round 1 of slot 0 starts afresh (not a late resend of the old result), slot 1 is empty
-    check_result(out[1], [1, 2], vec(3) + vec(2), count=2, bitmap=0b11, seq=1, flags=0)
-    check_result(out[2], [1, 2], np.zeros(64), count=0, bitmap=0, slot=1, seq=4, flags=0)
+    assert_result(out[1], [1, 2], vec(3) + vec(2), count=2, bitmap=0b11, seq=1, flags=0)
+    assert_result(out[2], [1, 2], np.zeros(64), count=0, bitmap=0, slot=1, seq=4, flags=0)
     check_counters(
         fresh, {1: dict(rx_packets=3, grad_start=1, grad_add=1, result_quorum=1, flush_empty=1, tx_packets=4)}
     )
 
 
-def test_seeded_random_sequence(fresh):
+@pytest.mark.bmv2
+@pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+def test_seeded_random_sequence(fresh_pair):
+    """A seeded mix of GRADs, FLUSHes and PARAMs (stale, future, spoofed, every flag): BMv2 and the
+    softswitch agree packet by packet and counter by counter. Differential only: its one expectation is
+    BMv2's agreement, so it needs BMv2 (the softswitch's own rules are checked by hand elsewhere)."""
+    fresh = fresh_pair
     add_jobs(
         fresh, JobSpec(1, workers(1, 2, 3), pool_size=4), JobSpec(2, workers(2, 3, 4), quorum=2, pool_size=3)
     )
@@ -750,14 +756,18 @@ def test_seeded_random_sequence(fresh):
         packets.append((port, lta))
     out = run(fresh, packets)
     assert sum(len(o) for o in out) > 50  # the sequence really closed rounds
+    assert fresh.bmv2 is not None  # the comparison ran
 
 
 def test_seeded_lossy_rounds(fresh):
     """Rounds as hosts send them (unit g in slot g mod P, seq g div P + 1), with random losses,
-    duplicates, late packets, FLUSHes and exponent rounds: mostly adds and quorum closes."""
+    duplicates, late packets, FLUSHes and exponent rounds: mostly adds and quorum closes. Independent
+    expectation on every switch: each first RESULT of a round carries the sum (or the max) of the values
+    of exactly the workers in its bitmap, its count the bitmap's size; with BMv2, both agree too."""
     add_jobs(fresh, JobSpec(1, workers(1, 2, 3, 4), pool_size=4))
     rng = random.Random(7)
     packets = []
+    sent: dict[tuple[int, int], tuple[dict[int, np.ndarray], bool]] = {}  # (slot, seq) -> values, MAX
     for g in range(60):
         slot, seq = g % 4, g // 4 + 1
         exponent_round = rng.random() < 0.3
@@ -765,6 +775,7 @@ def test_seeded_lossy_rounds(fresh):
         senders = [w for w in range(4) if rng.random() > 0.15]
         for w in senders:
             values = vec(rng.randrange(10**6), -(2**20), 2**20)
+            sent.setdefault((slot, seq), ({}, exponent_round))[0][w] = values
             lta = grad(
                 1, w, values, slot=slot, seq=seq, flags=flags, exp=0 if exponent_round else 12, weight=w + 1
             )
@@ -776,6 +787,17 @@ def test_seeded_lossy_rounds(fresh):
             packets.append((w + 1, flush(1, w, slot=slot, seq=seq, flags=flags)))
     out = run(fresh, packets)
     assert sum(len(o) for o in out) > 150
+    rounds = set()
+    for _port, lta in (p for o in out for p in o):
+        got = decode(lta)
+        assert got["op"] == Op.RESULT, got["op"]
+        values, is_max = sent[(got["slot"], got["seq"])]
+        counted = [w for w in range(4) if got["bitmap"] >> w & 1]
+        assert counted and set(counted) <= set(values) and got["count"] == len(counted)
+        members = np.array([values[w] for w in counted])
+        np.testing.assert_array_equal(got["payload"], members.max(axis=0) if is_max else members.sum(axis=0))
+        rounds.add((got["slot"], got["seq"]))
+    assert len(rounds) > 50  # nearly every round of the 60 was checked
     counters = fresh.counters()[0][0][1]
     assert counters["result_quorum"] > 20 and counters["flush_partial"] > 5 and counters["grad_add"] > 100
 

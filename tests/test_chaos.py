@@ -92,6 +92,38 @@ def test_netns_fault_reorders_or_duplicates_udp(kind):
         assert received == 2000 and descents > 0
 
 
+@pytest.mark.parametrize("allowed", [True, False])
+def test_netns_probe_makes_a_namespace_before_it_says_yes(monkeypatch, allowed):
+    """Root and ip/tc/nft on PATH are not enough (an unprivileged container has both): the probe makes a
+    namespace, and where the kernel refuses it says why in one line (the fault tests then skip), always
+    removing what it made. The commands are played by hand, as the kernel would answer them."""
+    import os
+    import subprocess
+
+    from lta.chaos import netns
+
+    calls: list[list[str]] = []
+
+    def fake_run(cmd, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(list(cmd))
+        refused = not allowed and list(cmd[:3]) == ["ip", "netns", "add"]
+        err = "mount --make-shared /run/netns failed: Operation not permitted\n" if refused else ""
+        return subprocess.CompletedProcess(cmd, 1 if refused else 0, "", err)
+
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.subprocess, "run", fake_run)
+    why = netns.available()
+    assert calls[0][:3] == ["ip", "netns", "add"] and calls[-1][:3] == ["ip", "netns", "del"]
+    assert calls[-1][3] == calls[0][3]  # the probe namespace is removed again
+    if allowed:
+        assert why is None
+        assert ["ip", "netns", "exec", calls[0][3], "ip", "link", "set", "lo", "up"] in calls
+    else:
+        assert why is not None and "\n" not in why
+        assert why.startswith("cannot make a network namespace here") and "Operation not permitted" in why
+
+
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.4])
 def test_gilbert_elliott_fault_has_the_drawn_mean_loss_and_bursts_of_four(rate):
     policy = DropPolicy.from_dict(drop_policy({"model": "gilbert_elliott", "rate": rate}))
@@ -316,6 +348,10 @@ def test_parameter_server_worker_killed_and_restarted_rejoins_and_every_rank_fin
 
 @pytest.mark.chaos
 def test_switch_losing_its_state_under_bursty_loss_is_never_a_hang_or_a_lie(tmp_path):
+    """The switch forgets every slot at step 12 (its jobs kept) under 20% bursty GRAD loss: a forgotten
+    round is one more lost packet (its units are flushed, fall back or start the slot's round again), so
+    every rank trains to the end and exits 0: "ok" (3 of 3 runs on a loaded 2-core machine; accepting
+    "loud" too let a regression that raises after a restart pass)."""
     spec = RunSpec(
         12,
         "ddp",
@@ -327,9 +363,8 @@ def test_switch_losing_its_state_under_bursty_loss_is_never_a_hang_or_a_lie(tmp_
         ],
     )
     out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
-    assert out.verdict in ("ok", "loud"), out.as_dict()
-    if out.verdict == "loud":
-        assert out.cause.startswith("rank ") and "\n" not in out.cause
+    assert (out.verdict, out.cause) == ("ok", ""), out.as_dict()
+    assert out.exit_codes == {0: 0, 1: 0, 2: 0}
 
 
 def test_self_hosted_switch_lowers_the_quorum_when_a_worker_dies():

@@ -303,16 +303,23 @@ def test_reduces_are_exact_means_over_the_bitmap_on_both_paths(make_cluster, cod
     )
     rng = np.random.default_rng(k + n)
     length = 9 * k + 13
-    checked = 0
+    checked, prev = 0, None
+    every = n * -(-length // k)
+    # lossless: every chunk full; at 10% loss short chunks in some reduce (counted below)
+    expect = dict(full=every, partial=0, fallback=0) if loss == 0 else dict(partial=(0, None))
+    expect = {"full": (0, None), "fallback": (0, None), **expect}
+    short = 0
     for step in range(3):
         inputs = [
             (rng.standard_normal(length) * 10.0 ** rng.integers(-3, 4)).astype(np.float32) for _ in range(n)
         ]
         results = cluster.reduce_all(inputs, step=step)
-        checked += check_mean_over_bitmap(results, inputs, k)
+        checked += check_mean_over_bitmap(results, inputs, k, prev=prev, **expect)
+        prev = [r.values for r in results]
+        short += sum(int(np.sum(r.count < n)) for r in results)
         if loss == 0.0:
             assert all(np.all(r.count == n) for r in results)
             for r in results[1:]:  # every worker dequantized the same sums the same way
                 assert np.array_equal(r.values, results[0].values)
-    assert checked > 0
+    assert checked > 0 and (short > 0) == (loss > 0)
     assert codec.codec_path() == codec_env  # the path the fixture chose was the one in use throughout

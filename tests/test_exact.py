@@ -37,14 +37,20 @@ def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
     cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=0.9), worker=1)
     rng = np.random.default_rng(1)
     withheld_reduces, reduces = 0, 0
+    prev = None
     for step in range(12):  # until two withheld reduces were checked (each reduce costs ~2 s of timers)
         if withheld_reduces == 2:
             break
         reduces += 1
         inputs = _inputs(rng, n, length, [1.0, 1e-3, 1.0])
         results = cluster.reduce_all(inputs, step=step)
-        check_mean_over_bitmap(results, inputs, K)
         mine = results[1]
+        # worker 1's GRADs are lost 9 times in 10: most chunks short of it, some full
+        expect = dict(full=(0, None), partial=(1, None), fallback=(0, None))
+        if mine.withheld.any():  # it sent nothing: every chunk of every worker short of it
+            expect = dict(full=0, partial=n * len(mine.count), fallback=0)
+        assert check_mean_over_bitmap(results, inputs, K, prev=prev, **expect) > 0
+        prev = [r.values for r in results]
         assert not results[0].withheld.any() and not results[2].withheld.any()  # no loss on their links
         if mine.withheld.any():
             withheld_reduces += 1
@@ -72,11 +78,16 @@ def _exact_run(make_cluster, seed: int, loss: float, steps: int = 6) -> tuple[li
         max_deadline_ms=wait,
     )
     rng = np.random.default_rng(seed)
-    outs = []
+    outs: list[list] = []
+    every = 4 * -(-(40 * K + 9) // K)
     for step in range(steps):
         inputs = _inputs(rng, 4, 40 * K + 9, [1.0, 3.0, 0.5, 2.0])
         results = cluster.reduce_all(inputs, step=step)
-        check_mean_over_bitmap(results, inputs, K)
+        # each GRAD lost with probability `loss` and no timer: short chunks every reduce at 25%
+        expect = dict(full=every, partial=0, fallback=0) if loss == 0 else dict(partial=(1, None))
+        prev = [r.values for r in outs[-1]] if outs else None
+        expect = {"full": (0, None), "fallback": (0, None), **expect}
+        assert check_mean_over_bitmap(results, inputs, K, prev=prev, **expect) > 0
         outs.append(results)
     return outs, [w.stats for w in cluster.workers]
 

@@ -255,13 +255,20 @@ def test_exponent_rounds_take_the_max_over_the_global_bitmap():
     n = 6
     fab = Fabric(n, 3, elems_per_packet=8, worker_loss=0.15, spine_loss=0.15, seed=3)
     rng = np.random.default_rng(5)
+    checked = 0
     for r in range(60):
         values = rng.integers(-130, 30, size=(n, 8)).astype(np.int32)
         results = fab.round(r % 63, r // 63 + 1, values, flags=int(Flag.MAX))
         got = [d for d in results if d is not None and d.header.count]
         for d in got:
             members = [w for w in range(n) if d.header.bitmap >> w & 1]
+            assert d.header.count == len(members) and d.header.flags & Flag.MAX
             assert np.array_equal(d.payload, values[members].max(axis=0))
+        checked += len(got)
+    # Every worker FLUSHes until it holds the round's RESULT (8 tries): at 15% loss per hop each of the
+    # 6 x 60 takes one, with a count (all six GRADs lost: 0.15^6 a round). A spine that refused MAX
+    # partials answered none of them.
+    assert checked == n * 60
 
 
 def test_renormalized_mean_is_unbiased_over_1000_rounds_at_10_percent_loss_on_both_levels():
@@ -410,7 +417,9 @@ def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels(swi
     switches: list = []
     results, spine_sw = run_job(spec, demo_worker, 20000, 3, 3, switches=switches)
     assert all(r["worst_error_over_bound"] < 1.0 for r in results)
-    assert all(r["checked_chunks"] > 0 for r in results)
+    # every chunk that came back from a RESULT was checked (the bound from the inputs: hostlib.verify)
+    for r in results:
+        assert r["checked_chunks"] == r["stats"]["chunks_full"] + r["stats"]["chunks_partial"] > 0
     partial = sum(r["stats"]["chunks_partial"] for r in results)
     assert partial > 0  # loss happened and was renormalized around
     leaves = [sw.read_counters(1) for sw in switches[:2]]
@@ -586,6 +595,25 @@ def test_bench_scaling_own_leaf_runs_the_one_worker_leaves_without_a_switch(caps
     assert len(rows["processes"]["switch_cpu_ms"]) == 1 and len(rows["leaves=2"]["switch_cpu_ms"]) == 2
     assert cli.main(argv) == 0
     assert "2 leaves" in (text := capsys.readouterr().out) and "(1 with a switch)" in text
+
+
+def test_bench_scaling_loss_costs_are_what_held_and_flushed_the_worker(make_cluster):
+    """The figures of ``lta bench scaling``'s loss columns, for one worker in a scenario with known
+    holds: alone (no peer can hold it), 30% GRAD loss and a pool of 15 data slots (S = 8), so a lost unit
+    holds the ninth until a FLUSH recovers it. Per measured reduce: the FLUSHes it sent and the time its
+    own span and its peers held it, as its transport's stats count them."""
+    from lta.bench.scaling import reduce_in_turn
+
+    cluster = make_cluster(1, up=0.3, seed=3, elems_per_packet=64, pool_size=16)
+    (worker,) = cluster.workers
+    out = reduce_in_turn([worker], 0, 200 * 64, 2, 0)  # 2 measured reduces, no warm-up
+    (costs,) = out["loss_costs"]
+    st = worker.stats
+    assert st.flushes_sent > 0 and st.held_by_span_s > 0 and st.held_by_peers_s == 0
+    assert costs["flushes_per_reduce"] == st.flushes_sent
+    assert costs["span_held_ms"] == pytest.approx(1e3 * st.held_by_span_s)
+    assert costs["peers_held_ms"] == 0.0
+    assert [len(t) for t in out["times_s"]] == [2]
 
 
 def test_bench_scaling_drops_at_the_spine_by_spine_loss_and_reports_what_loss_cost(capsys):

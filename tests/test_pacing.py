@@ -136,7 +136,7 @@ def test_a_paced_worker_never_outruns_its_bucket(make_cluster):
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
     results = cluster.reduce_all(inputs)
-    assert check_mean_over_bitmap(results, inputs, K) == n * chunks
+    assert check_mean_over_bitmap(results, inputs, K, full=n * chunks, partial=0, fallback=0) == n * chunks
     frame = frame_bytes(packet_bytes(K))
     rate = gbps * 1e9 / 8
     burst = cluster.workers[0].pacer.burst_bytes
@@ -179,15 +179,22 @@ def test_early_close_ends_reduces_that_have_enough_and_spares_critical_units(mak
     critical = np.zeros(chunks, dtype=bool)
     critical[::10] = True
     rng = np.random.default_rng(2)
+    prev = None
+    short = 0
     for step in range(steps):
         inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
         results = cluster.reduce_all(inputs, step=step, critical=critical)
-        check_mean_over_bitmap(results, inputs, K)
+        # critical chunks full; the others full, short (lost or closed early) or, all lost, the fallback
+        expect = dict(full=(n * int(critical.sum()), None), partial=(0, None), fallback=(0, None))
+        short += n * chunks - check_mean_over_bitmap(results, inputs, K, prev=prev, **expect)
+        short += sum(int(np.sum((r.count > 0) & (r.count < n))) for r in results)
+        prev = [r.values for r in results]
         for r in results:
             assert np.all(r.count[critical] == n)
     closes = sum(w.stats.early_closes_theta + w.stats.early_closes_deadline for w in cluster.workers)
     closed_units = sum(w.stats.units_closed_early for w in cluster.workers)
     assert closes > 0 and closed_units > 0
+    assert short > 0  # chunks came back short of a contribution or none (closed early)
 
 
 # ---- the bench's command line and real links (root, network namespaces, tbf) ----------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hostlib.protocol import HEADER_DTYPE, Flag, Op
-from hostlib.transport import Fallback, LtaWorker, ReduceResult
+from hostlib.transport import LtaWorker, ReduceResult
 from tests.conftest import Cluster, check_mean_over_bitmap
 
 K = 16
@@ -71,30 +71,41 @@ def _drop_first_result_of_last_unit(worker: LtaWorker) -> list[int]:
 
 
 def _reduce_with_one_drop(
-    cluster: Cluster, drop: Callable[[LtaWorker], list[int]], seed: int, owners: np.ndarray | None = None
+    cluster: Cluster,
+    drop: Callable[[LtaWorker], list[int]],
+    seed: int,
+    partial: int,
+    owners: np.ndarray | None = None,
 ) -> list[ReduceResult]:
     """Two workers reduce seeded inputs once, worker 1 losing the packet ``drop`` picks; every chunk of
-    both results is numpy's mean over its bitmap (with ``owners``, every chunk a worker waits for: its
-    own and the last)."""
+    both results is numpy's mean over its bitmap, ``partial`` of them with one worker counted and the
+    others with both (with ``owners``, every chunk a worker waits for: its own and the last)."""
     dropped = drop(cluster.workers[1])
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
     results = cluster.reduce_all(inputs, step=0, owners=owners)
     assert dropped, "the packet to drop never went by"
-    if owners is not None:  # the others' chunks are unspecified: skip them in the check
+    if owners is not None:  # the others' chunks are unspecified: not checked
         waited = [(owners == w) | (np.arange(CHUNKS) == CHUNKS - 1) for w in range(2)]
-        for w, r in enumerate(results):
-            r.fallback[~waited[w]] = Fallback.ZERO
-        assert check_mean_over_bitmap(results, inputs, K) == sum(int(m.sum()) for m in waited)
+        total = sum(int(m.sum()) for m in waited)
+        checked = check_mean_over_bitmap(
+            results, inputs, K, full=total - partial, partial=partial, fallback=0, only=waited
+        )
+        assert checked == total
         return results
-    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    checked = check_mean_over_bitmap(
+        results, inputs, K, full=2 * CHUNKS - partial, partial=partial, fallback=0
+    )
+    assert checked == 2 * CHUNKS
     return results
 
 
 @pytest.mark.parametrize("probe", [True, False])
 def test_a_lost_grad_of_the_last_unit_is_added_by_the_probe_not_flushed_out(make_cluster, probe):
     cluster = make_cluster(2, seed=3, elems_per_packet=K, tail_probe=probe, **TIMING)
-    results = _reduce_with_one_drop(cluster, _drop_first_grad_of_last_unit, seed=11)
+    results = _reduce_with_one_drop(
+        cluster, _drop_first_grad_of_last_unit, seed=11, partial=0 if probe else 2
+    )
     last = [int(r.count[CHUNKS - 1]) for r in results]
     stats = [w.stats for w in cluster.workers]
     if probe:
@@ -110,7 +121,7 @@ def test_a_lost_grad_of_the_last_unit_is_added_by_the_probe_not_flushed_out(make
 @pytest.mark.parametrize("probe", [True, False])
 def test_a_lost_result_of_the_last_unit_comes_back_for_the_probe(make_cluster, probe):
     cluster = make_cluster(2, seed=4, elems_per_packet=K, tail_probe=probe, **TIMING)
-    results = _reduce_with_one_drop(cluster, _drop_first_result_of_last_unit, seed=12)
+    results = _reduce_with_one_drop(cluster, _drop_first_result_of_last_unit, seed=12, partial=0)
     assert [int(r.count[CHUNKS - 1]) for r in results] == [2, 2]  # the stored round: both counted
     assert np.array_equal(results[0].values, results[1].values)
     w1 = cluster.workers[1].stats
@@ -130,7 +141,7 @@ def test_an_owners_last_unit_is_flushed_at_once_when_a_peers_grad_of_it_is_lost(
     cluster = make_cluster(2, seed=5, elems_per_packet=K, **TIMING)
     owners = np.arange(CHUNKS) % 2
     results = _reduce_with_one_drop(
-        cluster, lambda w: _drop_first_grad_of_last_unit(w, CHUNKS - 2), seed=13, owners=owners
+        cluster, lambda w: _drop_first_grad_of_last_unit(w, CHUNKS - 2), seed=13, partial=1, owners=owners
     )
     w0 = cluster.workers[0].stats
     assert int(results[0].count[CHUNKS - 2]) == 1 and int(results[0].bitmap[CHUNKS - 2]) == 0b01
@@ -165,9 +176,11 @@ def test_the_last_two_units_go_twice_so_one_lost_grad_of_them_costs_nothing(make
     if exact:  # (the fence, a critical zero chunk after the data, is not a data chunk of the input)
         assert copies[:CHUNKS] == [1] * CHUNKS
         assert int(results[0].count[CHUNKS - 1]) == 1  # closed at the fence's FLUSH without worker 1
+        checked = check_mean_over_bitmap(results, inputs, K, full=2 * CHUNKS - 2, partial=2, fallback=0)
+        assert checked == 2 * CHUNKS
         return
     assert copies == [1] * (CHUNKS - 2) + [2, 2]
-    assert check_mean_over_bitmap(results, inputs, K) == 2 * CHUNKS
+    assert check_mean_over_bitmap(results, inputs, K, full=2 * CHUNKS, partial=0, fallback=0) == 2 * CHUNKS
     assert all(int(r.count[c]) == 2 for r in results for c in range(CHUNKS))
     stats = [w.stats for w in cluster.workers]
     assert [s.flushes_sent for s in stats] == [0, 0] and [s.tail_probes for s in stats] == [0, 0]

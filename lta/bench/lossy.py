@@ -306,11 +306,12 @@ def transport_config(args: argparse.Namespace) -> TransportConfig:
 
 def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     from hostlib.transport import LtaWorker
-    from hostlib.verify import check_result
+    from hostlib.verify import check_result, input_bound
 
     config = transport_config(args)
     inputs = worker_inputs(args.seed, args.workers, args.values)
     means = inputs.astype(np.float64).mean(axis=1)  # (rounds, values): every worker's mean
+    bounds = [input_bound(x, args.elems_per_packet) for x in inputs]  # the codec's, per chunk
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     times, worst, checked = [], 0.0, 0
@@ -338,7 +339,13 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             times.append(elapsed)
             _report_progress(args.rank, len(times), args.iters)
-            n_checked, err = check_result(result, x, args.elems_per_packet, mean_all=means[i % INPUT_ROUNDS])
+            n_checked, err = check_result(
+                result,
+                x,
+                args.elems_per_packet,
+                mean_all=means[i % INPUT_ROUNDS],
+                bound=bounds[i % INPUT_ROUNDS],
+            )
             checked, worst = checked + n_checked, max(worst, err)
             chunks["full"] += int(np.sum(result.count == args.workers))
             chunks["partial"] += int(np.sum((result.count > 0) & (result.count < args.workers)))

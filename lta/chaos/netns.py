@@ -30,7 +30,9 @@ def _run(*cmd: str) -> None:
 
 
 def available() -> str | None:
-    """None when namespaces with the faults can be made here, else why not (one line)."""
+    """None when namespaces with the faults can be made here, else why not (one line). Root and the
+    tools are not enough (an unprivileged container has both and no right to make a namespace): it
+    makes one, sets its loopback up and removes it."""
     import os
 
     missing = [tool for tool in ("ip", "tc", "nft") if shutil.which(tool) is None]
@@ -38,6 +40,14 @@ def available() -> str | None:
         return f"no {', '.join(missing)} on PATH"
     if os.geteuid() != 0:
         return "network namespaces need root"
+    probe = f"ltaprobe-{os.getpid()}"
+    try:
+        _run("ip", "netns", "add", probe)
+        _run("ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up")
+    except RuntimeError as exc:
+        return f"cannot make a network namespace here ({' '.join(str(exc).split())})"
+    finally:
+        delete(probe)
     return None
 
 
