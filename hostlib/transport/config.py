@@ -71,6 +71,13 @@ class TransportConfig:
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
     max_deadline_ms: float = 500.0
     max_flushes: int = 3
+    # A FLUSH is answered by the switch at once (the stored RESULT resent, or the round it closed), so a
+    # FLUSH whose answer was lost is retried on the FLUSH round trip, floored here, not at min_deadline_ms:
+    # at 20% RESULT loss the 20 ms floor, doubled per retry, made each twice-lost answer a 40-60 ms stall
+    # of the worker's span (p50 525 ms a 1 MiB reduce against 44 ms lossless). Retries go on, doubling,
+    # past max_flushes until the time a unit took to be given up with the min_deadline_ms floor
+    # (Deadlines.give_up_s), so a switch slowed down for a while is not given up on sooner than before.
+    min_flush_deadline_ms: float = 2.0
     fallback: str = "prev"  # prev | zero | local
     # count: divide each chunk's sum by its arrival count (unbiased). weight: by the summed sample
     # weights. none: divide by N, as systems without counts do; a chunk missing contributions then
@@ -202,6 +209,8 @@ class TransportConfig:
             raise ValueError(f"window must be in 1..pool_size-1={self.data_slots}, got {self.window}")
         if not 0 < self.min_deadline_ms <= self.max_deadline_ms:
             raise ValueError("need 0 < min_deadline_ms <= max_deadline_ms")
+        if not 0 < self.min_flush_deadline_ms <= self.max_deadline_ms:
+            raise ValueError("need 0 < min_flush_deadline_ms <= max_deadline_ms")
         if self.health_timeout_s < 0 or not 0 < self.unhealthy_fraction <= 1:
             raise ValueError("need health_timeout_s >= 0 and 0 < unhealthy_fraction <= 1")
         if self.catch_up_reduces < 0:

@@ -99,17 +99,21 @@ class Deadlines:
 
     def flush_rto_s(self) -> float:
         """How long a FLUSH waits for its answer before the next one: ``flush_srtt + 4·flush_rttvar``
-        (the RTO until a FLUSH was answered), clamped like the RTO."""
+        (the RTO until a FLUSH was answered), clamped to [min_flush_deadline_ms, max_deadline_ms]."""
+        return self._flush_rto_s(self.config.min_flush_deadline_ms)
+
+    def _flush_rto_s(self, floor_ms: float) -> float:
         if self.flush_srtt_ms is None:
             return self.rto_s()
-        cfg = self.config
         ms = self.flush_srtt_ms + 4 * self.flush_rttvar_ms
-        return min(max(ms, cfg.min_deadline_ms), cfg.max_deadline_ms) / 1000.0
+        return min(max(ms, floor_ms), self.config.max_deadline_ms) / 1000.0
 
     def give_up_s(self) -> float:
-        """The time a peer with this worker's FLUSH round trip takes to give a unit up once its first
-        deadline passed: every FLUSH of its backoff unanswered (stagger included)."""
-        return self.flush_rto_s() * 1.5 * ((2 << self.config.max_flushes) - 1)
+        """The time a worker with this worker's FLUSH round trip takes to give a unit up once it FLUSHed
+        it: ``max_flushes`` doubling waits (stagger included) from a FLUSH round trip floored at
+        ``min_deadline_ms``. Retries come sooner (:meth:`flush_rto_s`) and go on until then, so a peer's
+        hold bound (:meth:`peer_hold_s`) is what it was with the slower retries."""
+        return self._flush_rto_s(self.config.min_deadline_ms) * 1.5 * ((2 << self.config.max_flushes) - 1)
 
     def peer_hold_s(self, plan: ReducePlan) -> float:
         """How long a worker with nothing in flight waits for news of a peer that holds its next unit
@@ -268,7 +272,13 @@ class Deadlines:
             quick = first.copy()
             first[beyond] = np.maximum(first[beyond], self.config.lag_deadline_ms / 1000.0)
         base_s = np.where(flushes > 0, self.flush_rto_s(), first)
-        at = start + base_s * self._stagger * np.left_shift(1, flushes)
+        wait_s = np.minimum(
+            base_s * self._stagger * np.left_shift(1, flushes), self.config.max_deadline_ms / 1e3
+        )
+        at = start + wait_s
+        retry = flushes > 0
+        if retry.any():  # never past the give-up time: the last deadline of a FLUSHed unit is its give-up
+            at[retry] = np.minimum(at[retry], plan.first_flush_at[units[retry]] + self.give_up_s())
         if tail and not self.early_close:
             probing = self.tail_probing(plan, units)
             at[probing] = np.minimum(at[probing], start + quick[probing])

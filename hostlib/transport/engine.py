@@ -677,13 +677,19 @@ class ReduceEngine:
             self.stats.tail_probes += len(units)
             self.deadlines.arm_probed(plan, units, now)
             rest = rest[~tail]
-        more = plan.flushes[rest] < self.config.max_flushes
+        # A FLUSHed unit is retried until it has had max_flushes FLUSHes and the give-up time has passed
+        # since its first (TransportConfig.min_flush_deadline_ms).
+        flushed = plan.flushes[rest]
+        more = (flushed < self.config.max_flushes) | (
+            (flushed > 0) & (now < plan.first_flush_at[rest] + self.deadlines.give_up_s())
+        )
         units = rest[more]
         if units.size:
             # Units behind every worker's frontier lost a packet for sure (fast_flush); the others are
             # flushed on a timer's word: some worker may still have been about to send.
             on_timer = (units >= plan.frontier.min()) & ~plan.proven_in[units]
             self.stats.flushes_on_timer += int(np.count_nonzero(on_timer))
+            plan.first_flush_at[units[plan.flushes[units] == 0]] = now
             plan.flushes[units] += 1
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)

@@ -78,6 +78,7 @@ class ReducePlan:
         self.sent_at = np.zeros(self.units, dtype=np.float64)
         self.flushes = np.zeros(self.units, dtype=np.int64)
         self.flushed_at = np.zeros(self.units, dtype=np.float64)  # when the last FLUSH went
+        self.first_flush_at = np.zeros(self.units, dtype=np.float64)  # ... and the first (flushes > 0)
         # Behind every worker's frontier while still open (Deadlines.fast_flush): a packet of it was lost
         self.proven_lost = np.zeros(self.units, dtype=bool)
         # Every GRAD the round will get was provably sent, the rest withheld (Deadlines.flush_withheld)

@@ -1,0 +1,95 @@
+"""A FLUSH whose answer was lost is retried on the FLUSH round trip, and given up only after the time it
+took with the old floor (TransportConfig.min_flush_deadline_ms, docs/protocol.md "Host side").
+
+The switch answers a FLUSH at once, so the wait before retrying one is the FLUSH round trip, not the RTO
+floor (``min_deadline_ms``, 20 ms) that waits for peers: at 20% RESULT loss that floor, doubled per retry,
+made every twice-lost answer a 40-60 ms stall (issue 42, item 5). What a peer may assume is unchanged: a
+unit is given up ``give_up_s`` after its first FLUSH, computed with the old floor.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
+from hostlib.transport import Fallback, LtaWorker, TransportConfig
+from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.plan import IN_FLIGHT, ReducePlan
+
+K = 16
+
+
+def test_a_flush_retry_waits_the_flush_round_trip_and_never_past_the_give_up_time():
+    cfg = TransportConfig(min_deadline_ms=20, min_flush_deadline_ms=2, max_deadline_ms=500, max_flushes=3)
+    dl = Deadlines(cfg, worker_id=0, n_workers=2)  # worker 0: stagger 1.0
+    dl.rtt_sample(10.0)  # RTO 10 + 4 * 5 = 30 ms
+    dl.flush_sample(1.0)  # FLUSH round trip 1 + 4 * 0.5 = 3 ms: above the 2 ms floor
+    assert dl.flush_rto_s() == pytest.approx(0.003)
+    # The give-up time a peer assumes: max_flushes doubling waits from the round trip floored at 20 ms.
+    assert dl.give_up_s() == pytest.approx(0.020 * 1.5 * 15)
+    plan = ReducePlan(4 * K, K)
+    units = np.array([plan.exp_units])  # the first data unit
+    plan.state[units] = IN_FLIGHT
+    plan.synced = True
+    now = 100.0
+    plan.first_flush_at[units] = now
+    plan.flushes[units] = 1
+    dl.arm(plan, units, now)
+    assert plan.deadline_at[units[0]] == pytest.approx(now + 0.003 * 2)  # one doubling, not 2 x 20 ms
+    plan.flushes[units] = 9  # 3 ms x 2^9 would be 1.5 s: capped at the give-up time from the first FLUSH
+    later = now + 0.4
+    dl.arm(plan, units, later)
+    assert plan.deadline_at[units[0]] == pytest.approx(now + dl.give_up_s())
+
+
+def test_a_unit_flushed_past_max_flushes_is_recovered_within_the_give_up_time():
+    """A hand-played switch that loses the answers to the worker's first ``max_flushes`` FLUSHes and answers
+    the next one with the stored RESULT. Before, the unit was given up after ``max_flushes`` FLUSHes (a
+    fallback); now FLUSHes go on until the give-up time, so the RESULT comes back and is exact."""
+    switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    switch.bind(("127.0.0.1", 0))
+    switch.settimeout(10.0)
+    cfg = TransportConfig(elems_per_packet=K, heartbeat_interval_s=0, flush_copies=1, max_flushes=2)
+    with switch, LtaWorker(1, 0, 2, switch.getsockname(), config=cfg) as worker:
+        flushes: list[float] = []
+
+        def play() -> None:
+            def recv(op: Op) -> tuple[np.ndarray, tuple]:
+                while True:
+                    data, addr = switch.recvfrom(65536)
+                    pkt = np.frombuffer(data, dtype=np.uint8).copy()
+                    if pkt[1] == op:
+                        return pkt, addr
+
+            def answer(pkt: np.ndarray, addr: tuple, flags: int) -> None:
+                hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+                hdr["op"], hdr["flags"], hdr["count"], hdr["bitmap"] = int(Op.RESULT), flags, 2, 0b11
+                if not flags & Flag.MAX:  # a sum of two equal contributions
+                    payload = pkt[HEADER_BYTES:].view(">i4")
+                    payload *= 2
+                switch.sendto(pkt.tobytes(), addr)
+
+            exp, addr = recv(Op.GRAD)
+            answer(exp, addr, int(Flag.MAX))
+            data, _ = recv(Op.GRAD)
+            while data[:HEADER_BYTES].view(HEADER_DTYPE)["flags"][0] & Flag.MAX:  # a copy of the exponent
+                data, _ = recv(Op.GRAD)
+            for _ in range(cfg.max_flushes + 1):  # the answers to the first max_flushes are "lost"
+                recv(Op.FLUSH)
+                flushes.append(time.perf_counter())
+            answer(data, addr, int(Flag.RETX))  # the stored RESULT of a complete round, resent
+
+        player = threading.Thread(target=play)
+        player.start()
+        x = np.linspace(-1, 1, K, dtype=np.float32)
+        result = worker.allreduce(x)
+        player.join(timeout=10)
+        assert len(flushes) == cfg.max_flushes + 1
+        assert result.count.tolist() == [2] and result.fallback.tolist() == [Fallback.NONE]
+        assert np.allclose(result.values, x, atol=2 * 2.0**-28)
+        assert worker.stats.results_retx == 1
