@@ -136,7 +136,9 @@ def test_a_paced_worker_never_outruns_its_bucket(make_cluster):
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
     results = cluster.reduce_all(inputs)
-    assert check_mean_over_bitmap(results, inputs, K, full=n * chunks, partial=0, fallback=0) == n * chunks
+    # nothing lost: every chunk from a RESULT (a thread descheduled past a deadline may be closed out)
+    expect = dict(full=(1, None), partial=(0, None), fallback=0)
+    assert check_mean_over_bitmap(results, inputs, K, **expect) == n * chunks
     frame = frame_bytes(packet_bytes(K))
     rate = gbps * 1e9 / 8
     burst = cluster.workers[0].pacer.burst_bytes

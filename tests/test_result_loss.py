@@ -412,7 +412,9 @@ def test_held_time_counts_the_reuse_rules_holding_a_worker(make_cluster):
     pair = make_cluster(2, seed=3, elems_per_packet=K, pool_size=16, job_id=3)
     inputs = [rng.standard_normal(200 * K).astype(np.float32) for _ in range(2)]
     results = pair.reduce_all(inputs)
-    assert check_mean_over_bitmap(results, inputs, K, full=2 * 200, partial=0, fallback=0) == 2 * 200
+    # nothing lost: every chunk from a RESULT (a thread descheduled past a deadline may be closed out)
+    expect = dict(full=(1, None), partial=(0, None), fallback=0)
+    assert check_mean_over_bitmap(results, inputs, K, **expect) == 2 * 200
     for w, r in zip(pair.workers, results, strict=True):
         assert w.stats.held_by_peers_s > 0.0, "the peer rule never held a worker of a lossless pair"
         assert w.stats.held_by_span_s + w.stats.held_by_peers_s <= r.elapsed_s
