@@ -379,3 +379,37 @@ def test_successive_runs_against_a_sharded_softswitch_are_exact(tmp_path):
         for rep in totals
     )
     assert stale == 0
+
+
+def test_different_jobs_one_after_another_are_exact(tmp_path):
+    """Job 1, then job 2, then job 1 again, on one switch from the same addresses: each run exact."""
+    switch = SoftSwitch()
+    workers = [("127.0.0.1", BASE_PORT + 80 + r) for r in range(WORLD)]
+    for job_id in (1, 2):
+        switch.add_job(JobConfig(job_id, workers, elems_per_packet=64))
+    server = SoftSwitchServer(switch).start()
+    try:
+        host, port = server.address
+        ctx = mp.get_context("spawn")
+        for run, job_id in enumerate((1, 2, 1)):
+            env = {
+                "LTA_SWITCH": f"{host}:{port}",
+                "LTA_BIND_PORT_BASE": str(workers[0][1]),
+                "LTA_ELEMS_PER_PACKET": "64",
+                "LTA_JOB_ID": str(job_id),
+            }
+            queue = ctx.Queue()
+            store = str(tmp_path / f"store{run}")
+            procs = [ctx.Process(target=_rank, args=(r, WORLD, store, env, run, queue)) for r in range(WORLD)]
+            out = start_and_collect(procs, queue, WORLD, 120)
+            expected = [
+                sum(_tensor(run, call, r).numpy().astype(np.float64) for r in range(WORLD))
+                for call in range(3)
+            ]
+            for rank_out in out:
+                assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), (run, job_id, rank_out["stats"])
+                for got, want in zip(rank_out["sums"], expected, strict=True):
+                    np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+        assert switch.read_counters(1)["grad_stale"] == switch.read_counters(2)["grad_stale"] == 0
+    finally:
+        server.stop()
