@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.protocol import LTA_PORT, MAX_WORKERS
-from lta.bench import lossy as bench_lossy
+from hostlib.protocol import MAX_WORKERS
+from lta.bench import netns_harness as harness
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -77,13 +77,13 @@ def train_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", bench_lossy.HOST_DEV)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", harness.HOST_DEV)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{args.master}",
         rank=args.rank,
         world_size=args.workers,
-        timeout=timedelta(seconds=bench_lossy.START_TIMEOUT_S),
+        timeout=timedelta(seconds=harness.START_TIMEOUT_S),
     )
     model = DDP(build_model())
     state = None
@@ -92,7 +92,7 @@ def train_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     teacher = build_teacher()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     samples = torch.Generator().manual_seed(1000 + args.rank)
-    bench_lossy._wait_for_go()
+    harness.wait_for_go()
     dist.barrier()
     times, losses = [], []
     for _ in range(args.steps):
@@ -119,11 +119,11 @@ def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
     from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
     from hostlib.transport import LtaWorker
 
-    config = bench_lossy.transport_config(args)
+    config = harness.transport_config(args)
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     worker = LtaWorker(
-        bench_lossy.JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
+        harness.JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
         bind=(bind_host, int(bind_port)),
     )  # fmt: skip
     state = LtaHookState(worker, rebroadcast_every=args.rebroadcast_every)
@@ -145,7 +145,7 @@ def worker_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch", help="lta: IP:PORT of the softswitch")
     parser.add_argument("--bind", help="lta: IP:PORT this rank sends from")
     parser.add_argument("--elems-per-packet", type=int, default=2048)
-    parser.add_argument("--window", type=int, default=bench_lossy.DEFAULT_WINDOW)
+    parser.add_argument("--window", type=int, default=harness.DEFAULT_WINDOW)
     parser.add_argument("--min-deadline-ms", type=float, default=5.0)
     parser.add_argument("--rebroadcast-every", type=int, default=0)
     args = parser.parse_args(argv)
@@ -185,7 +185,7 @@ def summarize_training(ranks: list[dict[str, Any]], target_loss: float) -> dict[
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lossy: bench_lossy.LossyConfig
+    lossy: harness.LossyConfig
     steps: int = 400
     lr: float = 0.05
     rebroadcast_every: int = 50
@@ -205,13 +205,12 @@ def _train_argv(system: str, cfg: TrainConfig, rank: int, master: str, *extra: s
 
 def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Path) -> list[dict[str, Any]]:
     lossy = cfg.lossy
-    master = f"{net.workers[0].ip}:{bench_lossy.GLOO_PORT}"
+    master = f"{net.workers[0].ip}:{harness.GLOO_PORT}"
     if system == "gloo":
         argvs = [(h, _train_argv("gloo", cfg, r, master)) for r, h in enumerate(net.workers)]
-        return bench_lossy.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
-    addrs = [f"{h.ip}:{bench_lossy.WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
-    switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
-    with bench_lossy.softswitch_in(net, lossy, addrs, switch_addr, workdir):
+        return harness.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
+    addrs, switch_addr = harness.lta_endpoints(net)
+    with harness.softswitch_in(net, lossy, addrs, switch_addr, workdir):
         extra = ["--switch", switch_addr, "--elems-per-packet", str(lossy.k),
                  "--window", str(lossy.units_in_flight), "--min-deadline-ms", f"{lossy.deadline_ms:g}",
                  "--rebroadcast-every", str(cfg.rebroadcast_every)]  # fmt: skip
@@ -219,7 +218,7 @@ def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Pa
             (h, _train_argv("lta", cfg, r, master, "--bind", addrs[r], *extra))
             for r, h in enumerate(net.workers)
         ]
-        return bench_lossy.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
+        return harness.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
 
 
 def bench_lossy_train(
@@ -297,7 +296,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mtu",
         type=argtypes.int_range(68, 65535, "MTU"),
-        default=bench_lossy.DEFAULT_MTU,
+        default=harness.DEFAULT_MTU,
         help="link MTU in bytes, 68..65535",
     )
     p.add_argument("--steps", type=argtypes.positive_int, default=400, help="training steps per system")
@@ -322,7 +321,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--window",
         type=argtypes.positive_int,
-        default=bench_lossy.DEFAULT_WINDOW,
+        default=harness.DEFAULT_WINDOW,
         help="lta units in flight per worker",
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -330,8 +329,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    bench_lossy.require_root_or_say()
-    lossy = bench_lossy.LossyConfig(
+    harness.require_root_or_say()
+    lossy = harness.LossyConfig(
         workers=args.workers, rate_mbit=args.rate_mbit, mtu=args.mtu, window=args.window
     )
     cfg = TrainConfig(lossy, args.steps, args.lr, args.rebroadcast_every)
