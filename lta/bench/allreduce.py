@@ -54,6 +54,7 @@ from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.raw_echo import RAW_DATAGRAM_OVERHEAD as RAW_DATAGRAM_OVERHEAD  # still importable here
 from lta.bench.raw_echo import RawSpec, run_raw
 from lta.bench.raw_echo import echo_window as echo_window  # still importable here
+from lta.bench.summary import ratio, time_stats
 from lta.demo import memory_available
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_job, running
@@ -252,14 +253,7 @@ def summarize(times_s: list[float], n_bytes: int, n: int) -> dict:
     return {
         "busbw_gbps": n_bytes / t.mean() * factor * 8 / 1e9,
         "algbw_gbps": n_bytes / t.mean() * 8 / 1e9,
-        "mean_ms": float(t.mean() * 1e3),
-        "p50_ms": float(np.percentile(t, 50) * 1e3),
-        "p99_ms": float(np.percentile(t, 99) * 1e3),
-    }
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
+    } | time_stats(t, ("mean", "p50", "p99"))
 
 
 Phase = Callable[[str], contextlib.AbstractContextManager]
@@ -339,10 +333,10 @@ def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progre
         "raw": raw,
         "raw_gso": raw_gso,
         "io": io,
-        "ratio_gloo_over_lta_p50": _ratio(gloo["p50_ms"], lta["p50_ms"]),
-        "ratio_lta_over_raw_pps": _ratio(lta["pps"], raw["pps"]),
-        "ratio_lta_over_raw_gso_pps": None if raw_gso is None else _ratio(lta["pps"], raw_gso["pps"]),
-        "ratio_busbw": _ratio(lta["busbw_gbps"], gloo["busbw_gbps"]),
+        "ratio_gloo_over_lta_p50": ratio(gloo["p50_ms"], lta["p50_ms"]),
+        "ratio_lta_over_raw_pps": ratio(lta["pps"], raw["pps"]),
+        "ratio_lta_over_raw_gso_pps": None if raw_gso is None else ratio(lta["pps"], raw_gso["pps"]),
+        "ratio_busbw": ratio(lta["busbw_gbps"], gloo["busbw_gbps"]),
     }
 
 

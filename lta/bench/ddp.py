@@ -11,12 +11,11 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
 from hostlib import argtypes
 from hostlib.errors import LtaError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
+from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
 from lta.progress import Status
@@ -84,11 +83,9 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
     if errors:
         user = all(v.get("user_error") for v in results.values() if "error" in v)
         raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
-    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    step = slowest_rank([results[r]["times_s"] for r in range(world)])
     return {
-        "p50_ms": float(np.percentile(step, 50) * 1e3),
-        "p99_ms": float(np.percentile(step, 99) * 1e3),
-        "mean_ms": float(step.mean() * 1e3),
+        **time_stats(step),
         "first_loss": results[0]["first_loss"],
         "last_loss": results[0]["last_loss"],
         "params": results[0]["params"],
@@ -116,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         for backend in ("gloo", "lta"):
             status.update(f"{backend}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
-    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
     if args.json:
         emit(SCHEMA, out)
         return 0

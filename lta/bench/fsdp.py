@@ -28,6 +28,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
+from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
 from lta.progress import Status
@@ -125,12 +126,10 @@ def run_variant(
     if errors:
         user = all(v.get("user_error") for v in results.values() if "error" in v)
         raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
-    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    step = slowest_rank([results[r]["times_s"] for r in range(world)])
     losses = np.mean(np.array([results[r]["losses"] for r in range(world)]), axis=0)  # over ranks
     out: dict[str, Any] = {
-        "p50_ms": float(np.percentile(step, 50) * 1e3),
-        "p99_ms": float(np.percentile(step, 99) * 1e3),
-        "mean_ms": float(step.mean() * 1e3),
+        **time_stats(step),
         "cpu_ms_per_step": sum(results[r]["cpu_s"] for r in range(world)) / steps * 1e3,
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
@@ -234,9 +233,9 @@ def _run(args: argparse.Namespace) -> int:
             status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup, seed=args.seed)
     out["loadavg"]["end"] = os.getloadavg()[0]
-    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
     out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
-    out["ratio_lta_grads_only_over_gloo_p50"] = out["lta_grads_only"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_grads_only_over_gloo_p50"] = ratio(out["lta_grads_only"]["p50_ms"], out["gloo"]["p50_ms"])
     out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
     if args.json:
         emit(SCHEMA, out)

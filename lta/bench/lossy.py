@@ -56,7 +56,7 @@ from lta.bench.netns_harness import (
     require_root_or_say,
     run_gloo_workers,
     run_lta_workers,
-    slowest_rank,
+    summarize_times,
     tbf_limit_bytes,
     worker_cli,
 )
@@ -70,6 +70,7 @@ from lta.bench.netns_harness import softswitch_in as softswitch_in
 from lta.bench.netns_harness import tbf_burst_bytes as tbf_burst_bytes
 from lta.bench.netns_harness import window_for_rate as window_for_rate
 from lta.bench.netns_harness import worker_argv as _worker_argv  # noqa: F401
+from lta.bench.summary import slowest_rank
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -77,23 +78,9 @@ log = logging.getLogger(__name__)
 SCHEMA = "lta.bench.lossy/1"
 DEFAULT_LOSSES = "0,0.001,0.01,0.05"
 P99_9_MIN_ITERS = 2000  # allreduces per point for a p99.9 that is not just the max
-PERCENTILES = (("p50_ms", 50.0), ("p99_ms", 99.0), ("p99_9_ms", 99.9))
 
 
 # ---- summaries -----------------------------------------------------------------------------------
-def summarize_times(times_s: Sequence[float], limit_ms: float) -> dict[str, float]:
-    """mean / p50 / p99 / p99.9 / max in ms (linear interpolation between samples), and p50 ÷ limit."""
-    t = np.asarray(times_s, dtype=np.float64) * 1e3
-    out = {"mean_ms": float(t.mean())}
-    out |= {name: float(np.percentile(t, q)) for name, q in PERCENTILES}
-    out |= {
-        "max_ms": float(t.max()),
-        "link_limit_ms": limit_ms,
-        "p50_over_limit": float(np.median(t)) / limit_ms,
-    }
-    return out
-
-
 def ratios(gloo: dict[str, float], lta: dict[str, float]) -> dict[str, float]:
     return {f"gloo_over_lta_{name[:-3]}": gloo[name] / lta[name] for name in ("p50_ms", "p99_ms", "p99_9_ms")}
 

@@ -34,6 +34,7 @@ from hostlib.transport.plan import GAVE_UP, ReducePlan
 from hostlib.transport.result import ReduceResult
 from hostlib.transport.trace import EngineTrace
 from lta.bench import netns_harness as harness
+from lta.bench.summary import slowest_rank, time_stats
 
 _STAT_KEYS = ("flushes_sent", "flushes_on_timer", "results_retx", "units_overtaken", "packets_sent")
 
@@ -177,7 +178,7 @@ def run_traced(cfg: harness.LossyConfig, loss: float) -> list[dict[str, Any]]:
 
 def analyse(ranks: list[dict[str, Any]], limit_ms: float, slow_share: float = 0.005) -> dict[str, Any]:
     """Slowest ``slow_share`` of allreduces (max over ranks) against the rest: what happened in them."""
-    times = np.max(np.array([r["times_s"] for r in ranks]), axis=0) * 1e3
+    times = slowest_rank([r["times_s"] for r in ranks]) * 1e3
     n = len(times)
     order = np.argsort(times)[::-1]
     slow = set(order[: max(1, math.ceil(slow_share * n))].tolist())
@@ -258,10 +259,7 @@ def analyse(ranks: list[dict[str, Any]], limit_ms: float, slow_share: float = 0.
     return {
         "n": n,
         "limit_ms": limit_ms,
-        "p50_ms": float(np.percentile(times, 50)),
-        "p99_ms": float(np.percentile(times, 99)),
-        "p99_9_ms": float(np.percentile(times, 99.9)),
-        "max_ms": float(times.max()),
+        **time_stats(times / 1e3, ("p50", "p99", "p99_9", "max")),
         "share_with_event": table,
         "buckets": buckets,
         "correlation_with_time": corr,

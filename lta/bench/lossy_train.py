@@ -37,6 +37,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
+from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -164,15 +165,10 @@ def smoothed(losses: Sequence[float], weight: float = EMA_WEIGHT) -> list[float]
 
 
 def summarize_training(ranks: list[dict[str, Any]], target_loss: float) -> dict[str, Any]:
-    step_s = np.max(np.array([r["times_s"] for r in ranks]), axis=0)
+    step_s = slowest_rank([r["times_s"] for r in ranks])
     loss = smoothed(np.mean(np.array([r["losses"] for r in ranks]), axis=0).tolist())
     reached = next((i for i, v in enumerate(loss) if v <= target_loss), None)
-    t = step_s * 1e3
-    out: dict[str, Any] = {
-        "step_mean_ms": float(t.mean()),
-        "step_p50_ms": float(np.percentile(t, 50)),
-        "step_p99_ms": float(np.percentile(t, 99)),
-        "step_max_ms": float(t.max()),
+    out: dict[str, Any] = time_stats(step_s, ("mean", "p50", "p99", "max"), prefix="step_") | {
         "final_loss": loss[-1],
         "steps_to_target": None if reached is None else reached + 1,
         "seconds_to_target": None if reached is None else float(step_s[: reached + 1].sum()),

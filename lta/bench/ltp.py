@@ -48,7 +48,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
-from lta.bench.lossy import summarize_times
+from lta.bench.summary import slowest_rank
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -106,8 +106,8 @@ def summarize(cfg: LtpConfig, runs: list[list[dict[str, Any]]]) -> dict[str, Any
     allreduce, pooled, and the LTP counters of the timed allreduces, summed."""
     links = cfg.links
     wire = harness.lta_wire_bytes(links.n_values, links.k, exp_copies=2)
-    times = [t for ranks in runs for t in harness.slowest_rank([r["times_s"] for r in ranks])]
-    out: dict[str, Any] = dict(summarize_times(times, harness.link_limit_ms(wire, links.rate_mbit)))
+    times = [t for ranks in runs for t in slowest_rank([r["times_s"] for r in ranks])]
+    out: dict[str, Any] = dict(harness.summarize_times(times, harness.link_limit_ms(wire, links.rate_mbit)))
     every = [r for ranks in runs for r in ranks]
     timed = [r["timed"] for r in every]
 

@@ -71,6 +71,7 @@ import numpy as np
 
 from hostlib.errors import LtaError
 from hostlib.protocol import HEADER_BYTES, LTA_PORT, MAX_ELEMS_PER_PACKET
+from lta.bench.summary import time_stats
 
 if TYPE_CHECKING:
     from hostlib.transport import TransportConfig
@@ -217,9 +218,11 @@ def deadline_floor_ms(k: int, window: int, rate_mbit: float) -> float:
     return window * link_limit_ms(lta_frame_bytes(k), rate_mbit) + 1.0
 
 
-def slowest_rank(per_rank_times: Sequence[Sequence[float]]) -> list[float]:
-    """An allreduce is over when its slowest rank returns: the per-iteration max over ranks."""
-    return [float(t) for t in np.max(np.array(per_rank_times, dtype=np.float64), axis=0)]
+def summarize_times(times_s: Sequence[float] | np.ndarray, limit_ms: float) -> dict[str, float]:
+    """mean / p50 / p99 / p99.9 / max in ms (:func:`lta.bench.summary.time_stats`), the link limit, and
+    p50 ÷ limit."""
+    out = time_stats(times_s, ("mean", "p50", "p99", "p99_9", "max"))
+    return out | {"link_limit_ms": limit_ms, "p50_over_limit": out["p50_ms"] / limit_ms}
 
 
 # ---- worker processes (run inside the namespaces) ------------------------------------------------

@@ -30,6 +30,7 @@ from hostlib.batchio import BatchSocket, RxBatch, addr_key
 from hostlib.lifetime import spawn_context
 from hostlib.transport import TransportConfig
 from hostlib.transport.config import default_window_cap
+from lta.bench.summary import slowest_rank, time_stats
 from lta.launch import running
 from softswitch.server import BackgroundServer
 
@@ -296,12 +297,9 @@ def run_raw(
                     barrier.abort()
         received_timed, wrong_length = server.received_timed, server.wrong_length
     senders = [results[r] for r in range(n_senders)]
-    times = np.max(np.array([s["times_s"] for s in senders]), axis=0)
+    times = slowest_rank([s["times_s"] for s in senders])
     total_s = float(times.sum())
-    return {
-        "p50_ms": float(np.percentile(times, 50) * 1e3),
-        "p99_ms": float(np.percentile(times, 99) * 1e3),
-        "mean_ms": float(times.mean() * 1e3),
+    return time_stats(times) | {
         "pps": received_timed / total_s if total_s > 0 else 0.0,
         "datagrams_per_reduce": spec.n_datagrams,
         "window": senders[0]["window"],

@@ -52,6 +52,7 @@ from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
 from lta.bench.ps_train import make_problem, seed_summary
+from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.progress import Status
 
@@ -310,20 +311,16 @@ def _receive(conn: Connection, kind: str, timeout_s: float) -> Any:
 # ---- the numbers -------------------------------------------------------------------------------------
 def _per_step(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step time (the slowest rank's), global samples and global micro-batches per step."""
-    t = np.max(np.array([r["iteration_s"] for r in runs]), axis=0)
+    t = slowest_rank([r["iteration_s"] for r in runs])
     samples = np.sum(np.array([r["samples"] for r in runs]), axis=0)
     mbs = np.sum(np.array([r["micro_batches"] for r in runs]), axis=0)
     return t, samples, mbs
 
 
 def _system(t: np.ndarray, samples: np.ndarray, serial: np.ndarray) -> dict[str, float]:
-    ms = t * 1e3
-    return {
-        "step_p50_ms": float(np.percentile(ms, 50)),
-        "step_mean_ms": float(ms.mean()),
-        "step_p99_ms": float(np.percentile(ms, 99)),
+    return time_stats(t, ("p50", "mean", "p99"), prefix="step_") | {
         "samples_per_s": float(samples.sum() / t.sum()),
-        "serial_p50_ms": float(np.percentile(serial * 1e3, 50)),
+        **time_stats(serial, ("p50",), prefix="serial_"),
     }
 
 
