@@ -51,6 +51,7 @@ from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.raw_echo import RAW_DATAGRAM_OVERHEAD as RAW_DATAGRAM_OVERHEAD  # still importable here
 from lta.bench.raw_echo import RawSpec, run_raw
 from lta.bench.raw_echo import echo_window as echo_window  # still importable here
@@ -353,17 +354,19 @@ def bench_allreduce(opts: BenchOptions, phase_for: Callable[[int, int, float], P
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser(
+    a = bench_command(
+        sub,
         "allreduce",
+        _run_allreduce,
         help="allreduce time, busbw and pps on loopback: lta (softswitch) vs gloo vs a raw UDP echo",
         description="Time allreduces on loopback three ways in the same run: lta through a softswitch, "
         "torch.distributed gloo, and the same datagrams echoed by a server that does no LTA work.",
     )
-    a.add_argument(
-        "--workers",
+    add_workers(
+        a,
+        [2],
+        f"worker count, or a comma list (e.g. 2,4); each 1..{MAX_WORKERS}",
         type=argtypes.csv_of(argtypes.workers, "worker counts"),
-        default=[2],
-        help=f"worker count, or a comma list (e.g. 2,4); each 1..{MAX_WORKERS}",
     )
     a.add_argument(
         "--mib",
@@ -388,8 +391,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=IO_CHOICES,
         help="packet I/O path for lta's workers and the raw echo (auto: the fastest available)",
     )
-    a.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    a.set_defaults(func=_run_allreduce)
 
 
 def _progress(status: Status, total: int) -> Callable[[int, int, float], Phase]:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -134,8 +135,10 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser(
+    a = bench_command(
+        sub,
         "async",
+        _run,
         help="sync windows vs async bounded staleness (fixed, adaptive) with a straggler: time to a loss",
         description="Synchronous windows against asynchronous bounded staleness (fixed and adaptive "
         "bounds) through the parameter server, with one worker slower than the others: wall-clock time "
@@ -144,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--variants", type=argtypes.csv_of(_variant, "variants"), default=list(VARIANTS), help="what to run"
     )
-    a.add_argument("--workers", type=argtypes.int_range(2, 64, "worker count"), default=4, help="workers")
+    add_workers(a, 4, "workers", type=argtypes.int_range(2, 64, "worker count"))
     a.add_argument(
         "--straggler-factor",
         type=argtypes.float_range(1.0, what="factor"),
@@ -181,7 +184,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="adaptive: upper clamp is max_staleness x this",
     )
     add_common_args(a, d_in=32, hidden=64, classes=10)
-    a.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes, robust
+from lta.bench.flags import bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -212,8 +213,10 @@ def _row(
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser(
+    b = bench_command(
+        sub,
         "byzantine",
+        _run,
         help="robust rules (trimmed mean, median, Krum, Bulyan) against sign-flipping workers, with loss",
         description="Robust aggregation rules of the parameter server against Byzantine workers that send "
         "sign-flipped, scaled gradients, with and without packet loss: final loss per rule, attack and "
@@ -257,7 +260,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="f the rules tolerate: the attackers' count, or what each arrived count supports",
     )
     add_common_args(b, d_in=16, hidden=32, classes=4)
-    b.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

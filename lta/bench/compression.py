@@ -20,6 +20,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.compress import COMPRESSORS
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -140,8 +141,10 @@ def _judge(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser(
+    c = bench_command(
+        sub,
         "compression",
+        _run,
         help="fp16 / int8 / top-k (error feedback) through the parameter server: bytes per step and loss",
         description="Gradient compression through the parameter server at equal steps: bytes per step and "
         "worker, and the final loss against uncompressed, with and without packet loss.",
@@ -165,7 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Bernoulli loss of PUSH and PARAM packets",
     )
     c.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per case")
-    c.add_argument("--workers", type=argtypes.workers, default=4, help="workers")
+    add_workers(c, 4, "workers")
     c.add_argument("--steps", type=argtypes.positive_int, default=300, help="training steps per run")
     c.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
     c.add_argument("--lr", type=argtypes.positive_float, default=0.05, help="learning rate")
@@ -179,7 +182,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
     )
     add_common_args(c, d_in=32, hidden=64, classes=10)
-    c.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
@@ -93,16 +94,16 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "ddp",
+        _run,
         help="stock DDP step time: init_process_group('lta') with the defaults vs 'gloo', same run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
+    add_workers(p, 2, "ranks (processes), 1..64")
     p.add_argument("--steps", type=argtypes.positive_int, default=50, help="timed training steps per backend")
     p.add_argument("--warmup", type=argtypes.nonnegative_int, default=5, help="untimed steps first")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

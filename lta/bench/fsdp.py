@@ -28,6 +28,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
@@ -168,12 +169,14 @@ def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "fsdp",
+        _run,
         help="stock FSDP2 on a DeviceMesh: lta (0%% and lossy) vs gloo, same run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
+    add_workers(p, 2, "ranks (processes), 1..64")
     p.add_argument("--steps", type=argtypes.positive_int, default=30, help="timed training steps per run")
     p.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed steps first")
     p.add_argument(
@@ -193,8 +196,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="receive sockets of the self-hosted softswitch (LTA_SWITCH_SOCKETS; 0: one a rank)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.errors import UsageError
 from hostlib.protocol import HEADER_BYTES, MAX_ELEMS_PER_PACKET, MAX_WORKERS
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.netns_harness import (
     DEFAULT_MTU,
     DEFAULT_RATE,
@@ -212,13 +213,15 @@ def systems_arg(text: str) -> list[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "lossy",
+        run_cli,
         help="lta vs gloo on rate-limited, lossy links in network namespaces (root)",
         description="lta against gloo allreduce on rate-limited links in network namespaces, where "
         "the kernel drops packets (nftables) at each loss rate. Needs root.",
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"worker namespaces, 1..{MAX_WORKERS}")
+    add_workers(p, 2, f"worker namespaces, 1..{MAX_WORKERS}")
     p.add_argument(
         "--mib",
         type=argtypes.float_range(0.0, low_open=True, what="MiB"),
@@ -272,8 +275,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--systems", type=systems_arg, default=["gloo", "lta"], help="which systems to run")
     p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
     p.add_argument("--plot", default="", help="PNG of the time percentiles against loss ('' for none)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=run_cli)
 
 
 def config_from_args(args: argparse.Namespace) -> LossyConfig:

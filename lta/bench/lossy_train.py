@@ -37,6 +37,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.progress import Status
@@ -270,13 +271,15 @@ def bench_lossy_train(
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "lossy-train",
+        run_cli,
         help="DDP over gloo vs DDP with the lta hook on lossy links (root)",
         description="A training step under loss: stock DDP over gloo against DDP with the lta comm hook, "
         "on the rate-limited, lossy namespace links of 'lta bench lossy'. Needs root.",
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"ranks, 1..{MAX_WORKERS}")
+    add_workers(p, 2, f"ranks, 1..{MAX_WORKERS}")
     p.add_argument(
         "--loss",
         type=argtypes.csv_of(argtypes.probability, "loss rates"),
@@ -320,8 +323,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=harness.DEFAULT_WINDOW,
         help="lta units in flight per worker",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.summary import slowest_rank
 from lta.jsonout import emit
 from lta.progress import Status
@@ -422,14 +423,16 @@ def theta_arg(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "ltp",
+        run_cli,
         help="LTP's critical data, pacing and early close on shaped, lossy links (root)",
         description="LTP's mechanisms in lta (critical chunks, BDP pacing, adaptive early close), each "
         "against its absence, on tbf-shaped links in network namespaces where the kernel drops packets "
         "(nftables). Needs root.",
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"worker namespaces, 1..{MAX_WORKERS}")
+    add_workers(p, 2, f"worker namespaces, 1..{MAX_WORKERS}")
     p.add_argument("--mib", type=argtypes.positive_float, default=1.0, help="tensor size in MiB of float32")
     p.add_argument(
         "--rate",
@@ -467,8 +470,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "machine's load drift over the variants",
     )
     p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=run_cli)
 
 
 def config_from_args(args: argparse.Namespace) -> LtpConfig:

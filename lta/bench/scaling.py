@@ -16,6 +16,7 @@ from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
+from lta.bench.flags import add_workers, bench_command
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_jobs
 from lta.progress import Status
@@ -282,18 +283,20 @@ def _counts(item: Callable[[str], int], what: str) -> Callable[[str], list[int]]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sc = sub.add_parser(
+    sc = bench_command(
+        sub,
         "scaling",
+        _run_scaling,
         help="reduce cost against workers (processes, then the simulator) and size",
         description="Time one reduce against worker count and tensor size: real worker processes "
         "through a softswitch on loopback, then the in-process drop simulator for counts one machine "
         "cannot run as processes.",
     )
-    sc.add_argument(
-        "--workers",
+    add_workers(
+        sc,
+        [2, 4, 8, 16],
+        f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
         type=_counts(argtypes.workers, "worker counts"),
-        default=[2, 4, 8, 16],
-        help=f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
     )
     sc.add_argument(
         "--leaves",
@@ -357,8 +360,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(docs/results.md: no better p50 ratio measured)",
     )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
-    sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    sc.set_defaults(func=_run_scaling)
 
 
 def _run_scaling(args: argparse.Namespace) -> int:

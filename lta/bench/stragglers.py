@@ -51,6 +51,7 @@ from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
+from lta.bench.flags import add_workers, bench_command
 from lta.bench.ps_train import make_problem, seed_summary
 from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
@@ -484,17 +485,17 @@ def bench_stragglers(spec: Spec, progress: Callable[[str], None] | None = None) 
 
 # ---- command line ----------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "stragglers",
+        _run,
         help="DropCompute (compute threshold) against waiting for all micro-batches, under stragglers",
         description="Synchronous training with gradient accumulation under emulated compute stragglers: "
         "waiting for every micro-batch against DropCompute with its automatic threshold (Algorithm 2), "
         "same seeds, through a softswitch on loopback. Reports step times, samples/s, the speedup, the "
         "predicted and measured effective speedup, dropped micro-batches and the final loss.",
     )
-    p.add_argument(
-        "--workers", type=argtypes.int_range(2, MAX_WORKERS, "worker count"), default=4, help="workers"
-    )
+    add_workers(p, 4, "workers", type=argtypes.int_range(2, MAX_WORKERS, "worker count"))
     p.add_argument(
         "--micro-batches", type=argtypes.int_range(1, 1024, "micro-batches"), default=8, help="M per step"
     )
@@ -555,8 +556,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cap on the dropped share Algorithm 2 may predict (default: none, the paper's argmax)",
     )
     p.add_argument("--quick", action="store_true", help="a small, fast run (for tests)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
 
 
 def spec_from_args(args: argparse.Namespace) -> Spec:
