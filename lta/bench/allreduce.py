@@ -51,7 +51,7 @@ from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_iters, add_warmup, add_workers, bench_command
 from lta.bench.raw_echo import RAW_DATAGRAM_OVERHEAD as RAW_DATAGRAM_OVERHEAD  # still importable here
 from lta.bench.raw_echo import RawSpec, run_raw
 from lta.bench.raw_echo import echo_window as echo_window  # still importable here
@@ -377,8 +377,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--loss", type=grad_loss, default=0.0, help="softswitch drop probability of GRAD packets, [0, 1)"
     )
-    a.add_argument("--iters", type=argtypes.positive_int, default=20, help="timed allreduces per system")
-    a.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed allreduces first")
+    add_iters(a, 20, "timed allreduces per system")
+    add_warmup(a, 3, "untimed allreduces first")
     a.add_argument(
         "--elems-per-packet",
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -161,19 +161,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--target-loss", type=argtypes.positive_float, default=1.55, help="evaluation loss to reach"
     )
     a.add_argument("--time-limit", type=argtypes.positive_float, default=20.0, help="seconds per run at most")
-    a.add_argument(
-        "--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per variant"
-    )
-    a.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    a.add_argument("--lr", type=argtypes.positive_float, default=0.2, help="learning rate of a sync step")
+    add_seeds(a, 3, "seeds per variant")
+    add_batch(a, 32)
+    add_lr(a, 0.2, "learning rate of a sync step")
     a.add_argument(
         "--async-lr",
         type=argtypes.positive_float,
         help="learning rate of each async update (default: --lr / --workers, the same step per sample)",
     )
-    a.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.5, help="SGD momentum"
-    )
+    add_momentum(a, 0.5)
     a.add_argument("--max-wait-s", type=argtypes.positive_float, default=2.0, help="sync: window deadline")
     a.add_argument("--max-staleness", type=argtypes.nonnegative_int, default=4, help="async: staleness bound")
     a.add_argument("--min-staleness", type=argtypes.nonnegative_int, default=1, help="adaptive: lower clamp")

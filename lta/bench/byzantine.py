@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes, robust
-from lta.bench.flags import bench_command
+from lta.bench.flags import add_batch, add_lr, add_lr_decay, add_momentum, add_seeds, add_steps, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -237,19 +237,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[0.0, 0.1],
         help="Bernoulli loss of PUSH and PARAM packets",
     )
-    b.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per case")
-    b.add_argument("--steps", type=argtypes.positive_int, default=200, help="training steps per run")
-    b.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    b.add_argument("--lr", type=argtypes.positive_float, default=0.1, help="learning rate")
-    b.add_argument(
-        "--lr-decay",
-        choices=("linear", "none"),
-        default="linear",
-        help="linear: the lr sent with push t is lr x (1 - t/steps), so every rule ends converged",
-    )
-    b.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_seeds(b, 3, "seeds per case")
+    add_steps(b, 200, "training steps per run")
+    add_batch(b, 32)
+    add_lr(b, 0.1)
+    add_lr_decay(b, "rule")
+    add_momentum(b, 0.9)
     b.add_argument(
         "--attack-scale", type=argtypes.positive_float, default=10.0, help="attackers send -scale x g"
     )

@@ -20,7 +20,16 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.compress import COMPRESSORS
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import (
+    add_batch,
+    add_lr,
+    add_lr_decay,
+    add_momentum,
+    add_seeds,
+    add_steps,
+    add_workers,
+    bench_command,
+)
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -167,20 +176,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[0.0, 0.1],
         help="Bernoulli loss of PUSH and PARAM packets",
     )
-    c.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per case")
+    add_seeds(c, 3, "seeds per case")
     add_workers(c, 4, "workers")
-    c.add_argument("--steps", type=argtypes.positive_int, default=300, help="training steps per run")
-    c.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    c.add_argument("--lr", type=argtypes.positive_float, default=0.05, help="learning rate")
-    c.add_argument(
-        "--lr-decay",
-        choices=("linear", "none"),
-        default="linear",
-        help="linear: the lr sent with push t is lr x (1 - t/steps), so every method ends converged",
-    )
-    c.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_steps(c, 300, "training steps per run")
+    add_batch(c, 32)
+    add_lr(c, 0.05)
+    add_lr_decay(c, "method")
+    add_momentum(c, 0.9)
     add_common_args(c, d_in=32, hidden=64, classes=10)
 
 

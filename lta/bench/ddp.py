@@ -11,11 +11,10 @@ import os
 import time
 from typing import Any
 
-from hostlib import argtypes
 from hostlib.errors import LtaError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_steps, add_warmup, add_workers, bench_command
 from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
@@ -102,8 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_workers(p, 2, "ranks (processes), 1..64")
-    p.add_argument("--steps", type=argtypes.positive_int, default=50, help="timed training steps per backend")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=5, help="untimed steps first")
+    add_steps(p, 50, "timed training steps per backend")
+    add_warmup(p, 5, "untimed steps first")
 
 
 def _run(args: argparse.Namespace) -> int:

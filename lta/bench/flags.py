@@ -59,3 +59,74 @@ def script_parser(module: str, description: str | None) -> argparse.ArgumentPars
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     add_json(parser)
     return parser
+
+
+# ---- flags several benches share, each with the one parser it has everywhere ----------------------
+def add_steps(parser: argparse.ArgumentParser, default: int | None, help: str) -> None:
+    """``--steps``: training steps (> 0)."""
+    parser.add_argument("--steps", type=argtypes.positive_int, default=default, help=help)
+
+
+def add_warmup(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``--warmup``: untimed iterations first (>= 0)."""
+    parser.add_argument("--warmup", type=argtypes.nonnegative_int, default=default, help=help)
+
+
+def add_iters(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``--iters``: timed iterations (> 0)."""
+    parser.add_argument("--iters", type=argtypes.positive_int, default=default, help=help)
+
+
+def add_seeds(parser: argparse.ArgumentParser, default: int | None, help: str) -> None:
+    """``--seeds``: how many seeds (1..50), each a run of its own."""
+    parser.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=default, help=help)
+
+
+def add_batch(parser: argparse.ArgumentParser, default: int, help: str = "minibatch per worker") -> None:
+    """``--batch``: samples per worker and step (> 0)."""
+    parser.add_argument("--batch", type=argtypes.positive_int, default=default, help=help)
+
+
+def add_lr(parser: argparse.ArgumentParser, default: float, help: str = "learning rate") -> None:
+    """``--lr``: the learning rate (> 0)."""
+    parser.add_argument("--lr", type=argtypes.positive_float, default=default, help=help)
+
+
+def add_momentum(parser: argparse.ArgumentParser, default: float) -> None:
+    """``--momentum``: SGD momentum in [0, 0.999]."""
+    parser.add_argument(
+        "--momentum",
+        type=argtypes.float_range(0.0, 0.999, what="momentum"),
+        default=default,
+        help="SGD momentum",
+    )
+
+
+def add_lr_decay(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--lr-decay``: linear (every ``what`` ends converged) or none."""
+    parser.add_argument(
+        "--lr-decay",
+        choices=("linear", "none"),
+        default="linear",
+        help=f"linear: the lr sent with push t is lr x (1 - t/steps), so every {what} ends converged",
+    )
+
+
+def add_loss_rates(parser: argparse.ArgumentParser, default: list[float]) -> None:
+    """``--loss``: comma-separated loss rates per link and direction, each in [0, 1]."""
+    parser.add_argument(
+        "--loss",
+        type=argtypes.csv_of(argtypes.probability, "loss rates"),
+        default=default,
+        help="comma-separated loss rates per link and direction, each in [0, 1]",
+    )
+
+
+def add_mtu(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``--mtu``: the links' MTU in bytes, 68..65535."""
+    parser.add_argument("--mtu", type=argtypes.int_range(68, 65535, "MTU"), default=default, help=help)
+
+
+def add_seed(parser: argparse.ArgumentParser, help: str = "seed of the inputs") -> None:
+    """``--seed``: one seed (>= 0, default 0)."""
+    parser.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help=help)

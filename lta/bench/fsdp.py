@@ -28,7 +28,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
 from hostlib.lifetime import spawn_context
 from lta.bench.allreduce import free_tcp_port
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_seed, add_steps, add_warmup, add_workers, bench_command
 from lta.bench.summary import ratio, slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.launch import running
@@ -177,17 +177,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_workers(p, 2, "ranks (processes), 1..64")
-    p.add_argument("--steps", type=argtypes.positive_int, default=30, help="timed training steps per run")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed steps first")
+    add_steps(p, 30, "timed training steps per run")
+    add_warmup(p, 3, "untimed steps first")
     p.add_argument(
         "--loss", type=argtypes.probability, default=0.1, help="emulated loss of GRAD and PARAM packets"
     )
     p.add_argument("--stale-bound", type=argtypes.positive_int, default=8, help="S of the lossy all-gather")
-    p.add_argument(
-        "--seed",
-        type=argtypes.nonnegative_int,
-        default=0,
-        help="the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
+    add_seed(
+        p,
+        "the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
         "several seeds)",
     )
     p.add_argument(

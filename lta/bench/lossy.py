@@ -35,7 +35,15 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.errors import UsageError
 from hostlib.protocol import HEADER_BYTES, MAX_ELEMS_PER_PACKET, MAX_WORKERS
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import (
+    add_iters,
+    add_loss_rates,
+    add_mtu,
+    add_seed,
+    add_warmup,
+    add_workers,
+    bench_command,
+)
 from lta.bench.netns_harness import (
     DEFAULT_MTU,
     DEFAULT_RATE,
@@ -228,12 +236,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1.0,
         help="tensor size in MiB of float32 (> 0)",
     )
-    p.add_argument(
-        "--loss",
-        type=argtypes.csv_of(argtypes.probability, "loss rates"),
-        default=[float(v) for v in DEFAULT_LOSSES.split(",")],
-        help="comma-separated loss rates per link and direction, each in [0, 1]",
-    )
+    add_loss_rates(p, [float(v) for v in DEFAULT_LOSSES.split(",")])
     p.add_argument(
         "--rate",
         "--rate-mbit",
@@ -243,19 +246,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RATE",
         help=f"tbf rate of every worker link, both directions ({RATE_HELP}; default {DEFAULT_RATE})",
     )
-    p.add_argument(
-        "--iters",
-        type=argtypes.positive_int,
-        default=500,
-        help=f"timed allreduces per system and loss rate (p99.9 needs >= {P99_9_MIN_ITERS})",
-    )
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=10, help="untimed allreduces first")
-    p.add_argument(
-        "--mtu",
-        type=argtypes.int_range(68, 65535, "MTU"),
-        default=DEFAULT_MTU,
-        help="link MTU in bytes, 68..65535 (9000: jumbo frames)",
-    )
+    add_iters(p, 500, f"timed allreduces per system and loss rate (p99.9 needs >= {P99_9_MIN_ITERS})")
+    add_warmup(p, 10, "untimed allreduces first")
+    add_mtu(p, DEFAULT_MTU, "link MTU in bytes, 68..65535 (9000: jumbo frames)")
     p.add_argument(
         "--elems-per-packet",
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
@@ -273,7 +266,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="lta FLUSH deadline floor, ms (default: one window at the link rate + 1 ms)",
     )
     p.add_argument("--systems", type=systems_arg, default=["gloo", "lta"], help="which systems to run")
-    p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
+    add_seed(p)
     p.add_argument("--plot", default="", help="PNG of the time percentiles against loss ('' for none)")
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_loss_rates, add_mtu, add_steps, add_workers, bench_command
 from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
 from lta.progress import Status
@@ -280,25 +280,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on the rate-limited, lossy namespace links of 'lta bench lossy'. Needs root.",
     )
     add_workers(p, 2, f"ranks, 1..{MAX_WORKERS}")
-    p.add_argument(
-        "--loss",
-        type=argtypes.csv_of(argtypes.probability, "loss rates"),
-        default=[0.0, 0.01, 0.05],
-        help="comma-separated loss rates per link and direction, each in [0, 1]",
-    )
+    add_loss_rates(p, [0.0, 0.01, 0.05])
     p.add_argument(
         "--rate-mbit",
         type=argtypes.float_range(0.0, low_open=True, what="rate"),
         default=200.0,
         help="tbf rate of every worker link, Mbit/s (> 0)",
     )
-    p.add_argument(
-        "--mtu",
-        type=argtypes.int_range(68, 65535, "MTU"),
-        default=harness.DEFAULT_MTU,
-        help="link MTU in bytes, 68..65535",
-    )
-    p.add_argument("--steps", type=argtypes.positive_int, default=400, help="training steps per system")
+    add_mtu(p, harness.DEFAULT_MTU, "link MTU in bytes, 68..65535")
+    add_steps(p, 400, "training steps per system")
     p.add_argument(
         "--lr",
         type=argtypes.float_range(0.0, low_open=True, what="learning rate"),

@@ -48,7 +48,7 @@ import numpy as np
 from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_iters, add_mtu, add_seed, add_warmup, add_workers, bench_command
 from lta.bench.summary import slowest_rank
 from lta.jsonout import emit
 from lta.progress import Status
@@ -441,10 +441,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RATE",
         help=f"tbf rate of every worker link ({harness.RATE_HELP}; default {harness.DEFAULT_RATE})",
     )
-    p.add_argument("--iters", type=argtypes.positive_int, default=200, help="timed allreduces per run")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=10, help="untimed allreduces first")
-    p.add_argument("--mtu", type=argtypes.int_range(68, 65535, "MTU"), default=harness.DEFAULT_MTU,
-                   help="link MTU in bytes")  # fmt: skip
+    add_iters(p, 200, "timed allreduces per run")
+    add_warmup(p, 10, "untimed allreduces first")
+    add_mtu(p, harness.DEFAULT_MTU, "link MTU in bytes")
     p.add_argument("--window", type=argtypes.positive_int, default=harness.DEFAULT_WINDOW,
                    help="units in flight in the critical and early-close runs")  # fmt: skip
     p.add_argument("--experiments", type=experiments_arg, default=list(EXPERIMENTS),
@@ -469,7 +468,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="runs of each variant, interleaved A B B A ... (each --iters allreduces): spreads a shared "
         "machine's load drift over the variants",
     )
-    p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
+    add_seed(p)
 
 
 def config_from_args(args: argparse.Namespace) -> LtpConfig:

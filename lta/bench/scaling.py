@@ -16,7 +16,7 @@ from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_iters, add_workers, bench_command
 from lta.jsonout import emit
 from lta.launch import JobSpec, run_jobs
 from lta.progress import Status
@@ -335,7 +335,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="in a tree, a worker alone in its block has no leaf switch and joins the spine as its own "
         "leaf (docs/protocol.md, 'A worker as its own leaf'); the simulator's trees are not changed",
     )
-    sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
+    add_iters(sc, 5, "reduces per point (median)")
     sc.add_argument(
         "--elems-per-packet",
         type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),

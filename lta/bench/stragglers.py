@@ -51,7 +51,7 @@ from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
-from lta.bench.flags import add_workers, bench_command
+from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_steps, add_workers, bench_command
 from lta.bench.ps_train import make_problem, seed_summary
 from lta.bench.summary import slowest_rank, time_stats
 from lta.jsonout import emit
@@ -499,7 +499,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--micro-batches", type=argtypes.int_range(1, 1024, "micro-batches"), default=8, help="M per step"
     )
-    p.add_argument("--batch", type=argtypes.positive_int, default=8, help="samples per micro-batch")
+    add_batch(p, 8, "samples per micro-batch")
     p.add_argument(
         "--micro-batch-ms",
         type=argtypes.float_range(0.0, low_open=True, what="micro-batch time"),
@@ -527,28 +527,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="add the paper's bounded log-normal compute noise (appendix B.1) to every micro-batch",
     )
-    p.add_argument(
-        "--steps",
-        type=argtypes.positive_int,
-        default=None,
-        help=f"steps per run (default {FULL['steps']}, --quick {QUICK['steps']})",
-    )
+    add_steps(p, None, f"steps per run (default {FULL['steps']}, --quick {QUICK['steps']})")
     p.add_argument(
         "--warmup",
         type=argtypes.positive_int,
         default=None,
         help=f"I: warm-up steps before tau* (default {FULL['warmup']}, --quick {QUICK['warmup']})",
     )
-    p.add_argument(
-        "--seeds",
-        type=argtypes.int_range(1, 50, "seed count"),
-        default=None,
-        help=f"seeds 0..N-1, each run by both systems (default {FULL['seeds']}, --quick {QUICK['seeds']})",
+    add_seeds(
+        p, None, f"seeds 0..N-1, each run by both systems (default {FULL['seeds']}, --quick {QUICK['seeds']})"
     )
-    p.add_argument("--lr", type=argtypes.positive_float, default=0.05, help="SGD learning rate")
-    p.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_lr(p, 0.05, "SGD learning rate")
+    add_momentum(p, 0.9)
     p.add_argument(
         "--max-drop",
         type=argtypes.float_range(0.0, 0.99, what="drop cap"),
