@@ -37,10 +37,10 @@ import contextlib
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,17 +48,16 @@ from hostlib import argtypes
 from hostlib.batchio import IO_MODES, available_modes
 from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
-from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.flags import add_iters, add_warmup, add_workers, bench_command
+from lta.bench.ranks import run_ranks
 from lta.bench.raw_echo import RAW_DATAGRAM_OVERHEAD as RAW_DATAGRAM_OVERHEAD  # still importable here
 from lta.bench.raw_echo import RawSpec, run_raw
 from lta.bench.raw_echo import echo_window as echo_window  # still importable here
-from lta.bench.summary import ratio, time_stats
+from lta.bench.summary import ratio, report, slowest_rank, time_stats
 from lta.demo import memory_available
-from lta.jsonout import emit
-from lta.launch import JobSpec, run_job, running
+from lta.launch import JobSpec, run_job
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -159,26 +158,13 @@ def gloo_bench_worker(rank: int, n: int, port: int, n_values: int, iters: int, w
     queue.put((rank, times))
 
 
-def free_tcp_port() -> int:
-    """A TCP port on loopback that nothing listens on now (for torch.distributed's TCP store)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_gloo(n: int, n_values: int, iters: int, warmup: int) -> list[float]:
+    def args_of(rank: int, port: int, queue: Any) -> tuple[Any, ...]:
+        return (rank, n, port, n_values, iters, warmup, queue)
 
-    ctx = spawn_context()
-    port = free_tcp_port()  # for the TCP store
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=gloo_bench_worker, args=(r, n, port, n_values, iters, warmup, queue))
-        for r in range(n)
-    ]
-    with running(procs, join_s=30):
-        results = dict(queue.get(timeout=600) for _ in range(n))
+    results = run_ranks(n, gloo_bench_worker, args_of, timeout_s=600, join_s=30, daemon=None)
     # An allreduce is over when the slowest rank is done.
-    return list(np.max(np.array([results[r] for r in range(n)]), axis=0))
+    return list(slowest_rank([results[r] for r in range(n)]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -444,9 +430,6 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_allreduce(opts, _progress(status, pairs))
-    if args.json:
-        emit(SCHEMA, out)
-    else:
-        for result in out.get("results", [out]):
-            print("\n".join(format_pair(result)))
-    return 0
+    return report(
+        args.json, SCHEMA, out, lambda: (line for r in out.get("results", [out]) for line in format_pair(r))
+    )

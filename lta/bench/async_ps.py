@@ -21,7 +21,7 @@ server exports), pushes and applied steps.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.async/1"
@@ -189,20 +189,20 @@ def _run(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_async(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'variant':15s} {'to target s':>11s} {'reached':>7s} {'rejected':>8s} {'staleness':>9s} "
-        f"{'pushes':>7s}"
-    )
-    for r in out["rows"]:
-        t = r["time_to_target_s"]["mean"]
-        shown = "-" if t is None else f"{t:.2f}"
-        print(
-            f"{r['variant']:15s} {shown:>11s} {r['reached']:7d} {r['rejection_rate']:8.1%} "
-            f"{r['mean_staleness']:9.2f} {r['pushes']:7.0f}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'variant':15s} {'to target s':>11s} {'reached':>7s} {'rejected':>8s} {'staleness':>9s} "
+            f"{'pushes':>7s}"
         )
-    for key, value in out["targets"].items():
-        print(f"{key}: {value}")
-    return 0
+        for r in out["rows"]:
+            t = r["time_to_target_s"]["mean"]
+            shown = "-" if t is None else f"{t:.2f}"
+            yield (
+                f"{r['variant']:15s} {shown:>11s} {r['reached']:7d} {r['rejection_rate']:8.1%} "
+                f"{r['mean_staleness']:9.2f} {r['pushes']:7.0f}"
+            )
+        for key, value in out["targets"].items():
+            yield f"{key}: {value}"
+
+    return report(args.json, SCHEMA, out, table)

@@ -21,7 +21,7 @@ the ``f`` its arrived count supports instead.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.byzantine/1"
@@ -262,20 +262,20 @@ def _run(args: argparse.Namespace) -> int:
         f"lta bench byzantine: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
     ) as status:
         out = bench_byzantine(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'rule':13s} {'attack':7s} {'loss':>5s} {'final':>8s} {'std':>7s} {'clean':>8s} {'delta':>8s} "
-        f"{'fallback':>8s}  outcome"
-    )
-    for r in out["rows"]:
-        fl, cl = r["final_loss"], r["clean_loss"]
-        mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-        std = "" if fl["std"] is None else f"{fl['std']:.4f}"
-        delta = "" if r["delta"] is None else f"{r['delta']:+.4f}"
-        print(
-            f"{r['rule']:13s} {r['attack']:7s} {r['loss']:5.2f} {mean:>8s} {std:>7s} {cl['mean'] or 0:8.4f} "
-            f"{delta:>8s} {r['fallback_share']:8.0%}  {r['outcome']}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'rule':13s} {'attack':7s} {'loss':>5s} {'final':>8s} {'std':>7s} {'clean':>8s} {'delta':>8s} "
+            f"{'fallback':>8s}  outcome"
         )
-    return 0
+        for r in out["rows"]:
+            fl, cl = r["final_loss"], r["clean_loss"]
+            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
+            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            delta = "" if r["delta"] is None else f"{r['delta']:+.4f}"
+            yield (
+                f"{r['rule']:13s} {r['attack']:7s} {r['loss']:5.2f} {mean:>8s} {std:>7s} "
+                f"{cl['mean'] or 0:8.4f} {delta:>8s} {r['fallback_share']:8.0%}  {r['outcome']}"
+            )
+
+    return report(args.json, SCHEMA, out, table)

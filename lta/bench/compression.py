@@ -13,7 +13,7 @@ and the unused lanes of a last packet included), the final evaluation loss, its 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.compression/1"
@@ -193,22 +193,22 @@ def _run(args: argparse.Namespace) -> int:
         f"lta bench compression: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
     ) as status:
         out = bench_compression(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'method':7s} {'loss':>5s} {'payload B':>10s} {'wire B':>8s} {'final':>8s} {'std':>7s} "
-        f"{'vs none':>8s}  target"
-    )
-    for r in out["rows"]:
-        fl = r["final_loss"]
-        mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-        std = "" if fl["std"] is None else f"{fl['std']:.4f}"
-        rel = "" if r["relative_diff"] is None else f"{r['relative_diff']:+.2%}"
-        met = {True: "met", False: "MISSED", None: ""}[r["met"]]
-        print(
-            f"{r['method']:7s} {r['loss']:5.2f} {r['payload_bytes_per_step']:10.0f} "
-            f"{r['wire_bytes_per_step']:8.0f} "
-            f"{mean:>8s} {std:>7s} {rel:>8s}  {r['target']} {met}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'method':7s} {'loss':>5s} {'payload B':>10s} {'wire B':>8s} {'final':>8s} {'std':>7s} "
+            f"{'vs none':>8s}  target"
         )
-    return 0
+        for r in out["rows"]:
+            fl = r["final_loss"]
+            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
+            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            rel = "" if r["relative_diff"] is None else f"{r['relative_diff']:+.2%}"
+            met = {True: "met", False: "MISSED", None: ""}[r["met"]]
+            yield (
+                f"{r['method']:7s} {r['loss']:5.2f} {r['payload_bytes_per_step']:10.0f} "
+                f"{r['wire_bytes_per_step']:8.0f} "
+                f"{mean:>8s} {std:>7s} {rel:>8s}  {r['target']} {met}"
+            )
+
+    return report(args.json, SCHEMA, out, table)

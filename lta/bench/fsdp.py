@@ -20,18 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
-from hostlib.lifetime import spawn_context
-from lta.bench.allreduce import free_tcp_port
 from lta.bench.flags import add_seed, add_steps, add_warmup, add_workers, bench_command
-from lta.bench.summary import ratio, slowest_rank, time_stats
-from lta.jsonout import emit
-from lta.launch import running
+from lta.bench.ranks import raise_rank_errors, run_ranks
+from lta.bench.summary import ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.fsdp/1"
@@ -113,20 +111,11 @@ def run_variant(
     timeout_s: float = 900.0,
     seed: int = 0,
 ) -> dict:
-    ctx = spawn_context()
-    queue, port = ctx.Queue(), free_tcp_port()
-    procs = [
-        ctx.Process(
-            target=fsdp_worker, args=(backend, env, r, world, port, steps, warmup, queue, seed), daemon=True
-        )
-        for r in range(world)
-    ]
-    with running(procs, join_s=10):
-        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
-    errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
-    if errors:
-        user = all(v.get("user_error") for v in results.values() if "error" in v)
-        raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
+    def args_of(rank: int, port: int, queue: Any) -> tuple[Any, ...]:
+        return (backend, env, rank, world, port, steps, warmup, queue, seed)
+
+    results = run_ranks(world, fsdp_worker, args_of, timeout_s)
+    raise_rank_errors(backend, results)
     step = slowest_rank([results[r]["times_s"] for r in range(world)])
     losses = np.mean(np.array([results[r]["losses"] for r in range(world)]), axis=0)  # over ranks
     out: dict[str, Any] = {
@@ -236,27 +225,27 @@ def _run(args: argparse.Namespace) -> int:
     out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
     out["ratio_lta_grads_only_over_gloo_p50"] = ratio(out["lta_grads_only"]["p50_ms"], out["gloo"]["p50_ms"])
     out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
-    for name in variants:
-        r = out[name]
-        print(
-            f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-            f"cpu {r['cpu_ms_per_step']:7.1f} ms/step  "
-            f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
-        )
-        if "summary" in r:
-            s = r["summary"]
-            print(
-                f"                 gradients: loss seen {s['grad_loss_seen']:.3f}; parameters: copies lost "
-                f"{s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age {s['max_age']} "
-                f"(S={s['stale_bound']}), resyncs {s['resyncs']}"
+
+    def table() -> Iterator[str]:
+        yield f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
+        for name in variants:
+            r = out[name]
+            yield (
+                f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+                f"cpu {r['cpu_ms_per_step']:7.1f} ms/step  "
+                f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
             )
-    print(
-        f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}, cpu per step: "
-        f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
-        f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
-    )
-    return 0
+            if "summary" in r:
+                s = r["summary"]
+                yield (
+                    f"                 gradients: loss seen {s['grad_loss_seen']:.3f}; parameters: "
+                    f"copies lost {s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age "
+                    f"{s['max_age']} (S={s['stale_bound']}), resyncs {s['resyncs']}"
+                )
+        yield (
+            f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}, cpu per step: "
+            f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
+            f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
+        )
+
+    return report(args.json, SCHEMA, out, table)

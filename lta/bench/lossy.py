@@ -79,8 +79,7 @@ from lta.bench.netns_harness import softswitch_in as softswitch_in
 from lta.bench.netns_harness import tbf_burst_bytes as tbf_burst_bytes
 from lta.bench.netns_harness import window_for_rate as window_for_rate
 from lta.bench.netns_harness import worker_argv as _worker_argv  # noqa: F401
-from lta.bench.summary import slowest_rank
-from lta.jsonout import emit
+from lta.bench.summary import report, slowest_rank
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -293,11 +292,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_lossy(cfg, args.loss, args.systems, args.plot or None, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-    else:
-        print(format_table(out, args.systems))
-    return 0
+    return report(args.json, SCHEMA, out, lambda: [format_table(out, args.systems)])
 
 
 def format_table(out: dict[str, Any], systems: Sequence[str]) -> str:

@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -38,8 +38,7 @@ from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
 from lta.bench.flags import add_loss_rates, add_mtu, add_steps, add_workers, bench_command
-from lta.bench.summary import slowest_rank, time_stats
-from lta.jsonout import emit
+from lta.bench.summary import report, slowest_rank, time_stats
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -327,23 +326,23 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_lossy_train(cfg, args.loss, args.target_loss, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'loss':>6s} {'system':6s} {'p50':>7s} {'p99':>7s} {'mean':>7s} {'steps→tgt':>9s} "
-        f"{'s→tgt':>7s} {'final':>6s}   (step times in ms)"
-    )
-    for p in out["points"]:
-        for system in ("gloo", "lta"):
-            s = p[system]
-            steps = "-" if s["steps_to_target"] is None else str(s["steps_to_target"])
-            secs = "-" if s["seconds_to_target"] is None else f"{s['seconds_to_target']:.1f}"
-            print(
-                f"{p['loss']:6.3f} {system:6s} {s['step_p50_ms']:7.1f} {s['step_p99_ms']:7.1f} "
-                f"{s['step_mean_ms']:7.1f} {steps:>9s} {secs:>7s} {s['final_loss']:6.3f}"
-            )
-    return 0
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'loss':>6s} {'system':6s} {'p50':>7s} {'p99':>7s} {'mean':>7s} {'steps→tgt':>9s} "
+            f"{'s→tgt':>7s} {'final':>6s}   (step times in ms)"
+        )
+        for p in out["points"]:
+            for system in ("gloo", "lta"):
+                s = p[system]
+                steps = "-" if s["steps_to_target"] is None else str(s["steps_to_target"])
+                secs = "-" if s["seconds_to_target"] is None else f"{s['seconds_to_target']:.1f}"
+                yield (
+                    f"{p['loss']:6.3f} {system:6s} {s['step_p50_ms']:7.1f} {s['step_p99_ms']:7.1f} "
+                    f"{s['step_mean_ms']:7.1f} {steps:>9s} {secs:>7s} {s['final_loss']:6.3f}"
+                )
+
+    return report(args.json, SCHEMA, out, table)
 
 
 if __name__ == "__main__":

@@ -49,8 +49,7 @@ from hostlib import argtypes
 from hostlib.protocol import MAX_WORKERS
 from lta.bench import netns_harness as harness
 from lta.bench.flags import add_iters, add_mtu, add_seed, add_warmup, add_workers, bench_command
-from lta.bench.summary import slowest_rank
-from lta.jsonout import emit
+from lta.bench.summary import report, slowest_rank
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -498,11 +497,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_ltp(cfg, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-    else:
-        print(format_report(out))
-    return 0
+    return report(args.json, SCHEMA, out, lambda: [format_report(out)])
 
 
 def format_report(out: dict[str, Any]) -> str:

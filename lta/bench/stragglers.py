@@ -38,7 +38,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -53,8 +53,7 @@ from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
 from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_steps, add_workers, bench_command
 from lta.bench.ps_train import make_problem, seed_summary
-from lta.bench.summary import slowest_rank, time_stats
-from lta.jsonout import emit
+from lta.bench.summary import report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.stragglers/1"
@@ -588,20 +587,20 @@ def _run(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_stragglers(spec, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    b, d = out["baseline"], out["dropcompute"]
-    print(f"{'system':12s} {'p50 ms':>8s} {'mean ms':>8s} {'samples/s':>10s} {'final loss':>10s}")
-    for name, s in (("baseline", b), ("dropcompute", d)):
-        print(
-            f"{name:12s} {s['step_p50_ms']:8.1f} {s['step_mean_ms']:8.1f} {s['samples_per_s']:10.1f} "
-            f"{s['final_loss']:10.4f}"
+
+    def table() -> Iterator[str]:
+        b, d = out["baseline"], out["dropcompute"]
+        yield f"{'system':12s} {'p50 ms':>8s} {'mean ms':>8s} {'samples/s':>10s} {'final loss':>10s}"
+        for name, s in (("baseline", b), ("dropcompute", d)):
+            yield (
+                f"{name:12s} {s['step_p50_ms']:8.1f} {s['step_mean_ms']:8.1f} {s['samples_per_s']:10.1f} "
+                f"{s['final_loss']:10.4f}"
+            )
+        tau = "none" if d["tau_s"] is None else f"{d['tau_s'] * 1e3:.1f} ms"
+        pred = "-" if out["s_eff_predicted"] is None else f"{out['s_eff_predicted']:.3f}"
+        yield (
+            f"tau* {tau}, dropped {d['dropped_fraction']:.1%}, speedup {out['speedup']:.3f}, "
+            f"S_eff predicted {pred}, measured {out['s_eff_measured']:.3f}"
         )
-    tau = "none" if d["tau_s"] is None else f"{d['tau_s'] * 1e3:.1f} ms"
-    pred = "-" if out["s_eff_predicted"] is None else f"{out['s_eff_predicted']:.3f}"
-    print(
-        f"tau* {tau}, dropped {d['dropped_fraction']:.1%}, speedup {out['speedup']:.3f}, "
-        f"S_eff predicted {pred}, measured {out['s_eff_measured']:.3f}"
-    )
-    return 0
+
+    return report(args.json, SCHEMA, out, table)
