@@ -50,7 +50,7 @@ from hostlib.dropmodels import DropPolicy
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
-from lta.bench.flags import add_iters, add_warmup, add_workers, bench_command
+from lta.bench.flags import add_elems_per_packet, add_iters, add_warmup, add_workers, bench_command
 from lta.bench.ranks import run_ranks
 from lta.bench.raw_echo import RAW_DATAGRAM_OVERHEAD as RAW_DATAGRAM_OVERHEAD  # still importable here
 from lta.bench.raw_echo import RawSpec, run_raw
@@ -365,11 +365,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_iters(a, 20, "timed allreduces per system")
     add_warmup(a, 3, "untimed allreduces first")
-    a.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
-        default=64,
-        help=f"K, values per packet: 64 as the P4 program, up to {MAX_ELEMS_PER_PACKET} (one datagram)",
+    add_elems_per_packet(
+        a, 64, f"K, values per packet: 64 as the P4 program, up to {MAX_ELEMS_PER_PACKET} (one datagram)"
     )
     a.add_argument(
         "--io",

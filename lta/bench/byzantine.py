@@ -27,7 +27,10 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes, robust
-from lta.bench.flags import add_batch, add_lr, add_lr_decay, add_momentum, add_seeds, add_steps, bench_command
+from lta.bench.flags import (
+    add_sync_training,
+    bench_command,
+)
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -231,18 +234,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[(1, 4), (2, 7)],
         help="attackers of workers, e.g. 1of4,2of7",
     )
-    b.add_argument(
-        "--losses",
-        type=argtypes.csv_of(argtypes.float_range(0.0, 0.9, what="loss rate"), "loss rates"),
-        default=[0.0, 0.1],
-        help="Bernoulli loss of PUSH and PARAM packets",
-    )
-    add_seeds(b, 3, "seeds per case")
-    add_steps(b, 200, "training steps per run")
-    add_batch(b, 32)
-    add_lr(b, 0.1)
-    add_lr_decay(b, "rule")
-    add_momentum(b, 0.9)
+    add_sync_training(b, steps=200, lr=0.1, each="rule", losses=[0.0, 0.1])
     b.add_argument(
         "--attack-scale", type=argtypes.positive_float, default=10.0, help="attackers send -scale x g"
     )

@@ -20,16 +20,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.compress import COMPRESSORS
-from lta.bench.flags import (
-    add_batch,
-    add_lr,
-    add_lr_decay,
-    add_momentum,
-    add_seeds,
-    add_steps,
-    add_workers,
-    bench_command,
-)
+from lta.bench.flags import add_sync_training, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -170,19 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.01,
         help="share of values a top-k push sends",
     )
-    c.add_argument(
-        "--losses",
-        type=argtypes.csv_of(argtypes.float_range(0.0, 0.9, what="loss rate"), "loss rates"),
-        default=[0.0, 0.1],
-        help="Bernoulli loss of PUSH and PARAM packets",
-    )
-    add_seeds(c, 3, "seeds per case")
     add_workers(c, 4, "workers")
-    add_steps(c, 300, "training steps per run")
-    add_batch(c, 32)
-    add_lr(c, 0.05)
-    add_lr_decay(c, "method")
-    add_momentum(c, 0.9)
+    add_sync_training(c, steps=300, lr=0.05, each="method", losses=[0.0, 0.1])
     add_common_args(c, d_in=32, hidden=64, classes=10)
 
 

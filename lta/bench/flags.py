@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hostlib import argtypes
+from hostlib.protocol import MAX_ELEMS_PER_PACKET
 
 JSON_HELP = "one JSON document on stdout"
 
@@ -130,3 +131,33 @@ def add_mtu(parser: argparse.ArgumentParser, default: int, help: str) -> None:
 def add_seed(parser: argparse.ArgumentParser, help: str = "seed of the inputs") -> None:
     """``--seed``: one seed (>= 0, default 0)."""
     parser.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help=help)
+
+
+def add_elems_per_packet(parser: argparse.ArgumentParser, default: int, help: str) -> None:
+    """``--elems-per-packet``: K, values per packet, 1..MAX_ELEMS_PER_PACKET."""
+    parser.add_argument(
+        "--elems-per-packet",
+        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
+        default=default,
+        help=help,
+    )
+
+
+def add_sync_training(
+    parser: argparse.ArgumentParser, *, steps: int, lr: float, each: str, losses: list[float]
+) -> None:
+    """What a parameter-server bench that trains in sync rounds, over seeds and loss rates, is asked
+    (``byzantine``, ``compression``): ``--losses``, ``--seeds``, ``--steps``, ``--batch``, ``--lr``,
+    ``--lr-decay`` (so that every ``each`` ends converged), ``--momentum``."""
+    parser.add_argument(
+        "--losses",
+        type=argtypes.csv_of(argtypes.float_range(0.0, 0.9, what="loss rate"), "loss rates"),
+        default=losses,
+        help="Bernoulli loss of PUSH and PARAM packets",
+    )
+    add_seeds(parser, 3, "seeds per case")
+    add_steps(parser, steps, "training steps per run")
+    add_batch(parser, 32)
+    add_lr(parser, lr)
+    add_lr_decay(parser, each)
+    add_momentum(parser, 0.9)

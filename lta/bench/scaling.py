@@ -16,7 +16,7 @@ from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
-from lta.bench.flags import add_iters, add_workers, bench_command
+from lta.bench.flags import add_elems_per_packet, add_iters, add_workers, bench_command
 from lta.bench.summary import report
 from lta.launch import JobSpec, run_jobs
 from lta.progress import Status
@@ -336,12 +336,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "leaf (docs/protocol.md, 'A worker as its own leaf'); the simulator's trees are not changed",
     )
     add_iters(sc, 5, "reduces per point (median)")
-    sc.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
-        default=64,
-        help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
-    )
+    add_elems_per_packet(sc, 64, f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}")
     sc.add_argument(
         "--pool-size",
         type=argtypes.int_range(2, MAX_POOL_SIZE, "pool size"),
