@@ -46,14 +46,13 @@ from lta.bench.flags import (
 )
 from lta.bench.netns_harness import (
     DEFAULT_MTU,
-    DEFAULT_RATE,
     IPV4_BYTES,
-    RATE_HELP,
     TBF_QUEUE_MS,
     UDP_BYTES,
     WINDOW_RTT_MS,
     LossyConfig,
     Progress,
+    add_rate,
     counter_totals,
     format_rate,
     gloo_wire_bytes,
@@ -61,7 +60,6 @@ from lta.bench.netns_harness import (
     lta_frame_bytes,
     lta_wire_bytes,
     measured_loss,
-    rate_arg,
     require_root_or_say,
     run_gloo_workers,
     run_lta_workers,
@@ -236,15 +234,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tensor size in MiB of float32 (> 0)",
     )
     add_loss_rates(p, [float(v) for v in DEFAULT_LOSSES.split(",")])
-    p.add_argument(
-        "--rate",
-        "--rate-mbit",
-        dest="rate",
-        type=rate_arg,
-        default=DEFAULT_RATE,
-        metavar="RATE",
-        help=f"tbf rate of every worker link, both directions ({RATE_HELP}; default {DEFAULT_RATE})",
-    )
+    add_rate(p, "tbf rate of every worker link, both directions", "--rate-mbit")
     add_iters(p, 500, f"timed allreduces per system and loss rate (p99.9 needs >= {P99_9_MIN_ITERS})")
     add_warmup(p, 10, "untimed allreduces first")
     add_mtu(p, DEFAULT_MTU, "link MTU in bytes, 68..65535 (9000: jumbo frames)")

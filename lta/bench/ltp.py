@@ -433,13 +433,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_workers(p, 2, f"worker namespaces, 1..{MAX_WORKERS}")
     p.add_argument("--mib", type=argtypes.positive_float, default=1.0, help="tensor size in MiB of float32")
-    p.add_argument(
-        "--rate",
-        type=harness.rate_arg,
-        default=harness.DEFAULT_RATE,
-        metavar="RATE",
-        help=f"tbf rate of every worker link ({harness.RATE_HELP}; default {harness.DEFAULT_RATE})",
-    )
+    harness.add_rate(p, "tbf rate of every worker link")
     add_iters(p, 200, "timed allreduces per run")
     add_warmup(p, 10, "untimed allreduces first")
     add_mtu(p, harness.DEFAULT_MTU, "link MTU in bytes")

@@ -752,6 +752,20 @@ def rate_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--rate: ")) from None
 
 
+def add_rate(parser: argparse.ArgumentParser, help: str, *aliases: str) -> None:
+    """``--rate`` (and ``aliases``): the tbf rate of every worker link (:func:`rate_arg`), in Mbit/s once
+    parsed; ``help`` says what it shapes, the accepted spellings and the default follow it."""
+    parser.add_argument(
+        "--rate",
+        *aliases,
+        dest="rate",
+        type=rate_arg,
+        default=DEFAULT_RATE,
+        metavar="RATE",
+        help=f"{help} ({RATE_HELP}; default {DEFAULT_RATE})",
+    )
+
+
 def require_root_or_say(command: str = "lta bench lossy") -> None:
     """Namespaces need root, iproute2 and nftables: a one-line user error otherwise (not a traceback from
     inside ``ip netns exec``)."""
