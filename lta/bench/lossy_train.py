@@ -137,17 +137,15 @@ def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
 def worker_cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lta.bench.lossy_train", description="one train rank")
     parser.add_argument("system", choices=["gloo", "lta"])
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--workers", type=int, required=True)
+    harness.add_worker_process_flags(
+        parser,
+        master_required=True,
+        elems_per_packet=2048,
+        window=harness.DEFAULT_WINDOW,
+        min_deadline_ms=5.0,
+    )
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--master", required=True, help="IP:PORT of rank 0's store")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--switch", help="lta: IP:PORT of the softswitch")
-    parser.add_argument("--bind", help="lta: IP:PORT this rank sends from")
-    parser.add_argument("--elems-per-packet", type=int, default=2048)
-    parser.add_argument("--window", type=int, default=harness.DEFAULT_WINDOW)
-    parser.add_argument("--min-deadline-ms", type=float, default=5.0)
     parser.add_argument("--rebroadcast-every", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

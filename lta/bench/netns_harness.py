@@ -377,6 +377,27 @@ def gloo_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     return {"rank": args.rank, "times_s": times}
 
 
+def add_worker_process_flags(
+    parser: argparse.ArgumentParser,
+    master_required: bool = False,
+    elems_per_packet: int | None = None,
+    window: int | None = None,
+    min_deadline_ms: float | None = None,
+) -> None:
+    """The flags every worker process on the harness takes (this module's and ``lossy_train``'s): who
+    it is (``--rank``, ``--workers``, ``--seed``), where gloo's store (``--master``), the softswitch
+    (``--switch``) and its own socket (``--bind``) are, and lta's K, window and deadline floor."""
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--master", required=master_required, help="gloo: IP:PORT of rank 0's store")
+    parser.add_argument("--switch", help="lta: IP:PORT of the softswitch")
+    parser.add_argument("--bind", help="lta: IP:PORT this worker sends from")
+    parser.add_argument("--elems-per-packet", type=int, default=elems_per_packet)
+    parser.add_argument("--window", type=int, default=window)
+    parser.add_argument("--min-deadline-ms", type=float, default=min_deadline_ms)
+
+
 def worker_cli(
     argv: list[str] | None = None,
     lta_main: Callable[[argparse.Namespace], dict[str, Any]] | None = None,
@@ -386,18 +407,10 @@ def worker_cli(
     (default :func:`lta_worker_main`) runs an ``lta-worker``: a study that traces one passes its own."""
     parser = argparse.ArgumentParser(prog=prog, description="one bench worker")
     parser.add_argument("system", choices=["lta-worker", "gloo-worker"])
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--workers", type=int, required=True)
+    add_worker_process_flags(parser)
     parser.add_argument("--values", type=int, required=True)
     parser.add_argument("--iters", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--master", help="gloo: IP:PORT of rank 0's store")
-    parser.add_argument("--switch", help="lta: IP:PORT of the softswitch")
-    parser.add_argument("--bind", help="lta: IP:PORT this worker sends from")
-    parser.add_argument("--elems-per-packet", type=int)
-    parser.add_argument("--window", type=int)
-    parser.add_argument("--min-deadline-ms", type=float)
     parser.add_argument(
         "--critical-every", type=int, default=0, help="lta: every Nth chunk critical (0: none)"
     )
