@@ -34,6 +34,7 @@ from hostlib.transport.plan import GAVE_UP, ReducePlan
 from hostlib.transport.result import ReduceResult
 from hostlib.transport.trace import EngineTrace
 from lta.bench import netns_harness as harness
+from lta.bench.flags import add_workers
 from lta.bench.summary import slowest_rank, time_stats
 
 _STAT_KEYS = ("flushes_sent", "flushes_on_timer", "results_retx", "units_overtaken", "packets_sent")
@@ -280,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(prog="python -m lta.bench.lossy_tail", description=__doc__)
     p.add_argument("run", choices=["run"])
-    p.add_argument("--rate", type=harness.rate_arg, default=harness.DEFAULT_RATE)
+    harness.add_rate(p, "tbf rate of every worker link")
     p.add_argument("--loss", type=float, default=0.01)
     p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--workers", type=int, default=2)
+    add_workers(p, 2, "worker namespaces", type=int)
     p.add_argument("--mib", type=float, default=1.0)
     p.add_argument("--window", type=int)
     p.add_argument("--min-deadline-ms", type=float)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lta.bench.flags import script_parser
+from lta.bench.flags import add_workers, script_parser
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -97,7 +97,7 @@ def measure(n_workers: int = 4, repeats: int = 20, drop: float = 0.1) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     p = script_parser("lta.bench.rotate_cost", __doc__)
-    p.add_argument("--workers", type=int, default=4, help="simulated workers in the reduce (default 4)")
+    add_workers(p, 4, "simulated workers in the reduce (default 4)", type=int)
     p.add_argument("--repeats", type=int, default=20, help="timings per figure (median reported)")
     p.add_argument("--drop", type=float, default=0.1, help="GRAD and PARAM loss rate (default 0.1)")
     args = p.parse_args(argv)
