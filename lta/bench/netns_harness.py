@@ -87,7 +87,7 @@ UDP_BYTES = 8
 TCP_BYTES = 32  # 20 + the 12-byte timestamp option Linux puts on every segment
 TCP_ACK_FRAME_BYTES = ETH_BYTES + IPV4_BYTES + TCP_BYTES
 DEFAULT_MTU = 9000
-DEFAULT_WINDOW = 16  # the window lta bench ltp and lossy-train keep (this bench: window_for_rate)
+DEFAULT_WINDOW = 16  # the window lta bench ltp and lossy-train keep (lta bench lossy: window_for_rate)
 WINDOW_RTT_MS = 2.0  # round trip of a unit through softswitch and workers with no queue (window_for_rate)
 DEFAULT_RATE = "200mbit"
 TBF_QUEUE_MS = 50.0  # tbf latency: the queue holds this long at the rate, on top of the bucket
@@ -106,6 +106,8 @@ STDERR_KEEP_BYTES = 64 * 1024  # the tail of each worker's stderr kept for error
 PROGRESS_STEPS = 10  # rank 0 reports its progress this many times per run
 SWITCH_NICE = -10  # the softswitch's scheduling priority (see softswitch_in)
 SWITCH_NICE_ARGV = ("nice", "-n", str(SWITCH_NICE))
+
+
 # ---- link rate -----------------------------------------------------------------------------------
 _RATE_UNITS_MBIT = {"": 1.0, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
 _RATE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(kbit|mbit|gbit)?\s*", re.IGNORECASE)
