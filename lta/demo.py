@@ -201,7 +201,7 @@ def _netns_prefix(text: str) -> str:
 
 def _run_netns(args: argparse.Namespace, n_values: int) -> int:
     """``--netns``: the tree in network namespaces (lta/tree_netns.py)."""
-    from lta.bench.lossy import require_root_or_say
+    from lta.bench.netns_harness import require_root_or_say
     from lta.tree_netns import TreeDemoConfig, format_report, run_tree_demo
 
     if not args.leaves:

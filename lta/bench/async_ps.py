@@ -21,12 +21,13 @@ server exports), pushes and applied steps.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes
+from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -35,7 +36,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.async/1"
@@ -134,8 +135,10 @@ def _targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser(
+    a = bench_command(
+        sub,
         "async",
+        _run,
         help="sync windows vs async bounded staleness (fixed, adaptive) with a straggler: time to a loss",
         description="Synchronous windows against asynchronous bounded staleness (fixed and adaptive "
         "bounds) through the parameter server, with one worker slower than the others: wall-clock time "
@@ -144,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--variants", type=argtypes.csv_of(_variant, "variants"), default=list(VARIANTS), help="what to run"
     )
-    a.add_argument("--workers", type=argtypes.int_range(2, 64, "worker count"), default=4, help="workers")
+    add_workers(a, 4, "workers", type=argtypes.int_range(2, 64, "worker count"))
     a.add_argument(
         "--straggler-factor",
         type=argtypes.float_range(1.0, what="factor"),
@@ -158,19 +161,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--target-loss", type=argtypes.positive_float, default=1.55, help="evaluation loss to reach"
     )
     a.add_argument("--time-limit", type=argtypes.positive_float, default=20.0, help="seconds per run at most")
-    a.add_argument(
-        "--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per variant"
-    )
-    a.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    a.add_argument("--lr", type=argtypes.positive_float, default=0.2, help="learning rate of a sync step")
+    add_seeds(a, 3, "seeds per variant")
+    add_batch(a, 32)
+    add_lr(a, 0.2, "learning rate of a sync step")
     a.add_argument(
         "--async-lr",
         type=argtypes.positive_float,
         help="learning rate of each async update (default: --lr / --workers, the same step per sample)",
     )
-    a.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.5, help="SGD momentum"
-    )
+    add_momentum(a, 0.5)
     a.add_argument("--max-wait-s", type=argtypes.positive_float, default=2.0, help="sync: window deadline")
     a.add_argument("--max-staleness", type=argtypes.nonnegative_int, default=4, help="async: staleness bound")
     a.add_argument("--min-staleness", type=argtypes.nonnegative_int, default=1, help="adaptive: lower clamp")
@@ -181,7 +180,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="adaptive: upper clamp is max_staleness x this",
     )
     add_common_args(a, d_in=32, hidden=64, classes=10)
-    a.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -191,20 +189,20 @@ def _run(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_async(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'variant':15s} {'to target s':>11s} {'reached':>7s} {'rejected':>8s} {'staleness':>9s} "
-        f"{'pushes':>7s}"
-    )
-    for r in out["rows"]:
-        t = r["time_to_target_s"]["mean"]
-        shown = "-" if t is None else f"{t:.2f}"
-        print(
-            f"{r['variant']:15s} {shown:>11s} {r['reached']:7d} {r['rejection_rate']:8.1%} "
-            f"{r['mean_staleness']:9.2f} {r['pushes']:7.0f}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'variant':15s} {'to target s':>11s} {'reached':>7s} {'rejected':>8s} {'staleness':>9s} "
+            f"{'pushes':>7s}"
         )
-    for key, value in out["targets"].items():
-        print(f"{key}: {value}")
-    return 0
+        for r in out["rows"]:
+            t = r["time_to_target_s"]["mean"]
+            shown = "-" if t is None else f"{t:.2f}"
+            yield (
+                f"{r['variant']:15s} {shown:>11s} {r['reached']:7d} {r['rejection_rate']:8.1%} "
+                f"{r['mean_staleness']:9.2f} {r['pushes']:7.0f}"
+            )
+        for key, value in out["targets"].items():
+            yield f"{key}: {value}"
+
+    return report(args.json, SCHEMA, out, table)

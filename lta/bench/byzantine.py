@@ -21,12 +21,16 @@ the ``f`` its arrived count supports instead.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes, robust
+from lta.bench.flags import (
+    add_sync_training,
+    bench_command,
+)
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -35,7 +39,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.byzantine/1"
@@ -212,8 +216,10 @@ def _row(
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser(
+    b = bench_command(
+        sub,
         "byzantine",
+        _run,
         help="robust rules (trimmed mean, median, Krum, Bulyan) against sign-flipping workers, with loss",
         description="Robust aggregation rules of the parameter server against Byzantine workers that send "
         "sign-flipped, scaled gradients, with and without packet loss: final loss per rule, attack and "
@@ -228,25 +234,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[(1, 4), (2, 7)],
         help="attackers of workers, e.g. 1of4,2of7",
     )
-    b.add_argument(
-        "--losses",
-        type=argtypes.csv_of(argtypes.float_range(0.0, 0.9, what="loss rate"), "loss rates"),
-        default=[0.0, 0.1],
-        help="Bernoulli loss of PUSH and PARAM packets",
-    )
-    b.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per case")
-    b.add_argument("--steps", type=argtypes.positive_int, default=200, help="training steps per run")
-    b.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    b.add_argument("--lr", type=argtypes.positive_float, default=0.1, help="learning rate")
-    b.add_argument(
-        "--lr-decay",
-        choices=("linear", "none"),
-        default="linear",
-        help="linear: the lr sent with push t is lr x (1 - t/steps), so every rule ends converged",
-    )
-    b.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_sync_training(b, steps=200, lr=0.1, each="rule", losses=[0.0, 0.1])
     b.add_argument(
         "--attack-scale", type=argtypes.positive_float, default=10.0, help="attackers send -scale x g"
     )
@@ -257,7 +245,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="f the rules tolerate: the attackers' count, or what each arrived count supports",
     )
     add_common_args(b, d_in=16, hidden=32, classes=4)
-    b.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -267,20 +254,20 @@ def _run(args: argparse.Namespace) -> int:
         f"lta bench byzantine: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
     ) as status:
         out = bench_byzantine(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'rule':13s} {'attack':7s} {'loss':>5s} {'final':>8s} {'std':>7s} {'clean':>8s} {'delta':>8s} "
-        f"{'fallback':>8s}  outcome"
-    )
-    for r in out["rows"]:
-        fl, cl = r["final_loss"], r["clean_loss"]
-        mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-        std = "" if fl["std"] is None else f"{fl['std']:.4f}"
-        delta = "" if r["delta"] is None else f"{r['delta']:+.4f}"
-        print(
-            f"{r['rule']:13s} {r['attack']:7s} {r['loss']:5.2f} {mean:>8s} {std:>7s} {cl['mean'] or 0:8.4f} "
-            f"{delta:>8s} {r['fallback_share']:8.0%}  {r['outcome']}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'rule':13s} {'attack':7s} {'loss':>5s} {'final':>8s} {'std':>7s} {'clean':>8s} {'delta':>8s} "
+            f"{'fallback':>8s}  outcome"
         )
-    return 0
+        for r in out["rows"]:
+            fl, cl = r["final_loss"], r["clean_loss"]
+            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
+            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            delta = "" if r["delta"] is None else f"{r['delta']:+.4f}"
+            yield (
+                f"{r['rule']:13s} {r['attack']:7s} {r['loss']:5.2f} {mean:>8s} {std:>7s} "
+                f"{cl['mean'] or 0:8.4f} {delta:>8s} {r['fallback_share']:8.0%}  {r['outcome']}"
+            )
+
+    return report(args.json, SCHEMA, out, table)

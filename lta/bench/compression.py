@@ -13,13 +13,14 @@ and the unused lanes of a last packet included), the final evaluation loss, its 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes
 from hostlib.compress import COMPRESSORS
+from lta.bench.flags import add_sync_training, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
@@ -28,7 +29,7 @@ from lta.bench.ps_train import (
     run_training,
     seed_summary,
 )
-from lta.jsonout import emit
+from lta.bench.summary import report
 from lta.progress import Status
 
 SCHEMA = "lta.bench.compression/1"
@@ -140,8 +141,10 @@ def _judge(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser(
+    c = bench_command(
+        sub,
         "compression",
+        _run,
         help="fp16 / int8 / top-k (error feedback) through the parameter server: bytes per step and loss",
         description="Gradient compression through the parameter server at equal steps: bytes per step and "
         "worker, and the final loss against uncompressed, with and without packet loss.",
@@ -158,28 +161,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.01,
         help="share of values a top-k push sends",
     )
-    c.add_argument(
-        "--losses",
-        type=argtypes.csv_of(argtypes.float_range(0.0, 0.9, what="loss rate"), "loss rates"),
-        default=[0.0, 0.1],
-        help="Bernoulli loss of PUSH and PARAM packets",
-    )
-    c.add_argument("--seeds", type=argtypes.int_range(1, 50, "seed count"), default=3, help="seeds per case")
-    c.add_argument("--workers", type=argtypes.workers, default=4, help="workers")
-    c.add_argument("--steps", type=argtypes.positive_int, default=300, help="training steps per run")
-    c.add_argument("--batch", type=argtypes.positive_int, default=32, help="minibatch per worker")
-    c.add_argument("--lr", type=argtypes.positive_float, default=0.05, help="learning rate")
-    c.add_argument(
-        "--lr-decay",
-        choices=("linear", "none"),
-        default="linear",
-        help="linear: the lr sent with push t is lr x (1 - t/steps), so every method ends converged",
-    )
-    c.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_workers(c, 4, "workers")
+    add_sync_training(c, steps=300, lr=0.05, each="method", losses=[0.0, 0.1])
     add_common_args(c, d_in=32, hidden=64, classes=10)
-    c.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -189,22 +173,22 @@ def _run(args: argparse.Namespace) -> int:
         f"lta bench compression: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
     ) as status:
         out = bench_compression(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'method':7s} {'loss':>5s} {'payload B':>10s} {'wire B':>8s} {'final':>8s} {'std':>7s} "
-        f"{'vs none':>8s}  target"
-    )
-    for r in out["rows"]:
-        fl = r["final_loss"]
-        mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-        std = "" if fl["std"] is None else f"{fl['std']:.4f}"
-        rel = "" if r["relative_diff"] is None else f"{r['relative_diff']:+.2%}"
-        met = {True: "met", False: "MISSED", None: ""}[r["met"]]
-        print(
-            f"{r['method']:7s} {r['loss']:5.2f} {r['payload_bytes_per_step']:10.0f} "
-            f"{r['wire_bytes_per_step']:8.0f} "
-            f"{mean:>8s} {std:>7s} {rel:>8s}  {r['target']} {met}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'method':7s} {'loss':>5s} {'payload B':>10s} {'wire B':>8s} {'final':>8s} {'std':>7s} "
+            f"{'vs none':>8s}  target"
         )
-    return 0
+        for r in out["rows"]:
+            fl = r["final_loss"]
+            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
+            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            rel = "" if r["relative_diff"] is None else f"{r['relative_diff']:+.2%}"
+            met = {True: "met", False: "MISSED", None: ""}[r["met"]]
+            yield (
+                f"{r['method']:7s} {r['loss']:5.2f} {r['payload_bytes_per_step']:10.0f} "
+                f"{r['wire_bytes_per_step']:8.0f} "
+                f"{mean:>8s} {std:>7s} {rel:>8s}  {r['target']} {met}"
+            )
+
+    return report(args.json, SCHEMA, out, table)

@@ -9,16 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
-from hostlib import argtypes
 from hostlib.errors import LtaError
-from hostlib.lifetime import spawn_context
-from lta.bench.allreduce import free_tcp_port
-from lta.jsonout import emit
-from lta.launch import running
+from lta.bench.flags import add_steps, add_warmup, add_workers, bench_command
+from lta.bench.ranks import raise_rank_errors, run_ranks
+from lta.bench.summary import ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.ddp/1"
@@ -72,23 +69,13 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
 
 
 def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: float = 600.0) -> dict:
-    ctx = spawn_context()
-    queue, port = ctx.Queue(), free_tcp_port()
-    procs = [
-        ctx.Process(target=ddp_worker, args=(backend, r, world, port, steps, warmup, queue), daemon=True)
-        for r in range(world)
-    ]
-    with running(procs, join_s=10):
-        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
-    errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
-    if errors:
-        user = all(v.get("user_error") for v in results.values() if "error" in v)
-        raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
-    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    results = run_ranks(
+        world, ddp_worker, lambda r, port, q: (backend, r, world, port, steps, warmup, q), timeout_s
+    )
+    raise_rank_errors(backend, results)
+    step = slowest_rank([results[r]["times_s"] for r in range(world)])
     return {
-        "p50_ms": float(np.percentile(step, 50) * 1e3),
-        "p99_ms": float(np.percentile(step, 99) * 1e3),
-        "mean_ms": float(step.mean() * 1e3),
+        **time_stats(step),
         "first_loss": results[0]["first_loss"],
         "last_loss": results[0]["last_loss"],
         "params": results[0]["params"],
@@ -96,16 +83,16 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "ddp",
+        _run,
         help="stock DDP step time: init_process_group('lta') with the defaults vs 'gloo', same run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
-    p.add_argument("--steps", type=argtypes.positive_int, default=50, help="timed training steps per backend")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=5, help="untimed steps first")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
+    add_workers(p, 2, "ranks (processes), 1..64")
+    add_steps(p, 50, "timed training steps per backend")
+    add_warmup(p, 5, "untimed steps first")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -116,16 +103,16 @@ def _run(args: argparse.Namespace) -> int:
         for backend in ("gloo", "lta"):
             status.update(f"{backend}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
-    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
-    for backend in ("gloo", "lta"):
-        r = out[backend]
-        print(
-            f"  {backend:5s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-            f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
-        )
-    print(f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}")
-    return 0
+    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
+
+    def table() -> Iterator[str]:
+        yield f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
+        for backend in ("gloo", "lta"):
+            r = out[backend]
+            yield (
+                f"  {backend:5s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+                f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
+            )
+        yield f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}"
+
+    return report(args.json, SCHEMA, out, table)

@@ -20,16 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
-from hostlib.lifetime import spawn_context
-from lta.bench.allreduce import free_tcp_port
-from lta.jsonout import emit
-from lta.launch import running
+from lta.bench.flags import add_seed, add_steps, add_warmup, add_workers, bench_command
+from lta.bench.ranks import raise_rank_errors, run_ranks
+from lta.bench.summary import ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.fsdp/1"
@@ -111,26 +111,15 @@ def run_variant(
     timeout_s: float = 900.0,
     seed: int = 0,
 ) -> dict:
-    ctx = spawn_context()
-    queue, port = ctx.Queue(), free_tcp_port()
-    procs = [
-        ctx.Process(
-            target=fsdp_worker, args=(backend, env, r, world, port, steps, warmup, queue, seed), daemon=True
-        )
-        for r in range(world)
-    ]
-    with running(procs, join_s=10):
-        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
-    errors = [f"rank {r}: {v['error']}" for r, v in sorted(results.items()) if "error" in v]
-    if errors:
-        user = all(v.get("user_error") for v in results.values() if "error" in v)
-        raise (LtaError if user else RuntimeError)(f"{backend}: " + "; ".join(errors))
-    step = np.max(np.array([results[r]["times_s"] for r in range(world)]), axis=0)  # slowest rank
+    def args_of(rank: int, port: int, queue: Any) -> tuple[Any, ...]:
+        return (backend, env, rank, world, port, steps, warmup, queue, seed)
+
+    results = run_ranks(world, fsdp_worker, args_of, timeout_s)
+    raise_rank_errors(backend, results)
+    step = slowest_rank([results[r]["times_s"] for r in range(world)])
     losses = np.mean(np.array([results[r]["losses"] for r in range(world)]), axis=0)  # over ranks
     out: dict[str, Any] = {
-        "p50_ms": float(np.percentile(step, 50) * 1e3),
-        "p99_ms": float(np.percentile(step, 99) * 1e3),
-        "mean_ms": float(step.mean() * 1e3),
+        **time_stats(step),
         "cpu_ms_per_step": sum(results[r]["cpu_s"] for r in range(world)) / steps * 1e3,
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
@@ -169,23 +158,23 @@ def _summary(results: dict[int, dict], world: int) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "fsdp",
+        _run,
         help="stock FSDP2 on a DeviceMesh: lta (0%% and lossy) vs gloo, same run",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help="ranks (processes), 1..64")
-    p.add_argument("--steps", type=argtypes.positive_int, default=30, help="timed training steps per run")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=3, help="untimed steps first")
+    add_workers(p, 2, "ranks (processes), 1..64")
+    add_steps(p, 30, "timed training steps per run")
+    add_warmup(p, 3, "untimed steps first")
     p.add_argument(
         "--loss", type=argtypes.probability, default=0.1, help="emulated loss of GRAD and PARAM packets"
     )
     p.add_argument("--stale-bound", type=argtypes.positive_int, default=8, help="S of the lossy all-gather")
-    p.add_argument(
-        "--seed",
-        type=argtypes.nonnegative_int,
-        default=0,
-        help="the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
+    add_seed(
+        p,
+        "the model's weights, each rank's batch and the emulated loss (a lossless seed spread is "
         "several seeds)",
     )
     p.add_argument(
@@ -194,8 +183,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="receive sockets of the self-hosted softswitch (LTA_SWITCH_SOCKETS; 0: one a rank)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -234,31 +221,31 @@ def _run(args: argparse.Namespace) -> int:
             status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup, seed=args.seed)
     out["loadavg"]["end"] = os.getloadavg()[0]
-    out["ratio_lta_over_gloo_p50"] = out["lta"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
     out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
-    out["ratio_lta_grads_only_over_gloo_p50"] = out["lta_grads_only"]["p50_ms"] / out["gloo"]["p50_ms"]
+    out["ratio_lta_grads_only_over_gloo_p50"] = ratio(out["lta_grads_only"]["p50_ms"], out["gloo"]["p50_ms"])
     out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps")
-    for name in variants:
-        r = out[name]
-        print(
-            f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-            f"cpu {r['cpu_ms_per_step']:7.1f} ms/step  "
-            f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
-        )
-        if "summary" in r:
-            s = r["summary"]
-            print(
-                f"                 gradients: loss seen {s['grad_loss_seen']:.3f}; parameters: copies lost "
-                f"{s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age {s['max_age']} "
-                f"(S={s['stale_bound']}), resyncs {s['resyncs']}"
+
+    def table() -> Iterator[str]:
+        yield f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
+        for name in variants:
+            r = out[name]
+            yield (
+                f"  {name:14s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+                f"cpu {r['cpu_ms_per_step']:7.1f} ms/step  "
+                f"loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}"
             )
-    print(
-        f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}, cpu per step: "
-        f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
-        f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
-    )
-    return 0
+            if "summary" in r:
+                s = r["summary"]
+                yield (
+                    f"                 gradients: loss seen {s['grad_loss_seen']:.3f}; parameters: "
+                    f"copies lost {s['param_loss_seen']:.3f}, stale handed out {s['stale_copies']}, max age "
+                    f"{s['max_age']} (S={s['stale_bound']}), resyncs {s['resyncs']}"
+                )
+        yield (
+            f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}, cpu per step: "
+            f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
+            f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
+        )
+
+    return report(args.json, SCHEMA, out, table)

@@ -1,8 +1,8 @@
 """Why lta's slowest allreduces are slow: one ``lta bench lossy`` point, traced per reduce.
 
-Runs the lossy bench's lta half (same namespaces, links, softswitch and transport settings: see
-:mod:`lta.bench.lossy`) with every worker recording, per allreduce, what its transport did: the FLUSHes
-it sent (when, of which units, the how-manyth FLUSH of each, fast or on a timer), exponent probes,
+Runs the lossy bench's lta half (same namespaces, links, softswitch and transport settings:
+see :mod:`lta.bench.netns_harness`) with every worker recording, per allreduce, what its transport did:
+the FLUSHes it sent (when, of which units, the how-manyth FLUSH of each, fast or on a timer), exponent probes,
 results resent by the switch, units overtaken, the RTO before and after, when its last unit went out
 and when its last RESULT came. It then relates the slowest allreduces (by the slowest rank, as the
 bench times them) to those events.
@@ -33,7 +33,9 @@ from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.plan import GAVE_UP, ReducePlan
 from hostlib.transport.result import ReduceResult
 from hostlib.transport.trace import EngineTrace
-from lta.bench import lossy
+from lta.bench import netns_harness as harness
+from lta.bench.flags import add_workers
+from lta.bench.summary import slowest_rank, time_stats
 
 _STAT_KEYS = ("flushes_sent", "flushes_on_timer", "results_retx", "units_overtaken", "packets_sent")
 
@@ -144,22 +146,19 @@ class _Tracer(EngineTrace):
 
 def worker_cli(argv: list[str]) -> int:
     tracer = _Tracer()
-    plain = lossy.lta_worker_main
 
     def traced_main(args: argparse.Namespace) -> dict[str, Any]:
         args.trace = tracer
-        out = plain(args)
+        out = harness.lta_worker_main(args)
         out["trace"] = tracer.reduces[args.warmup :]
         return out
 
-    lossy.lta_worker_main = traced_main  # type: ignore[assignment]
-    return lossy.worker_cli(argv)
+    return harness.worker_cli(argv, lta_main=traced_main, prog="python -m lta.bench.lossy_tail")
 
 
 # ---- orchestration -------------------------------------------------------------------------------
-def run_traced(cfg: lossy.LossyConfig, loss: float) -> list[dict[str, Any]]:
+def run_traced(cfg: harness.LossyConfig, loss: float) -> list[dict[str, Any]]:
     """The lossy bench's lta run at one loss rate, every worker traced; each rank's result."""
-    from hostlib.protocol import LTA_PORT
     from mininet_topos.netns import remove_stale
 
     remove_stale()
@@ -167,18 +166,11 @@ def run_traced(cfg: lossy.LossyConfig, loss: float) -> list[dict[str, Any]]:
         cfg.network(loss, cfg.worker_timeout_s(loss) + 60.0) as net,
         tempfile.TemporaryDirectory(prefix="lta-tail-") as tmp,
     ):
-        addrs = [f"{h.ip}:{lossy.WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
-        switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
-        window, floor = str(cfg.units_in_flight), f"{cfg.deadline_ms:g}"
-        extra = ["--switch", switch_addr, "--elems-per-packet", str(cfg.k), "--window", window,
-                 "--min-deadline-ms", floor]  # fmt: skip
-        argvs = []
-        for r, h in enumerate(net.workers):
-            argv = lossy._worker_argv("lta-worker", cfg, r, "--bind", addrs[r], *extra)
-            argv[argv.index("lta.bench.lossy")] = "lta.bench.lossy_tail"
-            argvs.append((h, argv))
-        with lossy.softswitch_in(net, cfg, addrs, switch_addr, Path(tmp)) as switch:
-            ranks = lossy.WorkerGroup(net, argvs, cfg.worker_timeout_s(loss), print, "lta").run()
+        addrs, switch_addr = harness.lta_endpoints(net)
+        module = "lta.bench.lossy_tail"  # its workers trace (worker_cli below)
+        argvs = harness.lta_worker_argvs(net, cfg, cfg.units_in_flight, cfg.deadline_ms, module=module)
+        with harness.softswitch_in(net, cfg, addrs, switch_addr, Path(tmp)) as switch:
+            ranks = harness.WorkerGroup(net, argvs, cfg.worker_timeout_s(loss), print, "lta").run()
             fields = Path(f"/proc/{switch.pid}/stat").read_text().rpartition(")")[2].split()
             cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
             ranks[0]["switch_cpu_ms_per_reduce"] = cpu_s * 1e3 / (cfg.iters + cfg.warmup)
@@ -187,7 +179,7 @@ def run_traced(cfg: lossy.LossyConfig, loss: float) -> list[dict[str, Any]]:
 
 def analyse(ranks: list[dict[str, Any]], limit_ms: float, slow_share: float = 0.005) -> dict[str, Any]:
     """Slowest ``slow_share`` of allreduces (max over ranks) against the rest: what happened in them."""
-    times = np.max(np.array([r["times_s"] for r in ranks]), axis=0) * 1e3
+    times = slowest_rank([r["times_s"] for r in ranks]) * 1e3
     n = len(times)
     order = np.argsort(times)[::-1]
     slow = set(order[: max(1, math.ceil(slow_share * n))].tolist())
@@ -268,10 +260,7 @@ def analyse(ranks: list[dict[str, Any]], limit_ms: float, slow_share: float = 0.
     return {
         "n": n,
         "limit_ms": limit_ms,
-        "p50_ms": float(np.percentile(times, 50)),
-        "p99_ms": float(np.percentile(times, 99)),
-        "p99_9_ms": float(np.percentile(times, 99.9)),
-        "max_ms": float(times.max()),
+        **time_stats(times / 1e3, ("p50", "p99", "p99_9", "max")),
         "share_with_event": table,
         "buckets": buckets,
         "correlation_with_time": corr,
@@ -292,20 +281,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(prog="python -m lta.bench.lossy_tail", description=__doc__)
     p.add_argument("run", choices=["run"])
-    p.add_argument("--rate", type=lossy.rate_arg, default=lossy.DEFAULT_RATE)
+    harness.add_rate(p, "tbf rate of every worker link")
     p.add_argument("--loss", type=float, default=0.01)
     p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--workers", type=int, default=2)
+    add_workers(p, 2, "worker namespaces", type=int)
     p.add_argument("--mib", type=float, default=1.0)
     p.add_argument("--window", type=int)
     p.add_argument("--min-deadline-ms", type=float)
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
-    cfg = lossy.LossyConfig(workers=args.workers, mib=args.mib, rate_mbit=args.rate, iters=args.iters,
+    cfg = harness.LossyConfig(workers=args.workers, mib=args.mib, rate_mbit=args.rate, iters=args.iters,
                             window=args.window,
                             min_deadline_ms=args.min_deadline_ms)  # fmt: skip
     ranks = run_traced(cfg, args.loss)
-    limit = lossy.link_limit_ms(lossy.lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2), cfg.rate_mbit)
+    limit = harness.link_limit_ms(harness.lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2), cfg.rate_mbit)
     report = analyse(ranks, limit)
     report["switch_cpu_ms_per_reduce"] = ranks[0].get("switch_cpu_ms_per_reduce")
     report["worker_cpu_ms_per_reduce"] = [float(np.mean([t["cpu_ms"] for t in r["trace"]])) for r in ranks]

@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.protocol import LTA_PORT, MAX_WORKERS
-from lta.bench import lossy as bench_lossy
-from lta.jsonout import emit
+from hostlib.protocol import MAX_WORKERS
+from lta.bench import netns_harness as harness
+from lta.bench.flags import add_loss_rates, add_mtu, add_steps, add_workers, bench_command
+from lta.bench.summary import report, slowest_rank, time_stats
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,13 @@ def train_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", bench_lossy.HOST_DEV)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", harness.HOST_DEV)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{args.master}",
         rank=args.rank,
         world_size=args.workers,
-        timeout=timedelta(seconds=bench_lossy.START_TIMEOUT_S),
+        timeout=timedelta(seconds=harness.START_TIMEOUT_S),
     )
     model = DDP(build_model())
     state = None
@@ -92,7 +93,7 @@ def train_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     teacher = build_teacher()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     samples = torch.Generator().manual_seed(1000 + args.rank)
-    bench_lossy._wait_for_go()
+    harness.wait_for_go()
     dist.barrier()
     times, losses = [], []
     for _ in range(args.steps):
@@ -119,11 +120,11 @@ def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
     from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
     from hostlib.transport import LtaWorker
 
-    config = bench_lossy.transport_config(args)
+    config = harness.transport_config(args)
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     worker = LtaWorker(
-        bench_lossy.JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
+        harness.JOB_ID, args.rank, args.workers, (switch_host, int(switch_port)), config=config,
         bind=(bind_host, int(bind_port)),
     )  # fmt: skip
     state = LtaHookState(worker, rebroadcast_every=args.rebroadcast_every)
@@ -136,17 +137,15 @@ def _register_lta_hook(model: Any, args: argparse.Namespace) -> Any:
 def worker_cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lta.bench.lossy_train", description="one train rank")
     parser.add_argument("system", choices=["gloo", "lta"])
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--workers", type=int, required=True)
+    harness.add_worker_process_flags(
+        parser,
+        master_required=True,
+        elems_per_packet=2048,
+        window=harness.DEFAULT_WINDOW,
+        min_deadline_ms=5.0,
+    )
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--master", required=True, help="IP:PORT of rank 0's store")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--switch", help="lta: IP:PORT of the softswitch")
-    parser.add_argument("--bind", help="lta: IP:PORT this rank sends from")
-    parser.add_argument("--elems-per-packet", type=int, default=2048)
-    parser.add_argument("--window", type=int, default=bench_lossy.DEFAULT_WINDOW)
-    parser.add_argument("--min-deadline-ms", type=float, default=5.0)
     parser.add_argument("--rebroadcast-every", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -164,15 +163,10 @@ def smoothed(losses: Sequence[float], weight: float = EMA_WEIGHT) -> list[float]
 
 
 def summarize_training(ranks: list[dict[str, Any]], target_loss: float) -> dict[str, Any]:
-    step_s = np.max(np.array([r["times_s"] for r in ranks]), axis=0)
+    step_s = slowest_rank([r["times_s"] for r in ranks])
     loss = smoothed(np.mean(np.array([r["losses"] for r in ranks]), axis=0).tolist())
     reached = next((i for i, v in enumerate(loss) if v <= target_loss), None)
-    t = step_s * 1e3
-    out: dict[str, Any] = {
-        "step_mean_ms": float(t.mean()),
-        "step_p50_ms": float(np.percentile(t, 50)),
-        "step_p99_ms": float(np.percentile(t, 99)),
-        "step_max_ms": float(t.max()),
+    out: dict[str, Any] = time_stats(step_s, ("mean", "p50", "p99", "max"), prefix="step_") | {
         "final_loss": loss[-1],
         "steps_to_target": None if reached is None else reached + 1,
         "seconds_to_target": None if reached is None else float(step_s[: reached + 1].sum()),
@@ -185,7 +179,7 @@ def summarize_training(ranks: list[dict[str, Any]], target_loss: float) -> dict[
 
 @dataclass(frozen=True)
 class TrainConfig:
-    lossy: bench_lossy.LossyConfig
+    lossy: harness.LossyConfig
     steps: int = 400
     lr: float = 0.05
     rebroadcast_every: int = 50
@@ -205,13 +199,12 @@ def _train_argv(system: str, cfg: TrainConfig, rank: int, master: str, *extra: s
 
 def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Path) -> list[dict[str, Any]]:
     lossy = cfg.lossy
-    master = f"{net.workers[0].ip}:{bench_lossy.GLOO_PORT}"
+    master = f"{net.workers[0].ip}:{harness.GLOO_PORT}"
     if system == "gloo":
         argvs = [(h, _train_argv("gloo", cfg, r, master)) for r, h in enumerate(net.workers)]
-        return bench_lossy.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
-    addrs = [f"{h.ip}:{bench_lossy.WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
-    switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
-    with bench_lossy.softswitch_in(net, lossy, addrs, switch_addr, workdir):
+        return harness.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
+    addrs, switch_addr = harness.lta_endpoints(net)
+    with harness.softswitch_in(net, lossy, addrs, switch_addr, workdir):
         extra = ["--switch", switch_addr, "--elems-per-packet", str(lossy.k),
                  "--window", str(lossy.units_in_flight), "--min-deadline-ms", f"{lossy.deadline_ms:g}",
                  "--rebroadcast-every", str(cfg.rebroadcast_every)]  # fmt: skip
@@ -219,7 +212,7 @@ def run_system(net: Any, cfg: TrainConfig, system: str, loss: float, workdir: Pa
             (h, _train_argv("lta", cfg, r, master, "--bind", addrs[r], *extra))
             for r, h in enumerate(net.workers)
         ]
-        return bench_lossy.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
+        return harness.WorkerGroup(net, argvs, cfg.timeout_s(loss)).run()
 
 
 def bench_lossy_train(
@@ -275,32 +268,24 @@ def bench_lossy_train(
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "lossy-train",
+        run_cli,
         help="DDP over gloo vs DDP with the lta hook on lossy links (root)",
         description="A training step under loss: stock DDP over gloo against DDP with the lta comm hook, "
         "on the rate-limited, lossy namespace links of 'lta bench lossy'. Needs root.",
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"ranks, 1..{MAX_WORKERS}")
-    p.add_argument(
-        "--loss",
-        type=argtypes.csv_of(argtypes.probability, "loss rates"),
-        default=[0.0, 0.01, 0.05],
-        help="comma-separated loss rates per link and direction, each in [0, 1]",
-    )
+    add_workers(p, 2, f"ranks, 1..{MAX_WORKERS}")
+    add_loss_rates(p, [0.0, 0.01, 0.05])
     p.add_argument(
         "--rate-mbit",
         type=argtypes.float_range(0.0, low_open=True, what="rate"),
         default=200.0,
         help="tbf rate of every worker link, Mbit/s (> 0)",
     )
-    p.add_argument(
-        "--mtu",
-        type=argtypes.int_range(68, 65535, "MTU"),
-        default=bench_lossy.DEFAULT_MTU,
-        help="link MTU in bytes, 68..65535",
-    )
-    p.add_argument("--steps", type=argtypes.positive_int, default=400, help="training steps per system")
+    add_mtu(p, harness.DEFAULT_MTU, "link MTU in bytes, 68..65535")
+    add_steps(p, 400, "training steps per system")
     p.add_argument(
         "--lr",
         type=argtypes.float_range(0.0, low_open=True, what="learning rate"),
@@ -322,16 +307,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--window",
         type=argtypes.positive_int,
-        default=bench_lossy.DEFAULT_WINDOW,
+        default=harness.DEFAULT_WINDOW,
         help="lta units in flight per worker",
     )
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    bench_lossy.require_root_or_say()
-    lossy = bench_lossy.LossyConfig(
+    harness.require_root_or_say()
+    lossy = harness.LossyConfig(
         workers=args.workers, rate_mbit=args.rate_mbit, mtu=args.mtu, window=args.window
     )
     cfg = TrainConfig(lossy, args.steps, args.lr, args.rebroadcast_every)
@@ -341,23 +324,23 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_lossy_train(cfg, args.loss, args.target_loss, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(
-        f"{'loss':>6s} {'system':6s} {'p50':>7s} {'p99':>7s} {'mean':>7s} {'steps→tgt':>9s} "
-        f"{'s→tgt':>7s} {'final':>6s}   (step times in ms)"
-    )
-    for p in out["points"]:
-        for system in ("gloo", "lta"):
-            s = p[system]
-            steps = "-" if s["steps_to_target"] is None else str(s["steps_to_target"])
-            secs = "-" if s["seconds_to_target"] is None else f"{s['seconds_to_target']:.1f}"
-            print(
-                f"{p['loss']:6.3f} {system:6s} {s['step_p50_ms']:7.1f} {s['step_p99_ms']:7.1f} "
-                f"{s['step_mean_ms']:7.1f} {steps:>9s} {secs:>7s} {s['final_loss']:6.3f}"
-            )
-    return 0
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'loss':>6s} {'system':6s} {'p50':>7s} {'p99':>7s} {'mean':>7s} {'steps→tgt':>9s} "
+            f"{'s→tgt':>7s} {'final':>6s}   (step times in ms)"
+        )
+        for p in out["points"]:
+            for system in ("gloo", "lta"):
+                s = p[system]
+                steps = "-" if s["steps_to_target"] is None else str(s["steps_to_target"])
+                secs = "-" if s["seconds_to_target"] is None else f"{s['seconds_to_target']:.1f}"
+                yield (
+                    f"{p['loss']:6.3f} {system:6s} {s['step_p50_ms']:7.1f} {s['step_p99_ms']:7.1f} "
+                    f"{s['step_mean_ms']:7.1f} {steps:>9s} {secs:>7s} {s['final_loss']:6.3f}"
+                )
+
+    return report(args.json, SCHEMA, out, table)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """``lta bench ltp``: LTP's three mechanisms in lta, measured where the kernel shapes and drops packets.
 
-The links are those of ``lta bench lossy`` (:class:`~lta.bench.lossy.LossyConfig`: N worker namespaces and
-an aggregator on a bridge, tbf at ``--rate`` in both directions of every worker link, nftables loss), the
-workers its ``lta-worker`` processes, with the transport's LTP options switched on per run. Each
-experiment compares runs over the same network, one after the other:
+The links are those of ``lta bench lossy`` (:class:`~lta.bench.netns_harness.LossyConfig`: N worker
+namespaces and an aggregator on a bridge, tbf at ``--rate`` in both directions of every worker link,
+nftables loss), the workers its ``lta-worker`` processes, with the transport's LTP options switched on
+per run. Each experiment compares runs over the same network, one after the other:
 
 ``critical``
     at ``--critical-loss`` (5%): every ``--critical-every``-th chunk marked critical against none. Reports
@@ -46,9 +46,10 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.protocol import LTA_PORT, MAX_WORKERS
-from lta.bench import lossy
-from lta.jsonout import emit
+from hostlib.protocol import MAX_WORKERS
+from lta.bench import netns_harness as harness
+from lta.bench.flags import add_iters, add_mtu, add_seed, add_warmup, add_workers, bench_command
+from lta.bench.summary import report, slowest_rank
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ SINK_SAMPLE_S = 0.02  # the sink logs its byte count this often
 
 @dataclass(frozen=True)
 class LtpConfig:
-    links: lossy.LossyConfig = field(default_factory=lossy.LossyConfig)  # workers, tensor, rate, window, ...
+    # workers, tensor, rate, window, ...
+    links: harness.LossyConfig = field(default_factory=harness.LossyConfig)
     experiments: tuple[str, ...] = EXPERIMENTS
     critical_loss: float = 0.05
     critical_every: int = 20
@@ -77,7 +79,7 @@ class LtpConfig:
         """The FLUSH deadline floor of every run: lossy's, for its default window of 16 (one window
         serialized at the link rate + 1 ms), whatever window a run uses: with pacing there is no queue
         of a whole window to wait for, and without it the RTO measures the queue anyway."""
-        return lossy.deadline_floor_ms(self.links.k, lossy.DEFAULT_WINDOW, self.links.rate_mbit)
+        return harness.deadline_floor_ms(self.links.k, harness.DEFAULT_WINDOW, self.links.rate_mbit)
 
 
 # ---- one run of the lta workers -----------------------------------------------------------------
@@ -94,27 +96,18 @@ def run_lta(
 ) -> list[dict[str, Any]]:
     """The lta workers over ``net`` with a fresh softswitch; ``flags`` go to every worker; ``on_event``
     hears rank 0's ``timed-start`` and ``timed-end``."""
-    links = cfg.links
-    addrs = [f"{h.ip}:{lossy.WORKER_PORT_BASE + r}" for r, h in enumerate(net.workers)]
-    switch_addr = f"{net.aggregator.ip}:{LTA_PORT}"
-    extra = ["--switch", switch_addr, "--elems-per-packet", str(links.k), "--window", str(window),
-             "--min-deadline-ms", f"{cfg.deadline_ms:g}", *flags]  # fmt: skip
-    argvs = [
-        (h, lossy._worker_argv("lta-worker", links, r, "--bind", addrs[r], *extra))
-        for r, h in enumerate(net.workers)
-    ]
-    with lossy.softswitch_in(net, links, addrs, switch_addr, workdir):
-        group = lossy.WorkerGroup(net, argvs, links.worker_timeout_s(loss), progress, label, on_event)
-        return group.run()
+    return harness.run_lta_workers(
+        net, cfg.links, loss, workdir, window, cfg.deadline_ms, flags, progress, label, on_event
+    )
 
 
 def summarize(cfg: LtpConfig, runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """One variant over its rounds (each a list of the ranks' results): times of the slowest rank per
     allreduce, pooled, and the LTP counters of the timed allreduces, summed."""
     links = cfg.links
-    wire = lossy.lta_wire_bytes(links.n_values, links.k, exp_copies=2)
-    times = [t for ranks in runs for t in lossy.slowest_rank([r["times_s"] for r in ranks])]
-    out: dict[str, Any] = dict(lossy.summarize_times(times, lossy.link_limit_ms(wire, links.rate_mbit)))
+    wire = harness.lta_wire_bytes(links.n_values, links.k, exp_copies=2)
+    times = [t for ranks in runs for t in slowest_rank([r["times_s"] for r in ranks])]
+    out: dict[str, Any] = dict(harness.summarize_times(times, harness.link_limit_ms(wire, links.rate_mbit)))
     every = [r for ranks in runs for r in ranks]
     timed = [r["timed"] for r in every]
 
@@ -143,7 +136,7 @@ def summarize(cfg: LtpConfig, runs: list[list[dict[str, Any]]]) -> dict[str, Any
         "learned_rate_mbit": [r["learned_rate_bps"] / 1e6 for r in every],
         "wall_windows_s": [ranks[0]["wall_window_s"] for ranks in runs],
         "tensor_mbit_per_s": len(times) * links.n_values * 4 * 8 / 1e6 / spans,
-        "worker0_wire_mbit_per_s": sent * lossy.lta_frame_bytes(links.k) * 8 / 1e6 / spans,
+        "worker0_wire_mbit_per_s": sent * harness.lta_frame_bytes(links.k) * 8 / 1e6 / spans,
     }
     if chunks.get("critical"):
         out["critical_full_fraction"] = chunks["critical_full"] / chunks["critical"]
@@ -243,14 +236,14 @@ def tcp_flow(net: Any, workdir: Path, seconds: float) -> Iterator[Path]:
     listen = f"{net.aggregator.ip}:{TCP_PORT}"
     here = [sys.executable, "-m", "lta.bench.ltp"]
     sink = net.run_in(net.aggregator, [*here, "tcp-sink", "--listen", listen, "--log", str(log_path)],
-                      stdout=subprocess.PIPE, text=True, cwd=lossy.REPO)  # fmt: skip
+                      stdout=subprocess.PIPE, text=True, cwd=harness.REPO)  # fmt: skip
     assert sink.stdout is not None
-    ready, _, _ = select.select([sink.stdout], [], [], lossy.START_TIMEOUT_S)
+    ready, _, _ = select.select([sink.stdout], [], [], harness.START_TIMEOUT_S)
     if not ready or "ready" not in sink.stdout.readline():
         sink.kill()
         raise RuntimeError(f"the TCP sink did not start in {net.aggregator.netns}")
     source = net.run_in(net.workers[0], [*here, "tcp-source", "--to", listen, "--seconds", f"{seconds:g}"],
-                        cwd=lossy.REPO)  # fmt: skip
+                        cwd=harness.REPO)  # fmt: skip
     try:
         yield log_path
     finally:
@@ -383,7 +376,7 @@ def bench_ltp(cfg: LtpConfig, progress: Progress | None = None) -> dict[str, Any
             "workers": links.workers,
             "mib": links.mib,
             "rate_mbit": links.rate_mbit,
-            "rate": lossy.format_rate(links.rate_mbit),
+            "rate": harness.format_rate(links.rate_mbit),
             "mtu": links.mtu,
             "elems_per_packet": links.k,
             "iters": links.iters,
@@ -392,7 +385,7 @@ def bench_ltp(cfg: LtpConfig, progress: Progress | None = None) -> dict[str, Any
             "pace_window": cfg.pace_window,
             "min_deadline_ms": cfg.deadline_ms,
             "tbf_burst_bytes": links.tbf_burst,
-            "tbf_limit_bytes": lossy.tbf_limit_bytes(links.rate_mbit, links.tbf_burst),
+            "tbf_limit_bytes": harness.tbf_limit_bytes(links.rate_mbit, links.tbf_burst),
             "experiments": list(cfg.experiments),
             "rounds": cfg.rounds,
             "loss_applied": "nftables, per worker link, each direction",
@@ -429,27 +422,22 @@ def theta_arg(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "ltp",
+        run_cli,
         help="LTP's critical data, pacing and early close on shaped, lossy links (root)",
         description="LTP's mechanisms in lta (critical chunks, BDP pacing, adaptive early close), each "
         "against its absence, on tbf-shaped links in network namespaces where the kernel drops packets "
         "(nftables). Needs root.",
     )
-    p.add_argument("--workers", type=argtypes.workers, default=2, help=f"worker namespaces, 1..{MAX_WORKERS}")
+    add_workers(p, 2, f"worker namespaces, 1..{MAX_WORKERS}")
     p.add_argument("--mib", type=argtypes.positive_float, default=1.0, help="tensor size in MiB of float32")
-    p.add_argument(
-        "--rate",
-        type=lossy.rate_arg,
-        default=lossy.DEFAULT_RATE,
-        metavar="RATE",
-        help=f"tbf rate of every worker link ({lossy.RATE_HELP}; default {lossy.DEFAULT_RATE})",
-    )
-    p.add_argument("--iters", type=argtypes.positive_int, default=200, help="timed allreduces per run")
-    p.add_argument("--warmup", type=argtypes.nonnegative_int, default=10, help="untimed allreduces first")
-    p.add_argument("--mtu", type=argtypes.int_range(68, 65535, "MTU"), default=lossy.DEFAULT_MTU,
-                   help="link MTU in bytes")  # fmt: skip
-    p.add_argument("--window", type=argtypes.positive_int, default=lossy.DEFAULT_WINDOW,
+    harness.add_rate(p, "tbf rate of every worker link")
+    add_iters(p, 200, "timed allreduces per run")
+    add_warmup(p, 10, "untimed allreduces first")
+    add_mtu(p, harness.DEFAULT_MTU, "link MTU in bytes")
+    p.add_argument("--window", type=argtypes.positive_int, default=harness.DEFAULT_WINDOW,
                    help="units in flight in the critical and early-close runs")  # fmt: skip
     p.add_argument("--experiments", type=experiments_arg, default=list(EXPERIMENTS),
                    help=f"comma-separated, among {','.join(EXPERIMENTS)}")  # fmt: skip
@@ -473,26 +461,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="runs of each variant, interleaved A B B A ... (each --iters allreduces): spreads a shared "
         "machine's load drift over the variants",
     )
-    p.add_argument("--seed", type=argtypes.nonnegative_int, default=0, help="seed of the inputs")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=run_cli)
+    add_seed(p)
 
 
 def config_from_args(args: argparse.Namespace) -> LtpConfig:
-    links = lossy.config_from_args(
-        argparse.Namespace(
-            workers=args.workers,
-            mib=args.mib,
-            rate=args.rate,
-            iters=args.iters,
-            warmup=args.warmup,
-            mtu=args.mtu,
-            elems_per_packet=None,
-            window=args.window,
-            min_deadline_ms=None,
-            seed=args.seed,
-        )  # fmt: skip
-    )
+    links = harness.LossyConfig(
+        workers=args.workers, mib=args.mib, rate_mbit=args.rate, iters=args.iters, warmup=args.warmup,
+        mtu=args.mtu, window=args.window, seed=args.seed,
+    )  # fmt: skip
     return LtpConfig(
         links=links,
         experiments=tuple(args.experiments),
@@ -507,19 +483,15 @@ def config_from_args(args: argparse.Namespace) -> LtpConfig:
 
 def run_cli(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    lossy.require_root_or_say()
+    harness.require_root_or_say()
     links = cfg.links
     title = (
-        f"lta bench ltp: {links.workers} workers, {links.mib:g} MiB, {lossy.format_rate(links.rate_mbit)}, "
+        f"lta bench ltp: {links.workers} workers, {links.mib:g} MiB, {harness.format_rate(links.rate_mbit)}, "
         f"{links.iters} allreduces per run: {', '.join(cfg.experiments)}"
     )
     with Status(title) as status:
         out = bench_ltp(cfg, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-    else:
-        print(format_report(out))
-    return 0
+    return report(args.json, SCHEMA, out, lambda: [format_report(out)])
 
 
 def format_report(out: dict[str, Any]) -> str:

@@ -38,7 +38,7 @@ TRAINERS = ("numpy", "torch")
 
 def add_common_args(parser: argparse.ArgumentParser, *, d_in: int, hidden: int, classes: int) -> None:
     """The flags every parameter-server bench has: the problem's size (defaults per bench), K of the
-    job, the worker loop and ``--json``."""
+    job and the worker loop (``--json`` comes with :func:`lta.bench.flags.bench_command`)."""
     parser.add_argument("--d-in", type=argtypes.positive_int, default=d_in, help="problem: input size")
     parser.add_argument("--hidden", type=argtypes.positive_int, default=hidden, help="problem: hidden units")
     parser.add_argument(
@@ -53,7 +53,6 @@ def add_common_args(parser: argparse.ArgumentParser, *, d_in: int, hidden: int, 
     parser.add_argument(
         "--trainer", choices=TRAINERS, default="numpy", help="worker loop: numpy, or torch + PSOptimizer"
     )
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
 def prepare_trainer(args: argparse.Namespace) -> None:

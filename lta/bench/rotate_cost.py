@@ -15,13 +15,14 @@ Prints a table (median of ``--repeats`` timings each) to stdout, or one JSON doc
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from lta.bench.flags import add_workers, script_parser
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -95,11 +96,10 @@ def measure(n_workers: int = 4, repeats: int = 20, drop: float = 0.1) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lta.bench.rotate_cost", description=__doc__)
-    p.add_argument("--workers", type=int, default=4, help="simulated workers in the reduce (default 4)")
+    p = script_parser("lta.bench.rotate_cost", __doc__)
+    add_workers(p, 4, "simulated workers in the reduce (default 4)", type=int)
     p.add_argument("--repeats", type=int, default=20, help="timings per figure (median reported)")
     p.add_argument("--drop", type=float, default=0.1, help="GRAD and PARAM loss rate (default 0.1)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = p.parse_args(argv)
     r = measure(args.workers, args.repeats, args.drop)
     if args.json:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
 from lta.bench.allreduce import grad_loss
-from lta.jsonout import emit
+from lta.bench.flags import add_elems_per_packet, add_iters, add_workers, bench_command
+from lta.bench.summary import report
 from lta.launch import JobSpec, run_jobs
 from lta.progress import Status
 from softswitch.hierarchy import leaf_blocks
@@ -282,18 +283,20 @@ def _counts(item: Callable[[str], int], what: str) -> Callable[[str], list[int]]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sc = sub.add_parser(
+    sc = bench_command(
+        sub,
         "scaling",
+        _run_scaling,
         help="reduce cost against workers (processes, then the simulator) and size",
         description="Time one reduce against worker count and tensor size: real worker processes "
         "through a softswitch on loopback, then the in-process drop simulator for counts one machine "
         "cannot run as processes.",
     )
-    sc.add_argument(
-        "--workers",
+    add_workers(
+        sc,
+        [2, 4, 8, 16],
+        f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
         type=_counts(argtypes.workers, "worker counts"),
-        default=[2, 4, 8, 16],
-        help=f"worker counts run as real processes, each 1..{MAX_WORKERS} ('' for none)",
     )
     sc.add_argument(
         "--leaves",
@@ -332,13 +335,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="in a tree, a worker alone in its block has no leaf switch and joins the spine as its own "
         "leaf (docs/protocol.md, 'A worker as its own leaf'); the simulator's trees are not changed",
     )
-    sc.add_argument("--iters", type=argtypes.positive_int, default=5, help="reduces per point (median)")
-    sc.add_argument(
-        "--elems-per-packet",
-        type=argtypes.int_range(1, MAX_ELEMS_PER_PACKET, "elements per packet"),
-        default=64,
-        help=f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}",
-    )
+    add_iters(sc, 5, "reduces per point (median)")
+    add_elems_per_packet(sc, 64, f"K, values per packet, 1..{MAX_ELEMS_PER_PACKET}")
     sc.add_argument(
         "--pool-size",
         type=argtypes.int_range(2, MAX_POOL_SIZE, "pool size"),
@@ -357,8 +355,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(docs/results.md: no better p50 ratio measured)",
     )
     sc.add_argument("--plot", default="scaling.png", help="PNG to write ('' for none)")
-    sc.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    sc.set_defaults(func=_run_scaling)
 
 
 def _run_scaling(args: argparse.Namespace) -> int:
@@ -368,70 +364,74 @@ def _run_scaling(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_scaling(args, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    print(f"{'mode':14s} {'workers':>7s} {'KiB':>6s} {'ms':>9s} {'ns/elem':>9s} {'ns/(elem*worker)':>17s}")
-    for r in out["rows"]:
-        print(
-            f"{r['mode']:14s} {r['workers']:7d} {r['kib']:6d} {r['ms']:9.1f} {r['ns_per_element']:9.1f} "
-            f"{r['ns_per_contribution']:17.2f}"
+
+    def table() -> Iterator[str]:
+        yield (
+            f"{'mode':14s} {'workers':>7s} {'KiB':>6s} {'ms':>9s} {'ns/elem':>9s} {'ns/(elem*worker)':>17s}"
         )
-    if out["hierarchy"]:
-        print("\nleaf-spine against one switch, same workers and size (p50 of the slowest worker's reduce):")
-        heads = (
-            ("leaves", 6),
-            ("workers", 7),
-            ("KiB", 6),
-            ("1 level ms", 10),
-            ("2 levels ms", 11),
-            ("ratio", 6),
-        )
-        print(" ".join(f"{name:>{width}s}" for name, width in heads))
-        for h in out["hierarchy"]:
-            print(
-                f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
-                f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
+        for r in out["rows"]:
+            yield (
+                f"{r['mode']:14s} {r['workers']:7d} {r['kib']:6d} {r['ms']:9.1f} {r['ns_per_element']:9.1f} "
+                f"{r['ns_per_contribution']:17.2f}"
             )
-        print(
-            "what loss cost a reduce, one switch -> tree: packets dropped (all links); per worker: FLUSHes, "
-            "ms its sending was held by its own oldest unsettled unit (a lost one being recovered: the "
-            "span rule) and by its peers (reuse.py):"
-        )
-        for h in out["hierarchy"]:
-            if h.get("one_level_drops_per_reduce") is not None:
-                print(
-                    f"  {h['workers']} workers / {h['leaves']} leaves, {h['kib']} KiB: "
-                    + ", ".join(
-                        f"{name} {h['one_level_' + key]:.1f} -> {h['two_level_' + key]:.1f}"
-                        for name, key in zip(_LOSS_NAMES, _LOSS_KEYS, strict=True)
+        if out["hierarchy"]:
+            yield (
+                "\nleaf-spine against one switch, same workers and size (p50 of the slowest worker's reduce):"
+            )
+            heads = (
+                ("leaves", 6),
+                ("workers", 7),
+                ("KiB", 6),
+                ("1 level ms", 10),
+                ("2 levels ms", 11),
+                ("ratio", 6),
+            )
+            yield " ".join(f"{name:>{width}s}" for name, width in heads)
+            for h in out["hierarchy"]:
+                yield (
+                    f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_p50_ms']:10.1f} "
+                    f"{h['two_level_p50_ms']:11.1f} {h['ratio']:6.2f}"
+                )
+            yield (
+                "what loss cost a reduce, one switch -> tree: packets dropped (all links); per worker: "
+                "FLUSHes, ms its sending was held by its own oldest unsettled unit (a lost one being "
+                "recovered: the span rule) and by its peers (reuse.py):"
+            )
+            for h in out["hierarchy"]:
+                if h.get("one_level_drops_per_reduce") is not None:
+                    yield (
+                        f"  {h['workers']} workers / {h['leaves']} leaves, {h['kib']} KiB: "
+                        + ", ".join(
+                            f"{name} {h['one_level_' + key]:.1f} -> {h['two_level_' + key]:.1f}"
+                            for name, key in zip(_LOSS_NAMES, _LOSS_KEYS, strict=True)
+                        )
                     )
-                )
-        print("switch CPU per reduce, ms (one switch; a tree's leaves, then its spine):")
-        for h in out["hierarchy"]:
-            one, two = h["one_level_switch_cpu_ms"], h["two_level_switch_cpu_ms"]
-            if one and two:
-                # (--own-leaf: leaves of one worker have no switch)
-                leaf_cpu = " ".join(f"{c:.2f}" for c in two[:-1]) or "none with a switch"
-                if 0 < len(two) - 1 < h["leaves"]:
-                    leaf_cpu += f" ({len(two) - 1} with a switch)"
-                print(
-                    f"  {h['workers']} workers, {h['kib']} KiB: one switch {sum(one):.2f}; {h['leaves']} "
-                    f"leaves {leaf_cpu}, spine {two[-1]:.2f} (sum {sum(two):.2f})"
-                )
-    if out["sim_hierarchy"]:
-        print(
-            f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links, "
-            f"{_spine_loss(args):g} on leaf uplinks; counted = mean count / workers; ms = the model's "
-            "compute time, not a latency):"
-        )
-        print(f"{'leaves':>6s} {'workers':>7s} {'KiB':>6s} {'1 level counted':>15s} "
-              f"{'2 levels counted':>16s} {'1 level ms':>10s} {'2 levels ms':>11s}")  # fmt: skip
-        for h in out["sim_hierarchy"]:
-            print(
-                f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_counted']:15.4f} "
-                f"{h['two_level_counted']:16.4f} {h['one_level_ms']:10.1f} {h['two_level_ms']:11.1f}"
+            yield "switch CPU per reduce, ms (one switch; a tree's leaves, then its spine):"
+            for h in out["hierarchy"]:
+                one, two = h["one_level_switch_cpu_ms"], h["two_level_switch_cpu_ms"]
+                if one and two:
+                    # (--own-leaf: leaves of one worker have no switch)
+                    leaf_cpu = " ".join(f"{c:.2f}" for c in two[:-1]) or "none with a switch"
+                    if 0 < len(two) - 1 < h["leaves"]:
+                        leaf_cpu += f" ({len(two) - 1} with a switch)"
+                    yield (
+                        f"  {h['workers']} workers, {h['kib']} KiB: one switch {sum(one):.2f}; {h['leaves']} "
+                        f"leaves {leaf_cpu}, spine {two[-1]:.2f} (sum {sum(two):.2f})"
+                    )
+        if out["sim_hierarchy"]:
+            yield (
+                f"\nsimulator, leaf-spine against one switch (loss {args.loss:g} on worker links, "
+                f"{_spine_loss(args):g} on leaf uplinks; counted = mean count / workers; ms = the model's "
+                "compute time, not a latency):"
             )
-    if args.plot:
-        print(f"plot: {args.plot}")
-    return 0
+            yield (f"{'leaves':>6s} {'workers':>7s} {'KiB':>6s} {'1 level counted':>15s} "
+                  f"{'2 levels counted':>16s} {'1 level ms':>10s} {'2 levels ms':>11s}")  # fmt: skip
+            for h in out["sim_hierarchy"]:
+                yield (
+                    f"{h['leaves']:6d} {h['workers']:7d} {h['kib']:6d} {h['one_level_counted']:15.4f} "
+                    f"{h['two_level_counted']:16.4f} {h['one_level_ms']:10.1f} {h['two_level_ms']:11.1f}"
+                )
+        if args.plot:
+            yield f"plot: {args.plot}"
+
+    return report(args.json, SCHEMA, out, table)

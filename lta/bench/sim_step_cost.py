@@ -14,10 +14,11 @@ Prints a table to stdout, or one JSON document with ``--json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Any
+
+from lta.bench.flags import script_parser
 
 PATHS = ("vmap", "stacked")
 
@@ -74,12 +75,11 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lta.bench.sim_step_cost", description=__doc__)
+    p = script_parser("lta.bench.sim_step_cost", __doc__)
     p.add_argument("--mechanisms", default="none,retrieve,rotate", help="comma-separated (default: 3)")
     p.add_argument("--drop", type=float, default=0.1, help="loss rate of every direction (default 0.1)")
     p.add_argument("--blocks", type=int, default=5, help="samples per path (median reported)")
     p.add_argument("--block", type=int, default=10, help="steps per sample (default 10)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = p.parse_args(argv)
     if args.blocks < 1 or args.block < 1:
         p.error("--blocks and --block must be >= 1")

@@ -16,8 +16,9 @@ Prints a table to stdout, or one JSON document with ``--json``.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
+
+from lta.bench.flags import add_workers, script_parser
 
 
 def measure(
@@ -84,12 +85,11 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lta.bench.stale_bias", description=__doc__)
+    p = script_parser("lta.bench.stale_bias", __doc__)
     p.add_argument("--steps", default="10,30,60,150,250", help="steps to measure at, comma-separated")
     p.add_argument("--drop", type=float, default=0.1, help="loss rate (default 0.1)")
     p.add_argument("--draws", type=int, default=4, help="loss draws per step (default 4)")
-    p.add_argument("--workers", type=int, default=64, help="simulated workers (default 64)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_workers(p, 64, "simulated workers (default 64)", type=int)
     args = p.parse_args(argv)
     try:
         steps = tuple(int(s) for s in args.steps.split(","))

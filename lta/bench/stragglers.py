@@ -38,7 +38,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -51,8 +51,9 @@ from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
 from hostlib.stragglers import StragglerEmulator, StragglerModel
+from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_steps, add_workers, bench_command
 from lta.bench.ps_train import make_problem, seed_summary
-from lta.jsonout import emit
+from lta.bench.summary import report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.stragglers/1"
@@ -310,20 +311,16 @@ def _receive(conn: Connection, kind: str, timeout_s: float) -> Any:
 # ---- the numbers -------------------------------------------------------------------------------------
 def _per_step(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step time (the slowest rank's), global samples and global micro-batches per step."""
-    t = np.max(np.array([r["iteration_s"] for r in runs]), axis=0)
+    t = slowest_rank([r["iteration_s"] for r in runs])
     samples = np.sum(np.array([r["samples"] for r in runs]), axis=0)
     mbs = np.sum(np.array([r["micro_batches"] for r in runs]), axis=0)
     return t, samples, mbs
 
 
 def _system(t: np.ndarray, samples: np.ndarray, serial: np.ndarray) -> dict[str, float]:
-    ms = t * 1e3
-    return {
-        "step_p50_ms": float(np.percentile(ms, 50)),
-        "step_mean_ms": float(ms.mean()),
-        "step_p99_ms": float(np.percentile(ms, 99)),
+    return time_stats(t, ("p50", "mean", "p99"), prefix="step_") | {
         "samples_per_s": float(samples.sum() / t.sum()),
-        "serial_p50_ms": float(np.percentile(serial * 1e3, 50)),
+        **time_stats(serial, ("p50",), prefix="serial_"),
     }
 
 
@@ -487,21 +484,21 @@ def bench_stragglers(spec: Spec, progress: Callable[[str], None] | None = None) 
 
 # ---- command line ----------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = bench_command(
+        sub,
         "stragglers",
+        _run,
         help="DropCompute (compute threshold) against waiting for all micro-batches, under stragglers",
         description="Synchronous training with gradient accumulation under emulated compute stragglers: "
         "waiting for every micro-batch against DropCompute with its automatic threshold (Algorithm 2), "
         "same seeds, through a softswitch on loopback. Reports step times, samples/s, the speedup, the "
         "predicted and measured effective speedup, dropped micro-batches and the final loss.",
     )
-    p.add_argument(
-        "--workers", type=argtypes.int_range(2, MAX_WORKERS, "worker count"), default=4, help="workers"
-    )
+    add_workers(p, 4, "workers", type=argtypes.int_range(2, MAX_WORKERS, "worker count"))
     p.add_argument(
         "--micro-batches", type=argtypes.int_range(1, 1024, "micro-batches"), default=8, help="M per step"
     )
-    p.add_argument("--batch", type=argtypes.positive_int, default=8, help="samples per micro-batch")
+    add_batch(p, 8, "samples per micro-batch")
     p.add_argument(
         "--micro-batch-ms",
         type=argtypes.float_range(0.0, low_open=True, what="micro-batch time"),
@@ -529,28 +526,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="add the paper's bounded log-normal compute noise (appendix B.1) to every micro-batch",
     )
-    p.add_argument(
-        "--steps",
-        type=argtypes.positive_int,
-        default=None,
-        help=f"steps per run (default {FULL['steps']}, --quick {QUICK['steps']})",
-    )
+    add_steps(p, None, f"steps per run (default {FULL['steps']}, --quick {QUICK['steps']})")
     p.add_argument(
         "--warmup",
         type=argtypes.positive_int,
         default=None,
         help=f"I: warm-up steps before tau* (default {FULL['warmup']}, --quick {QUICK['warmup']})",
     )
-    p.add_argument(
-        "--seeds",
-        type=argtypes.int_range(1, 50, "seed count"),
-        default=None,
-        help=f"seeds 0..N-1, each run by both systems (default {FULL['seeds']}, --quick {QUICK['seeds']})",
+    add_seeds(
+        p, None, f"seeds 0..N-1, each run by both systems (default {FULL['seeds']}, --quick {QUICK['seeds']})"
     )
-    p.add_argument("--lr", type=argtypes.positive_float, default=0.05, help="SGD learning rate")
-    p.add_argument(
-        "--momentum", type=argtypes.float_range(0.0, 0.999, what="momentum"), default=0.9, help="SGD momentum"
-    )
+    add_lr(p, 0.05, "SGD learning rate")
+    add_momentum(p, 0.9)
     p.add_argument(
         "--max-drop",
         type=argtypes.float_range(0.0, 0.99, what="drop cap"),
@@ -558,8 +545,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cap on the dropped share Algorithm 2 may predict (default: none, the paper's argmax)",
     )
     p.add_argument("--quick", action="store_true", help="a small, fast run (for tests)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=_run)
 
 
 def spec_from_args(args: argparse.Namespace) -> Spec:
@@ -602,20 +587,20 @@ def _run(args: argparse.Namespace) -> int:
     )
     with Status(title) as status:
         out = bench_stragglers(spec, status.update)
-    if args.json:
-        emit(SCHEMA, out)
-        return 0
-    b, d = out["baseline"], out["dropcompute"]
-    print(f"{'system':12s} {'p50 ms':>8s} {'mean ms':>8s} {'samples/s':>10s} {'final loss':>10s}")
-    for name, s in (("baseline", b), ("dropcompute", d)):
-        print(
-            f"{name:12s} {s['step_p50_ms']:8.1f} {s['step_mean_ms']:8.1f} {s['samples_per_s']:10.1f} "
-            f"{s['final_loss']:10.4f}"
+
+    def table() -> Iterator[str]:
+        b, d = out["baseline"], out["dropcompute"]
+        yield f"{'system':12s} {'p50 ms':>8s} {'mean ms':>8s} {'samples/s':>10s} {'final loss':>10s}"
+        for name, s in (("baseline", b), ("dropcompute", d)):
+            yield (
+                f"{name:12s} {s['step_p50_ms']:8.1f} {s['step_mean_ms']:8.1f} {s['samples_per_s']:10.1f} "
+                f"{s['final_loss']:10.4f}"
+            )
+        tau = "none" if d["tau_s"] is None else f"{d['tau_s'] * 1e3:.1f} ms"
+        pred = "-" if out["s_eff_predicted"] is None else f"{out['s_eff_predicted']:.3f}"
+        yield (
+            f"tau* {tau}, dropped {d['dropped_fraction']:.1%}, speedup {out['speedup']:.3f}, "
+            f"S_eff predicted {pred}, measured {out['s_eff_measured']:.3f}"
         )
-    tau = "none" if d["tau_s"] is None else f"{d['tau_s'] * 1e3:.1f} ms"
-    pred = "-" if out["s_eff_predicted"] is None else f"{out['s_eff_predicted']:.3f}"
-    print(
-        f"tau* {tau}, dropped {d['dropped_fraction']:.1%}, speedup {out['speedup']:.3f}, "
-        f"S_eff predicted {pred}, measured {out['s_eff_measured']:.3f}"
-    )
-    return 0
+
+    return report(args.json, SCHEMA, out, table)

@@ -1,0 +1,63 @@
+"""What every benchmark reports about its times, written once: percentiles of a run's times, the
+slowest rank per iteration, ratios between systems, and the JSON-or-table ending of a run.
+
+Percentiles are numpy's default (linear interpolation between the two nearest samples), taken of the
+times in ms. A statistic is named as it appears in the JSON: ``mean``, ``max`` or ``pQ`` for the Q-th
+percentile with ``.`` written ``_`` (``p50``, ``p99``, ``p99_9``); the key is ``{prefix}{stat}_ms``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lta.jsonout import emit
+
+_PERCENTILE = re.compile(r"p(\d+)(?:_(\d+))?")
+
+
+def _percentile_of(stat: str) -> float:
+    match = _PERCENTILE.fullmatch(stat)
+    if match is None:
+        raise ValueError(f"unknown statistic {stat!r}: mean, max or pQ (p50, p99, p99_9)")
+    return float(f"{match[1]}.{match[2] or 0}")
+
+
+def time_stats(
+    times_s: Sequence[float] | np.ndarray, stats: Iterable[str] = ("p50", "p99", "mean"), prefix: str = ""
+) -> dict[str, float]:
+    """``{prefix}{stat}_ms`` for each of ``stats`` in the order given, of ``times_s`` (seconds) in ms."""
+    t = np.asarray(times_s, dtype=np.float64) * 1e3
+    out = {}
+    for stat in stats:
+        if stat == "mean":
+            value = t.mean()
+        elif stat == "max":
+            value = t.max()
+        else:
+            value = np.percentile(t, _percentile_of(stat))
+        out[f"{prefix}{stat}_ms"] = float(value)
+    return out
+
+
+def slowest_rank(per_rank_times: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+    """An iteration is over when its slowest rank is done: the per-iteration max over ranks (rows)."""
+    return np.max(np.asarray(per_rank_times, dtype=np.float64), axis=0)
+
+
+def ratio(a: float, b: float) -> float | None:
+    """``a / b``; None where ``b`` is not positive (a system that measured nothing)."""
+    return a / b if b > 0 else None
+
+
+def report(as_json: bool, schema: str, out: Mapping[str, Any], table: Callable[[], Iterable[str]]) -> int:
+    """The end of every benchmark run: with ``--json`` the one JSON document (:func:`lta.jsonout.emit`),
+    else the lines of ``table()`` on stdout. Returns the exit status, 0."""
+    if as_json:
+        emit(schema, out)
+    else:
+        print("\n".join(table()))
+    return 0
