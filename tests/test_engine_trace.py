@@ -47,9 +47,21 @@ def test_a_tracer_sees_each_reduce_from_start_to_end_and_every_unit_settled(make
         worker.engine.trace = tracer
     rng = np.random.default_rng(2)
     inputs = [rng.standard_normal(CHUNKS * K).astype(np.float32) for _ in range(2)]
+    previous: list = [None, None]  # the prev fallback's values: each worker's last result (none at first)
     for step in range(2):
         results = cluster.reduce_all(inputs, step=step)
-        assert check_mean_over_bitmap(results, inputs, K) > 0
+        # 10% up loss, 2 workers: about 81% of the chunks full, 18% partial, 1% lost both ways.
+        checked = check_mean_over_bitmap(
+            results,
+            inputs,
+            K,
+            full=(2 * CHUNKS // 2, None),
+            partial=(1, None),
+            fallback=(0, 2 * CHUNKS // 8),
+            prev=previous,
+        )
+        previous = [r.values.copy() for r in results]
+        assert checked >= 2 * CHUNKS - 2 * CHUNKS // 8
     for worker, tracer, result in zip(cluster.workers, tracers, results, strict=True):
         marks = [e for e in tracer.events if e in ("start", "end")]
         assert marks == ["start", "end", "start", "end"]
