@@ -239,7 +239,15 @@ def test_a_worker_locked_out_of_its_peers_rounds_fails_loudly(make_cluster, down
     if down:
         assert "locked out" in late_error and "\n" not in late_error, late_error
         assert len(late) < 8
-        assert all(np.mean(r.fallback != Fallback.NONE) < 0.9 for r in late)  # the 90% check stayed quiet
+        # The 90% check stayed quiet: it needs unhealthy_reduces (3) reduces in a row at >= 90% fallback,
+        # and the lockout check fired first. (One reduce over 90% alone, the late worker overtaken by a
+        # whole reduce on a loaded machine, is no such run: about 1 in 25 runs, before and after 28 Nov.)
+        cfg = cluster.workers[1].config
+        heavy = [bool(np.mean(r.fallback != Fallback.NONE) >= cfg.unhealthy_fraction) for r in late]
+        runs = [
+            all(heavy[i : i + cfg.unhealthy_reduces]) for i in range(len(heavy) - cfg.unhealthy_reduces + 1)
+        ]
+        assert not any(runs), heavy
     else:
         assert late_error == "" and len(late) == 8
 
