@@ -7,7 +7,7 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-# The main job: 0/10/40% loss, renormalized vs prev, 3 seeds (15 runs, about 10 minutes on 2 cores).
+# The main job: 0/10/40% loss, renormalized vs prev, 3 seeds (15 runs, about 5 minutes on 2 cores).
 # The full table (every drop rate, method and mechanism): README.md, "The full table".
 MAIN_JOB ?= train --drops 0,0.1,0.4 --methods renorm,prev
 
