@@ -9,17 +9,17 @@ unit is given up ``give_up_s`` after its first FLUSH, computed with the old floo
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
+from hostlib.protocol import Flag, Op
 from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.plan import IN_FLIGHT, ReducePlan
+from tests.handswitch import HandSwitch
 
 K = 16
 
@@ -51,38 +51,16 @@ def test_a_unit_flushed_past_max_flushes_is_recovered_within_the_give_up_time():
     """A hand-played switch that loses the answers to the worker's first ``max_flushes`` FLUSHes and answers
     the next one with the stored RESULT. Before, the unit was given up after ``max_flushes`` FLUSHes (a
     fallback); now FLUSHes go on until the give-up time, so the RESULT comes back and is exact."""
-    switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    switch.bind(("127.0.0.1", 0))
-    switch.settimeout(10.0)
     cfg = TransportConfig(elems_per_packet=K, heartbeat_interval_s=0, flush_copies=1, max_flushes=2)
-    with switch, LtaWorker(1, 0, 2, switch.getsockname(), config=cfg) as worker:
+    with HandSwitch() as switch, LtaWorker(1, 0, 2, switch.address, config=cfg) as worker:
         flushes: list[float] = []
 
         def play() -> None:
-            def recv(op: Op) -> tuple[np.ndarray, tuple]:
-                while True:
-                    data, addr = switch.recvfrom(65536)
-                    pkt = np.frombuffer(data, dtype=np.uint8).copy()
-                    if pkt[1] == op:
-                        return pkt, addr
-
-            def answer(pkt: np.ndarray, addr: tuple, flags: int) -> None:
-                hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
-                hdr["op"], hdr["flags"], hdr["count"], hdr["bitmap"] = int(Op.RESULT), flags, 2, 0b11
-                if not flags & Flag.MAX:  # a sum of two equal contributions
-                    payload = pkt[HEADER_BYTES:].view(">i4")
-                    payload *= 2
-                switch.sendto(pkt.tobytes(), addr)
-
-            exp, addr = recv(Op.GRAD)
-            answer(exp, addr, int(Flag.MAX))
-            data, _ = recv(Op.GRAD)
-            while data[:HEADER_BYTES].view(HEADER_DTYPE)["flags"][0] & Flag.MAX:  # a copy of the exponent
-                data, _ = recv(Op.GRAD)
+            data, addr = switch.exponent_then_data()
             for _ in range(cfg.max_flushes + 1):  # the answers to the first max_flushes are "lost"
-                recv(Op.FLUSH)
+                switch.recv(Op.FLUSH)
                 flushes.append(time.perf_counter())
-            answer(data, addr, int(Flag.RETX))  # the stored RESULT of a complete round, resent
+            switch.answer(data, addr, int(Flag.RETX))  # the stored RESULT of a complete round, resent
 
         player = threading.Thread(target=play)
         player.start()

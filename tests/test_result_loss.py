@@ -4,7 +4,6 @@ aggregate; no peer moves the slot to its next round while that copy may still be
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Flag, Op
 from hostlib.transport import Fallback, LtaWorker, TransportConfig
 from hostlib.transport.reuse import SlotReuse
 from tests.conftest import check_mean_over_bitmap, check_reduces, run_workers
+from tests.handswitch import HandSwitch
 
 K = 16
 
@@ -162,39 +162,17 @@ def test_a_resent_result_times_the_flush_not_the_round_trip():
     ``delay``. That answer measured the recovery (the worker's deadline plus the delay), not the path:
     srtt must not move; the FLUSH round trip (FLUSH to answer) is ``delay`` plus the local hops."""
     delay = 0.05
-    switch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    switch.bind(("127.0.0.1", 0))
-    switch.settimeout(10.0)
     # The next FLUSH would go 2 x 100 ms after the first: after the answer, so the sample is unambiguous.
     cfg = TransportConfig(elems_per_packet=K, heartbeat_interval_s=0, min_deadline_ms=100)
-    with switch, LtaWorker(1, 0, 2, switch.getsockname(), config=cfg) as worker:
+    with HandSwitch() as switch, LtaWorker(1, 0, 2, switch.address, config=cfg) as worker:
         seen: dict[str, object] = {}
 
         def play() -> None:
-            def recv(op: Op) -> tuple[np.ndarray, tuple]:
-                while True:
-                    data, addr = switch.recvfrom(65536)
-                    pkt = np.frombuffer(data, dtype=np.uint8).copy()
-                    if pkt[1] == op:
-                        return pkt, addr
-
-            def answer(pkt: np.ndarray, addr: tuple, flags: int, count: int) -> None:
-                hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
-                hdr["op"], hdr["flags"], hdr["count"], hdr["bitmap"] = int(Op.RESULT), flags, count, 0b11
-                if not flags & Flag.MAX:  # a sum of two equal contributions
-                    payload = pkt[HEADER_BYTES:].view(">i4")
-                    payload *= 2
-                switch.sendto(pkt.tobytes(), addr)
-
-            exp, addr = recv(Op.GRAD)  # the exponent unit (its two copies): the proposal is the max
-            answer(exp, addr, int(Flag.MAX), 2)
-            data, _ = recv(Op.GRAD)
-            while data[:HEADER_BYTES].view(HEADER_DTYPE)["flags"][0] & Flag.MAX:  # the second copy
-                data, _ = recv(Op.GRAD)
-            recv(Op.FLUSH)
+            data, addr = switch.exponent_then_data()
+            switch.recv(Op.FLUSH)
             seen["srtt_ms"] = worker.srtt_ms
             time.sleep(delay)
-            answer(data, addr, int(Flag.RETX), 2)  # the stored RESULT of a complete round, resent
+            switch.answer(data, addr, int(Flag.RETX))  # the stored RESULT of a complete round, resent
 
         player = threading.Thread(target=play)
         player.start()
