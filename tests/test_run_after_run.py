@@ -180,6 +180,31 @@ def _tensor(run: int, call: int, rank: int):
     return torch.randn(N_ELEMS, generator=gen)
 
 
+def _env(server: SoftSwitchServer, workers: list[tuple[str, int]], **extra: str) -> dict[str, str]:
+    """The environment a torchrun rank of the job gets: the switch, its bind port, K = 64."""
+    host, port = server.address
+    return {
+        "LTA_SWITCH": f"{host}:{port}",
+        "LTA_BIND_PORT_BASE": str(workers[0][1]),
+        "LTA_ELEMS_PER_PACKET": "64",
+        **extra,
+    }
+
+
+def _check_run(out: list[dict], run: int, label: object) -> None:
+    """Every chunk of every reduce of run ``run`` counted both workers (nothing of an earlier run
+    interfered), and each sum is numpy's over the ranks' tensors: fixed point, < 2^-s per contribution,
+    s = 30 - L - E >= 25 here (|x| < 16, L = 1), plus half a float32 ulp of the sum (< 2^-20 below 16):
+    within 2^-19."""
+    expected = [
+        sum(_tensor(run, call, r).numpy().astype(np.float64) for r in range(WORLD)) for call in range(3)
+    ]
+    for rank_out in out:
+        assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), (label, rank_out["stats"])
+        for got, want in zip(rank_out["sums"], expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+
+
 @pytest.mark.parametrize("runs", [2, 3])
 def test_successive_torchrun_runs_against_one_softswitch_are_exact(tmp_path, runs):
     switch = SoftSwitch()
@@ -187,12 +212,7 @@ def test_successive_torchrun_runs_against_one_softswitch_are_exact(tmp_path, run
     switch.add_job(JobConfig(1, workers, elems_per_packet=64))
     server = SoftSwitchServer(switch).start()
     try:
-        host, port = server.address
-        env = {
-            "LTA_SWITCH": f"{host}:{port}",
-            "LTA_BIND_PORT_BASE": str(workers[0][1]),
-            "LTA_ELEMS_PER_PACKET": "64",
-        }
+        env = _env(server, workers)
         ctx = mp.get_context("spawn")
         for run in range(runs):
             queue = ctx.Queue()
@@ -201,17 +221,7 @@ def test_successive_torchrun_runs_against_one_softswitch_are_exact(tmp_path, run
             out = start_and_collect(procs, queue, WORLD, 120)
             for proc in procs:
                 assert proc.exitcode == 0, f"run {run}: a rank exited {proc.exitcode}"
-            expected = [
-                sum(_tensor(run, call, r).numpy().astype(np.float64) for r in range(WORLD))
-                for call in range(3)
-            ]
-            for rank_out in out:
-                # every chunk of every reduce counted both workers: nothing of an earlier run interfered
-                assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), (run, rank_out["stats"])
-                for got, want in zip(rank_out["sums"], expected, strict=True):
-                    # fixed point: < 2^-s per contribution, s = 30 - L - E >= 25 here (|x| < 16, L = 1), plus
-                    # half a float32 ulp of the sum (< 2^-20 below 16): within 2^-19
-                    np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+            _check_run(out, run, run)
     finally:
         server.stop()
 
@@ -244,12 +254,7 @@ def test_a_job_restarted_after_a_crash_is_exact(tmp_path):
     switch.add_job(JobConfig(1, workers, elems_per_packet=64))
     server = SoftSwitchServer(switch).start()
     try:
-        host, port = server.address
-        env = {
-            "LTA_SWITCH": f"{host}:{port}",
-            "LTA_BIND_PORT_BASE": str(workers[0][1]),
-            "LTA_ELEMS_PER_PACKET": "64",
-        }
+        env = _env(server, workers)
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         crashing = [
@@ -270,13 +275,7 @@ def test_a_job_restarted_after_a_crash_is_exact(tmp_path):
             for r in range(WORLD)
         ]
         out = start_and_collect(procs, queue, WORLD, 120)
-        expected = [
-            sum(_tensor(1, call, r).numpy().astype(np.float64) for r in range(WORLD)) for call in range(3)
-        ]
-        for rank_out in out:
-            assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), rank_out["stats"]
-            for got, want in zip(rank_out["sums"], expected, strict=True):
-                np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+        _check_run(out, 1, "after the crash")
     finally:
         server.stop()
 
@@ -389,27 +388,14 @@ def test_different_jobs_one_after_another_are_exact(tmp_path):
         switch.add_job(JobConfig(job_id, workers, elems_per_packet=64))
     server = SoftSwitchServer(switch).start()
     try:
-        host, port = server.address
         ctx = mp.get_context("spawn")
         for run, job_id in enumerate((1, 2, 1)):
-            env = {
-                "LTA_SWITCH": f"{host}:{port}",
-                "LTA_BIND_PORT_BASE": str(workers[0][1]),
-                "LTA_ELEMS_PER_PACKET": "64",
-                "LTA_JOB_ID": str(job_id),
-            }
+            env = _env(server, workers, LTA_JOB_ID=str(job_id))
             queue = ctx.Queue()
             store = str(tmp_path / f"store{run}")
             procs = [ctx.Process(target=_rank, args=(r, WORLD, store, env, run, queue)) for r in range(WORLD)]
             out = start_and_collect(procs, queue, WORLD, 120)
-            expected = [
-                sum(_tensor(run, call, r).numpy().astype(np.float64) for r in range(WORLD))
-                for call in range(3)
-            ]
-            for rank_out in out:
-                assert rank_out["chunks_full"] == 3 * -(-N_ELEMS // 64), (run, job_id, rank_out["stats"])
-                for got, want in zip(rank_out["sums"], expected, strict=True):
-                    np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-19)
+            _check_run(out, run, (run, job_id))
         assert switch.read_counters(1)["grad_stale"] == switch.read_counters(2)["grad_stale"] == 0
     finally:
         server.stop()
