@@ -270,7 +270,8 @@ class ReduceEngine:
                 if dst is not None:
                     _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
         if nonfinite.any():
-            _fill_chunks(values, nonfinite, self.config.elems_per_packet, np.nan)
+            # rare: a mask per value is fine here
+            values[np.repeat(nonfinite, self.config.elems_per_packet)[: values.size]] = np.nan
             self.stats.nonfinite_chunks += int(nonfinite.sum())
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
@@ -1006,15 +1007,6 @@ class ReduceEngine:
         plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
         plan.exp_known[chunks] = True
         plan.nonfinite[chunks] = codec.nonfinite_agreed(agreed)
-
-
-def _fill_chunks(values: np.ndarray, which: np.ndarray, k: int, fill: float) -> None:
-    """Set every value of the chunks ``which`` (a bool mask over chunks of K) of the flat ``values``."""
-    n = values.size
-    full = n // k
-    values[: full * k].reshape(full, k)[which[:full]] = fill
-    if full * k < n and which[full]:
-        values[full * k :] = fill
 
 
 def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
