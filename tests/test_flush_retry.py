@@ -47,6 +47,26 @@ def test_a_flush_retry_waits_the_flush_round_trip_and_never_past_the_give_up_tim
     assert plan.deadline_at[units[0]] == pytest.approx(now + dl.give_up_s())
 
 
+def test_the_retry_cap_leaves_a_first_wait_for_a_late_peer_alone():
+    """max_deadline_ms caps a retry's backoff only: a unit's first wait is the lag deadline while a peer
+    may be late (past its frontier), however short max_deadline_ms is. Capping it too flushed the units
+    of a peer descheduled for 0.4 s after 60 ms, and their rounds closed without it (CI, 2026-11-28)."""
+    cfg = TransportConfig(min_deadline_ms=20, max_deadline_ms=60, lag_deadline_ms=3000, sync_deadline_ms=3000)
+    dl = Deadlines(cfg, worker_id=0, n_workers=2)
+    dl.rtt_sample(10.0)
+    plan = ReducePlan(16 * K, K)
+    plan.synced = True
+    units = np.arange(plan.exp_units, plan.exp_units + 4)
+    plan.state[units] = IN_FLIGHT
+    now = 50.0
+    dl.arm(plan, units, now)
+    np.testing.assert_allclose(plan.deadline_at[units], now + 3.0)  # lag deadline, not 60 ms
+    plan.flushes[units] = 4  # retries: 30 ms x 2^4 is over the cap
+    plan.first_flush_at[units] = now
+    dl.arm(plan, units, now)
+    np.testing.assert_allclose(plan.deadline_at[units], now + 0.060)
+
+
 def test_a_unit_flushed_past_max_flushes_is_recovered_within_the_give_up_time():
     """A hand-played switch that loses the answers to the worker's first ``max_flushes`` FLUSHes and answers
     the next one with the stored RESULT. Before, the unit was given up after ``max_flushes`` FLUSHes (a

@@ -271,12 +271,14 @@ class Deadlines:
             beyond = units > self.slowest_frontier(plan)
             quick = first.copy()
             first[beyond] = np.maximum(first[beyond], self.config.lag_deadline_ms / 1000.0)
-        base_s = np.where(flushes > 0, self.flush_rto_s(), first)
-        wait_s = np.minimum(
-            base_s * self._stagger * np.left_shift(1, flushes), self.config.max_deadline_ms / 1e3
-        )
-        at = start + wait_s
         retry = flushes > 0
+        # A retry's backoff is capped at max_deadline_ms (retries go on until the give-up time); a first
+        # wait is not: it may be the sync or lag deadline, which wait for a late peer, not a lost packet.
+        backoff = np.minimum(
+            self.flush_rto_s() * np.left_shift(1, flushes), self.config.max_deadline_ms / 1e3
+        )
+        wait_s = np.where(retry, backoff, first) * self._stagger
+        at = start + wait_s
         if retry.any():  # never past the give-up time: the last deadline of a FLUSHed unit is its give-up
             at[retry] = np.minimum(at[retry], plan.first_flush_at[units[retry]] + self.give_up_s())
         if tail and not self.early_close:
