@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib import argtypes, robust
+from hostlib import argtypes
+from hostlib.ps import robust
 from lta.bench.flags import (
     add_sync_training,
     bench_command,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.compress import COMPRESSORS
+from hostlib.ps.compress import COMPRESSORS
 from lta.bench.flags import add_sync_training, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.dropmodels import DropPolicy
-from hostlib.ps_client import PsClient, PsClientConfig
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.ps.client import PsClient, PsClientConfig
 from softswitch.ps.config import PsDrop, PsJobConfig
 from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig
