@@ -20,6 +20,7 @@ setup(
     ext_modules=[
         Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
         Extension("hostlib._codec", ["hostlib/_codec.c"], optional=True),
+        Extension("hostlib._engine", ["hostlib/_engine.c"], optional=True),
         Extension("softswitch._swcore", ["softswitch/_swcore.c"], optional=True),
     ],
 )

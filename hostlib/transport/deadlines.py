@@ -173,15 +173,22 @@ class Deadlines:
         if not bitmaps.size:
             return
         seen = int(np.bitwise_or.reduce(bitmaps))
+        self.track_absent_bits(seen, len(bitmaps), bool(np.any(bitmaps == self._all_workers)))
+
+    def track_absent_bits(self, seen: int, results: int, any_complete: bool) -> None:
+        """:meth:`track_absent` from a batch's summary: ``seen``, the OR of its ``results`` bitmaps, and
+        ``any_complete``, whether one of them counts every worker (the native engine computes these)."""
+        if not results:
+            return
         self._absent &= ~seen
         self.presumed_dead &= ~seen
-        self._absent_window += len(bitmaps)
+        self._absent_window += results
         if self._absent_window >= _DEAD_AFTER_RESULTS:
             self.presumed_dead = self._absent & ~self.alive(time.perf_counter())
             self.early_close = self.presumed_dead != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
-        elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
+        elif self.early_close and any_complete:
             self.early_close = False  # everyone contributed again
             self._update_rto()
 

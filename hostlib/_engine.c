@@ -1,0 +1,472 @@
+/*
+ * hostlib._engine: the reduce engine's steady state on the receive side, one call per wake-up.
+ *
+ * hostlib/transport/engine.py is the contract and the Python reference (ReduceEngine._handle,
+ * _on_results, _settle, _time_answers, _settle_values); this module is its native path, chosen by
+ * hostlib/transport/native.py (LTA_ENGINE=python forces the reference). Differential tests
+ * (tests/test_engine_native.py) feed both the same RESULT batches and compare every array they write.
+ *
+ * Why C: a K = 64 reduce of 4 MiB is 16,384 RESULTs in about 25 batches; the reference settles a batch
+ * with ~60 small numpy operations (masks, gathers, a median, the frontier's bit matrix), each a few
+ * microseconds of Python and dispatch whatever the batch size. Here a batch is one pass over its rows.
+ *
+ *   settle(data, lens, n, params, now, slot_newest, state, flushes, retx, proven_lost, sent_at,
+ *          flushed_at, critical_unit, count, bitmap, weight, result_flags, shift, out, exp_known,
+ *          nonfinite, own_exp, exp_bitmap, frontier, later_reached, settled, side, rtt, flush) -> tuple
+ *
+ *   Rows 0..n-1 of ``data`` (datagram i: data[i, :lens[i]]) are one received batch. ``params`` is the
+ *   tuple (packet_bytes, version, job_id, probe_slot, data_slots, n_workers, worker_id, closer_id, k,
+ *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits). Each
+ *   row is classified as the reference does; PARAM and PARAM_REQ rows of the job are listed in ``side``
+ *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) update
+ *   ``slot_newest`` and are routed to the plan's units: in range and not DONE, first copy only, they are
+ *   settled (state DONE, values dequantized and renormalized into ``out``, count, bitmap, weight,
+ *   flags, shift; exponent units give their chunks' shifts, exp_known, nonfinite, own_exp,
+ *   exp_bitmap); later units' bits go to ``later_reached``. RTT and FLUSH samples are computed as the
+ *   reference's _time_answers computes them, at time ``now``.
+ *
+ *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
+ *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen): ``settled``
+ *   units are listed in ``settled`` (first-copy order); NaN for a sample that has none.
+ *
+ *   Every array is 1-D C-contiguous of the plan's dtype (state int8, the masks bool, count/flushes/
+ *   retx/weight/result_flags/frontier int64, bitmap/exp_bitmap uint64, shift int32, times float64),
+ *   out is (chunks, K) float32 C-contiguous; scratch arrays (settled, side, rtt, flush) hold n entries.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Header offsets and ops of the wire format (hostlib/protocol.py; checked by tests/test_engine_native.py). */
+#define OFF_VERSION 0
+#define OFF_OP 1
+#define OFF_FLAGS 2
+#define OFF_EXP 3
+#define OFF_JOB 4
+#define OFF_WORKER 6
+#define OFF_COUNT 7
+#define OFF_SLOT 8
+#define OFF_SEQ 12
+#define OFF_WEIGHT 24
+#define OFF_BITMAP 28
+#define HEADER_BYTES 36
+#define OP_RESULT 2
+#define OP_PARAM 4
+#define OP_PARAM_REQ 5
+#define FLAG_RETX 0x01
+#define ST_IN_FLIGHT 1
+#define ST_DONE 2
+#define NONFINITE_EXPONENT (1LL << 24)
+#define SHIFT_LIMIT 127
+
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t be64(const uint8_t *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} buf_t;
+
+/* A 1-D C-contiguous buffer of at least min_len items of itemsize bytes. */
+static int get_vec(PyObject *obj, buf_t *b, Py_ssize_t itemsize, Py_ssize_t min_len, int writable,
+                   const char *what) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    b->held = 1;
+    if (b->view.ndim != 1 || b->view.itemsize != itemsize || b->view.shape[0] < min_len) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 1-D contiguous array of %zd-byte items, at least %zd long",
+                     what, itemsize, min_len);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The reference's np.partition(v, len // 2)[len // 2]: the upper median. */
+static double upper_median(double *v, Py_ssize_t m) {
+    qsort(v, (size_t)m, sizeof(double), cmp_double);
+    return v[m / 2];
+}
+
+enum {
+    A_SLOT_NEWEST,
+    A_STATE,
+    A_FLUSHES,
+    A_RETX,
+    A_PROVEN_LOST,
+    A_SENT_AT,
+    A_FLUSHED_AT,
+    A_CRITICAL_UNIT,
+    A_COUNT,
+    A_BITMAP,
+    A_WEIGHT,
+    A_RESULT_FLAGS,
+    A_SHIFT,
+    A_OUT,
+    A_EXP_KNOWN,
+    A_NONFINITE,
+    A_OWN_EXP,
+    A_EXP_BITMAP,
+    A_FRONTIER,
+    A_LATER,
+    A_SETTLED,
+    A_SIDE,
+    A_RTT,
+    A_FLUSH,
+    N_ARRAYS
+};
+
+static PyObject *engine_settle(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *lens_obj, *objs[N_ARRAYS];
+    Py_ssize_t n, packet_bytes, version, job_id, probe_slot, slots, n_workers, worker_id, closer_id, k, renorm;
+    long long base;
+    Py_ssize_t units, exp_units, chunks_count, headroom;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)dOOOOOOOOOOOOOOOOOOOOOOOO:settle", &data_obj, &lens_obj, &n,
+                          &packet_bytes, &version, &job_id, &probe_slot, &slots, &n_workers, &worker_id,
+                          &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &now,
+                          &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
+                          &objs[8], &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
+                          &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23]))
+        return NULL;
+    if (n_workers < 1 || n_workers > 64 || worker_id < 0 || worker_id >= n_workers || k < 1 || slots < 1 ||
+        units < 1 || exp_units < 0 || exp_units > units || chunks_count != units - exp_units || n < 0 ||
+        packet_bytes != HEADER_BYTES + 4 * k) {
+        PyErr_SetString(PyExc_ValueError, "settle: inconsistent plan parameters");
+        return NULL;
+    }
+    Py_buffer data_view;
+    buf_t lens = {0}, a[N_ARRAYS];
+    memset(a, 0, sizeof(a));
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(data_obj, &data_view, PyBUF_STRIDES) < 0)
+        return NULL;
+    if (data_view.ndim != 2 || data_view.itemsize != 1 || data_view.shape[0] < n ||
+        data_view.shape[1] < packet_bytes || data_view.strides[1] != 1) {
+        PyErr_SetString(PyExc_ValueError, "settle: data must be a 2-D uint8 receive buffer of packet rows");
+        goto done;
+    }
+    const Py_ssize_t c_count = chunks_count;
+    const struct {
+        Py_ssize_t item, len;
+        int writable;
+        const char *name;
+    } spec[N_ARRAYS] = {
+        {8, slots, 1, "slot_newest"},  {1, units, 1, "state"},        {8, units, 0, "flushes"},
+        {8, units, 0, "retx"},         {1, units, 0, "proven_lost"},  {8, units, 0, "sent_at"},
+        {8, units, 0, "flushed_at"},   {1, units, 0, "critical_unit"}, {8, c_count, 1, "count"},
+        {8, c_count, 1, "bitmap"},     {8, c_count, 1, "weight"},     {8, c_count, 1, "result_flags"},
+        {4, c_count, 1, "shift"},      {4, c_count * k, 1, "out"},    {1, c_count, 1, "exp_known"},
+        {1, c_count, 1, "nonfinite"},  {1, c_count, 1, "own_exp"},    {8, c_count, 1, "exp_bitmap"},
+        {8, n_workers, 1, "frontier"}, {8, n_workers, 1, "later_reached"}, {8, n, 1, "settled"},
+        {8, n, 1, "side"},             {8, n, 1, "rtt"},              {8, n, 1, "flush"},
+    };
+    if (get_vec(lens_obj, &lens, 8, n, 0, "lens") < 0)
+        goto done;
+    for (int i = 0; i < N_ARRAYS; i++) {
+        if (i == A_OUT) { /* (chunks, K) float32: read as one flat run of values */
+            if (PyObject_GetBuffer(objs[i], &a[i].view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+                goto done;
+            a[i].held = 1;
+            if (a[i].view.itemsize != 4 || a[i].view.len < (Py_ssize_t)4 * c_count * k) {
+                PyErr_SetString(PyExc_ValueError, "out must be a (chunks, K) float32 array");
+                goto done;
+            }
+            continue;
+        }
+        if (get_vec(objs[i], &a[i], spec[i].item, spec[i].len, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    }
+
+    const uint8_t *data = (const uint8_t *)data_view.buf;
+    const Py_ssize_t row_stride = data_view.strides[0];
+    const int64_t *len = (const int64_t *)lens.view.buf;
+    int64_t *slot_newest = (int64_t *)a[A_SLOT_NEWEST].view.buf;
+    int8_t *state = (int8_t *)a[A_STATE].view.buf;
+    const int64_t *flushes = (const int64_t *)a[A_FLUSHES].view.buf;
+    const int64_t *retx_sent = (const int64_t *)a[A_RETX].view.buf;
+    const uint8_t *proven_lost = (const uint8_t *)a[A_PROVEN_LOST].view.buf;
+    const double *sent_at = (const double *)a[A_SENT_AT].view.buf;
+    const double *flushed_at = (const double *)a[A_FLUSHED_AT].view.buf;
+    const uint8_t *critical_unit = (const uint8_t *)a[A_CRITICAL_UNIT].view.buf;
+    int64_t *count = (int64_t *)a[A_COUNT].view.buf;
+    uint64_t *bitmap = (uint64_t *)a[A_BITMAP].view.buf;
+    int64_t *weight = (int64_t *)a[A_WEIGHT].view.buf;
+    int64_t *result_flags = (int64_t *)a[A_RESULT_FLAGS].view.buf;
+    int32_t *shift = (int32_t *)a[A_SHIFT].view.buf;
+    float *out = (float *)a[A_OUT].view.buf;
+    uint8_t *exp_known = (uint8_t *)a[A_EXP_KNOWN].view.buf;
+    uint8_t *nonfinite = (uint8_t *)a[A_NONFINITE].view.buf;
+    uint8_t *own_exp = (uint8_t *)a[A_OWN_EXP].view.buf;
+    uint64_t *exp_bitmap = (uint64_t *)a[A_EXP_BITMAP].view.buf;
+    int64_t *frontier = (int64_t *)a[A_FRONTIER].view.buf;
+    int64_t *later = (int64_t *)a[A_LATER].view.buf;
+    int64_t *settled = (int64_t *)a[A_SETTLED].view.buf;
+    int64_t *side = (int64_t *)a[A_SIDE].view.buf;
+    double *rtt = (double *)a[A_RTT].view.buf;
+    double *flush = (double *)a[A_FLUSH].view.buf;
+
+    const uint64_t all_bits = n_workers == 64 ? ~0ULL : ((1ULL << n_workers) - 1);
+    Py_ssize_t n_settled = 0, n_results = 0, n_side = 0, n_rtt = 0, n_flush = 0;
+    long long retx_count = 0, full = 0, critical_short = 0;
+    int any_later = 0, any_all_bits = 0, withheld_seen = 0;
+    uint64_t seen_bits = 0;
+    double rtt_min = NAN;
+    int64_t reached[64];
+    for (Py_ssize_t w = 0; w < n_workers; w++)
+        reached[w] = -1, later[w] = -1;
+
+    Py_BEGIN_ALLOW_THREADS;
+    /* Pass 1: classify, route, settle the unit states and take the samples (reference: _handle,
+     * _on_results, _settle, _time_answers). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *h = data + i * row_stride;
+        if (len[i] != packet_bytes || h[OFF_VERSION] != version || be16(h + OFF_JOB) != job_id)
+            continue;
+        const int op = h[OFF_OP];
+        if (op == OP_PARAM || op == OP_PARAM_REQ) {
+            side[n_side++] = i;
+            continue;
+        }
+        const int64_t slot = be16(h + OFF_SLOT);
+        if (op != OP_RESULT || slot == probe_slot)
+            continue;
+        const int64_t global = ((int64_t)be32(h + OFF_SEQ) - 1) * slots + slot;
+        if (slot < slots && slot_newest[slot] < global)
+            slot_newest[slot] = global;
+        n_results++;
+        const int64_t u = global - base;
+        const uint64_t bits = be64(h + OFF_BITMAP);
+        if (u >= units) { /* a later reduce's: what its bits prove the peers sent (reuse.py) */
+            any_later = 1;
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if ((bits >> w) & 1 && later[w] < u)
+                    later[w] = u;
+            continue;
+        }
+        if (u < 0 || state[u] == ST_DONE)
+            continue; /* (a later copy of a unit settled in this batch too: the first copy wins) */
+        const int prior = state[u];
+        state[u] = ST_DONE;
+        settled[n_settled] = u;
+        side[n - 1 - n_settled] = i; /* the row of each settled unit, from the far end of side */
+        n_settled++;
+        const int flags = h[OFF_FLAGS];
+        const int64_t cnt = h[OFF_COUNT];
+        const int retx = (flags & FLAG_RETX) != 0;
+        retx_count += retx;
+        seen_bits |= bits;
+        any_all_bits |= bits == all_bits;
+        full += cnt == n_workers;
+        critical_short += critical_unit[u] && cnt < n_workers;
+        if (prior == ST_IN_FLIGHT && retx_sent[u] == 0) {
+            if (!retx && (flushes[u] == 0 || (cnt == n_workers && !proven_lost[u]))) {
+                double ms = (now - sent_at[u]) * 1000.0;
+                rtt[n_rtt++] = ms;
+                if (!(rtt_min <= ms)) /* (NaN at first) */
+                    rtt_min = ms;
+            }
+            if (flushes[u] == 1 && (retx || h[OFF_WORKER] == closer_id))
+                flush[n_flush++] = (now - flushed_at[u]) * 1000.0;
+        }
+        if (bits == all_bits) {
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if (reached[w] < u)
+                    reached[w] = u;
+        } else {
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if ((bits >> w) & 1 && reached[w] < u)
+                    reached[w] = u;
+        }
+    }
+    for (Py_ssize_t w = 0; w < n_workers; w++)
+        if (frontier[w] < reached[w])
+            frontier[w] = reached[w];
+
+    /* Pass 2: exponent units (every chunk they cover gets its agreed exponent), then pass 3: data units,
+     * in that order as the reference's _settle_values (a data RESULT a peer's FLUSH closed may share a
+     * batch with its chunk's exponent RESULT; the data RESULT's shift is the one kept). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t j = 0; j < n_settled; j++) {
+            const int64_t u = settled[j];
+            const int is_exp = u < exp_units;
+            if (is_exp != (pass == 0))
+                continue;
+            const uint8_t *h = data + side[n - 1 - j] * row_stride;
+            const uint8_t *payload = h + HEADER_BYTES;
+            const int64_t cnt = h[OFF_COUNT];
+            const uint64_t bits = be64(h + OFF_BITMAP);
+            if (is_exp) {
+                if (cnt <= 0)
+                    continue;
+                withheld_seen |= bits != all_bits;
+                for (Py_ssize_t e = 0; e < k; e++) {
+                    const int64_t c = u * k + e;
+                    if (c >= c_count)
+                        break;
+                    const int64_t agreed = (int32_t)be32(payload + 4 * e);
+                    int64_t s = (30 - headroom) - agreed;
+                    shift[c] = (int32_t)(s < -SHIFT_LIMIT ? -SHIFT_LIMIT : (s > SHIFT_LIMIT ? SHIFT_LIMIT : s));
+                    exp_known[c] = 1;
+                    nonfinite[c] = agreed >= NONFINITE_EXPONENT;
+                    own_exp[c] = (bits >> worker_id) & 1;
+                    exp_bitmap[c] = bits;
+                }
+                continue;
+            }
+            const int64_t c = u - exp_units;
+            const int64_t w = be32(h + OFF_WEIGHT);
+            const int32_t s = (int8_t)h[OFF_EXP];
+            count[c] = cnt;
+            bitmap[c] = bits;
+            weight[c] = w;
+            result_flags[c] = h[OFF_FLAGS];
+            shift[c] = s;
+            if (cnt <= 0)
+                continue;
+            const double divisor = renorm == 0 ? (double)cnt : renorm == 1 ? (double)(w > 0 ? w : cnt) : (double)n_workers;
+            const double scale = ldexp(1.0, -s) / divisor;
+            float *dst = out + c * k;
+            for (Py_ssize_t e = 0; e < k; e++)
+                dst[e] = (float)((double)(int32_t)be32(payload + 4 * e) * scale);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+
+    double rtt_median = n_rtt ? upper_median(rtt, n_rtt) : NAN;
+    double flush_median = n_flush ? upper_median(flush, n_flush) : NAN;
+    result = Py_BuildValue("nnniLLLnKidddLi", n_settled, n_results, n_side, any_later, retx_count, full,
+                           critical_short, n - n_side - n_settled, (unsigned long long)seen_bits, any_all_bits,
+                           rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen);
+done:
+    PyBuffer_Release(&data_view);
+    if (lens.held)
+        PyBuffer_Release(&lens.view);
+    for (int i = 0; i < N_ARRAYS; i++)
+        if (a[i].held)
+            PyBuffer_Release(&a[i].view);
+    return result;
+}
+
+/* scan(state, low, next_unit) -> (low, unsettled, in_flight): ReducePlan.advance_low, then
+ * ReducePlan.unsettled, then the units in flight in [low, next_unit) (ReduceEngine._send_ready's count). */
+static PyObject *engine_scan(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    Py_ssize_t low, next_unit;
+    if (!PyArg_ParseTuple(args, "Onn:scan", &state_obj, &low, &next_unit))
+        return NULL;
+    buf_t st = {0};
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0) {
+        if (st.held)
+            PyBuffer_Release(&st.view);
+        return NULL;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    const Py_ssize_t units = st.view.shape[0];
+    if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
+        PyBuffer_Release(&st.view);
+        PyErr_SetString(PyExc_ValueError, "scan: low and next_unit must lie in the plan");
+        return NULL;
+    }
+    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
+    while (i < top && state[i] >= ST_DONE)
+        i++;
+    low = i;
+    int unsettled = low < next_unit;
+    for (Py_ssize_t j = low; !unsettled && j < units; j++)
+        unsettled = state[j] < ST_DONE;
+    Py_ssize_t in_flight = 0;
+    for (Py_ssize_t j = low; j < next_unit; j++)
+        in_flight += state[j] == ST_IN_FLIGHT;
+    PyBuffer_Release(&st.view);
+    return Py_BuildValue("nin", low, unsettled, in_flight);
+}
+
+/* due(state, deadline_at, low, next_unit, now, out) -> (n_due, next_at): the units in flight in [low,
+ * next_unit) whose deadline is at or before ``now``, in order, into out[:n_due] (Deadlines.due), and
+ * the earliest deadline of a unit in flight (Deadlines.next_at; inf when none is). */
+static PyObject *engine_due(PyObject *self, PyObject *args) {
+    PyObject *state_obj, *at_obj, *out_obj;
+    Py_ssize_t low, next_unit;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOnndO:due", &state_obj, &at_obj, &low, &next_unit, &now, &out_obj))
+        return NULL;
+    buf_t st = {0}, at = {0}, out = {0};
+    PyObject *result = NULL;
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0 || get_vec(at_obj, &at, 8, st.view.shape[0], 0, "deadline_at") < 0 ||
+        get_vec(out_obj, &out, 8, st.view.shape[0], 1, "out") < 0)
+        goto done;
+    if (low < 0 || next_unit > st.view.shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "due: low and next_unit must lie in the plan");
+        goto done;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    const double *deadline = (const double *)at.view.buf;
+    int64_t *due = (int64_t *)out.view.buf;
+    Py_ssize_t n_due = 0;
+    double next_at = INFINITY;
+    for (Py_ssize_t j = low; j < next_unit; j++) {
+        if (state[j] != ST_IN_FLIGHT)
+            continue;
+        if (deadline[j] < next_at)
+            next_at = deadline[j];
+        if (deadline[j] <= now)
+            due[n_due++] = j;
+    }
+    result = Py_BuildValue("nd", n_due, next_at);
+done:
+    if (st.held)
+        PyBuffer_Release(&st.view);
+    if (at.held)
+        PyBuffer_Release(&at.view);
+    if (out.held)
+        PyBuffer_Release(&out.view);
+    return result;
+}
+
+static PyMethodDef engine_methods[] = {
+    {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},
+    {"scan", engine_scan, METH_VARARGS, "Advance low past the settled prefix; (low, unsettled, in_flight)."},
+    {"due", engine_due, METH_VARARGS, "Units in flight past their deadline; (n_due, next_at)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef engine_module = {
+    PyModuleDef_HEAD_INIT, "_engine", "Native steady state of hostlib.transport's reduce engine.", -1, engine_methods,
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    PyObject *m = PyModule_Create(&engine_module);
+    if (m == NULL)
+        return NULL;
+    /* The wire constants compiled in, for the test that checks them against hostlib.protocol. */
+    const struct {
+        const char *name;
+        long value;
+    } constants[] = {
+        {"OFF_VERSION", OFF_VERSION}, {"OFF_OP", OFF_OP},         {"OFF_FLAGS", OFF_FLAGS},
+        {"OFF_EXP", OFF_EXP},         {"OFF_JOB", OFF_JOB},       {"OFF_WORKER", OFF_WORKER},
+        {"OFF_COUNT", OFF_COUNT},     {"OFF_SLOT", OFF_SLOT},     {"OFF_SEQ", OFF_SEQ},
+        {"OFF_WEIGHT", OFF_WEIGHT},   {"OFF_BITMAP", OFF_BITMAP}, {"HEADER_BYTES", HEADER_BYTES},
+        {"OP_RESULT", OP_RESULT},     {"OP_PARAM", OP_PARAM},     {"OP_PARAM_REQ", OP_PARAM_REQ},
+        {"FLAG_RETX", FLAG_RETX},     {"ST_IN_FLIGHT", ST_IN_FLIGHT}, {"ST_DONE", ST_DONE},
+        {"NONFINITE_EXPONENT", (long)NONFINITE_EXPONENT}, {"SHIFT_LIMIT", SHIFT_LIMIT},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    return m;
+}
