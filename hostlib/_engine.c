@@ -41,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_quantize.h"
+
 /* Header offsets and ops of the wire format (hostlib/protocol.py; checked by tests/test_engine_native.py). */
 #define OFF_VERSION 0
 #define OFF_OP 1
@@ -435,7 +437,136 @@ done:
     return result;
 }
 
+/* quantize_ahead(chunks, rows, exp_known, quantized, own_exp, critical, owner, shift, has_exp, todo,
+ *                saturated, c0, c1, block, limit, flags, bit_generator) -> quantized rows
+ * ReduceEngine._quantize_ahead in one call: the chunks of [c0, c1) not quantized yet whose exponent is known,
+ * and the known ones after them up to ``block`` chunks from c0, quantized straight into the payload of their
+ * packet rows (``rows``: the plan's data rows, big-endian) with their shifts; each row's exp byte and flags
+ * (flags = (CRITICAL, SATURATED, OWNER) bits: critical chunk, clamped while its proposal was counted, owner
+ * set) written, has_exp = own_exp and quantized set. The random bits: one draw of ``bit_generator``'s
+ * random_raw() per call that quantizes anything, then the rows in order, as hostlib.codec.quantize_into's C
+ * path: the same integers. ``todo`` and ``saturated`` are scratch, one entry per chunk. */
+static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
+    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen;
+    Py_ssize_t c0, c1, block;
+    long long limit;
+    int f_critical, f_saturated, f_owner;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &block,
+                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen))
+        return NULL;
+    Py_buffer cv, rv;
+    buf_t b[9];
+    memset(b, 0, sizeof(b));
+    int have_cv = 0, have_rv = 0;
+    PyObject *result = NULL;
+    uint64_t *bits = NULL;
+    if (PyObject_GetBuffer(chunks_obj, &cv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto done;
+    have_cv = 1;
+    if (PyObject_GetBuffer(rows_obj, &rv, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+        goto done;
+    have_rv = 1;
+    if (cv.ndim != 2 || cv.itemsize != 4 || rv.ndim != 2 || rv.itemsize != 1 || rv.strides[1] != 1 ||
+        rv.shape[0] != cv.shape[0] || rv.shape[1] != HEADER_BYTES + 4 * cv.shape[1] || limit < 1 ||
+        limit > (1LL << 30)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: chunks must be (C, K) float32 and rows (C, 36 + 4K) uint8");
+        goto done;
+    }
+    const Py_ssize_t c = cv.shape[0], k = cv.shape[1];
+    const struct {
+        Py_ssize_t item;
+        int writable;
+        const char *name;
+    } spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"}, {1, 0, "critical"}, {8, 0, "owner"},
+                 {4, 0, "shift"},     {1, 1, "has_exp"},   {8, 1, "todo"},    {1, 1, "saturated"}};
+    for (int i = 0; i < 9; i++)
+        if (get_vec(objs[i], &b[i], spec[i].item, c, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    if (c0 < 0 || c1 < c0 || c1 > c || block < 1) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: need 0 <= c0 <= c1 <= chunks and block >= 1");
+        goto done;
+    }
+    const uint8_t *exp_known = (const uint8_t *)b[0].view.buf, *own_exp = (const uint8_t *)b[2].view.buf;
+    const uint8_t *critical = (const uint8_t *)b[3].view.buf;
+    const int64_t *owner = (const int64_t *)b[4].view.buf;
+    const int32_t *shift = (const int32_t *)b[5].view.buf;
+    uint8_t *quantized = (uint8_t *)b[1].view.buf, *has_exp = (uint8_t *)b[6].view.buf;
+    int64_t *todo = (int64_t *)b[7].view.buf;
+    uint8_t *saturated = (uint8_t *)b[8].view.buf;
+    /* (reference: hi = min(C, max(c1, c0 + block)), cut at the first unknown exponent from c1 on) */
+    Py_ssize_t hi = c0 + block > c1 ? c0 + block : c1;
+    if (hi > c)
+        hi = c;
+    for (Py_ssize_t j = c1; j < hi; j++)
+        if (!exp_known[j]) {
+            hi = j;
+            break;
+        }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t j = c0; j < hi; j++)
+        if (exp_known[j] && !quantized[j])
+            todo[n++] = j;
+    if (n == 0) {
+        result = PyLong_FromSsize_t(0);
+        goto done;
+    }
+    PyObject *raw = PyObject_CallMethod(bitgen, "random_raw", NULL);
+    if (raw == NULL)
+        goto done;
+    const unsigned long long seed = PyLong_AsUnsignedLongLong(raw);
+    Py_DECREF(raw);
+    if (PyErr_Occurred())
+        goto done;
+    bits = PyMem_RawMalloc((size_t)(k / 2 + 1) * sizeof(uint64_t));
+    if (bits == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the shifts of the rows in order, as the reference passes plan.shift[sel] */
+    int32_t *shifts = PyMem_RawMalloc((size_t)n * sizeof(int32_t));
+    if (shifts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        shifts[i] = shift[todo[i]];
+    char *rows = (char *)rv.buf;
+    const Py_ssize_t stride = rv.strides[0];
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS;
+    bad = quantize_rows((const char *)cv.buf, 4 * k, rows + HEADER_BYTES, stride, k, todo, n, shifts, (float)limit,
+                        1, (uint64_t)seed, bits, saturated);
+    if (bad < 0)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t j = todo[i];
+            char *h = rows + j * stride;
+            h[OFF_EXP] = (char)(int8_t)shifts[i];
+            h[OFF_FLAGS] = (char)((critical[j] ? f_critical : 0) | (saturated[i] && own_exp[j] ? f_saturated : 0) |
+                                  (owner[j] >= 0 ? f_owner : 0));
+            has_exp[j] = own_exp[j];
+            quantized[j] = 1;
+        }
+    Py_END_ALLOW_THREADS;
+    PyMem_RawFree(shifts);
+    if (bad >= 0)
+        PyErr_Format(PyExc_ValueError, "tensor holds NaN or Inf (first in chunk %zd); refusing to send it", bad);
+    else
+        result = PyLong_FromSsize_t(n);
+done:
+    PyMem_RawFree(bits);
+    if (have_cv)
+        PyBuffer_Release(&cv);
+    if (have_rv)
+        PyBuffer_Release(&rv);
+    for (int i = 0; i < 9; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
 static PyMethodDef engine_methods[] = {
+    {"quantize_ahead", engine_quantize_ahead, METH_VARARGS, "Quantize the next chunks into their packet rows."},
     {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},
     {"scan", engine_scan, METH_VARARGS, "Advance low past the settled prefix; (low, unsettled, in_flight)."},
     {"due", engine_due, METH_VARARGS, "Units in flight past their deadline; (n_due, next_at)."},

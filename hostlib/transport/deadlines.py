@@ -303,6 +303,17 @@ class Deadlines:
                 at[exp] = np.minimum(at[exp], probe_at)
         plan.deadline_at[units] = at
 
+    def arm_run(self, plan: ReducePlan, lo: int, hi: int, start: float) -> bool:
+        """:meth:`arm` for units ``lo..hi-1`` just sent for the first time, where every one gets the same
+        deadline: the reduce is synced and not in its tail, and none of them is critical or was FLUSHed
+        (the steady state; the same deadlines as :meth:`arm`). Returns False, arming nothing, elsewhere."""
+        if not plan.synced or self.early_close or plan.all_sent or plan.any_critical or self.config.exact:
+            return False
+        if plan.critical_unit[lo:hi].any() or plan.flushes[lo:hi].any():
+            return False
+        plan.deadline_at[lo:hi] = start + self.first_wait_s(plan) * self._stagger
+        return True
+
     def tail_probing(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """Which of ``units`` get a tail probe (``TransportConfig.tail_probe``) at their next deadline: data
         units of the tail (this worker sent everything, the exponents agreed, no peer looks dead) that

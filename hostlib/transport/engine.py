@@ -155,7 +155,10 @@ class ReduceEngine:
             "rtt": np.zeros(cap, dtype=np.float64),
             "flush": np.zeros(cap, dtype=np.float64),
             "due": np.zeros(0, dtype=np.int64),  # grown to the plan's units
+            "todo": np.zeros(0, dtype=np.int64),  # ... and chunks
+            "saturated": np.zeros(0, dtype=bool),
         }
+        self._quantize_flags = (_CRITICAL, _SATURATED, _OWNER)
 
     # ---- one reduce ----------------------------------------------------------------------------
     def reduce(
@@ -561,6 +564,10 @@ class ReduceEngine:
     def _send_units(self, plan: ReducePlan, u0: int, hi: int) -> bool:
         """:meth:`_send_ready` once the window and the reuse rules gave ``hi``: units ``u0..hi-1`` go
         but for those whose exponent is unknown and those the pacer holds back."""
+        if self.native:
+            sent = self._send_run(plan, u0, hi)
+            if sent is not None:
+                return sent
         state, k = plan.state, self.config.elems_per_packet
         units = np.arange(u0, max(u0, hi))
         blocked = np.zeros(len(units), dtype=bool)
@@ -614,6 +621,55 @@ class ReduceEngine:
             plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
         self.deadlines.arm(plan, units, now)
         return paced_out
+
+    def _send_run(self, plan: ReducePlan, u0: int, hi: int) -> bool | None:
+        """:meth:`_send_units` of the native path for its steady state, a run of pending units with
+        nothing paced or owned: the same packets, states and deadlines, with slices where the reference
+        gathers (tests/test_engine_native.py compares the two). None where it does not apply (the
+        reference runs then, before anything changed)."""
+        if plan.any_owned or self.pacer.paced or hi <= u0:
+            return None
+        k, e, state = self.config.elems_per_packet, plan.exp_units, plan.state
+        u1 = hi
+        d0 = max(u0, e)
+        if d0 < hi:  # data units wait for their exponent unit's RESULT
+            g0 = (d0 - e) // k
+            agreed = state[g0 : (hi - 1 - e) // k + 1] >= DONE
+            if not agreed.all():
+                u1 = max(d0, e + (g0 + int(np.argmin(agreed))) * k)
+        if u1 <= u0:
+            return False
+        if not bool((state[u0:u1] == PENDING).all()):
+            return None
+        plan.next_unit = u1
+        queue_free_at = self._queue_free_at
+        if u0 < e:
+            rows = plan.exp_rows[u0 : min(u1, e)]
+            for _ in range(self.config.exp_copies):
+                self.send(rows)
+        if u1 > e:
+            c0, c1 = d0 - e, u1 - e
+            self._quantize_ahead(plan, c0, c1)
+            has = plan.has_exp[c0:c1]
+            c = np.arange(c0, c1) if has.all() else np.flatnonzero(has) + c0
+            if c.size and c[-1] - c[0] + 1 == c.size:
+                self.send(plan.data_rows[c[0] : c[-1] + 1])
+            elif c.size:
+                self.send(plan.data_rows[c])
+            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
+                for _ in range(self.config.tail_copies - 1):
+                    self.send(last)
+        now = time.perf_counter()
+        state[u0:u1] = IN_FLIGHT
+        plan.sent_at[u0:u1] = now
+        rate = self._bottleneck_bps()
+        if rate > 0:
+            start = max(now, queue_free_at)
+            plan.expect_at[u0:u1] = start + np.arange(1, u1 - u0 + 1) * (self._frame * 8 / rate)
+        if not self.deadlines.arm_run(plan, u0, u1, now):
+            self.deadlines.arm(plan, np.arange(u0, u1), now)
+        return False
 
     def _count_held(self, now: float, held: str) -> None:
         """Add the time since the last call to what held sending then (``stats.held_by_span_s``: this
@@ -669,6 +725,18 @@ class ReduceEngine:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
         block, so that the numpy passes are large and run while earlier packets are at the switch."""
         block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+        if self.native and codec.codec_path() == "c":  # the same rows, draws and flags in one call
+            todo, saturated = self._scratch["todo"], self._scratch["saturated"]
+            if len(todo) < plan.chunks_count:
+                todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
+                saturated = self._scratch["saturated"] = np.zeros(plan.chunks_count, dtype=bool)
+            limit = codec.contribution_limit(self.n_workers)
+            native_ext.quantize_ahead(
+                plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
+                plan.owner, plan.shift, plan.has_exp, todo, saturated, c0, c1, block, limit,
+                self._quantize_flags, self._rng.bit_generator,
+            )  # fmt: skip
+            return
         hi = min(plan.chunks_count, max(c1, c0 + block))
         known = plan.exp_known[c1:hi]
         if not known.all():

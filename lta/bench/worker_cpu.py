@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from hostlib import codec as codec_module
 from hostlib.transport import LtaWorker, TransportConfig
+
+try:
+    from hostlib.transport import native as native_module
+
+    _native_ext: Any = native_module.native_ext
+except ImportError:  # a tree from before the native engine (a base run of a before/after comparison)
+    _native_ext = None
 from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.io import WorkerIO
@@ -35,12 +43,16 @@ from lta.launch import JobSpec, run_job
 PHASES = (
     (ReduceEngine, "_begin"),  # stage the input, exponent proposals, plan reset
     (ReduceEngine, "_send_ready"),  # window and reuse rules, quantize ahead, send, arm deadlines
+    (ReduceEngine, "_peer_limit"),  # the slot-reuse rules (reuse.py)
+    (ReduceEngine, "_send_run"),  # the native path's run of units (quantize, send, arm)
     (ReduceEngine, "_quantize_ahead"),
+    (codec_module, "_c_quantize"),  # the C quantize loop and its seed draw
     (ReduceEngine, "send"),  # the sendmsg calls (GSO trains) and pacing
     (Deadlines, "arm"),
     (ReduceEngine, "_receive"),  # recv system call and _handle
     (WorkerIO, "recv"),
     (ReduceEngine, "_handle"),  # route and settle a batch of RESULTs (and parameters)
+    (_native_ext, "settle"),  # ... its C call (native path)
     (ReduceEngine, "_drop_overtaken"),
     (ReduceEngine, "_on_deadlines"),
     (Deadlines, "fast_flush"),
@@ -60,7 +72,9 @@ def _timed_phases() -> dict[str, list[float]]:
     returns name -> [calls, CPU seconds]."""
     totals: dict[str, list[float]] = {}
     for cls, name in PHASES:
-        key = f"{cls.__name__}.{name}"
+        if cls is None or not hasattr(cls, name):  # (no native extension, or a tree without that phase)
+            continue
+        key = f"{getattr(cls, '__name__', cls)}.{name}"
         totals[key] = [0, 0.0]
         inner = getattr(cls, name)
 
@@ -72,8 +86,11 @@ def _timed_phases() -> dict[str, list[float]]:
                 _acc[0] += 1
                 _acc[1] += time.thread_time() - t0
 
-        static = isinstance(inspect.getattr_static(cls, name), staticmethod)
-        setattr(cls, name, staticmethod(timed) if static else timed)
+        static = isinstance(cls, type) and isinstance(inspect.getattr_static(cls, name), staticmethod)
+        if isinstance(cls, type) and not static:
+            setattr(cls, name, timed)
+        else:  # a static method, or a module's function
+            setattr(cls, name, staticmethod(timed) if static else timed)
     return totals
 
 
@@ -125,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     walls = np.max(np.array([r["walls_ms"] for r in results]), axis=0)
     summary = {
         "engine": os.environ.get("LTA_ENGINE", "default"),
+        "load1": os.getloadavg()[0],
         "k": args.elems_per_packet,
         "workers": args.workers,
         "mib": args.mib,
