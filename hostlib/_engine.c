@@ -10,23 +10,25 @@
  * with ~60 small numpy operations (masks, gathers, a median, the frontier's bit matrix), each a few
  * microseconds of Python and dispatch whatever the batch size. Here a batch is one pass over its rows.
  *
- *   settle(data, lens, n, params, now, slot_newest, state, flushes, retx, proven_lost, sent_at,
+ *   settle(data, lens, n, params, low, now, slot_newest, state, flushes, retx, proven_lost, sent_at,
  *          flushed_at, critical_unit, count, bitmap, weight, result_flags, shift, out, exp_known,
  *          nonfinite, own_exp, exp_bitmap, frontier, later_reached, settled, side, rtt, flush) -> tuple
  *
  *   Rows 0..n-1 of ``data`` (datagram i: data[i, :lens[i]]) are one received batch. ``params`` is the
  *   tuple (packet_bytes, version, job_id, probe_slot, data_slots, n_workers, worker_id, closer_id, k,
- *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits). Each
+ *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits), ``low``
+ *   the plan's first unit not settled. Each
  *   row is classified as the reference does; PARAM and PARAM_REQ rows of the job are listed in ``side``
  *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) update
  *   ``slot_newest`` and are routed to the plan's units: in range and not DONE, first copy only, they are
  *   settled (state DONE, values dequantized and renormalized into ``out``, count, bitmap, weight,
  *   flags, shift; exponent units give their chunks' shifts, exp_known, nonfinite, own_exp,
  *   exp_bitmap); later units' bits go to ``later_reached``. RTT and FLUSH samples are computed as the
- *   reference's _time_answers computes them, at time ``now``.
+ *   reference's _time_answers computes them, at time ``now``. After a batch with RESULTs, units of the plan
+ *   overtaken in their slot are given up (the reference's _drop_overtaken).
  *
  *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
- *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen): ``settled``
+ *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken): ``settled``
  *   units are listed in ``settled`` (first-copy order); NaN for a sample that has none.
  *
  *   Every array is 1-D C-contiguous of the plan's dtype (state int8, the masks bool, count/flushes/
@@ -62,6 +64,7 @@
 #define FLAG_RETX 0x01
 #define ST_IN_FLIGHT 1
 #define ST_DONE 2
+#define ST_GAVE_UP 3
 #define NONFINITE_EXPONENT (1LL << 24)
 #define SHIFT_LIMIT 127
 
@@ -133,17 +136,17 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     PyObject *data_obj, *lens_obj, *objs[N_ARRAYS];
     Py_ssize_t n, packet_bytes, version, job_id, probe_slot, slots, n_workers, worker_id, closer_id, k, renorm;
     long long base;
-    Py_ssize_t units, exp_units, chunks_count, headroom;
+    Py_ssize_t units, exp_units, chunks_count, headroom, low;
     double now;
-    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)dOOOOOOOOOOOOOOOOOOOOOOOO:settle", &data_obj, &lens_obj, &n,
+    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOO:settle", &data_obj, &lens_obj, &n,
                           &packet_bytes, &version, &job_id, &probe_slot, &slots, &n_workers, &worker_id,
-                          &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &now,
+                          &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &low, &now,
                           &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
                           &objs[8], &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
                           &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23]))
         return NULL;
     if (n_workers < 1 || n_workers > 64 || worker_id < 0 || worker_id >= n_workers || k < 1 || slots < 1 ||
-        units < 1 || exp_units < 0 || exp_units > units || chunks_count != units - exp_units || n < 0 ||
+        units < 1 || exp_units < 0 || exp_units > units || chunks_count != units - exp_units || n < 0 || low < 0 ||
         packet_bytes != HEADER_BYTES + 4 * k) {
         PyErr_SetString(PyExc_ValueError, "settle: inconsistent plan parameters");
         return NULL;
@@ -228,6 +231,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     int64_t reached[64];
     for (Py_ssize_t w = 0; w < n_workers; w++)
         reached[w] = -1, later[w] = -1;
+    Py_ssize_t overtaken = 0;
 
     Py_BEGIN_ALLOW_THREADS;
     /* Pass 1: classify, route, settle the unit states and take the samples (reference: _handle,
@@ -344,13 +348,32 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
                 dst[e] = (float)((double)(int32_t)be32(payload + 4 * e) * scale);
         }
     }
+
+    /* Units overtaken (reference: ReduceEngine._drop_overtaken, after every batch with RESULTs): a RESULT
+     * for global unit g means slot g mod D moved past every older round, so units of this reduce still open
+     * in an older round of their slot can never be answered: given up. */
+    if (n_results) {
+        int64_t newest = -1;
+        for (Py_ssize_t j = 0; j < slots; j++)
+            if (slot_newest[j] > newest)
+                newest = slot_newest[j];
+        int64_t hi = newest - base - slots + 1;
+        if (hi > units)
+            hi = units;
+        for (int64_t v = low; v < hi; v++)
+            if (state[v] < ST_DONE && base + v < slot_newest[(base + v) % slots]) {
+                state[v] = ST_GAVE_UP;
+                overtaken++;
+            }
+    }
     Py_END_ALLOW_THREADS;
 
     double rtt_median = n_rtt ? upper_median(rtt, n_rtt) : NAN;
     double flush_median = n_flush ? upper_median(flush, n_flush) : NAN;
-    result = Py_BuildValue("nnniLLLnKidddLi", n_settled, n_results, n_side, any_later, retx_count, full,
+    result = Py_BuildValue("nnniLLLnKidddLin", n_settled, n_results, n_side, any_later, retx_count, full,
                            critical_short, n - n_side - n_settled, (unsigned long long)seen_bits, any_all_bits,
-                           rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen);
+                           rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen,
+                           overtaken);
 done:
     PyBuffer_Release(&data_view);
     if (lens.held)
@@ -565,7 +588,64 @@ done:
     return result;
 }
 
+/* stall(state, flushes, critical_unit, deadline_at, frontier, presumed_dead, low, permitted, next_unit, at)
+ * -> the unit whose deadline was brought forward, or -1: Deadlines.stall_flush. The newest unit in flight in
+ * [max(low, slowest live frontier + 1), min(permitted, next_unit)) that was not FLUSHed and is not critical
+ * gets the deadline min(its deadline, at). The slowest live frontier: the lowest frontier of a worker whose
+ * bit is not in presumed_dead (the highest of all when every one is). */
+static PyObject *engine_stall(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    unsigned long long dead;
+    Py_ssize_t low, permitted, next_unit;
+    double at;
+    if (!PyArg_ParseTuple(args, "OOOOOKnnnd:stall", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &dead, &low,
+                          &permitted, &next_unit, &at))
+        return NULL;
+    buf_t b[5];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    if (get_vec(objs[0], &b[0], 1, 0, 0, "state") < 0)
+        goto done;
+    const Py_ssize_t units = b[0].view.shape[0];
+    if (get_vec(objs[1], &b[1], 8, units, 0, "flushes") < 0 || get_vec(objs[2], &b[2], 1, units, 0, "critical_unit") < 0 ||
+        get_vec(objs[3], &b[3], 8, units, 1, "deadline_at") < 0 || get_vec(objs[4], &b[4], 8, 1, 0, "frontier") < 0)
+        goto done;
+    const int8_t *state = (const int8_t *)b[0].view.buf;
+    const int64_t *flushes = (const int64_t *)b[1].view.buf, *frontier = (const int64_t *)b[4].view.buf;
+    const uint8_t *critical_unit = (const uint8_t *)b[2].view.buf;
+    double *deadline = (double *)b[3].view.buf;
+    const Py_ssize_t n_workers = b[4].view.shape[0];
+    int64_t slowest = INT64_MAX, top = INT64_MIN;
+    for (Py_ssize_t w = 0; w < n_workers; w++) {
+        if (frontier[w] > top)
+            top = frontier[w];
+        if (!(w < 64 && (dead >> w) & 1) && frontier[w] < slowest)
+            slowest = frontier[w];
+    }
+    if (slowest == INT64_MAX)
+        slowest = top;
+    int64_t lo = slowest + 1 > low ? slowest + 1 : low;
+    int64_t hi = permitted < next_unit ? permitted : next_unit;
+    if (hi > units)
+        hi = units;
+    int64_t newest = -1;
+    for (int64_t u = hi - 1; u >= lo && u >= 0; u--)
+        if (state[u] == ST_IN_FLIGHT && flushes[u] == 0 && !critical_unit[u]) {
+            newest = u;
+            break;
+        }
+    if (newest >= 0 && at < deadline[newest])
+        deadline[newest] = at;
+    result = PyLong_FromLongLong(newest);
+done:
+    for (int i = 0; i < 5; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
 static PyMethodDef engine_methods[] = {
+    {"stall", engine_stall, METH_VARARGS, "Deadlines.stall_flush: bring the newest stalled unit's deadline forward."},
     {"quantize_ahead", engine_quantize_ahead, METH_VARARGS, "Quantize the next chunks into their packet rows."},
     {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},
     {"scan", engine_scan, METH_VARARGS, "Advance low past the settled prefix; (low, unsettled, in_flight)."},
@@ -591,7 +671,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
         {"OFF_COUNT", OFF_COUNT},     {"OFF_SLOT", OFF_SLOT},     {"OFF_SEQ", OFF_SEQ},
         {"OFF_WEIGHT", OFF_WEIGHT},   {"OFF_BITMAP", OFF_BITMAP}, {"HEADER_BYTES", HEADER_BYTES},
         {"OP_RESULT", OP_RESULT},     {"OP_PARAM", OP_PARAM},     {"OP_PARAM_REQ", OP_PARAM_REQ},
-        {"FLAG_RETX", FLAG_RETX},     {"ST_IN_FLIGHT", ST_IN_FLIGHT}, {"ST_DONE", ST_DONE},
+        {"FLAG_RETX", FLAG_RETX},     {"ST_IN_FLIGHT", ST_IN_FLIGHT}, {"ST_DONE", ST_DONE}, {"ST_GAVE_UP", ST_GAVE_UP},
         {"NONFINITE_EXPONENT", (long)NONFINITE_EXPONENT}, {"SHIFT_LIMIT", SHIFT_LIMIT},
     };
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)

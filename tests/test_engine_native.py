@@ -25,7 +25,7 @@ from hostlib.transport import deadlines as deadlines_module
 from hostlib.transport import engine as engine_module
 from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.native import engine_path, native_ext
-from hostlib.transport.plan import DONE, IN_FLIGHT
+from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT
 from softswitch.pipeline import JobConfig, SoftSwitch
 
 pytestmark = pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built (pip install -e .)")
@@ -210,6 +210,8 @@ def _play(
             e.reuse.saw(plan.base, plan.frontier)
             if plan.frontier.min() > plan.fast_flushed_to:
                 e.deadlines.fast_flush(plan, clock())
+            if plan.own_shown >= 0:  # the window-stall rule, from the newest unit showing this worker's bit
+                e._stall_flush(plan, max(-1, plan.own_shown - e.reuse.span) + e._slots + 1, clock())
         _same(ref, nat, f"seed {seed} tick {tick} (after the deadline rules)")
         if not plans[id(ref)][0].unsettled() and not held:
             break
@@ -310,7 +312,7 @@ def test_wire_constants_match_the_protocol() -> None:
         Op.PARAM_REQ,
     )
     assert native_ext.FLAG_RETX == Flag.RETX
-    assert (native_ext.ST_IN_FLIGHT, native_ext.ST_DONE) == (IN_FLIGHT, DONE)
+    assert (native_ext.ST_IN_FLIGHT, native_ext.ST_DONE, native_ext.ST_GAVE_UP) == (IN_FLIGHT, DONE, GAVE_UP)
     from hostlib import codec
 
     assert (

@@ -423,7 +423,11 @@ class Deadlines:
         # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
         # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
         newest = int(units[-1])
-        plan.deadline_at[newest] = min(plan.deadline_at[newest], now + self.rto_s() * self._stagger)
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], self.stall_deadline(now))
+
+    def stall_deadline(self, now: float) -> float:
+        """When :meth:`stall_flush` FLUSHes the newest stalled unit: one RTO from ``now``, staggered."""
+        return now + self.rto_s() * self._stagger
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never

@@ -159,6 +159,7 @@ class ReduceEngine:
             "saturated": np.zeros(0, dtype=bool),
         }
         self._quantize_flags = (_CRITICAL, _SATURATED, _OWNER)
+        self._native_params: tuple[int, tuple[int, ...]] = (-1, ())  # settle's parameters, per reduce base
 
     # ---- one reduce ----------------------------------------------------------------------------
     def reduce(
@@ -473,7 +474,7 @@ class ReduceEngine:
                 # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
                 # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
                 span = self.reuse.span
-                dl.stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
+                self._stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
             if plan.next_unit == plan.units and not plan.all_sent:
                 # The tail: nothing more of ours is coming, so units still open wait only the RTO.
                 plan.all_sent = True
@@ -519,6 +520,16 @@ class ReduceEngine:
         if not plan.unsettled():
             return -1
         return int(np.count_nonzero(plan.state[plan.low : plan.next_unit] == IN_FLIGHT))
+
+    def _stall_flush(self, plan: ReducePlan, permitted: int, now: float) -> None:
+        """Deadlines.stall_flush (the native path: one call)."""
+        dl = self.deadlines
+        if not self.native:
+            dl.stall_flush(plan, permitted, now)
+            return
+        at = dl.stall_deadline(now)
+        native_ext.stall(plan.state, plan.flushes, plan.critical_unit, plan.deadline_at, plan.frontier,
+                         dl.presumed_dead, plan.low, permitted, plan.next_unit, at)  # fmt: skip
 
     def _next_deadline(self, plan: ReducePlan) -> float:
         """The earliest deadline of a unit in flight (Deadlines.next_at; inf when none is)."""
@@ -953,17 +964,20 @@ class ReduceEngine:
         way (tests/test_engine_native.py); what is rare or per batch stays here (parameters, the RTT
         estimator, absent peers, the slot-reuse news, the trace)."""
         rx, s = self.io.rx, self._scratch
+        if self._native_params[0] != plan.base:  # (once per reduce)
+            self._native_params = plan.base, (
+                self.packet_bytes, VERSION, self.job_id, self.probe_slot, self._slots, self.n_workers,
+                self.worker_id, self._closer_id, self.config.elems_per_packet, self._renormalize_code,
+                plan.base, plan.units, plan.exp_units, plan.chunks_count, self._headroom,
+            )  # fmt: skip
         now = time.perf_counter()
-        params = (self.packet_bytes, VERSION, self.job_id, self.probe_slot, self._slots, self.n_workers,
-                  self.worker_id, self._closer_id, self.config.elems_per_packet, self._renormalize_code,
-                  plan.base, plan.units, plan.exp_units, plan.chunks_count, self._headroom)  # fmt: skip
         (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
-         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld) = native_ext.settle(
-            rx.data, rx.lens, n, params, now, self._slot_newest, plan.state, plan.flushes, plan.retx,
-            plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit, plan.count, plan.bitmap,
-            plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known, plan.nonfinite,
-            plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"], s["rtt"],
-            s["flush"])  # fmt: skip
+         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken) = native_ext.settle(
+            rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._slot_newest, plan.state,
+            plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
+            plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
+            plan.nonfinite, plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"],
+            s["rtt"], s["flush"])  # fmt: skip
         if side:
             data = rx.data
             hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
@@ -994,7 +1008,7 @@ class ReduceEngine:
             plan.any_withheld |= bool(withheld)
             if self.trace is not None:
                 self.trace.on_settled(self, plan, s["settled"][:settled].copy())
-        self._drop_overtaken(plan)
+        self.stats.units_overtaken += overtaken  # (given up in the call, as _drop_overtaken does)
 
     def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
         alive = hdr["chunk"][rows] == ALIVE_CHUNK
