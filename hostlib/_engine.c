@@ -644,7 +644,105 @@ done:
     return result;
 }
 
+/* peers_news(settled, sent, peers, excused, excused_to, presumed_dead, frontier, dead_bits, base, span,
+ *            data_slots) -> None: SlotReuse.set_presumed_dead (bit w of dead_bits: peer w presumed dead),
+ * then SlotReuse.saw(base, frontier), on the slot-reuse state's arrays (int64, the masks bool; one entry
+ * per worker), as ReduceEngine._run_units calls them after a wake-up that brought RESULTs. */
+static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
+    PyObject *objs[7];
+    unsigned long long dead_bits;
+    long long base, span, d;
+    if (!PyArg_ParseTuple(args, "OOOOOOOKLLL:peers_news", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &dead_bits, &base, &span, &d))
+        return NULL;
+    buf_t b[7];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    if (get_vec(objs[0], &b[0], 8, 1, 1, "settled") < 0)
+        goto done;
+    const Py_ssize_t n = b[0].view.shape[0];
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "peers_news: at most 64 workers");
+        goto done;
+    }
+    static const struct {
+        Py_ssize_t item;
+        int writable;
+        const char *name;
+    } spec[7] = {{8, 1, "settled"},       {8, 1, "sent"},          {1, 0, "peers"},   {1, 1, "excused"},
+                 {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
+    for (int i = 1; i < 7; i++)
+        if (get_vec(objs[i], &b[i], spec[i].item, n, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    int64_t *settled = (int64_t *)b[0].view.buf, *sent = (int64_t *)b[1].view.buf;
+    const uint8_t *peers = (const uint8_t *)b[2].view.buf;
+    uint8_t *excused = (uint8_t *)b[3].view.buf, *presumed = (uint8_t *)b[5].view.buf;
+    int64_t *excused_to = (int64_t *)b[4].view.buf;
+    const int64_t *frontier = (const int64_t *)b[6].view.buf;
+    /* set_presumed_dead */
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int dead = (dead_bits >> w) & 1;
+        if (presumed[w] && !dead && excused[w] && excused_to[w] == INT64_MAX)
+            excused_to[w] = settled[w] + 2 * d + 1;
+        presumed[w] = (uint8_t)dead;
+    }
+    /* saw */
+    int any_seen = 0, any_excused = 0;
+    for (Py_ssize_t w = 0; w < n; w++)
+        any_seen |= frontier[w] >= 0, any_excused |= excused[w] != 0;
+    if (!any_seen) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int seen = frontier[w] >= 0;
+        const int64_t s = seen ? base + frontier[w] : -1;
+        if (s > sent[w])
+            sent[w] = s;
+        int64_t proven = -1;
+        if (seen)
+            proven = base - 1 > base + frontier[w] - span ? base - 1 : base + frontier[w] - span;
+        if (any_excused)
+            excused[w] = excused[w] && proven <= settled[w];
+        if (proven > settled[w])
+            settled[w] = proven;
+    }
+    int64_t newest[64];
+    Py_ssize_t top = 0;
+    for (Py_ssize_t w = 0; w < n; w++) {
+        newest[w] = peers[w] ? sent[w] : -1;
+        if (newest[w] > newest[top])
+            top = w; /* (the first of the largest, as argmax) */
+    }
+    const int64_t top_value = newest[top];
+    newest[top] = -1;
+    int64_t second = newest[0];
+    for (Py_ssize_t w = 1; w < n; w++)
+        if (newest[w] > second)
+            second = newest[w];
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int64_t others = w == top ? second : top_value;
+        if (!(peers[w] && others > settled[w] + d))
+            continue;
+        int64_t reach = settled[w] + 2 * d + 1 > others + 1 ? settled[w] + 2 * d + 1 : others + 1;
+        if (presumed[w])
+            reach = INT64_MAX;
+        if (reach > excused_to[w])
+            excused_to[w] = reach;
+        excused[w] = 1;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int i = 0; i < 7; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
 static PyMethodDef engine_methods[] = {
+    {"peers_news", engine_peers_news, METH_VARARGS, "SlotReuse.set_presumed_dead, then SlotReuse.saw."},
     {"stall", engine_stall, METH_VARARGS, "Deadlines.stall_flush: bring the newest stalled unit's deadline forward."},
     {"quantize_ahead", engine_quantize_ahead, METH_VARARGS, "Quantize the next chunks into their packet rows."},
     {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},

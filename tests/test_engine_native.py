@@ -26,6 +26,7 @@ from hostlib.transport import engine as engine_module
 from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.native import engine_path, native_ext
 from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT
+from hostlib.transport.reuse import _NO_LIMIT, SlotReuse
 from softswitch.pipeline import JobConfig, SoftSwitch
 
 pytestmark = pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built (pip install -e .)")
@@ -205,9 +206,7 @@ def _play(
             e._handle(n, plans[id(e)][0])
         for e in [ref, nat, *peers]:
             plan = plans[id(e)][0]
-            dead = (np.uint64(e.deadlines.presumed_dead) >> e._worker_bits) & np.uint64(1)
-            e.reuse.set_presumed_dead(dead.astype(bool))
-            e.reuse.saw(plan.base, plan.frontier)
+            e.reuse.news(plan.base, plan.frontier, e.deadlines.presumed_dead, e.native)
             if plan.frontier.min() > plan.fast_flushed_to:
                 e.deadlines.fast_flush(plan, clock())
             if plan.own_shown >= 0:  # the window-stall rule, from the newest unit showing this worker's bit
@@ -328,3 +327,34 @@ def test_engine_path_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LTA_ENGINE", "fast")
     with pytest.raises(ValueError, match="LTA_ENGINE='fast' is not an engine path"):
         engine_path()
+
+
+def test_peers_news_as_the_reference() -> None:
+    """SlotReuse.news (set_presumed_dead, then saw) native and reference from the same random states:
+    excused and presumed-dead peers, unseen ones, peers far ahead (followed), revived ones."""
+    rng = np.random.default_rng(7)
+    d = 47
+    for trial in range(800):
+        n = int(rng.integers(1, 6))
+        me = int(rng.integers(0, n))
+        pair = [SlotReuse(d, me, n) for _ in range(2)]
+        settled = rng.integers(-1, 400, n)
+        state = {
+            "settled": settled,
+            "sent": settled + rng.integers(0, 120, n),
+            "_excused": rng.random(n) < 0.4,
+            "excused_to": np.where(rng.random(n) < 0.3, _NO_LIMIT, settled + rng.integers(0, 200, n)),
+            "presumed_dead": rng.random(n) < 0.3,
+        }
+        for reuse in pair:
+            for name, value in state.items():
+                getattr(reuse, name)[:] = value
+        base = int(rng.integers(0, 400))
+        frontier = np.where(rng.random(n) < 0.2, -1, rng.integers(-1, 150, n))
+        dead_bits = int(rng.integers(0, 1 << n))
+        pair[0].news(base, frontier, dead_bits, native=False)
+        pair[1].news(base, frontier, dead_bits, native=True)
+        for name, value in vars(pair[0]).items():
+            other = getattr(pair[1], name)
+            same = np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other
+            assert same, f"trial {trial}: reuse.{name} differs: {value} != {other}"

@@ -492,9 +492,7 @@ class ReduceEngine:
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
-                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
-                self.reuse.set_presumed_dead(dead.astype(bool))
-                self.reuse.saw(plan.base, plan.frontier)
+                self.reuse.news(plan.base, plan.frontier, dl.presumed_dead, self.native)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
