@@ -741,7 +741,39 @@ done:
     return result;
 }
 
+/* run(state, exp_units, k, u0, hi) -> (u1, pending): the units u0..u1-1 of [u0, hi) that may go before the
+ * first data unit whose exponent unit is not settled (ReduceEngine._send_units' "blocked" rule), and
+ * whether every one of them is still pending. */
+static PyObject *engine_run(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    Py_ssize_t exp_units, k, u0, hi;
+    if (!PyArg_ParseTuple(args, "Onnnn:run", &state_obj, &exp_units, &k, &u0, &hi))
+        return NULL;
+    buf_t st = {0};
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0) {
+        if (st.held)
+            PyBuffer_Release(&st.view);
+        return NULL;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    if (u0 < 0 || hi > st.view.shape[0] || k < 1 || exp_units < 0) {
+        PyBuffer_Release(&st.view);
+        PyErr_SetString(PyExc_ValueError, "run: u0 and hi must lie in the plan");
+        return NULL;
+    }
+    Py_ssize_t u1 = u0;
+    int pending = 1;
+    for (; u1 < hi; u1++) {
+        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE)
+            break;
+        pending &= state[u1] == 0;
+    }
+    PyBuffer_Release(&st.view);
+    return Py_BuildValue("ni", u1, pending);
+}
+
 static PyMethodDef engine_methods[] = {
+    {"run", engine_run, METH_VARARGS, "The units of [u0, hi) whose exponent is settled; (u1, all pending)."},
     {"peers_news", engine_peers_news, METH_VARARGS, "SlotReuse.set_presumed_dead, then SlotReuse.saw."},
     {"stall", engine_stall, METH_VARARGS, "Deadlines.stall_flush: bring the newest stalled unit's deadline forward."},
     {"quantize_ahead", engine_quantize_ahead, METH_VARARGS, "Quantize the next chunks into their packet rows."},

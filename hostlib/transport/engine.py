@@ -639,17 +639,13 @@ class ReduceEngine:
         if plan.any_owned or self.pacer.paced or hi <= u0:
             return None
         k, e, state = self.config.elems_per_packet, plan.exp_units, plan.state
-        u1 = hi
-        d0 = max(u0, e)
-        if d0 < hi:  # data units wait for their exponent unit's RESULT
-            g0 = (d0 - e) // k
-            agreed = state[g0 : (hi - 1 - e) // k + 1] >= DONE
-            if not agreed.all():
-                u1 = max(d0, e + (g0 + int(np.argmin(agreed))) * k)
+        # data units wait for their exponent unit's RESULT
+        u1, pending = native_ext.run(state, e, k, u0, hi)
         if u1 <= u0:
             return False
-        if not bool((state[u0:u1] == PENDING).all()):
+        if not pending:
             return None
+        d0 = max(u0, e)
         plan.next_unit = u1
         queue_free_at = self._queue_free_at
         if u0 < e:
