@@ -6,6 +6,13 @@ every wake-up receives what is queued in one system call, parses the headers as 
 settles all the RESULTs at once (vectorized), sends every unit that may go in one call, and scans the
 deadlines of the units in flight with numpy. No Python runs per packet in the steady state.
 
+Two paths with the same results (``self.native``, chosen by native.py: ``LTA_ENGINE=python|native``): the
+methods here are the reference; the native path hands the steady state of a wake-up to
+``hostlib/_engine.c`` — a received batch settled in one call (``_handle_native``), the next chunks
+quantized into their packet rows in one call, a run of units sent with slices (``_send_run``), the unit
+scans, the window-stall rule and the slot-reuse news in C — and keeps in Python what is rare (FLUSH
+policy, retries, parameters, health, fallbacks). tests/test_engine_native.py checks them bit for bit.
+
 Its interface is small: :meth:`reduce` (one allreduce of a float32 vector), :meth:`receive` (handle
 what arrived, between reduces too), the PARAM sends, the codec state, and :attr:`trace` (an
 :class:`EngineTrace` told of each step, for benchmarks). ``LtaWorker`` (worker.py) is the front that
