@@ -166,7 +166,8 @@ class ReduceEngine:
             "saturated": np.zeros(0, dtype=bool),
         }
         self._quantize_flags = (_CRITICAL, _SATURATED, _OWNER)
-        self._native_params: tuple[int, tuple[int, ...]] = (-1, ())  # settle's parameters, per reduce base
+        # settle's parameters, per (base, units) of a reduce
+        self._native_params: tuple[tuple[int, int], tuple[int, ...]] = ((-1, 0), ())
 
     # ---- one reduce ----------------------------------------------------------------------------
     def reduce(
@@ -965,8 +966,9 @@ class ReduceEngine:
         way (tests/test_engine_native.py); what is rare or per batch stays here (parameters, the RTT
         estimator, absent peers, the slot-reuse news, the trace)."""
         rx, s = self.io.rx, self._scratch
-        if self._native_params[0] != plan.base:  # (once per reduce)
-            self._native_params = plan.base, (
+        if self._native_params[0] != (plan.base, plan.units):  # (once per reduce: a restored checkpoint
+            # may start a reduce of another length at a base seen before)
+            self._native_params = (plan.base, plan.units), (
                 self.packet_bytes, VERSION, self.job_id, self.probe_slot, self._slots, self.n_workers,
                 self.worker_id, self._closer_id, self.config.elems_per_packet, self._renormalize_code,
                 plan.base, plan.units, plan.exp_units, plan.chunks_count, self._headroom,
