@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
