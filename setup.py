@@ -19,7 +19,9 @@ setup(
     package_dir={"hostlib.p4build": "p4/build"},
     ext_modules=[
         Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
-        Extension("hostlib._codec", ["hostlib/_codec.c"], optional=True),
+        # _codec and _engine share the quantize loop (hostlib/_quantize.h)
+        Extension("hostlib._codec", ["hostlib/_codec.c"], depends=["hostlib/_quantize.h"], optional=True),
+        Extension("hostlib._engine", ["hostlib/_engine.c"], depends=["hostlib/_quantize.h"], optional=True),
         Extension("softswitch._swcore", ["softswitch/_swcore.c"], optional=True),
     ],
 )

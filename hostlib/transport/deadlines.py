@@ -173,15 +173,22 @@ class Deadlines:
         if not bitmaps.size:
             return
         seen = int(np.bitwise_or.reduce(bitmaps))
+        self.track_absent_bits(seen, len(bitmaps), bool(np.any(bitmaps == self._all_workers)))
+
+    def track_absent_bits(self, seen: int, results: int, any_complete: bool) -> None:
+        """:meth:`track_absent` from a batch's summary: ``seen``, the OR of its ``results`` bitmaps, and
+        ``any_complete``, whether one of them counts every worker (the native engine computes these)."""
+        if not results:
+            return
         self._absent &= ~seen
         self.presumed_dead &= ~seen
-        self._absent_window += len(bitmaps)
+        self._absent_window += results
         if self._absent_window >= _DEAD_AFTER_RESULTS:
             self.presumed_dead = self._absent & ~self.alive(time.perf_counter())
             self.early_close = self.presumed_dead != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
-        elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
+        elif self.early_close and any_complete:
             self.early_close = False  # everyone contributed again
             self._update_rto()
 
@@ -296,6 +303,17 @@ class Deadlines:
                 at[exp] = np.minimum(at[exp], probe_at)
         plan.deadline_at[units] = at
 
+    def arm_run(self, plan: ReducePlan, lo: int, hi: int, start: float) -> bool:
+        """:meth:`arm` for units ``lo..hi-1`` just sent for the first time, where every one gets the same
+        deadline: the reduce is synced and not in its tail, and none of them is critical or was FLUSHed
+        (the steady state; the same deadlines as :meth:`arm`). Returns False, arming nothing, elsewhere."""
+        if not plan.synced or self.early_close or plan.all_sent or plan.any_critical or self.config.exact:
+            return False
+        if plan.critical_unit[lo:hi].any() or plan.flushes[lo:hi].any():
+            return False
+        plan.deadline_at[lo:hi] = start + self.first_wait_s(plan) * self._stagger
+        return True
+
     def tail_probing(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """Which of ``units`` get a tail probe (``TransportConfig.tail_probe``) at their next deadline: data
         units of the tail (this worker sent everything, the exponents agreed, no peer looks dead) that
@@ -405,7 +423,11 @@ class Deadlines:
         # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
         # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
         newest = int(units[-1])
-        plan.deadline_at[newest] = min(plan.deadline_at[newest], now + self.rto_s() * self._stagger)
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], self.stall_deadline(now))
+
+    def stall_deadline(self, now: float) -> float:
+        """When :meth:`stall_flush` FLUSHes the newest stalled unit: one RTO from ``now``, staggered."""
+        return now + self.rto_s() * self._stagger
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never
