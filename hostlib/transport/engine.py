@@ -95,6 +95,8 @@ class ReduceEngine:
         self.probe_slot = cfg.pool_size - 1
         self._slots = cfg.data_slots
         self.window = window
+        # The window while RESULT loss dominates (Deadlines.loss_window; updated as lost units are answered).
+        self._loss_window = window
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
         # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
         self._tail_units = 0 if cfg.exact else cfg.tail_units
@@ -466,7 +468,10 @@ class ReduceEngine:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
-                dl.fast_flush(plan, now)
+                probe = dl.fast_flush(plan, now)
+                if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
+                    self._probe_data(plan, probe)
+                    self.stats.lost_probes += len(probe)
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
@@ -484,7 +489,7 @@ class ReduceEngine:
         u0 = plan.next_unit
         self._count_held(time.perf_counter(), "")
         in_flight = int(np.count_nonzero(plan.state[plan.low : u0] == IN_FLIGHT))
-        room = self.window - in_flight
+        room = min(self.window, self._loss_window) - in_flight
         if room <= 0 or u0 >= plan.units:
             return False
         # A slot's next round starts only once this worker (own span) and every live peer are done with
@@ -665,15 +670,14 @@ class ReduceEngine:
             self.send(plan.exp_rows[units])
             self.deadlines.arm(plan, units, now)
         rest = due[~probe]
-        tail = self.deadlines.tail_probing(plan, rest)
+        tail = self.deadlines.tail_probing(plan, rest) | self.deadlines.tail_reprobing(plan, rest, now)
         if tail.any():
-            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer. The
-            # FLUSH keeps its time (the lag deadline from the send), or one RTO from now if later.
-            # Sent flush_copies times, as a FLUSH is: a lost probe or a lost answer costs the lag deadline.
+            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer (or one
+            # FLUSH round trip after every peer was shown past the unit before it), and again with backoff
+            # (Deadlines.arm_probed). The FLUSH keeps its time (the lag deadline from the send), or one
+            # RTO from now if later.
             units = rest[tail]
-            rows = plan.data_rows[units - plan.exp_units]
-            for _ in range(self.config.flush_copies):
-                self.send(rows)
+            self._probe_data(plan, units)
             plan.probes[units] += 1
             self.stats.tail_probes += len(units)
             self.deadlines.arm_probed(plan, units, now)
@@ -695,6 +699,15 @@ class ReduceEngine:
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
         plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
+        """Send this worker's GRAD of data ``units`` again, ``flush_copies`` times as a FLUSH is (a lost
+        probe or a lost answer costs a deadline). The switch answers a closed round with its stored RESULT
+        (flagged RETX), adds the GRAD to an open round that lacks it, and drops it as a duplicate
+        otherwise: a probe never closes a round."""
+        rows = plan.data_rows[units - plan.exp_units]
+        for _ in range(self.config.flush_copies):
+            self.send(rows)
 
     def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
@@ -931,6 +944,10 @@ class ReduceEngine:
         # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
         # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
         # the FLUSH on the way and times nothing.
+        lost = (prior == IN_FLIGHT) & plan.proven_lost[u]
+        if lost.any():  # was the round of a unit found lost closed already (Deadlines.probing_lost)?
+            self.deadlines.lost_answers(int(np.count_nonzero(retx[lost])), int(np.count_nonzero(lost)))
+            self._loss_window = self.deadlines.loss_window(self.reuse.span)
         answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
         answered &= retx | (hdr["worker_id"][rows] == self._closer_id)
         if answered.any():
