@@ -72,6 +72,8 @@ def test_the_window_is_a_quarter_of_the_span_while_result_loss_dominates():
 
 def test_a_tail_probe_is_sent_again_before_the_lag_deadline_and_the_flush_keeps_its_time():
     dl = _deadlines()
+    for _ in range(40):  # RESULT loss dominates
+        dl.lost_answers(10, 10)
     plan = _plan()
     plan.all_sent = True
     u = np.array([plan.units - 1])
@@ -88,3 +90,17 @@ def test_a_tail_probe_is_sent_again_before_the_lag_deadline_and_the_flush_keeps_
     dl.arm_probed(plan, u, now)
     assert plan.deadline_at[u[0]] == pytest.approx(max(lag_at, now + dl.rto_s()))
     assert dl.tail_reprobing(plan, u, lag_at).tolist() == [False]  # at the lag deadline: FLUSH, no probe
+
+
+def test_without_result_loss_a_tail_probe_is_not_repeated():
+    dl = _deadlines()
+    plan = _plan()
+    plan.all_sent = True
+    u = np.array([plan.units - 1])
+    plan.state[u] = IN_FLIGHT
+    plan.sent_at[u] = 100.0
+    plan.probes[u] = 1
+    now = 100.03
+    dl.arm_probed(plan, u, now)
+    assert plan.deadline_at[u[0]] == pytest.approx(max(100.2, now + dl.rto_s()))  # the FLUSH, as before
+    assert dl.tail_reprobing(plan, u, now + 0.01).tolist() == [False]

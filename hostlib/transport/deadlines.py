@@ -353,18 +353,23 @@ class Deadlines:
         (staggered): a probe that found the round open (the late peer had not sent yet) is dropped as a
         duplicate, and the RESULT that closes the round later may be lost on the way down; the unit then
         waited the rest of the lag deadline (200 ms: at 20% down loss, one reduce in 5 to 10 ended so).
-        A probe never closes a round: the FLUSH for a late peer keeps its time."""
+        Only while RESULT loss dominates (:meth:`probing_lost`). A probe never closes a round: the FLUSH
+        for a late peer keeps its time."""
         lag_at = plan.sent_at[units] + self.config.lag_deadline_ms / 1000.0
         flush_at = np.maximum(lag_at, now + self.rto_s())
+        if not self.probing_lost():  # no RESULT loss to speak of: a late peer's RESULT will come
+            plan.deadline_at[units] = flush_at
+            return
         again_at = now + self.flush_rto_s() * np.left_shift(1, plan.probes[units] - 1) * self._stagger
         plan.deadline_at[units] = np.where(again_at < lag_at, again_at, flush_at)
 
     def tail_reprobing(self, plan: ReducePlan, units: np.ndarray, now: float) -> np.ndarray:
         """Which of ``units`` (due now) are tail-probed again rather than FLUSHed (:meth:`arm_probed`):
-        tail-probed ones whose lag deadline has not passed, as :meth:`tail_probing` asks of a first probe
-        but for the probe count."""
+        while RESULT loss dominates (:meth:`probing_lost`, never in exact mode), tail-probed ones whose
+        lag deadline has not passed, as :meth:`tail_probing` asks of a first probe but for the probe
+        count. Without RESULT loss a repeated probe would only add packets while a peer is late."""
         cfg = self.config
-        if not (cfg.tail_probe and plan.synced and plan.all_sent) or cfg.exact or self.early_close:
+        if not (cfg.tail_probe and plan.synced and plan.all_sent and self.probing_lost()) or self.early_close:
             return np.zeros(len(units), dtype=bool)
         data = units >= plan.exp_units
         c = np.where(data, units - plan.exp_units, 0)

@@ -95,8 +95,6 @@ class ReduceEngine:
         self.probe_slot = cfg.pool_size - 1
         self._slots = cfg.data_slots
         self.window = window
-        # The window while RESULT loss dominates (Deadlines.loss_window; updated as lost units are answered).
-        self._loss_window = window
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
         # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
         self._tail_units = 0 if cfg.exact else cfg.tail_units
@@ -106,6 +104,9 @@ class ReduceEngine:
         self._prev: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(cfg, worker_id, n_workers)
         self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # The window's cap while RESULT loss dominates (Deadlines.loss_window; none until then), updated
+        # as units found lost are answered.
+        self._loss_window = self.deadlines.loss_window(self.reuse.span)
         # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
         # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
         self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
@@ -941,13 +942,13 @@ class ReduceEngine:
             # Python-level checks cost more than the selection on a batch of a few hundred.
             mid = len(rtt_ms) // 2
             self.deadlines.rtt_sample(float(np.partition(rtt_ms, mid)[mid]), float(rtt_ms.min()))
-        # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
-        # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
-        # the FLUSH on the way and times nothing.
         lost = (prior == IN_FLIGHT) & plan.proven_lost[u]
         if lost.any():  # was the round of a unit found lost closed already (Deadlines.probing_lost)?
             self.deadlines.lost_answers(int(np.count_nonzero(retx[lost])), int(np.count_nonzero(lost)))
             self._loss_window = self.deadlines.loss_window(self.reuse.span)
+        # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
+        # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
+        # the FLUSH on the way and times nothing.
         answered = (prior == IN_FLIGHT) & (plan.flushes[u] == 1) & (plan.retx[u] == 0)
         answered &= retx | (hdr["worker_id"][rows] == self._closer_id)
         if answered.any():
