@@ -1,7 +1,8 @@
-"""Where a reduce's time goes under RESULT loss: the run of ``lta demo --loss 0 --down-loss D`` (4 workers,
-1 MiB, K = 64, 10 reduces) with an :class:`~hostlib.transport.trace.EngineTrace` on every worker.
+"""Where a reduce's time goes under RESULT loss: the run of ``lta demo --loss UP_LOSS --down-loss D`` (4
+workers, 1 MiB, K = 64, 10 reduces; UP_LOSS 0 unless given) with an
+:class:`~hostlib.transport.trace.EngineTrace` on every worker.
 
-    python examples/result_loss_trace.py 0.2 SEED
+    python examples/result_loss_trace.py 0.2 SEED [UP_LOSS]
 
 Prints, per worker and reduce (the first, with start-up, left out): wall and CPU ms, wake-ups, the send
 phase and the tail (after the last unit went), the time the span and the peer rule held sending, FLUSHes
@@ -83,7 +84,8 @@ def traced_worker(worker, rank: int, n_values: int, rounds: int, seed: int) -> d
 
 def main() -> None:
     down, seed = float(sys.argv[1]), int(sys.argv[2])
-    drop = {"up": DropPolicy(p=0.0), "down": DropPolicy(p=down)}
+    up = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    drop = {"up": DropPolicy(p=up), "down": DropPolicy(p=down)}
     spec = JobSpec(
         n_workers=4, transport=TransportConfig(elems_per_packet=64, seed=seed), drop=drop, switch_seed=seed
     )
