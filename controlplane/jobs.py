@@ -12,15 +12,15 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hostlib import jobentries
+from hostlib.p4 import jobentries
 from hostlib.job import Job
 from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_SWITCH_PORT, WorkerEntry, format_mac, parse_mac
-from hostlib.jobentries import place_pool
-from hostlib.p4schema import Entry
+from hostlib.p4.jobentries import place_pool
+from hostlib.p4.schema import Entry
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, LTA_PORT, Role
 
 if TYPE_CHECKING:
-    from hostlib.p4proto import p4runtime_pb2
+    from hostlib.p4.proto import p4runtime_pb2
 
 __all__ = [
     "DEFAULT_POOL_SIZE",
@@ -172,7 +172,7 @@ def role_entries(job: JobSpec) -> list[Entry]:
 
 
 def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
-    from hostlib.p4proto import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
+    from hostlib.p4.proto import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
 
     pre = p4runtime_pb2.PacketReplicationEngineEntry()
     group = pre.multicast_group_entry

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.transport import TransportConfig
 from hostlib.transport.trace import EngineTrace
 from lta import demo

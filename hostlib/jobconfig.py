@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.job import MAX_POOL_SIZE, MIN_POOL_SIZE, Job
 from hostlib.job import pool_size as resolve_pool_size

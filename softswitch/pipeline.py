@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
+from hostlib.emulation.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
 from hostlib.job import Job
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,

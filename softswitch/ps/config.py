@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostlib import robust
-from hostlib.dropmodels import DropPolicy
+from hostlib.ps import robust
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import ConfigError, UsageError
 from hostlib.job import check_job_id, check_worker_count
 from hostlib.jobconfig import TableReader, parse_toml, read_text
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS, parse_address
-from hostlib.ps_wire import check_k, codec_of
+from hostlib.ps.wire import check_k, codec_of
 from softswitch.ps.staleness import StalenessConfig
 
 MODES = ("sync", "async")
