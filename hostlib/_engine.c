@@ -28,8 +28,10 @@
  *   overtaken in their slot are given up (the reference's _drop_overtaken).
  *
  *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
- *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken): ``settled``
- *   units are listed in ``settled`` (first-copy order); NaN for a sample that has none.
+ *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken, lost,
+ *   lost_retx): ``settled`` units are listed in ``settled`` (first-copy order); NaN for a sample that has
+ *   none; ``lost``: in-flight units found lost (proven_lost) settled here, ``lost_retx``: those answered by
+ *   a resent RESULT (their round had closed: Deadlines.lost_answers).
  *
  *   Every array is 1-D C-contiguous of the plan's dtype (state int8, the masks bool, count/flushes/
  *   retx/weight/result_flags/frontier int64, bitmap/exp_bitmap uint64, shift int32, times float64),
@@ -224,7 +226,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
 
     const uint64_t all_bits = n_workers == 64 ? ~0ULL : ((1ULL << n_workers) - 1);
     Py_ssize_t n_settled = 0, n_results = 0, n_side = 0, n_rtt = 0, n_flush = 0;
-    long long retx_count = 0, full = 0, critical_short = 0;
+    long long retx_count = 0, full = 0, critical_short = 0, lost = 0, lost_retx = 0;
     int any_later = 0, any_all_bits = 0, withheld_seen = 0;
     uint64_t seen_bits = 0;
     double rtt_min = NAN;
@@ -276,6 +278,10 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         any_all_bits |= bits == all_bits;
         full += cnt == n_workers;
         critical_short += critical_unit[u] && cnt < n_workers;
+        if (prior == ST_IN_FLIGHT && proven_lost[u]) { /* a unit found lost: was its round closed? */
+            lost++;
+            lost_retx += retx;
+        }
         if (prior == ST_IN_FLIGHT && retx_sent[u] == 0) {
             if (!retx && (flushes[u] == 0 || (cnt == n_workers && !proven_lost[u]))) {
                 double ms = (now - sent_at[u]) * 1000.0;
@@ -370,10 +376,10 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
 
     double rtt_median = n_rtt ? upper_median(rtt, n_rtt) : NAN;
     double flush_median = n_flush ? upper_median(flush, n_flush) : NAN;
-    result = Py_BuildValue("nnniLLLnKidddLin", n_settled, n_results, n_side, any_later, retx_count, full,
+    result = Py_BuildValue("nnniLLLnKidddLinLL", n_settled, n_results, n_side, any_later, retx_count, full,
                            critical_short, n - n_side - n_settled, (unsigned long long)seen_bits, any_all_bits,
                            rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen,
-                           overtaken);
+                           overtaken, lost, lost_retx);
 done:
     PyBuffer_Release(&data_view);
     if (lens.held)

@@ -58,12 +58,12 @@ from typing import Any
 
 from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import HealthCheckError, UsageError
+from hostlib.job import MAX_POOL_SIZE, MIN_WORKER_POOL_SIZE, Job, pool_size
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     MAX_ELEMS_PER_PACKET,
     MAX_JOBS,
-    default_pool_size,
     parse_address,
 )
 from hostlib.torch_ext.envparse import EnvReader
@@ -105,6 +105,19 @@ class JobRequest:
     pool_size: int
     elems_per_packet: int
     quorum: int | None = None  # close a round at this count; None: all workers
+
+    def __post_init__(self) -> None:
+        self.as_job()  # checked as every job is
+
+    def as_job(self) -> Job:
+        """This request as the one job type (hostlib.job)."""
+        return Job.of(
+            self.job_id,
+            self.workers,
+            quorum=self.quorum,
+            pool_size=self.pool_size,
+            elems_per_packet=self.elems_per_packet,
+        )
 
 
 def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
@@ -182,7 +195,7 @@ class LtaOptions:
         k = read.integer("LTA_ELEMS_PER_PACKET", default_k, 1, MAX_ELEMS_PER_PACKET)
         transport = TransportConfig(
             elems_per_packet=k,
-            pool_size=read.integer("LTA_POOL_SIZE", default_pool_size(k), 2, 65535),
+            pool_size=read.integer("LTA_POOL_SIZE", pool_size(None, k), MIN_WORKER_POOL_SIZE, MAX_POOL_SIZE),
             fallback=read.choice("LTA_FALLBACK", "prev", FALLBACK_POLICIES),
             renormalize=read.choice("LTA_RENORMALIZE", "count", ("count", "weight", "none")),
             seed=seed,

@@ -112,6 +112,9 @@ class ReduceEngine:
         self._prev: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(cfg, worker_id, n_workers)
         self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # The window's cap while RESULT loss dominates (Deadlines.loss_window; none until then), updated
+        # as units found lost are answered.
+        self._loss_window = self.deadlines.loss_window(self.reuse.span)
         # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
         # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
         self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
@@ -505,7 +508,10 @@ class ReduceEngine:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
-                dl.fast_flush(plan, now)
+                probe = dl.fast_flush(plan, now)
+                if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
+                    self._probe_data(plan, probe)
+                    self.stats.lost_probes += len(probe)
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
@@ -563,7 +569,7 @@ class ReduceEngine:
         have let go."""
         u0 = plan.next_unit
         self._count_held(time.perf_counter(), "")
-        room = self.window - in_flight
+        room = min(self.window, self._loss_window) - in_flight
         if room <= 0 or u0 >= plan.units:
             return False
         # A slot's next round starts only once this worker (own span) and every live peer are done with
@@ -805,15 +811,14 @@ class ReduceEngine:
             self.send(plan.exp_rows[units])
             self.deadlines.arm(plan, units, now)
         rest = due[~probe]
-        tail = self.deadlines.tail_probing(plan, rest)
+        tail = self.deadlines.tail_probing(plan, rest) | self.deadlines.tail_reprobing(plan, rest, now)
         if tail.any():
-            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer. The
-            # FLUSH keeps its time (the lag deadline from the send), or one RTO from now if later.
-            # Sent flush_copies times, as a FLUSH is: a lost probe or a lost answer costs the lag deadline.
+            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer (or one
+            # FLUSH round trip after every peer was shown past the unit before it), and again with backoff
+            # (Deadlines.arm_probed). The FLUSH keeps its time (the lag deadline from the send), or one
+            # RTO from now if later.
             units = rest[tail]
-            rows = plan.data_rows[units - plan.exp_units]
-            for _ in range(self.config.flush_copies):
-                self.send(rows)
+            self._probe_data(plan, units)
             plan.probes[units] += 1
             self.stats.tail_probes += len(units)
             self.deadlines.arm_probed(plan, units, now)
@@ -835,6 +840,15 @@ class ReduceEngine:
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
         plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
+        """Send this worker's GRAD of data ``units`` again, ``flush_copies`` times as a FLUSH is (a lost
+        probe or a lost answer costs a deadline). The switch answers a closed round with its stored RESULT
+        (flagged RETX), adds the GRAD to an open round that lacks it, and drops it as a duplicate
+        otherwise: a probe never closes a round."""
+        rows = plan.data_rows[units - plan.exp_units]
+        for _ in range(self.config.flush_copies):
+            self.send(rows)
 
     def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
@@ -975,7 +989,7 @@ class ReduceEngine:
             )  # fmt: skip
         now = time.perf_counter()
         (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
-         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken) = native_ext.settle(
+         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx) = native_ext.settle(
             rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._slot_newest, plan.state,
             plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
             plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
@@ -1002,6 +1016,9 @@ class ReduceEngine:
                 self.deadlines.rtt_sample(rtt_ms, rtt_min_ms)
             if flush_ms == flush_ms:
                 self.deadlines.flush_sample(flush_ms)
+            if lost:  # as _time_answers: were the rounds of units found lost closed already?
+                self.deadlines.lost_answers(lost_retx, lost)
+                self._loss_window = self.deadlines.loss_window(self.reuse.span)
             self.deadlines.track_absent_bits(seen_bits, settled, bool(any_all_bits))
             plan.full_units += full
             if critical_short:
@@ -1127,6 +1144,10 @@ class ReduceEngine:
             # Python-level checks cost more than the selection on a batch of a few hundred.
             mid = len(rtt_ms) // 2
             self.deadlines.rtt_sample(float(np.partition(rtt_ms, mid)[mid]), float(rtt_ms.min()))
+        lost = (prior == IN_FLIGHT) & plan.proven_lost[u]
+        if lost.any():  # was the round of a unit found lost closed already (Deadlines.probing_lost)?
+            self.deadlines.lost_answers(int(np.count_nonzero(retx[lost])), int(np.count_nonzero(lost)))
+            self._loss_window = self.deadlines.loss_window(self.reuse.span)
         # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
         # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
         # the FLUSH on the way and times nothing.

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.protocol import MAX_WORKERS, packet_bytes
+from hostlib.job import check_worker_count
+from hostlib.protocol import packet_bytes
 from hostlib.transport.config import TransportConfig, default_window_cap
 from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.earlyclose import EarlyClose
@@ -44,8 +45,7 @@ class LtaWorker:
         bind: tuple[str, int] = ("127.0.0.1", 0),
         trace: EngineTrace | None = None,
     ) -> None:
-        if not 1 <= n_workers <= MAX_WORKERS:
-            raise ValueError(f"n_workers must be in 1..{MAX_WORKERS}, got {n_workers}")
+        check_worker_count(job_id, n_workers)
         if not 0 <= worker_id < n_workers:
             raise ValueError(f"worker_id must be in 0..{n_workers - 1}, got {worker_id}")
         self.job_id, self.worker_id, self.n_workers = job_id, worker_id, n_workers
