@@ -7,7 +7,7 @@ workers, 1 MiB, K = 64, 10 reduces; UP_LOSS 0 unless given) with an
 Prints, per worker and reduce (the first, with start-up, left out): wall and CPU ms, wake-ups, the send
 phase and the tail (after the last unit went), the time the span and the peer rule held sending, FLUSHes
 sent and units FLUSHed, and for the FLUSHed units the wait from send to the first FLUSH (detection) and
-from it to the answer (recovery). docs/results-zx.md has the figures of 28 Nov 2026.
+from it to the answer (recovery). docs/results.md has the figures of 28 Nov 2026.
 """
 
 from __future__ import annotations
