@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, flat_ranges
 from hostlib.torch_ext.exchange import ParamExchange
+from hostlib.torch_ext.heal import Healer
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.torch_ext.manager import LtaManager
 from hostlib.torch_ext.staging import HostMirror
@@ -97,6 +98,9 @@ class LtaHookState:
         self._rebroadcast_done = -1
         self.critical = critical
         self._critical_ids: set[int] | None = None if critical is not None else set()  # set by attach
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.healer: Healer | None = None  # set by attach: heals this rank when it falls behind
+        self._step_unit: int | None = None  # the unit counter at this step's first bucket, while in it
 
     @property
     def worker(self) -> LtaWorker:
@@ -150,6 +154,7 @@ class LtaHookState:
         mirror.push()
         if is_last:
             self.manager.end_step()
+            self._step_unit = None
         return buffer
 
     def bucket_critical(self, bucket: dist.GradBucket) -> list[tuple[int, int]]:
@@ -170,10 +175,17 @@ class LtaHookState:
         return ranges
 
     # ---- periodic owner re-broadcast -----------------------------------------------------------------
-    def attach(self, module: torch.nn.Module) -> None:
+    def attach(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Re-broadcast ``module``'s parameters every ``rebroadcast_every`` steps, before its forward,
-        and resolve ``critical`` to its parameters (DDP's buckets hold the same parameter objects)."""
+        and resolve ``critical`` to its parameters (DDP's buckets hold the same parameter objects).
+
+        It also lets a rank that fell behind its peers (stopped past ``catch_up_reduces`` reduces) take
+        a live peer's parameters, step and ``optimizer``'s state (momentum, Adam's moments; the state
+        of the same optimizer type over the same parameters) before its next forward, instead of
+        raising (hostlib/torch_ext/heal.py); every rank serves its state there when asked. Without
+        ``optimizer`` only the parameters are taken: the rank keeps its own optimizer state."""
         self._module = module
+        self._optimizer = optimizer
         self._critical_ids = critical_parameters(module, self.critical)
         params = [p for p in module.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in params)
@@ -194,12 +206,64 @@ class LtaHookState:
             critical=chunk_mask(flat_ranges(params, self._critical_ids), layout.n_chunks, k),
             replicated=True,  # rows are this replica's parameters: a late copy would roll them back
         )
+        self.healer = Healer(self.worker, self._snapshot, self._restore)
         module.register_forward_pre_hook(self._before_forward)
 
     def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        healer = self.healer
+        if healer is not None and healer.behind:  # its peers' step, parameters and optimizer state
+            healer.heal()
         k = self.rebroadcast_every
         if k and self.step > 0 and self.step % k == 0 and self._rebroadcast_done != self.step:
             self.rebroadcast()
+        if healer is not None:
+            healer.serve()
+        self._step_unit = self.worker.engine.next_unit  # the step's reduces start here
+
+    # ---- healing a rank behind (heal.py) -------------------------------------------------------------
+    def _heal_tensors(self) -> list[torch.Tensor]:
+        """What a rank behind takes: the parameters, then the optimizer's floating-point state tensors
+        (per parameter, by key), in an order every replica shares."""
+        assert self._module is not None
+        params = [p for p in self._module.parameters() if p.requires_grad]
+        out = list(params)
+        if self._optimizer is not None:
+            for p in params:
+                state = self._optimizer.state.get(p, {})
+                out += [state[key] for key in sorted(state) if torch.is_tensor(state[key])]
+        return [t for t in out if t.is_floating_point()]
+
+    @torch.no_grad()
+    def _snapshot(self) -> tuple[int, int, list[int], Any]:
+        """The step's start (heal.py): asked from inside the transport, this rank is in the step's
+        bucket reduces or its re-broadcast, where parameters and optimizer state are as the step began
+        (the optimizer steps after the last bucket, outside the transport)."""
+        tensors = self._heal_tensors()
+        flat = torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors])
+        unit = self.worker.engine.next_unit if self._step_unit is None else self._step_unit
+        return self.step, unit, [sum(t.numel() for t in tensors)], flat.numpy()
+
+    @torch.no_grad()
+    def _restore(self, step: int, counters: list[int], values: Any) -> None:
+        from hostlib.errors import UnhealthyTraining
+
+        tensors = self._heal_tensors()
+        mine = sum(t.numel() for t in tensors)
+        if counters[:1] != [mine] or len(values) != mine:
+            raise UnhealthyTraining(
+                f"worker {self.worker.worker_id} fell behind its peers, and their state has "
+                f"{len(values)} values where its parameters and optimizer state have {mine}: give every "
+                "rank the same model and optimizer (attach(module, optimizer)) and step it once first"
+            )
+        flat = torch.from_numpy(values)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t).to(t.dtype))
+            offset += t.numel()
+        self.manager.step = step
+        self._rebroadcast_done = step  # the donor's re-broadcast of this step is over: taken with its state
+        if self._exchange is not None:
+            self._exchange.adopt(step)
 
     @torch.no_grad()
     def rebroadcast(self) -> None:

@@ -110,6 +110,11 @@ class HealthMonitor:
         self._lockout_run = 0  # reduces in a row that ended with this worker locked out (_check_lockout)
         self._skipped_run = 0  # reduces in a row its peers had left before it started them
         self._unhealthy_since_mark = False
+        # Set by the torch layer when it can heal this worker from a peer (hostlib/torch_ext/heal.py):
+        # past catch_up_reduces skipped reduces it is then ``behind`` (healed at its next step boundary)
+        # instead of unhealthy.
+        self.can_heal = False
+        self.behind = False
 
     @property
     def healthy(self) -> bool:
@@ -136,6 +141,17 @@ class HealthMonitor:
             # training"), so it counts toward neither run below, up to catch_up_reduces in a row.
             self._unhealthy_since_mark = True
             self._skipped_run += 1
+            if self._skipped_run > cfg.catch_up_reduces and self.can_heal:
+                if not self.behind:
+                    log.info(
+                        "worker %d of job %d: %d reduces in a row were over before it started them: "
+                        "it takes a peer's state at its next step boundary",
+                        self.worker_id,
+                        self.job_id,
+                        self._skipped_run,
+                    )
+                self.behind = True
+                return
             if self._skipped_run > cfg.catch_up_reduces:
                 message = (
                     f"worker {self.worker_id} of job {self.job_id}: {self._skipped_run} reduces in a row "
@@ -166,6 +182,11 @@ class HealthMonitor:
             f"{self._switch_addr[0]}:{self._switch_addr[1]} and the loss on the path"
         )
         self._report_unhealthy(message, first=self._unhealthy_run == cfg.unhealthy_reduces)
+
+    def healed(self) -> None:
+        """The worker took a peer's state and stands where its peers are: no reduce skipped any more."""
+        self.behind = False
+        self._skipped_run = 0
 
     def _check_lockout(self, chunks: int) -> None:
         """A worker whose own bit was missing from every RESULT of a whole window (``Deadlines

@@ -200,8 +200,8 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
         net = DistributedDataParallel(model)
         state = LtaHookState(session.worker, rebroadcast_every=spec["rebroadcast_every"])  # type: ignore[union-attr]
         net.register_comm_hook(state, lta_hook)
-        state.attach(net.module)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        state.attach(net.module, opt)  # a rank that falls behind takes a peer's parameters and momentum
     elif sharded:
         from hostlib.torch_ext.sharded import ShardedOptimizer
 
@@ -231,8 +231,12 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     history: list[np.ndarray] = []
     clock = spec.get("clock")
     restart_at = spec.get("switch_restart_at") if rank == 0 else None
+    # The hook's and the sharded doors' own step counter: a rank that fell behind takes its peers' step
+    # with their state (hostlib/torch_ext/heal.py) and so makes fewer steps of its own.
+    door_step = _door_step(door, state if door == "hook" else None, opt)
+    step = 0
     with open(out / f"rank{rank}.progress", "a", buffering=1) as progress:
-        for step in range(steps):
+        while step < steps:
             if clock is not None and clock["rank"] == rank and step == clock["step"]:
                 _step_clock(float(clock["offset_s"]))
             if restart_at is not None and step == restart_at:
@@ -247,6 +251,7 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             previous = now
             history.append(chunk_sums(now, spec["elems_per_packet"]))
             progress.write(f"{step + 1} {time.perf_counter():.6f} {_health(transport)}\n")
+            step = step + 1 if door_step is None else door_step()
     result = {
         "params": _flat(model),
         "first_loss": first_loss,
@@ -259,6 +264,15 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
         dist.destroy_process_group()
     if session is not None:
         session.close()
+
+
+def _door_step(door: str, hook_state: Any, opt: Any) -> Any:
+    """A function that reads the door's step counter, or None for the doors that keep none of their own."""
+    if door == "hook":
+        return lambda: hook_state.step
+    if door.startswith("sharded"):
+        return lambda: opt.lta_step
+    return None
 
 
 def _transport_worker(door: str, session: Any) -> Any:

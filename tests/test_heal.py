@@ -1,0 +1,219 @@
+"""A rank that fell behind its peers (stopped past ``catch_up_reduces`` reduces) takes a live peer's state
+and goes on at their step instead of raising (hostlib/torch_ext/heal.py), in the sharded doors and the
+DDP hook. Workers are threads on one softswitch; a "stop" is a thread that sleeps with its heartbeat off
+(the liveness monitor marks it offline and lowers the quorum, as for a SIGSTOPped process) until its
+peers are ``AHEAD`` steps past it, then comes back with its heartbeat on.
+
+Expectations are independent of the healing code: the sharded doors' replicas after a reliable
+``synchronize`` are identical (every owner's shard, the design's claim), the step counters of every rank
+meet, the rank behind made fewer steps of its own than its peers (it skipped ahead); the hook's rank
+holds, right after healing, exactly the parameters and momentum its donor held at the step boundary it
+served from (read off the donor's own model and optimizer at that moment), and its replica ends within
+the hook's bound of its peers: (re-broadcast period + 1) x the largest one-step change.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hostlib.liveness import LivenessMonitor
+from hostlib.torch_ext.ddp_hook import LtaHookState
+from hostlib.torch_ext.sharded import ShardedOptimizer
+from hostlib.transport.heartbeat import Heartbeat
+from tests.conftest import run_workers
+
+torch.set_num_threads(1)
+
+N, STEPS, STOP_AT, AHEAD = 4, 24, 3, 10
+LIVENESS_S = 0.5
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+class _Stop:
+    """Rank ``N - 1`` stops at its step ``STOP_AT``: heartbeat off, asleep until rank 0 has reached step
+    ``STOP_AT + AHEAD`` (its peers ran on at the quorum the monitor lowered), then heartbeat on."""
+
+    def __init__(self) -> None:
+        self.peers_ahead = threading.Event()
+        self.stopped = False
+
+    def maybe_stop(self, worker, rank: int, step: int) -> None:
+        if rank == 0 and step >= STOP_AT + AHEAD:
+            self.peers_ahead.set()
+        if rank != N - 1 or self.stopped or step != STOP_AT:
+            return
+        self.stopped = True
+        beat = worker.heartbeat
+        beat.stop()
+        assert self.peers_ahead.wait(60), "the peers did not run on without the stopped rank"
+        worker.heartbeat = Heartbeat(
+            worker.sock,
+            worker.switch_addr,
+            job_id=worker.job_id,
+            worker_id=worker.worker_id,
+            elems_per_packet=worker.config.elems_per_packet,
+            interval_s=beat.interval_s,
+        ).start()
+
+
+def _cluster(make_cluster):
+    # A pool of 64 slots: a few steps (41 chunks each) reuse every slot, so the stored RESULTs of the
+    # rounds the stopped rank missed are gone (with more slots it would replay them: no rank behind).
+    return make_cluster(N, elems_per_packet=16, pool_size=64, heartbeat_interval_s=0.1, catch_up_reduces=2)
+
+
+@pytest.mark.parametrize("critical", [None, "default"], ids=["sharded", "sharded-critical"])
+def test_a_stopped_rank_takes_a_peers_copies_and_ends_identical_in_the_sharded_doors(make_cluster, critical):
+    cluster = _cluster(make_cluster)
+    base = _model()
+    models = [copy.deepcopy(base) for _ in range(N)]
+    inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(N)]
+    stop = _Stop()
+
+    def train(worker, i):
+        opt = ShardedOptimizer(
+            torch.optim.SGD(models[i].parameters(), lr=0.05, momentum=0.9),
+            worker,
+            critical=critical,
+            module=models[i],
+            liveness_timeout_s=LIVENESS_S,
+        )
+        calls = 0
+        while opt.lta_step < STEPS:  # the door's step, which healing moves to its peers'
+            stop.maybe_stop(worker, i, opt.lta_step)
+            models[i](inputs[i]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            calls += 1
+        opt.synchronize()  # every owner's current shard to every rank, reliably
+        return opt, calls
+
+    with LivenessMonitor(cluster.switch, cluster.job_id, N, timeout_s=LIVENESS_S, poll_s=0.05):
+        done = run_workers(cluster.workers, train)
+    opts, calls = [d[0] for d in done], [d[1] for d in done]
+    assert stop.stopped
+    assert opts[N - 1].healer.healed >= 1, "the rank behind never took a peer's state"
+    assert calls[N - 1] < min(calls[: N - 1]), f"the rank behind made as many steps as its peers: {calls}"
+    assert {o.lta_step for o in opts} == {STEPS + 1}
+    want = _flat(models[0])
+    assert (want - _flat(base)).abs().max() > 1e-2, "nothing trained"
+    for i in range(1, N):
+        torch.testing.assert_close(
+            _flat(models[i]), want, atol=0, rtol=0, msg=lambda m, i=i: f"rank {i}: {m}"
+        )
+
+
+def test_a_stopped_rank_takes_a_peers_parameters_and_momentum_in_the_hook(make_cluster):
+    """The DDP hook without DDP (one bucket per step: the flat gradient, reduced by
+    ``LtaHookState.reduce_bucket`` as DDP's hook would), so that the ranks can be threads."""
+    cluster = _cluster(make_cluster)
+    base = _model()
+    models = [copy.deepcopy(base) for _ in range(N)]
+    inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(N)]
+    stop = _Stop()
+    served: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # donor's step -> its params, momentum
+    healed: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    changes = [0.0] * N
+    period = 5
+
+    def momentum(opt: torch.optim.Optimizer, model: torch.nn.Module) -> torch.Tensor:
+        return torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]).clone()
+
+    def train(worker, i):
+        model = models[i]
+        state = LtaHookState(worker, rebroadcast_every=period)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        state.attach(model, opt)
+        healer = state.healer
+        answer, heal = worker.engine.heal_responder, healer.heal
+
+        def answer_recorded():
+            held = (_flat(model), momentum(opt, model))  # what this rank holds when asked
+            before = healer.served
+            answer()
+            if healer.served > before:
+                served[state.step] = held
+
+        def heal_recorded():
+            step = heal()
+            healed.append((step, _flat(model), momentum(opt, model)))
+            return step
+
+        worker.engine.heal_responder, healer.heal = answer_recorded, heal_recorded
+        params = list(model.parameters())
+        while state.step < STEPS:
+            stop.maybe_stop(worker, i, state.step)
+            before = _flat(model)
+            loss = model(inputs[i]).pow(2).mean()  # the forward pre-hook heals, re-broadcasts, serves
+            loss.backward()
+            bucket = torch.cat([p.grad.reshape(-1) for p in params])
+            state.reduce_bucket(0, bucket, is_last=True)
+            offset = 0
+            for p in params:
+                p.grad.copy_(bucket[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            opt.step()
+            opt.zero_grad()
+            if not healed or i != N - 1 or healed[-1][0] != state.step - 1:
+                changes[i] = max(changes[i], float((_flat(model) - before).abs().max()))
+        return state
+
+    with LivenessMonitor(cluster.switch, cluster.job_id, N, timeout_s=LIVENESS_S, poll_s=0.05):
+        states = run_workers(cluster.workers, train)
+    assert stop.stopped
+    assert healed, "the rank behind never took a peer's state"
+    assert {s.step for s in states} == {STEPS}
+    for step, params, moment in healed:
+        assert step in served, f"healed at step {step}, which no donor served ({sorted(served)})"
+        torch.testing.assert_close(params, served[step][0], atol=0, rtol=0)
+        torch.testing.assert_close(moment, served[step][1], atol=0, rtol=0)
+    final = torch.stack([_flat(m) for m in models])
+    assert (final[0] - _flat(base)).abs().max() > 1e-2, "nothing trained"
+    bound = (period + 1) * max(changes)
+    apart = float((final - final[0]).abs().max())
+    assert apart <= bound, f"replicas apart by {apart:.3g} > {bound:.3g}"
+
+
+def test_the_donors_state_travels_whole_and_exact_through_the_heal_stream(make_cluster):
+    """Wire level: one rank's state (values that are not round in float32, and counters past 2^24)
+    reaches a rank that asks for it bit for bit, with the donor's unit counter, which the rank's
+    transport takes; only the donor asked answers."""
+    from hostlib.torch_ext.heal import Healer
+
+    cluster = make_cluster(3, elems_per_packet=16, heartbeat_interval_s=0)
+    rng = np.random.default_rng(5)
+    state = rng.standard_normal(1000).astype(np.float32)
+    got: list = []
+
+    def body(worker, i):
+        if i == 2:
+            healer = Healer(worker, lambda: (0, 0, [], state), lambda *a: got.append(a), timeout_s=20)
+            worker.health.behind = True
+            return healer.heal(), worker.codec_state()["next_unit"]
+        healer = Healer(worker, lambda: (7 + 2**30, 12345, [2**40 + 3], state * (i + 1)), lambda *a: None)
+        end = time.perf_counter() + 5
+        while time.perf_counter() < end and not healer.served:
+            worker.poll(0.01)  # the transport answers a request as it arrives
+        return healer.served
+
+    out = run_workers(cluster.workers, body)
+    assert out[2] == (7 + 2**30, 12345)
+    step, counters, values = got[0]
+    assert counters == [2**40 + 3]
+    donor = 0  # rank 2 asks (2 + 1) % 3 = 0 first
+    np.testing.assert_array_equal(values, state * (donor + 1))
+    assert out[0] == 1 and out[1] == 0
