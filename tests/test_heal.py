@@ -217,3 +217,115 @@ def test_the_donors_state_travels_whole_and_exact_through_the_heal_stream(make_c
     donor = 0  # rank 2 asks (2 + 1) % 3 = 0 first
     np.testing.assert_array_equal(values, state * (donor + 1))
     assert out[0] == 1 and out[1] == 0
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("door", ["sharded", "sharded-critical", "hook"])
+def test_a_restarted_rank_rejoins_takes_its_peers_state_and_ends_identical(make_cluster, door):
+    """Rank ``N - 1`` is killed at step ``STOP_AT`` (its socket and heartbeat closed: the monitor marks it
+    offline, the quorum drops) and started again once its peers are ``AHEAD`` steps on: a new worker
+    on the address the switch knows, a freshly built model (other initial values) and optimizer; it
+    rejoins, taking a live peer's state, and trains to the end with them. Sharded doors: after a
+    reliable ``synchronize`` every replica is identical. Hook: the restarted rank holds right after
+    rejoining exactly what its donor held when asked, and every replica ends within the hook's bound."""
+    from hostlib.transport import LtaWorker
+
+    cluster = _cluster(make_cluster)
+    base = _model()
+    models = [copy.deepcopy(base) for _ in range(N)]
+    inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(N)]
+    peers_ahead = threading.Event()
+    served: dict[int, torch.Tensor] = {}
+    period = 5
+    largest = [0.0]  # a steady rank's largest one-step change of a parameter
+
+    def build(worker, model):
+        if door == "hook":
+            state = LtaHookState(worker, rebroadcast_every=period)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            state.attach(model, opt)
+            return state, opt
+        opt = ShardedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            worker,
+            critical="default" if door == "sharded-critical" else None,
+            module=model,
+            liveness_timeout_s=LIVENESS_S,
+        )
+        return opt, opt
+
+    def step_of(front) -> int:
+        return front.step if door == "hook" else front.lta_step
+
+    def one_step(front, opt, model, x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        if door == "hook":
+            params = list(model.parameters())
+            bucket = torch.cat([p.grad.reshape(-1) for p in params])
+            front.reduce_bucket(0, bucket, is_last=True)
+            offset = 0
+            for p in params:
+                p.grad.copy_(bucket[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        opt.step()
+        opt.zero_grad()
+
+    def train(worker, i):
+        front, opt = build(worker, models[i])
+        if i == 0:
+            answer = worker.engine.heal_responder
+
+            def answer_recorded():
+                held = _flat(models[0])
+                before = front.healer.served
+                answer()
+                if front.healer.served > before:
+                    served[step_of(front)] = held
+
+            worker.engine.heal_responder = answer_recorded
+        while step_of(front) < STEPS:
+            if i == 0 and step_of(front) >= STOP_AT + AHEAD:
+                peers_ahead.set()
+            if i == N - 1 and step_of(front) == STOP_AT:
+                address = worker.address
+                worker.close()
+                assert peers_ahead.wait(60), "the peers did not run on without the killed rank"
+                worker = LtaWorker(
+                    cluster.job_id, i, N, cluster.server.address, config=worker.config, bind=address
+                )
+                torch.manual_seed(99)  # the new process builds its model afresh
+                models[i] = torch.nn.Sequential(
+                    torch.nn.Linear(12, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3)
+                )
+                front, opt = build(worker, models[i])
+                joined = front.rejoin()
+                assert joined >= STOP_AT + AHEAD
+                if door == "hook":
+                    torch.testing.assert_close(_flat(models[i]), served[joined], atol=0, rtol=0)
+            before = _flat(models[i])
+            one_step(front, opt, models[i], inputs[i])
+            if i == 0:
+                largest[0] = max(largest[0], float((_flat(models[i]) - before).abs().max()))
+        if door != "hook":
+            opt.synchronize()
+        return front, worker
+
+    with LivenessMonitor(cluster.switch, cluster.job_id, N, timeout_s=LIVENESS_S, poll_s=0.05):
+        done = run_workers(cluster.workers, train)
+    try:
+        fronts = [d[0] for d in done]
+        assert len({step_of(f) for f in fronts}) == 1
+        final = torch.stack([_flat(m) for m in models])
+        assert (final[0] - _flat(base)).abs().max() > 1e-2, "nothing trained"
+        if door == "hook":
+            apart, bound = float((final - final[0]).abs().max()), (period + 1) * largest[0]
+            assert apart <= bound, f"replicas apart by {apart:.3g} > {bound:.3g}"
+        else:
+            for i in range(1, N):
+                torch.testing.assert_close(final[i], final[0], atol=0, rtol=0)
+    finally:
+        done[N - 1][1].close()

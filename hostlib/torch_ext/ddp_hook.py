@@ -221,6 +221,14 @@ class LtaHookState:
         self._step_unit = self.worker.engine.next_unit  # the step's reduces start here
 
     # ---- healing a rank behind (heal.py) -------------------------------------------------------------
+    def rejoin(self) -> int:
+        """A restarted rank (``rejoin_default_group``) takes a live peer's parameters, optimizer state
+        and step now, before its first forward (call ``attach(module, optimizer)`` first); returns the
+        step it joins at."""
+        if self.healer is None:
+            raise RuntimeError("call state.attach(module, optimizer) before rejoin()")
+        return self.healer.heal()
+
     def _heal_tensors(self) -> list[torch.Tensor]:
         """What a rank behind takes: the parameters, then the optimizer's floating-point state tensors
         (per parameter, by key), in an order every replica shares."""
@@ -232,6 +240,23 @@ class LtaHookState:
                 state = self._optimizer.state.get(p, {})
                 out += [state[key] for key in sorted(state) if torch.is_tensor(state[key])]
         return [t for t in out if t.is_floating_point()]
+
+    def _prime_optimizer(self) -> None:
+        """A fresh optimizer (a restarted rank's) holds no state yet: one step on zero gradients makes
+        it (SGD's momentum buffers, Adam's moments and step), to be overwritten with the donor's. The
+        parameters it may move (weight decay) are overwritten too."""
+        opt, module = self._optimizer, self._module
+        if opt is None or module is None:
+            return
+        params = [p for p in module.parameters() if p.requires_grad]
+        if all(opt.state.get(p) for p in params):
+            return
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
 
     @torch.no_grad()
     def _snapshot(self) -> tuple[int, int, list[int], Any]:
@@ -247,6 +272,7 @@ class LtaHookState:
     def _restore(self, step: int, counters: list[int], values: Any) -> None:
         from hostlib.errors import UnhealthyTraining
 
+        self._prime_optimizer()
         tensors = self._heal_tensors()
         mine = sum(t.numel() for t in tensors)
         if counters[:1] != [mine] or len(values) != mine:

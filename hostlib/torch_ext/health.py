@@ -115,3 +115,21 @@ def join_default_group(
         options or LtaOptions.from_env(),
         timeout,
     )
+
+
+def rejoin_default_group(
+    store: Any,
+    rank: int,
+    world_size: int,
+    options: LtaOptions | None = None,
+    *,
+    prefix: str = "lta-hook",
+    timeout: timedelta | None = None,
+) -> LtaSession:
+    """A rank restarted into a running job whose ranks joined with :func:`join_default_group`: it cannot
+    join their default group again (its membership is fixed at init), so it rejoins the LTA job through
+    the store that group was built over (``store``: the same FileStore or TCPStore, as passed to
+    ``init_process_group``), binding the address its first process had. Then take the peers' state
+    (``LtaHookState.rejoin()``, ``ShardedOptimizer.rejoin()``)."""
+    lta_store = dist.PrefixStore(prefix, dist.PrefixStore("default_pg", store))
+    return join_job(lta_store, rank, world_size, options or LtaOptions.from_env(), timeout, rejoin=True)

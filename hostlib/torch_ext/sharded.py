@@ -220,6 +220,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Where a peer behind would join this rank, asked from inside step() (heal.py): the step whose
         # reduce runs and the unit counter at its start, or (after the reduce) the next step.
         self._joining_at: tuple[int, int | None] | None = None
+        self._rejoining = False
 
     @property
     def worker(self) -> LtaWorker:
@@ -309,11 +310,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         copy of it may be stale)."""
         if len(values) != self.flat.numel:
             raise ValueError(f"a peer's state has {len(values)} values, the model {self.flat.numel}")
-        lo, hi = self.shard
-        hi = min(hi, self.flat.numel)
         replica = values.copy()
-        replica[lo:hi] = self._params_host.pull(lo, hi)[lo:hi]
+        if not self._rejoining:
+            lo, hi = self.shard
+            hi = min(hi, self.flat.numel)
+            replica[lo:hi] = self._params_host.pull(lo, hi)[lo:hi]
         self.adopt(replica, lta_step=step)
+
+    def rejoin(self) -> int:
+        """A restarted rank (``rejoin_default_group``) takes a live peer's copy of every parameter,
+        its own shard included (its peers kept it as its dead process last published it: nobody steps
+        a dead owner's shard), and its step, now, before its first step; returns that step. The wrapped
+        optimizer's state of the shard is whatever it holds (fresh, or loaded from a checkpoint)."""
+        self._rejoining = True
+        try:
+            return self.healer.heal()
+        finally:
+            self._rejoining = False
 
     def _rotated_allreduce(self, grads: np.ndarray, t: int) -> Any:
         """Reduce ``grads`` (padded to whole chunks) in step ``t``'s rotated basis; the result's values

@@ -145,7 +145,7 @@ def _join_watchdog(who: str, timeout_s: float = JOIN_TIMEOUT_S) -> threading.Tim
     return timer
 
 
-def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
+def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -169,6 +169,15 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             world_size=world,
             pg_options=_options(spec),
             timeout=timedelta(seconds=60),
+        )
+    elif door != "ps" and restarted:
+        # The peers' gloo group cannot take it back (its membership is fixed at init): a group of its
+        # own for DDP's set-up, and the LTA job rejoined through the run's store.
+        from hostlib.torch_ext.health import rejoin_default_group
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        session = rejoin_default_group(
+            dist.FileStore(spec["store"], world), rank, world, _options(spec), timeout=timedelta(seconds=60)
         )
     elif door != "ps":
         store = dist.FileStore(spec["store"], world)
@@ -202,6 +211,8 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
         net.register_comm_hook(state, lta_hook)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
         state.attach(net.module, opt)  # a rank that falls behind takes a peer's parameters and momentum
+        if restarted:
+            state.rejoin()
     elif sharded:
         from hostlib.torch_ext.sharded import ShardedOptimizer
 
@@ -214,6 +225,8 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             critical=critical,
             module=model,
         )
+        if restarted:
+            opt.rejoin()
     elif door == "ps":
         from hostlib.torch_ext.ps import PSOptimizer
 
@@ -322,7 +335,7 @@ def main() -> int:
         fmt = f"%(relativeCreated)d rank {rank} %(name)s: %(message)s"
         logging.basicConfig(level=level.upper(), format=fmt)
     try:
-        run(spec, rank, who)
+        run(spec, rank, who, restarted=sys.argv[3:] == ["restarted"])
     except Exception as exc:
         # One line naming the cause; the parent reads the last line of stderr.
         print(f"{who}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
