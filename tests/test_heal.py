@@ -329,3 +329,22 @@ def test_a_restarted_rank_rejoins_takes_its_peers_state_and_ends_identical(make_
                 torch.testing.assert_close(final[i], final[0], atol=0, rtol=0)
     finally:
         done[N - 1][1].close()
+
+
+def test_a_rank_behind_whose_peers_are_gone_fails_loud_naming_that(make_cluster):
+    """Its peers finished (here: closed, their heartbeats stopped) while it was stopped: nobody can give
+    it their state. It raises UnhealthyTraining saying that no peer has been heard, once their relayed
+    heartbeats have been silent for ``peer_alive_s``, not after the whole ``timeout_s`` (the message
+    names which of the two ended it)."""
+    from hostlib.errors import UnhealthyTraining
+    from hostlib.torch_ext.heal import Healer
+
+    cluster = make_cluster(2, elems_per_packet=16, heartbeat_interval_s=0.1, peer_alive_s=0.5)
+    behind, peer = cluster.workers[1], cluster.workers[0]
+    peer.poll(0.3)
+    behind.poll(0.3)  # it hears the peer's relayed heartbeats
+    peer.close()
+    healer = Healer(behind, lambda: (0, 0, [], np.zeros(1, np.float32)), lambda *a: None, ask_s=0.2)
+    with pytest.raises(UnhealthyTraining, match="none of them has been heard"):
+        healer.heal()
+    assert healer.healed == 0

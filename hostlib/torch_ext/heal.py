@@ -22,8 +22,10 @@ next step boundary the front door calls :meth:`Healer.heal`:
 
 A donor that sends nothing within ``ask_s`` of a request (dead, finished, or stopped itself) is passed
 over for the next peer, in rank order; a stream that stays incomplete (a real network lost some of it)
-is asked for again. Past ``timeout_s`` with no whole stream the rank raises ``UnhealthyTraining``: no
-live peer could give it their state (they finished the run, or every one is gone).
+is asked for again. Past ``timeout_s`` with no whole stream, or once no peer's relayed heartbeat has
+been heard for ``peer_alive_s`` (3 ``ask_s`` into the asking), the rank raises ``UnhealthyTraining``: no
+live peer could give it their state (they finished the run while it was stopped, or every one is gone;
+in ``lta chaos`` a rank stopped 1-8 s past its peers' last step).
 
 The peers never wait for it: they answer at a step boundary they reach anyway, in one burst of sends,
 and their reduces meanwhile treat the rank as any late peer (its rounds closed by their deadlines, or by
@@ -162,12 +164,19 @@ class Healer:
                 donor, step, counters, values = got
                 break
             now = time.perf_counter()
-            if now - t0 >= self.timeout_s:
+            gone = self._peers_gone(now, t0)
+            if now - t0 >= self.timeout_s or gone:
+                why = (
+                    f"none of them has been heard for {worker.config.peer_alive_s:g} s (their relayed "
+                    "heartbeats stopped): they finished the run or are gone"
+                    if gone
+                    else "its peers finished the run or are gone"
+                )
                 raise UnhealthyTraining(
                     f"worker {me} of job {worker.job_id} fell behind its peers (more than "
                     f"catch_up_reduces={worker.config.catch_up_reduces} reduces in a row were over before "
-                    f"it started them) and no peer sent it their state within {self.timeout_s:g} s "
-                    f"(asked {sorted(set(donors))}): its peers finished the run or are gone"
+                    f"it started them, or it was restarted) and no peer sent it their state within "
+                    f"{now - t0:.1f} s (asked {sorted(set(donors))}): {why}"
                 )
             if now - asked_at >= self.ask_s:
                 current = donors[turn % len(donors)]
@@ -194,6 +203,16 @@ class Healer:
             self.last_heal_s,
         )
         return step
+
+    def _peers_gone(self, now: float, since: float) -> bool:
+        """No peer's relayed heartbeat heard for ``peer_alive_s``, ``3 ask_s`` into the asking (packets
+        queued while this rank was stopped count as heard when it reads them, once). Never with
+        heartbeats off: then only ``timeout_s`` ends the asking."""
+        cfg = self.worker.config
+        if cfg.heartbeat_interval_s <= 0 or now - since < 3 * self.ask_s:
+            return False
+        heard = np.delete(self.worker.deadlines.heard_at, self.worker.worker_id)
+        return bool(np.all(now - heard > cfg.peer_alive_s))
 
     def _whole_stream(
         self, inbox: dict[tuple[int, int], dict[int, np.ndarray]]
