@@ -348,3 +348,92 @@ def test_a_rank_behind_whose_peers_are_gone_fails_loud_naming_that(make_cluster)
     with pytest.raises(UnhealthyTraining, match="none of them has been heard"):
         healer.heal()
     assert healer.healed == 0
+
+
+@pytest.mark.parametrize("critical", [None, "default"], ids=["sharded", "sharded-critical"])
+def test_a_rank_stopped_past_its_peers_last_step_takes_their_final_state(make_cluster, critical):
+    """Rank ``N - 1`` stops at step ``STOP_AT`` and comes back only after its peers have ended their run;
+    they linger (``Healer.linger``) while it is silent, so it still takes their final state and ends
+    with exactly their replica: its own shard as they froze it (the reduces it skipped on its way back
+    did not step it), every other copy theirs. On dd81131 it raised UnhealthyTraining."""
+    cluster = _cluster(make_cluster)
+    base = _model()
+    models = [copy.deepcopy(base) for _ in range(N)]
+    inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(N)]
+    finished = threading.Semaphore(0)
+    lingered = [0.0] * N
+
+    def train(worker, i):
+        opt = ShardedOptimizer(
+            torch.optim.SGD(models[i].parameters(), lr=0.05, momentum=0.9),
+            worker,
+            critical=critical,
+            module=models[i],
+            liveness_timeout_s=LIVENESS_S,
+        )
+        while opt.lta_step < STEPS:
+            if i == N - 1 and opt.lta_step == STOP_AT and not lingered[i]:
+                beat = worker.heartbeat
+                beat.stop()
+                for _ in range(N - 1):  # every peer ended its run
+                    assert finished.acquire(timeout=60), "the peers did not finish without it"
+                lingered[i] = -1.0
+                worker.heartbeat = Heartbeat(
+                    worker.sock,
+                    worker.switch_addr,
+                    job_id=worker.job_id,
+                    worker_id=worker.worker_id,
+                    elems_per_packet=worker.config.elems_per_packet,
+                    interval_s=beat.interval_s,
+                ).start()
+            models[i](inputs[i]).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        if i != N - 1:
+            finished.release()
+            lingered[i] = opt.healer.linger(max_s=30.0)
+        return opt
+
+    with LivenessMonitor(cluster.switch, cluster.job_id, N, timeout_s=LIVENESS_S, poll_s=0.05):
+        opts = run_workers(cluster.workers, train)
+    assert opts[N - 1].healer.healed >= 1
+    assert all(o.lta_step == STEPS for o in opts)
+    want = _flat(models[0])
+    assert (want - _flat(base)).abs().max() > 1e-2, "nothing trained"
+    for i in range(1, N):
+        torch.testing.assert_close(
+            _flat(models[i]), want, atol=0, rtol=0, msg=lambda m, i=i: f"rank {i}: {m}"
+        )
+
+
+@pytest.mark.parametrize("under_default_pg", [False, True])
+def test_rejoin_default_group_binds_the_address_the_first_process_published(
+    make_cluster, tmp_path, under_default_pg
+):
+    """A restarted rank finds its job's keys in the run's store (where join_default_group put them:
+    under the default group's "default_pg" prefix when init_process_group built the store itself, at
+    its root when it was passed one), binds the address its first process had, and the switch answers
+    its health probe (it knows the rank by that address: no HealthCheckError)."""
+    import torch.distributed as dist
+
+    from hostlib.torch_ext.health import rejoin_default_group
+    from hostlib.torch_ext.rendezvous import LtaOptions
+
+    cluster = make_cluster(2, elems_per_packet=16, heartbeat_interval_s=0)
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    base = dist.PrefixStore("default_pg", store) if under_default_pg else store
+    keys = dist.PrefixStore("lta-hook", base)
+    first = cluster.workers[1]
+    host, port = first.address
+    keys.set("lta/job1/ready", "1")
+    keys.set("lta/job1/incarnation", "7")
+    keys.set("lta/job1/worker1", f"{host}:{port}")
+    first.close()  # the first process died
+    options = LtaOptions(switch=cluster.server.address, job_id=cluster.job_id)
+    options.transport = cluster.workers[0].config
+    session = rejoin_default_group(store, 1, 2, options)
+    try:
+        assert session.worker.address == (host, port)
+        assert session.worker.config.incarnation == 7
+    finally:
+        session.close()

@@ -146,6 +146,30 @@ class Healer:
             raise ValueError(f"a state of {len(values)} values needs more heal chunks than the range holds")
         self.worker.broadcast_params(ids, rows, step=step, critical=True)
 
+    def linger(self, max_s: float = 10.0, grace_s: float = 3.0) -> float:
+        """At the end of a run: keep answering heal requests while some peer has missed a relayed
+        heartbeat (none for two intervals: stopped, or dead; nobody can tell), and for ``grace_s`` after the
+        last such peer is heard again (it skips the reduces it missed, then asks), up to ``max_s`` in
+        all. A rank stopped past its peers' last step can then still take their final state instead of
+        finding nobody (chaos seed 38: its peers had finished 2.4 s before it came back). Returns the
+        seconds spent; 0 when every peer was heard lately, or without heartbeats (nothing to tell)."""
+        worker, cfg = self.worker, self.worker.config
+        if cfg.heartbeat_interval_s <= 0 or worker.n_workers < 2:
+            return 0.0
+        t0 = time.perf_counter()
+        others = np.arange(worker.n_workers) != worker.worker_id
+        quiet_until = t0  # serve at least until then once a silent peer is heard again
+        quiet_s = 2 * cfg.heartbeat_interval_s  # a peer that missed a relayed heartbeat is silent
+        while True:
+            self.serve()
+            now = time.perf_counter()
+            silent = bool(np.any(now - worker.deadlines.heard_at[others] > quiet_s))
+            if silent:
+                quiet_until = max(quiet_until, now + grace_s)
+            if now - t0 >= max_s or (not silent and now >= quiet_until):
+                return now - t0
+            worker.poll(0.05)
+
     # ---- the rank behind -------------------------------------------------------------------------
     def heal(self) -> int:
         """Take a live peer's state (module docstring) and load it; returns the donor's step. Raises

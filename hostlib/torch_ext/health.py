@@ -128,8 +128,13 @@ def rejoin_default_group(
 ) -> LtaSession:
     """A rank restarted into a running job whose ranks joined with :func:`join_default_group`: it cannot
     join their default group again (its membership is fixed at init), so it rejoins the LTA job through
-    the store that group was built over (``store``: the same FileStore or TCPStore, as passed to
-    ``init_process_group``), binding the address its first process had. Then take the peers' state
-    (``LtaHookState.rejoin()``, ``ShardedOptimizer.rejoin()``)."""
-    lta_store = dist.PrefixStore(prefix, dist.PrefixStore("default_pg", store))
-    return join_job(lta_store, rank, world_size, options or LtaOptions.from_env(), timeout, rejoin=True)
+    the store that group was built over (``store``: the same FileStore or TCPStore, passed to
+    ``init_process_group`` or built from its init method), binding the address its first process had.
+    Then take the peers' state (``LtaHookState.rejoin()``, ``ShardedOptimizer.rejoin()``)."""
+    options = options or LtaOptions.from_env()
+    lta_store = dist.PrefixStore(prefix, store)
+    # init_process_group prefixes the store it builds from an init method (env://) with "default_pg",
+    # not one passed as ``store``: the job's keys are under one of the two.
+    if not lta_store.check([f"lta/job{options.job_id}/ready"]):
+        lta_store = dist.PrefixStore(prefix, dist.PrefixStore("default_pg", store))
+    return join_job(lta_store, rank, world_size, options, timeout, rejoin=True)

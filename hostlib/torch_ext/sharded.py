@@ -220,7 +220,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Where a peer behind would join this rank, asked from inside step() (heal.py): the step whose
         # reduce runs and the unit counter at its start, or (after the reduce) the next step.
         self._joining_at: tuple[int, int | None] | None = None
-        self._rejoining = False
 
     @property
     def worker(self) -> LtaWorker:
@@ -281,7 +280,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced_host.push(lo, hi)
         for group, (a, b) in zip(self.param_groups, self._segments, strict=True):
             group["params"][0].grad = self._reduced[a:b]
-        self.inner.step()
+        # A reduce its peers had left before this rank started it (back from a stop) holds fallbacks
+        # only: stepping the shard on them would move it where no peer's copy follows (they froze it
+        # while this rank was away, and a peer that finished takes no publish); it stays as they hold it.
+        if not self.worker.health.last_passed:
+            self.inner.step()
         self._params_host.pull(lo, hi)
         self.drift.record()
         self.exchange.publish(t)
@@ -299,34 +302,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _heal_snapshot(self) -> tuple[int, int, list[int], np.ndarray]:
         """What a rank behind takes from this one (heal.py): the step it joins at, the unit counter at
-        that step's reduce, and this rank's copy of every parameter (the rank behind keeps its own
-        shard: a copy here of a shard mid-exchange is within the staleness the exchange allows)."""
+        that step's reduce, and this rank's copy of every parameter (a copy mid-exchange is within the
+        staleness the exchange allows)."""
         step, unit = (self.lta_step, None) if self._joining_at is None else self._joining_at
         return step, self.worker.engine.next_unit if unit is None else unit, [], self.replica()
 
     def _heal_restore(self, step: int, counters: list[int], values: np.ndarray) -> None:
-        """Take a donor's copies and step (:meth:`adopt`), keeping this rank's own shard: nobody else
-        steps it, so its values and the wrapped optimizer's state of it are the current ones (a donor's
-        copy of it may be stale)."""
+        """Take a donor's copy of every parameter and its step (:meth:`adopt`), this rank's own shard
+        included: its peers hold that shard as this rank last published it before it fell behind, and
+        what it did to it since (back from a stop, on fallbacks or its peers' old aggregates) no peer
+        took, nor will a peer that finished its run. The wrapped optimizer keeps its state of the shard
+        (nobody else steps a shard)."""
         if len(values) != self.flat.numel:
             raise ValueError(f"a peer's state has {len(values)} values, the model {self.flat.numel}")
-        replica = values.copy()
-        if not self._rejoining:
-            lo, hi = self.shard
-            hi = min(hi, self.flat.numel)
-            replica[lo:hi] = self._params_host.pull(lo, hi)[lo:hi]
-        self.adopt(replica, lta_step=step)
+        self.adopt(values.copy(), lta_step=step)
 
     def rejoin(self) -> int:
         """A restarted rank (``rejoin_default_group``) takes a live peer's copy of every parameter,
         its own shard included (its peers kept it as its dead process last published it: nobody steps
         a dead owner's shard), and its step, now, before its first step; returns that step. The wrapped
         optimizer's state of the shard is whatever it holds (fresh, or loaded from a checkpoint)."""
-        self._rejoining = True
-        try:
-            return self.healer.heal()
-        finally:
-            self._rejoining = False
+        return self.healer.heal()
 
     def _rotated_allreduce(self, grads: np.ndarray, t: int) -> Any:
         """Reduce ``grads`` (padded to whole chunks) in step ``t``'s rotated basis; the result's values

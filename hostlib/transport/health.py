@@ -115,6 +115,7 @@ class HealthMonitor:
         # instead of unhealthy.
         self.can_heal = False
         self.behind = False
+        self.last_passed = False  # the last reduce was over before this worker started it (skipped)
 
     @property
     def healthy(self) -> bool:
@@ -135,7 +136,8 @@ class HealthMonitor:
         had left it before this worker started it. Raises or warns as ``config.on_unhealthy`` says."""
         cfg = self.config
         self.last_nothing_fraction = got_nothing / chunks
-        if passed and got_nothing == chunks and self.n_workers > 1:
+        self.last_passed = passed and got_nothing == chunks and self.n_workers > 1
+        if self.last_passed:
             # A reduce the peers had left before this worker started it (stopped, descheduled): every unit
             # was overtaken. Skipping it is how a late worker catches up (docs/protocol.md, "Health during
             # training"), so it counts toward neither run below, up to catch_up_reduces in a row.
