@@ -95,6 +95,7 @@ class Healer:
         self.last_heal_s = 0.0  # how long the last heal took, from the first request to the state loaded
         self.last_donor = -1
         self._answering = False
+        self._healing = False
         worker.health.can_heal = True
         worker.engine.heal_responder = self._answer
 
@@ -121,7 +122,7 @@ class Healer:
             return
         asked = sorted(worker.heal_requests)
         worker.heal_requests.clear()
-        if self.behind:
+        if self.behind or self._healing:  # nothing current to give (a restarted rank: its fresh model)
             return
         self._answering = True
         try:
@@ -177,6 +178,14 @@ class Healer:
         worker = self.worker
         me, n = worker.worker_id, worker.n_workers
         donors = [(me + i) % n for i in range(1, n)]
+        self._healing = True
+        try:
+            return self._heal(me, donors)
+        finally:
+            self._healing = False
+
+    def _heal(self, me: int, donors: list[int]) -> int:
+        worker = self.worker
         inbox = worker.heal_inbox
         inbox.clear()
         t0 = time.perf_counter()
