@@ -406,14 +406,11 @@ def test_a_rank_stopped_past_its_peers_last_step_takes_their_final_state(make_cl
         )
 
 
-@pytest.mark.parametrize("under_default_pg", [False, True])
-def test_rejoin_default_group_binds_the_address_the_first_process_published(
-    make_cluster, tmp_path, under_default_pg
-):
-    """A restarted rank finds its job's keys in the run's store (where join_default_group put them:
-    under the default group's "default_pg" prefix when init_process_group built the store itself, at
-    its root when it was passed one), binds the address its first process had, and the switch answers
-    its health probe (it knows the rank by that address: no HealthCheckError)."""
+def test_rejoin_default_group_binds_the_address_the_first_process_published(make_cluster, tmp_path):
+    """A restarted rank finds its job's keys in the run's store where join_default_group put them (a
+    one-rank gloo group over a FileStore stands for the first process's default group), binds the
+    address its first process had, keeps the run's incarnation, and the switch answers its health probe
+    (it knows the rank by that address: no HealthCheckError)."""
     import torch.distributed as dist
 
     from hostlib.torch_ext.health import rejoin_default_group
@@ -421,8 +418,11 @@ def test_rejoin_default_group_binds_the_address_the_first_process_published(
 
     cluster = make_cluster(2, elems_per_packet=16, heartbeat_interval_s=0)
     store = dist.FileStore(str(tmp_path / "store"), 2)
-    base = dist.PrefixStore("default_pg", store) if under_default_pg else store
-    keys = dist.PrefixStore("lta-hook", base)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        keys = dist.PrefixStore("lta-hook", dist.distributed_c10d._get_default_store())
+    finally:
+        dist.destroy_process_group()
     first = cluster.workers[1]
     host, port = first.address
     keys.set("lta/job1/ready", "1")

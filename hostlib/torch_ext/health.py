@@ -125,6 +125,7 @@ def rejoin_default_group(
     *,
     prefix: str = "lta-hook",
     timeout: timedelta | None = None,
+    default_group_name: str = "0",
 ) -> LtaSession:
     """A rank restarted into a running job whose ranks joined with :func:`join_default_group`: it cannot
     join their default group again (its membership is fixed at init), so it rejoins the LTA job through
@@ -132,9 +133,17 @@ def rejoin_default_group(
     ``init_process_group`` or built from its init method), binding the address its first process had.
     Then take the peers' state (``LtaHookState.rejoin()``, ``ShardedOptimizer.rejoin()``)."""
     options = options or LtaOptions.from_env()
-    lta_store = dist.PrefixStore(prefix, store)
-    # init_process_group prefixes the store it builds from an init method (env://) with "default_pg",
-    # not one passed as ``store``: the job's keys are under one of the two.
-    if not lta_store.check([f"lta/job{options.job_id}/ready"]):
-        lta_store = dist.PrefixStore(prefix, dist.PrefixStore("default_pg", store))
+    # join_default_group's keys sit under the default group's store: ``store`` prefixed with the
+    # group's name ("0", the first group made), and before that with "default_pg" when
+    # init_process_group built the store from an init method (env://) rather than being passed one.
+    ready = f"lta/job{options.job_id}/ready"
+    group = f"{default_group_name}/"
+    for base in (
+        dist.PrefixStore(group, store),
+        dist.PrefixStore(group, dist.PrefixStore("default_pg", store)),
+        store,
+    ):
+        lta_store = dist.PrefixStore(prefix, base)
+        if lta_store.check([ready]):
+            break
     return join_job(lta_store, rank, world_size, options, timeout, rejoin=True)
