@@ -247,7 +247,7 @@ def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False)
     # The hook's and the sharded doors' own step counter: a rank that fell behind takes its peers' step
     # with their state (hostlib/torch_ext/heal.py) and so makes fewer steps of its own.
     door_step = _door_step(door, state if door == "hook" else None, opt)
-    step = 0
+    step = 0 if door_step is None else door_step()  # a restarted rank starts at its peers' step
     with open(out / f"rank{rank}.progress", "a", buffering=1) as progress:
         while step < steps:
             if clock is not None and clock["rank"] == rank and step == clock["step"]:
@@ -275,7 +275,7 @@ def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False)
     np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
     healer = getattr(state if door == "hook" else opt, "healer", None) if door != "ps" else None
     if healer is not None:  # a peer stopped past this rank's last step can still take its state
-        healer.linger()
+        healer.linger(max_s=30.0)  # a restarted rank's start (importing torch) took 10-20 s at load 10
     if door != "ps":
         dist.destroy_process_group()
     if session is not None:
