@@ -149,11 +149,12 @@ class Healer:
 
     def linger(self, max_s: float = 10.0, grace_s: float = 10.0) -> float:
         """At the end of a run: keep answering heal requests while some peer has missed a relayed
-        heartbeat (none for two intervals: stopped, or dead; nobody can tell), and for ``grace_s`` after the
-        last such peer is heard again (it skips the reduces it missed, or a restarted one builds its
-        model, then asks), up to ``max_s`` in all. A rank stopped past its peers' last step can then still take their final state instead of
-        finding nobody (chaos seed 38: its peers had finished 2.4 s before it came back). Returns the
-        seconds spent; 0 when every peer was heard lately, or without heartbeats (nothing to tell)."""
+        heartbeat (none for two intervals: stopped, or dead; nobody can tell), and for ``grace_s``
+        after the last such peer is heard again (it skips the reduces it missed, or a restarted one
+        builds its model, then asks), up to ``max_s`` in all. A rank stopped past its peers' last step
+        can then still take their final state instead of finding nobody (chaos seed 38: its peers had
+        finished 2.4 s before it came back). Returns the seconds spent; 0 when every peer was heard
+        lately, or without heartbeats (nothing to tell)."""
         worker, cfg = self.worker, self.worker.config
         if cfg.heartbeat_interval_s <= 0 or worker.n_workers < 2:
             return 0.0
