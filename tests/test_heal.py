@@ -437,3 +437,60 @@ def test_rejoin_default_group_binds_the_address_the_first_process_published(make
         assert session.worker.config.incarnation == 7
     finally:
         session.close()
+
+
+class _Bucket:
+    """A DDP GradBucket stand-in: one flat buffer holding ``params``' gradients in the given order."""
+
+    def __init__(self, params: list[torch.nn.Parameter], grads: list[torch.Tensor]) -> None:
+        self._params = params
+        self._buffer = torch.cat([g.reshape(-1) for g in grads])
+        self._views, at = [], 0
+        for g in grads:
+            self._views.append(self._buffer[at : at + g.numel()].view_as(g))
+            at += g.numel()
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self._params
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._views
+
+
+def test_the_hook_puts_a_bucket_on_the_wire_in_one_order_whatever_ddps_layout(make_cluster):
+    """DDP lays a bucket out in the module's order in its first iteration and in the gradients' ready
+    order after its bucket rebuild; a rank that rejoined a running job has its first iteration when its
+    peers have rebuilt long ago. Rank 0's bucket here is in the module's order, rank 1's reversed: each
+    parameter's reduced gradient is still the mean of the two ranks' gradients of that parameter (numpy),
+    on both ranks, in each one's own layout."""
+    from hostlib.torch_ext.ddp_hook import lta_hook
+
+    cluster = make_cluster(2, elems_per_packet=16, heartbeat_interval_s=0)
+    models = [_model(), _model()]
+    rng = np.random.default_rng(3)
+    grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in m.parameters()] for m in models]
+    want = [(a + b) / 2 for a, b in zip(grads[0], grads[1], strict=True)]
+
+    def body(worker, i):
+        state = LtaHookState(worker)
+        state.attach(models[i])
+        params = list(models[i].parameters())
+        ts = [torch.from_numpy(g.copy()) for g in grads[i]]
+        order = list(range(len(params))) if i == 0 else list(reversed(range(len(params))))
+        bucket = _Bucket([params[j] for j in order], [ts[j] for j in order])
+        lta_hook(state, bucket).wait()
+        return {order[k]: v.clone() for k, v in enumerate(bucket.gradients())}
+
+    out = run_workers(cluster.workers, body)
+    for i in range(2):
+        for j, w in enumerate(want):
+            np.testing.assert_allclose(out[i][j].numpy(), w, atol=1e-4, err_msg=f"rank {i}, parameter {j}")
