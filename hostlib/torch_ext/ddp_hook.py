@@ -13,6 +13,11 @@ K steps, before the forward pass, and receivers overwrite what arrives of that s
 copy of an earlier re-broadcast that comes late is dropped (``ParamExchange(replicated=True)``): taken,
 it would undo the updates the receiver has made since, and exact replicas would part.
 
+After ``attach`` a bucket goes on the wire with the module's parameters last to first, whatever DDP's
+own layout (``wire_order``: DDP changes it after its first iteration, and a rank that rejoined a running
+job is in its first iteration while its peers are not); a rank that fell behind or restarted takes a
+live peer's parameters and optimizer state (``heal.py``, ``rejoin``).
+
 The hook blocks until the bucket's reduce is done and returns a completed future (the transport's
 engine is not thread-safe, and on CPU there is no idle device to overlap with).
 
