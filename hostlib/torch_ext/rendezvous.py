@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import HealthCheckError, UsageError
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import (

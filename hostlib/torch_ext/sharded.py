@@ -23,12 +23,12 @@ for a step for ``liveness_timeout_s`` (default: the liveness monitor's 3 s; set 
 timeout) of their wait: a rank killed between its reduce and its publish (see ``exchange.py``).
 
 ``ShardedOptimizer(opt, worker, rotate_seed=s)``: the gradient is reduced in a seeded randomized
-Hadamard basis (hostlib/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
+Hadamard basis (hostlib/emulation/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
 quantization and packetization, rotated back after renormalization, so a lost packet costs a little of
 every value of its block instead of K neighbouring values. A chunk that falls back to ``prev`` gets the
 previous result rotated into this step's basis. Not combined with feedback, privacy or critical chunks.
 
-``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/feedback.py).
+``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/emulation/feedback.py).
 After each reduce the worker reads its own bit in every chunk's RESULT bitmap; where the reduce did
 not count its contribution (lost on the way up, withheld, a RESULT that never came, or a sum its
 allreduce discarded for a fallback) it keeps what it sent for those chunks and adds it to its next
@@ -36,7 +36,7 @@ gradient for them, once: a lost contribution is missing from the aggregate at st
 t+1, delayed, not dropped, at no extra traffic. Pair it with a transport that divides by N
 (``renormalize="none"``, ``fallback="zero"``), as ``lta train --mechanism feedback`` does: on top of
 renormalization, which already stands for the lost contribution, the expected aggregate would be
-g/(1−p) (hostlib/feedback.py). Critical chunks
+g/(1−p) (hostlib/emulation/feedback.py). Critical chunks
 follow the same rule (they come back with every worker counted, so they carry nothing unless a
 critical RESULT came back short). With ``privacy=...`` the residual is added *before* clipping and
 is the clipped value this worker meant to send, without its noise share (the top-up already made up
@@ -60,9 +60,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hostlib.feedback import ResidualFeedback, counted_by_result, feedback_stats
+from hostlib.emulation.feedback import ResidualFeedback, counted_by_result, feedback_stats
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
-from hostlib.rotation import Rotation
+from hostlib.emulation.rotation import Rotation
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
@@ -459,7 +459,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """What this worker saw: gradient chunks of its shard (partial = renormalized from fewer than N,
         fallback = none arrived), its shard's update variance σ², the drift its receivers should see
         under Bernoulli(p) param loss (``predicted``, momentum-aware), the ages of its stale copies, and
-        the feedback counters (``hostlib.feedback.feedback_stats``)."""
+        the feedback counters (``hostlib.emulation.feedback.feedback_stats``)."""
         out: dict[str, Any] = {
             "step": self.lta_step,
             "grad_chunks": self.grad_chunks,
