@@ -347,6 +347,23 @@ def test_parameter_server_worker_killed_and_restarted_rejoins_and_every_rank_fin
 
 
 @pytest.mark.chaos
+@pytest.mark.parametrize("door", ["hook", "sharded"])
+def test_a_restarted_rank_rejoins_the_hook_and_sharded_doors_and_a_stopped_one_heals(tmp_path, door):
+    """3 ranks: rank 2 SIGKILLed at step 8 and started again 0.5 s later, rank 1 SIGSTOPped 4 s at step
+    14. The restarted process rejoins through the run's store and takes a live peer's state (before:
+    JoinTimeout in gloo's rendezvous); the stopped one comes back behind and takes a peer's state (before:
+    UnhealthyTraining, "reduces in a row were over"). Every rank exits 0 and the verdict is ok: trained,
+    replicas within the door's bound (hostlib/torch_ext/heal.py)."""
+    faults = [
+        {"kind": "restart", "rank": 2, "step": 8, "delay_s": 0.5},
+        {"kind": "stop", "rank": 1, "step": 14, "seconds": 4.0},
+    ]
+    out = run_one(RunSpec(17, door, 3, 30, faults), base_bound_s=300.0, keep=tmp_path)
+    assert (out.verdict, out.cause) == ("ok", ""), out.as_dict()
+    assert out.exit_codes == {0: 0, 1: 0, 2: 0}
+
+
+@pytest.mark.chaos
 def test_switch_losing_its_state_under_bursty_loss_is_never_a_hang_or_a_lie(tmp_path):
     """The switch forgets every slot at step 12 (its jobs kept) under 20% bursty GRAD loss: a forgotten
     round is one more lost packet (its units are flushed, fall back or start the slot's round again), so

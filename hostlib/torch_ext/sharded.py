@@ -68,6 +68,7 @@ from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.flat import FlatParams
+from hostlib.torch_ext.heal import Healer
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.torch_ext.manager import LtaManager
 from hostlib.transport import Fallback, LtaWorker
@@ -214,6 +215,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.feedback = ResidualFeedback(self.layout.n_chunks, k) if feedback else None
         self.rotate_seed = rotate_seed
         self._rotated_prev = np.zeros(self.flat.padded, dtype=np.float32)  # last result, original basis
+        # A rank that fell behind its peers takes a live peer's copies and step (heal.py; step()).
+        self.healer = Healer(worker, self._heal_snapshot, self._heal_restore)
+        # Where a peer behind would join this rank, asked from inside step() (heal.py): the step whose
+        # reduce runs and the unit counter at its start, or (after the reduce) the next step.
+        self._joining_at: tuple[int, int | None] | None = None
 
     @property
     def worker(self) -> LtaWorker:
@@ -251,6 +257,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 sent = grads.copy()
                 self.privacy.add_share_(grads[: self.flat.numel])
         critical = self.critical_mask if self.critical_mask.any() else None
+        self._joining_at = (t, self.worker.engine.next_unit)
         if self.rotate_seed is not None:
             result = self._rotated_allreduce(grads, t)
         else:
@@ -265,6 +272,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.feedback is not None:
             counted = counted_by_result(result.bitmap, result.fallback, self.worker.worker_id)
             self.feedback.settle(sent, counted)
+        self._joining_at = (t + 1, None)  # the reduce is over: a rank behind joins the next one
         if self.privacy is not None:  # only the owned chunks are used here: top up those
             self.privacy.top_up_(result, step=t, chunks=self._own_chunks)
         reduced = self._reduced_host.writable()
@@ -272,7 +280,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced_host.push(lo, hi)
         for group, (a, b) in zip(self.param_groups, self._segments, strict=True):
             group["params"][0].grad = self._reduced[a:b]
-        self.inner.step()
+        # A reduce its peers had left before this rank started it (back from a stop) holds fallbacks
+        # only: stepping the shard on them would move it where no peer's copy follows (they froze it
+        # while this rank was away, and a peer that finished takes no publish); it stays as they hold it.
+        if not self.worker.health.last_passed:
+            self.inner.step()
         self._params_host.pull(lo, hi)
         self.drift.record()
         self.exchange.publish(t)
@@ -281,7 +293,36 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._params_host.push()
             self.exchange.changed = False
         self.lta_step += 1
+        self._joining_at = None
+        if self.healer.behind:  # past catch_up_reduces skipped: its peers' copies and step, from now on
+            self.healer.heal()
+        else:
+            self.healer.serve()
         return loss
+
+    def _heal_snapshot(self) -> tuple[int, int, list[int], np.ndarray]:
+        """What a rank behind takes from this one (heal.py): the step it joins at, the unit counter at
+        that step's reduce, and this rank's copy of every parameter (a copy mid-exchange is within the
+        staleness the exchange allows)."""
+        step, unit = (self.lta_step, None) if self._joining_at is None else self._joining_at
+        return step, self.worker.engine.next_unit if unit is None else unit, [], self.replica()
+
+    def _heal_restore(self, step: int, counters: list[int], values: np.ndarray) -> None:
+        """Take a donor's copy of every parameter and its step (:meth:`adopt`), this rank's own shard
+        included: its peers hold that shard as this rank last published it before it fell behind, and
+        what it did to it since (back from a stop, on fallbacks or its peers' old aggregates) no peer
+        took, nor will a peer that finished its run. The wrapped optimizer keeps its state of the shard
+        (nobody else steps a shard)."""
+        if len(values) != self.flat.numel:
+            raise ValueError(f"a peer's state has {len(values)} values, the model {self.flat.numel}")
+        self.adopt(values.copy(), lta_step=step)
+
+    def rejoin(self) -> int:
+        """A restarted rank (``rejoin_default_group``) takes a live peer's copy of every parameter,
+        its own shard included (its peers kept it as its dead process last published it: nobody steps
+        a dead owner's shard), and its step, now, before its first step; returns that step. The wrapped
+        optimizer's state of the shard is whatever it holds (fresh, or loaded from a checkpoint)."""
+        return self.healer.heal()
 
     def _rotated_allreduce(self, grads: np.ndarray, t: int) -> Any:
         """Reduce ``grads`` (padded to whole chunks) in step ``t``'s rotated basis; the result's values

@@ -39,6 +39,9 @@ from hostlib.protocol import (
     ALIVE_CHUNK,
     HEADER_BYTES,
     HEADER_DTYPE,
+    HEAL_CHUNK_BASE,
+    HEAL_REQUEST_BASE,
+    MAX_WORKERS,
     VERSION,
     Flag,
     Op,
@@ -69,6 +72,8 @@ _RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICA
 _SATURATED = int(Flag.SATURATED)
 
 log = logging.getLogger(__name__)
+
+_HEAL_STREAMS_KEPT = 4  # a peer's heal streams meant for another rank are held this many at most
 
 
 @dataclass
@@ -144,6 +149,12 @@ class ReduceEngine:
         # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
         # receiver waiting for a critical chunk must not wait for this worker's next publish.
         self.param_responder: Any = None
+        # Healing (hostlib/torch_ext/heal.py): state streams that arrived, per (sender, sender's step):
+        # {index: values}; and the senders whose heal request named this worker. Kept apart from the
+        # parameter inbox and requests, which the parameter exchange drains.
+        self.heal_inbox: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+        self.heal_requests: set[int] = set()
+        self.heal_responder: Any = None  # answers them as they arrive, even inside a reduce (heal.py)
         # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
         # queue (when the last frame sent will have left it), for per-unit deadlines.
         self._frame = frame_bytes(self.packet_bytes)
@@ -421,6 +432,11 @@ class ReduceEngine:
             self._receive(max(0.0, deadline - time.perf_counter()), None)
             if time.perf_counter() >= deadline:
                 return
+
+    @property
+    def next_unit(self) -> int:
+        """The global unit counter: the first unit of the next reduce."""
+        return self._next_unit
 
     def codec_state(self) -> dict[str, Any]:
         """What the next reduces depend on besides their inputs (copies): the stochastic-rounding
@@ -970,6 +986,15 @@ class ReduceEngine:
         """The PARAM rows ``params`` and PARAM_REQ rows (a bool mask over ``hdr``) of a batch."""
         if params.size:
             self._on_params(hdr, params)
+        heal = (
+            requests & (hdr["chunk"] >= HEAL_REQUEST_BASE) & (hdr["chunk"] < HEAL_REQUEST_BASE + MAX_WORKERS)
+        )
+        if heal.any():  # a rank behind asks a donor for its state: only the donor named keeps it
+            named = hdr["chunk"][heal].astype(np.int64) - HEAL_REQUEST_BASE == self.worker_id
+            self.heal_requests.update(hdr["worker_id"][heal][named].astype(np.int64).tolist())
+            requests = requests & ~heal
+            if self.heal_requests and self.heal_responder is not None:
+                self.heal_responder()
         if requests.any():
             self.param_requests.update(hdr["chunk"][requests].tolist())
             if self.param_responder is not None:
@@ -1042,6 +1067,21 @@ class ReduceEngine:
         k = self.config.elems_per_packet
         payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
         values = payload.astype(np.float32)
+        chunks = hdr["chunk"][rows]
+        heal = (chunks >= HEAL_CHUNK_BASE) & (chunks < HEAL_REQUEST_BASE)
+        if heal.any():  # a donor's state stream (hostlib/torch_ext/heal.py), never a parameter copy
+            for i in np.flatnonzero(heal).tolist():
+                r = rows[i]
+                key = (int(hdr["worker_id"][r]), int(hdr["step"][r]))
+                if key not in self.heal_inbox and len(self.heal_inbox) >= _HEAL_STREAMS_KEPT:
+                    del self.heal_inbox[next(iter(self.heal_inbox))]  # the oldest: nobody took it
+                stream = self.heal_inbox.setdefault(key, {})
+                stream[int(chunks[i]) - HEAL_CHUNK_BASE] = values[i, : int(hdr["nelem"][r])].copy()
+            self.stats.params_received += int(heal.sum())
+            keep = ~heal
+            rows, values = rows[keep], values[keep]
+            if not rows.size:
+                return
         for i, (chunk, step, nelem) in enumerate(
             zip(
                 hdr["chunk"][rows].tolist(),

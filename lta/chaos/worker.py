@@ -145,7 +145,7 @@ def _join_watchdog(who: str, timeout_s: float = JOIN_TIMEOUT_S) -> threading.Tim
     return timer
 
 
-def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
+def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -169,6 +169,15 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             world_size=world,
             pg_options=_options(spec),
             timeout=timedelta(seconds=60),
+        )
+    elif door != "ps" and restarted:
+        # The peers' gloo group cannot take it back (its membership is fixed at init): a group of its
+        # own for DDP's set-up, and the LTA job rejoined through the run's store.
+        from hostlib.torch_ext.health import rejoin_default_group
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        session = rejoin_default_group(
+            dist.FileStore(spec["store"], world), rank, world, _options(spec), timeout=timedelta(seconds=60)
         )
     elif door != "ps":
         store = dist.FileStore(spec["store"], world)
@@ -200,8 +209,10 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
         net = DistributedDataParallel(model)
         state = LtaHookState(session.worker, rebroadcast_every=spec["rebroadcast_every"])  # type: ignore[union-attr]
         net.register_comm_hook(state, lta_hook)
-        state.attach(net.module)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        state.attach(net.module, opt)  # a rank that falls behind takes a peer's parameters and momentum
+        if restarted:
+            state.rejoin()
     elif sharded:
         from hostlib.torch_ext.sharded import ShardedOptimizer
 
@@ -214,6 +225,8 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             critical=critical,
             module=model,
         )
+        if restarted:
+            opt.rejoin()
     elif door == "ps":
         from hostlib.torch_ext.ps import PSOptimizer
 
@@ -231,8 +244,12 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
     history: list[np.ndarray] = []
     clock = spec.get("clock")
     restart_at = spec.get("switch_restart_at") if rank == 0 else None
+    # The hook's and the sharded doors' own step counter: a rank that fell behind takes its peers' step
+    # with their state (hostlib/torch_ext/heal.py) and so makes fewer steps of its own.
+    door_step = _door_step(door, state if door == "hook" else None, opt)
+    step = 0 if door_step is None else door_step()  # a restarted rank starts at its peers' step
     with open(out / f"rank{rank}.progress", "a", buffering=1) as progress:
-        for step in range(steps):
+        while step < steps:
             if clock is not None and clock["rank"] == rank and step == clock["step"]:
                 _step_clock(float(clock["offset_s"]))
             if restart_at is not None and step == restart_at:
@@ -247,6 +264,7 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
             previous = now
             history.append(chunk_sums(now, spec["elems_per_packet"]))
             progress.write(f"{step + 1} {time.perf_counter():.6f} {_health(transport)}\n")
+            step = step + 1 if door_step is None else door_step()
     result = {
         "params": _flat(model),
         "first_loss": first_loss,
@@ -255,10 +273,22 @@ def run(spec: dict[str, Any], rank: int, who: str = "") -> None:
         "history": np.stack(history) if history else np.zeros((0, 0)),
     }
     np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
+    healer = getattr(state if door == "hook" else opt, "healer", None) if door != "ps" else None
+    if healer is not None:  # a peer stopped past this rank's last step can still take its state
+        healer.linger(max_s=30.0)  # a restarted rank's start (importing torch) took 10-20 s at load 10
     if door != "ps":
         dist.destroy_process_group()
     if session is not None:
         session.close()
+
+
+def _door_step(door: str, hook_state: Any, opt: Any) -> Any:
+    """A function that reads the door's step counter, or None for the doors that keep none of their own."""
+    if door == "hook":
+        return lambda: hook_state.step
+    if door.startswith("sharded"):
+        return lambda: opt.lta_step
+    return None
 
 
 def _transport_worker(door: str, session: Any) -> Any:
@@ -308,7 +338,7 @@ def main() -> int:
         fmt = f"%(relativeCreated)d rank {rank} %(name)s: %(message)s"
         logging.basicConfig(level=level.upper(), format=fmt)
     try:
-        run(spec, rank, who)
+        run(spec, rank, who, restarted=sys.argv[3:] == ["restarted"])
     except Exception as exc:
         # One line naming the cause; the parent reads the last line of stderr.
         print(f"{who}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
