@@ -703,7 +703,7 @@ def _torchrun_cause(out: Path, failed: dict[int, int | None]) -> str:
         elif key.strip() == "exitcode" and exitcode is None:
             exitcode = value.split()[0] if value.split() else None
     if rank is None or not rank.isdigit():
-        return f"torchrun exit {code}: {_last_line(out / 'torchrun.err')}"
+        return f"torchrun exit {code}: {_last_line(out / 'torchrun.err') if summary else '(no message)'}"
     own = out / f"rank{rank}.err"
     last = _last_line(own) if own.exists() else "(no message)"
     return f"torchrun exit {code}: rank {rank} exitcode {exitcode}: {last}"
