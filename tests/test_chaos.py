@@ -562,3 +562,30 @@ def test_stock_ddp_under_torchrun_resumes_from_its_last_checkpoint_after_a_kill(
     assert restart["by"] == "torchrun" and restart["resumed_at"] == 10
     assert 2 <= restart["lost_steps"] <= 4  # killed after step 12 (the parent's poll may see 13 or 14)
     assert out.divergence is not None and out.divergence <= EXACT_TOL
+
+
+def test_the_command_prints_the_door_by_fault_table_or_one_json_document(tmp_path, capsys):
+    """``lta chaos --resume`` over runs already in chaos.json runs nothing more: stdout is the summary
+    (``--json``: one document with the door x fault table; else the rich table and the counts line), and
+    a negative --step-ms is a one-line error."""
+    import json
+
+    from lta import cli
+
+    row = {"seed": 3, "door": "ddp", "verdict": "ok-after-restart", "wall_s": 1.0, "cause": "",
+           "faults": [{"kind": "kill", "rank": 1, "step": 12}],
+           "recoveries": [{"rank": 1, "recovery_s": 11.0, "after": None}],
+           "restarts": [{"rank": 1, "by": "torchrun", "first_step_s": 9.5, "lost_steps": 3,
+                         "late": False}]}  # fmt: skip
+    (tmp_path / "chaos.json").write_text(json.dumps({"runs": [row]}))
+    argv = ["chaos", "--seeds", "3", "--resume", "--no-netns", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "lta.chaos/1" and doc["verdicts"]["ok-after-restart"] == 1
+    assert doc["by_door_fault"]["ddp"]["kill"]["lost_steps"] == 3
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "ok-after-restart=1" in text and "ddp" in text and "kill" in text
+    assert cli.main([*argv, "--step-ms", "-1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--step-ms" in err[0]

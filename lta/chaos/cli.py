@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(outcome.as_dict())
             # one line per run, on stderr as all progress (stdout: the summary)
             status.line(
-                f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:6s} "
+                f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:16s} "
                 f"{time.monotonic() - t0:6.1f}s {outcome.cause}"
             )
             _write(args.out / "chaos.json", json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
