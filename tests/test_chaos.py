@@ -589,3 +589,16 @@ def test_the_command_prints_the_door_by_fault_table_or_one_json_document(tmp_pat
     assert cli.main([*argv, "--step-ms", "-1"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--step-ms" in err[0]
+
+
+@pytest.mark.slow
+def test_stock_ddp_under_torchrun_without_restarts_ends_loudly_naming_the_killed_rank(tmp_path):
+    """The same kill with --max-restarts 0: torchrun stops the other ranks and exits non-zero; the run is
+    loud, its cause the killed rank (exit code -9), and nothing was started again."""
+    spec = RunSpec(
+        15, "ddp", 3, 24, [{"kind": "kill", "rank": 2, "step": 12}], step_s=0.3, torchrun_restarts=0
+    )
+    out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
+    assert out.verdict == "loud", out.as_dict()
+    assert out.cause.startswith("torchrun exit 1: rank 2 exitcode -9"), out.cause
+    assert out.restarts == [] and out.ended_after_kill_s is not None  # (how soon: docs/results-wb.md)

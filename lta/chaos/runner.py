@@ -99,6 +99,9 @@ class Outcome:
     recovery_s: float | None = None  # the slowest kill's recoveries[i]["recovery_s"]; None if one is
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # per kill: _recovery
     restarts: list[dict[str, Any]] = field(default_factory=list)  # per kill started again: _restarts
+    # A run whose ranks all exited after a kill (a torchrun run that gave up): seconds from the first kill
+    # to the parent seeing them all gone (within a poll). None otherwise.
+    ended_after_kill_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -237,7 +240,10 @@ def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None
 
 def max_restarts(spec: RunSpec) -> int:
     """torchrun's ``--max-restarts`` for a ``TORCHRUN_DOORS`` run: one per kill the schedule holds (a
-    ``restart`` is a kill there too: torchrun, not the parent, starts the ranks again)."""
+    ``restart`` is a kill there too: torchrun, not the parent, starts the ranks again), unless the spec
+    sets ``torchrun_restarts``."""
+    if spec.torchrun_restarts is not None:
+        return spec.torchrun_restarts
     return sum(1 for f in spec.faults if f["kind"] in ("kill", "restart"))
 
 
@@ -378,6 +384,8 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
             live = [r for r, c in codes.items() if c is None]
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
             if (not live and not restart) or failed:
+                if kill_times and not live:
+                    outcome.ended_after_kill_s = round(now - min(kill_times.values()), 2)
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
                     _drain(procs, killed, time.monotonic(), limit_s, out, steps_at, numbers)
                 break

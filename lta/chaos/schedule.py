@@ -59,6 +59,7 @@ class RunSpec:
     faults: list[dict[str, Any]] = field(default_factory=list)
     hidden: int = 128  # the model's hidden width: 128 gives ~341 chunks of 64 values, 192 gives 703
     step_s: float = 0.0  # each step takes at least this long (emulated compute; ``lta chaos --step-ms``)
+    torchrun_restarts: int | None = None  # torchrun's --max-restarts; None: one per kill (runner)
 
     @property
     def kinds(self) -> list[str]:
