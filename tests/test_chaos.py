@@ -602,3 +602,15 @@ def test_stock_ddp_under_torchrun_without_restarts_ends_loudly_naming_the_killed
     assert out.verdict == "loud", out.as_dict()
     assert out.cause.startswith("torchrun exit 1: rank 2 exitcode -9"), out.cause
     assert out.restarts == [] and out.ended_after_kill_s is not None  # (how soon: docs/results-wb.md)
+
+
+def test_without_torchft_the_torchft_door_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    from lta import cli
+    from lta.chaos import runner
+
+    monkeypatch.setattr(runner.sys, "executable", str(tmp_path / "python"))  # no lighthouse beside it
+    monkeypatch.setenv("PATH", str(tmp_path))  # nor on PATH
+    assert cli.main(["chaos", "--seeds", "6", "--doors", "torchft", "--out", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torchft_lighthouse" in err[0] and "--doors" in err[0]
+    assert not (tmp_path / "out" / "run6").exists()

@@ -23,7 +23,7 @@ from typing import Any
 from hostlib.errors import LtaError
 from lta.chaos import netns
 from lta.chaos.report import markdown, rich_table, summary
-from lta.chaos.runner import run_one
+from lta.chaos.runner import lighthouse_binary, run_one
 from lta.chaos.schedule import draw
 from lta.chaos.worker import DOORS
 from lta.jsonout import emit
@@ -107,6 +107,8 @@ def _write(path: Path, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.step_ms < 0:
         raise LtaError(f"--step-ms must be >= 0, got {args.step_ms:g}")
+    if "torchft" in args.doors:
+        lighthouse_binary()  # no torchft: say so before the first run, not at the torchft door's turn
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -173,18 +173,25 @@ def _ps_server(spec: RunSpec) -> Any:
     return server
 
 
+def lighthouse_binary() -> Path:
+    """torchft's ``torchft_lighthouse`` (beside this interpreter, else on PATH); a one-line error naming
+    the extra when torchft is not installed."""
+    binary = Path(sys.executable).with_name("torchft_lighthouse")
+    if binary.exists():
+        return binary
+    found = shutil.which("torchft_lighthouse")
+    if found is None:
+        raise LtaError(
+            "the torchft door needs torchft's lighthouse (torchft_lighthouse): "
+            "pip install 'lta[ft]', or leave the door out with --doors"
+        )
+    return Path(found)
+
+
 def _lighthouse(spec: RunSpec, prefix: list[str], out: Path) -> tuple[Any, str]:
     """torchft's lighthouse for a torchft run (its ``torchft_lighthouse`` binary, in the ranks' network
     namespace when they have one): the process and the address the ranks' Managers are given."""
-    binary = Path(sys.executable).with_name("torchft_lighthouse")
-    if not binary.exists():
-        found = shutil.which("torchft_lighthouse")
-        if found is None:
-            raise LtaError(
-                "the torchft door needs torchft's lighthouse (torchft_lighthouse): "
-                "pip install 'lta[ft]', or leave it out with --doors"
-            )
-        binary = Path(found)
+    binary = lighthouse_binary()
     with socket.socket() as probe:  # a free port (inside a fresh namespace every port is)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
