@@ -432,20 +432,18 @@ def test_a_restart_is_timed_from_its_new_process_and_counts_the_steps_done_twice
     assert _restarts(tmp_path, steps_at, numbers, [Signal(10.0, "SIGKILL", 2)]) == []
 
 
-def test_a_replica_started_again_after_its_peers_finished_is_late_only_then():
-    """torchft: a replica heals in a quorum with a live peer. It is late (the parent stops it) when it has
-    made no step since its start and every other rank still in the run exited 0; not while one of them
-    runs, nor once it stepped, nor when a peer failed (that failure is the run's verdict)."""
+def test_a_replica_still_running_after_its_peers_finished_is_late_only_then():
+    """torchft: a replica steps (and heals) in a quorum of all but one replica. Ranks still running when
+    every other rank still in the run exited 0 are late (the parent stops them after a grace); not while
+    none has finished, nor when a peer failed (that failure is the run's verdict)."""
     from lta.chaos.runner import _late
 
-    steps_at = {0: [1.0] * 30, 1: [1.0] * 30, 2: [1.0] * 8}
-    restarted_at = {2: 8}
-    assert _late({0: 0, 1: 0, 2: None}, restarted_at, steps_at, {}) == [2]
-    assert _late({0: None, 1: 0, 2: None}, restarted_at, steps_at, {}) == []
-    assert _late({0: 0, 1: 1, 2: None}, restarted_at, steps_at, {}) == []
-    assert _late({0: 0, 1: -9, 2: None}, restarted_at, steps_at, {1: 5.0}) == [2]  # rank 1 killed for good
-    steps_at[2].append(9.0)
-    assert _late({0: 0, 1: 0, 2: None}, restarted_at, steps_at, {}) == []
+    assert _late({0: 0, 1: 0, 2: None}, {}) == [2]
+    assert _late({0: None, 1: 0, 2: None}, {}) == [0, 2]  # both left behind (the grace covers a slow exit)
+    assert _late({0: 0, 1: 1, 2: None}, {}) == []
+    assert _late({0: 0, 1: -9, 2: None}, {1: 5.0}) == [2]  # rank 1 killed for good
+    assert _late({0: 0, 1: 0, 2: 0}, {}) == []
+    assert _late({0: None, 1: None, 2: None}, {}) == []
 
 
 def test_ok_after_restart_needs_a_restarted_rank_that_stepped(tmp_path):

@@ -30,6 +30,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "loud_causes": sorted({r["cause"] for r in rows if r["verdict"] == "loud"}),
         "kill_recovery": kill_recovery(rows),
         "restarts": restart_summary(rows),
+        "late_ranks": sum(len(r.get("late", [])) for r in rows),
     }
 
 
@@ -140,6 +141,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         faults = ", ".join(_fault_text(f) for f in r["faults"])
         recovery = ", ".join(_recovery_text(k) for k in r.get("recoveries", []))
         restarts = ", ".join(_restart_text(k) for k in r.get("restarts", []))
+        if r.get("late"):
+            restarts += f" (late, stopped after their peers had finished: ranks {r['late']})"
         lines.append(
             f"| {r['seed']} | {r['door']} | {faults} | {r['verdict']} | {r['wall_s']} | {recovery} "
             f"| {restarts} | {r['cause']} |"

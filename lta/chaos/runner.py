@@ -74,6 +74,7 @@ STARTUP_S = 600.0
 # raises after FT_QUORUM_TIMEOUT_S (loud, not a hang).
 FT_QUORUM_TIMEOUT_S = 60.0
 FT_JOIN_TIMEOUT_MS = 5000  # how long a quorum waits for a replica that heartbeats but has not asked
+LATE_GRACE_S = 5.0  # torchft: a replica still running this long after all its peers finished is late
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Outcome:
     # A run whose ranks all exited after a kill (a torchrun run that gave up): seconds from the first kill
     # to the parent seeing them all gone (within a poll). None otherwise.
     ended_after_kill_s: float | None = None
+    late: list[int] = field(default_factory=list)  # torchft: ranks stopped as late (runner._late)
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -338,8 +340,8 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
     restart: list[tuple[float, int]] = []
     killed: dict[int, float] = {}  # ranks killed and not (yet) restarted
     kill_times: dict[int, float] = {}
-    restarted_at: dict[int, int] = {}  # a rank the parent started again: its steps at that moment
-    late: list[int] = []  # torchft: ranks started again after their peers had finished (no quorum left)
+    late: list[int] = []  # torchft: ranks still running LATE_GRACE_S after all their peers had finished
+    peers_done: float | None = None  # torchft: since when only such ranks are left
     signals: list[Signal] = []  # every SIGKILL, SIGSTOP and SIGCONT sent, for the kill recovery
     old: list[tuple[Any, Any]] = []  # the killed processes, closed at the end
     outcome = Outcome(spec)
@@ -377,12 +379,15 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                     procs[r][0].wait()
                     old.append(procs[r])
                     procs[r] = _start(out, env, r, prefix, restarted=True)
-                    restarted_at[r] = len(steps_at[r])
                     del killed[r]
             codes = {r: p.poll() for r, (p, _) in procs.items()}
-            if spec.door == "torchft":
-                for r in _late(codes, restarted_at, steps_at, killed):
-                    # Its peers finished and left: no quorum will form for it to heal in. The job is over.
+            waiting = _late(codes, killed) if spec.door == "torchft" else []
+            peers_done = (peers_done or now) if waiting else None
+            if peers_done is not None and now - peers_done >= LATE_GRACE_S:
+                # Its peers finished and left: no quorum will form again for it to step (or heal) in.
+                # The job is over; a launcher stops what is left of it, as the parent does here.
+                for r in waiting:
+                    procs[r][0].send_signal(signal.SIGCONT)
                     procs[r][0].kill()
                     procs[r][0].wait()
                     killed[r] = now
@@ -425,6 +430,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
     outcome.wall_s = round(time.monotonic() - t0, 2)
     outcome.exit_codes = {r: p.returncode for r, (p, _) in procs.items()}
     outcome.recoveries = _recovery(steps_at, signals)
+    outcome.late = late
     outcome.restarts = _restarts(out, steps_at, numbers, signals, late, "torchrun" if torchrun else "parent")
     per_kill = [k["recovery_s"] for k in outcome.recoveries]
     if per_kill and None not in per_kill:
@@ -435,15 +441,12 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
     return judge(outcome, out, killed, interrupted=() if torchrun else set(kill_times))
 
 
-def _late(
-    codes: dict[int, int | None],
-    restarted_at: dict[int, int],
-    steps_at: dict[int, list[float]],
-    killed: dict[int, float],
-) -> list[int]:
-    """torchft: the ranks started again that have made no step yet while every other rank still in the
-    run has finished (exit 0): a replica heals from a live peer in a quorum, and none is left."""
-    waiting = [r for r, n in restarted_at.items() if codes[r] is None and len(steps_at[r]) == n]
+def _late(codes: dict[int, int | None], killed: Collection[int]) -> list[int]:
+    """torchft: the ranks still running while every other rank still in the run has finished (exit 0):
+    a replica steps (and heals) only in a quorum of at least ``world - 1`` replicas, and none will form
+    again. A replica stopped past the lighthouse's heartbeat timeout, or started again, when its peers
+    had too few steps left to wait for it, is one."""
+    waiting = [r for r, c in codes.items() if c is None and r not in killed]
     others = [c for r, c in codes.items() if r not in waiting and r not in killed]
     return waiting if waiting and others and all(c == 0 for c in others) else []
 
