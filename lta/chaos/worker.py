@@ -221,9 +221,11 @@ def _open_door(spec: dict[str, Any], rank: int, model: Any, out: Path) -> _Door:
     if door in TORCHRUN_DOORS:
         from torch.distributed.rendezvous import rendezvous
 
-        # env:// (torchrun's store), under a prefix of its own per attempt: with --standalone the agent's
-        # store outlives an attempt and torch's env:// handler adds no prefix, so a group started again
-        # read its dead predecessors' addresses (gloo: connectFullMesh ... Connection refused).
+        # env:// (torchrun's store), under a prefix of its own per attempt: torch's env:// handler adds
+        # none (torch/distributed/rendezvous.py expects a new agent store per attempt), and with
+        # --standalone the keys of the attempt before were still there: an lta group started again read
+        # its dead predecessors' addresses (gloo: connectFullMesh ... Connection refused). Whether a
+        # plain gloo group has the same trouble was not checked.
         env_store, rank, world = next(rendezvous("env://", timeout=timedelta(seconds=60)))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         dist.init_process_group(
