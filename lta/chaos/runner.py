@@ -100,8 +100,8 @@ class Outcome:
     recovery_s: float | None = None  # the slowest kill's recoveries[i]["recovery_s"]; None if one is
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # per kill: _recovery
     restarts: list[dict[str, Any]] = field(default_factory=list)  # per kill started again: _restarts
-    # A run whose ranks all exited after a kill (a torchrun run that gave up): seconds from the first kill
-    # to the parent seeing them all gone (within a poll). None otherwise.
+    # A torchrun run that gave up after a kill: seconds from the first kill to the parent seeing every
+    # rank gone (within a poll). None otherwise.
     ended_after_kill_s: float | None = None
     late: list[int] = field(default_factory=list)  # torchft: ranks stopped as late (runner._late)
 
@@ -396,7 +396,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
             live = [r for r, c in codes.items() if c is None]
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
             if (not live and not restart) or failed:
-                if kill_times and not live:
+                if torchrun and kill_times and failed and not live:  # torchrun gave up
                     outcome.ended_after_kill_s = round(now - min(kill_times.values()), 2)
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
                     _drain(procs, killed, time.monotonic(), limit_s, out, steps_at, numbers)
