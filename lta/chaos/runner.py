@@ -15,7 +15,10 @@ run with ``reorder``/``duplicate`` faults run inside a network namespace (``netn
   re-broadcast period, the whole run for a backend whose replicas are never reset);
 - ``ok-after-restart``: ``ok``, and a killed rank was started again (by the parent: ``restart``; by
   torchrun, which starts every rank of a ``TORCHRUN_DOORS`` run again from its last checkpoint), made
-  steps and finished; ``restarts`` says how long it took and how many steps were done twice;
+  steps and finished; ``restarts`` says how long it took and how many steps were done twice. A torchft
+  replica still running ``LATE_GRACE_S`` after all its peers finished (started again, or stopped past
+  the lighthouse's heartbeat timeout, too late for a quorum) is stopped by the parent and judged as a
+  killed rank (``late``): the job is over, as a launcher would end it;
 - ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
   the cause; for a torchrun run, torchrun's own summary of the rank that failed last);
 - ``hang``: no rank made a step for the bound and some were still running (the parent then has each
