@@ -56,7 +56,12 @@ def _doors(text: str) -> tuple[str, ...]:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("chaos", help="seeded fault injection through every front door, with verdicts")
-    p.add_argument("--seeds", type=_seeds, default=_seeds("0-5"), help="seeds: 0-99, or 1,5,7 (default 0-5)")
+    p.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=_seeds("0-6"),
+        help="seeds: 0-99, or 1,5,7 (default 0-6: one run per door)",
+    )
     p.add_argument(
         "--doors", type=_doors, default=DOORS, help=f"front doors, comma separated ({','.join(DOORS)})"
     )
