@@ -13,7 +13,7 @@ MAIN_JOB ?= train --drops 0,0.1,0.4 --methods renorm,prev
 
 .PHONY: run test setup lint clean-venv
 
-$(STAMP): pyproject.toml constraints.txt setup.py hostlib/_batchio.c hostlib/_codec.c softswitch/_swcore.c
+$(STAMP): pyproject.toml constraints.txt setup.py hostlib/_batchio.c hostlib/_codec.c hostlib/_engine.c hostlib/_quantize.h softswitch/_swcore.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,p4rt,tools]'

@@ -6,7 +6,7 @@ hostlib.batchio falls back to its ctypes or plain socket paths.
 The compiled P4 program (``p4/build/lta.json``, ``p4/build/lta.p4info.txtpb``: what ``lta ctl load`` pushes
 and the softswitch's P4Runtime server reads) ships in the wheel as ``hostlib/p4build/``: a data-only package
 whose source folder is ``p4/build``, so the files stay where p4/README.md and the tests expect them.
-``hostlib.p4schema`` looks there first and falls back to ``p4/build`` of a checkout.
+``hostlib.p4.schema`` looks there first and falls back to ``p4/build`` of a checkout.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -19,7 +19,9 @@ setup(
     package_dir={"hostlib.p4build": "p4/build"},
     ext_modules=[
         Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
-        Extension("hostlib._codec", ["hostlib/_codec.c"], optional=True),
+        # _codec and _engine share the quantize loop (hostlib/_quantize.h)
+        Extension("hostlib._codec", ["hostlib/_codec.c"], depends=["hostlib/_quantize.h"], optional=True),
+        Extension("hostlib._engine", ["hostlib/_engine.c"], depends=["hostlib/_quantize.h"], optional=True),
         Extension("softswitch._swcore", ["softswitch/_swcore.c"], optional=True),
     ],
 )

@@ -30,11 +30,11 @@ from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from controlplane.errors import ControlPlaneError
 from controlplane.jobs import DEFAULT_POOL_SIZE
 from hostlib import argtypes
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import LtaError, UsageError
 from hostlib.extras import require_p4rt
 from hostlib.jobconfig import MAX_SWITCH_PORT, WorkerEntry
-from hostlib.p4schema import describe
+from hostlib.p4.schema import describe
 from hostlib.protocol import COUNTERS, MAX_JOBS, MAX_WORKERS
 
 # Nothing in this module imports gRPC, protobuf or the P4Runtime bindings at import time: `lta --help` and
@@ -364,7 +364,7 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from hostlib.p4schema import BMV2_JSON_PATH, P4INFO_PATH
+    from hostlib.p4.schema import BMV2_JSON_PATH, P4INFO_PATH
 
     p4info, device_config = args.p4info or P4INFO_PATH, args.json or BMV2_JSON_PATH
     with _connect(args, p4info_path=p4info) as switch:

@@ -37,10 +37,10 @@ from pathlib import Path
 
 from controlplane import DEFAULT_TARGET, DEFAULT_TIMEOUT_S
 from controlplane.jobs import JobSpec, WorkerSpec, check_distinct_addresses
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.jobconfig import JobEntry, JobFile, SwitchEntry, load_jobs, parse_jobs
-from hostlib.p4schema import describe
+from hostlib.p4.schema import describe
 from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, Role
 
 logger = logging.getLogger(__name__)

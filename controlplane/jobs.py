@@ -12,14 +12,15 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hostlib import jobentries
+from hostlib.job import Job
 from hostlib.jobconfig import DEFAULT_POOL_SIZE, MAX_SWITCH_PORT, WorkerEntry, format_mac, parse_mac
-from hostlib.jobentries import place_pool
-from hostlib.p4schema import Entry
-from hostlib.protocol import LTA_PORT, MAX_JOBS, MAX_LEAVES, MAX_WORKERS, Role
+from hostlib.p4 import jobentries
+from hostlib.p4.jobentries import place_pool
+from hostlib.p4.schema import Entry
+from hostlib.protocol import DEFAULT_ELEMS_PER_PACKET, LTA_PORT, Role
 
 if TYPE_CHECKING:
-    from hostlib.p4proto import p4runtime_pb2
+    from hostlib.p4.proto import p4runtime_pb2
 
 __all__ = [
     "DEFAULT_POOL_SIZE",
@@ -98,33 +99,19 @@ class JobSpec:
     leaf_id: int = 0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.job_id < MAX_JOBS:
-            raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
-        if not 1 <= len(self.workers) <= MAX_WORKERS:
-            raise ValueError(f"job {self.job_id} needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
-        object.__setattr__(self, "role", Role(self.role))
-        if self.role == Role.LEAF:
-            if self.uplink is None:
-                raise ValueError(f"job {self.job_id}: a leaf needs an uplink (the spine's port and address)")
-            if not 0 <= self.leaf_id < MAX_LEAVES:
-                raise ValueError(
-                    f"job {self.job_id}: leaf_id must be in 0..{MAX_LEAVES - 1}, got {self.leaf_id}"
-                )
-        elif self.uplink is not None or self.leaf_id:
-            raise ValueError(f"job {self.job_id}: only a leaf has an uplink and a leaf_id")
-        elif None in self.workers:
-            raise ValueError(f"job {self.job_id}: only a leaf may leave workers out (served by another leaf)")
-        if self.role == Role.SPINE and len(self.workers) > MAX_LEAVES:
-            raise ValueError(
-                f"job {self.job_id}: a spine has at most {MAX_LEAVES} leaves, got {len(self.workers)}"
-            )
-        local = len(self.local)
-        if local == 0:
-            raise ValueError(f"job {self.job_id}: no worker is served here (every entry is None)")
-        if self.quorum is not None and not 1 <= self.quorum <= local:
-            raise ValueError(f"job {self.job_id}: quorum must be in 1..{local}, got {self.quorum}")
-        if not 1 <= self.pool_size <= 65535:
-            raise ValueError(f"job {self.job_id}: pool_size must be in 1..65535, got {self.pool_size}")
+        job = Job.of(
+            self.job_id,
+            self.workers,
+            quorum=self.quorum,
+            pool_size=self.pool_size,
+            elems_per_packet=DEFAULT_ELEMS_PER_PACKET,  # a P4 switch runs its compiled K
+            role=self.role,
+            uplink=self.uplink,
+            leaf_id=self.leaf_id,
+            only_leaf_uplink=True,
+        )
+        object.__setattr__(self, "role", job.role)
+        object.__setattr__(self, "pool_size", job.pool_size)
 
     @property
     def n_workers(self) -> int:
@@ -185,7 +172,7 @@ def role_entries(job: JobSpec) -> list[Entry]:
 
 
 def multicast_group(job: JobSpec) -> p4runtime_pb2.PacketReplicationEngineEntry:
-    from hostlib.p4proto import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
+    from hostlib.p4.proto import p4runtime_pb2  # late: building jobs needs no gRPC/protobuf
 
     pre = p4runtime_pb2.PacketReplicationEngineEntry()
     group = pre.multicast_group_entry

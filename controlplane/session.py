@@ -24,7 +24,7 @@ from controlplane.errors import (
     SwitchUnreachable,
     WriteRejected,
 )
-from hostlib.p4proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
+from hostlib.p4.proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 
 __all__ = ["DEFAULT_TARGET", "DEFAULT_TIMEOUT_S", "P4RuntimeSession", "write_errors"]
 

@@ -24,12 +24,12 @@ from controlplane.jobs import (
     worker_entries,
 )
 from controlplane.session import DEFAULT_TARGET, DEFAULT_TIMEOUT_S, P4RuntimeSession
-from hostlib import p4info
-from hostlib.dropmodels import DropPolicy
-from hostlib.jobentries import place_pools
-from hostlib.p4info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
-from hostlib.p4proto import p4runtime_pb2
-from hostlib.p4schema import (
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.p4 import info as p4info
+from hostlib.p4.info import P4InfoMismatch, P4Names, load_p4info, missing_names, p4info_fingerprint
+from hostlib.p4.jobentries import place_pools
+from hostlib.p4.proto import p4runtime_pb2
+from hostlib.p4.schema import (
     BMV2_JSON_PATH,
     JOB_ROLES_TABLE,
     JOBS_TABLE,

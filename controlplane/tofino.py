@@ -7,7 +7,7 @@ every name, id and width from the compiled program's ``bf-rt.json`` (``p4/tofino
 program lacks or a value too wide for its field is refused here, before any switch sees it.
 
 What it covers: the job lookup, worker-port and worker-address entries (the same :class:`Entry` objects as
-on BMv2, from :mod:`hostlib.jobentries`), the drop policies, the job's multicast group in the packet
+on BMv2, from :mod:`hostlib.p4.jobentries`), the drop policies, the job's multicast group in the packet
 replication engine, the branch and ``worker_rx`` counters (read and clear), and the reset of a job by
 clearing its slot range in the slot and accumulator registers (Tofino has no generation, docs/protocol.md
 "Tofino"). What it does not: the gRPC transport to ``bf_switchd`` (the SDE's ``bfrt_grpc`` client is not
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from controlplane.errors import ControlPlaneError
 from controlplane.jobs import JobSpec, job_entry, worker_entries
-from hostlib.jobentries import place_pools
-from hostlib.p4schema import Entry, policy_entry, required_names
+from hostlib.p4.jobentries import place_pools
+from hostlib.p4.schema import Entry, policy_entry, required_names
 from hostlib.protocol import COUNTERS, MAX_JOBS, MAX_WORKERS, WORKER_COUNTER, worker_counter_index
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ PRE_MGID_TABLE = "$pre.mgid"  # key $MGID; data node ids with their L1 exclusion
 PRE_NODE_FIELDS = ("$MULTICAST_RID", "$MULTICAST_LAG_ID", "$DEV_PORT")
 PRE_MGID_FIELDS = ("$MULTICAST_NODE_ID", "$MULTICAST_NODE_L1_XID_VALID", "$MULTICAST_NODE_L1_XID")
 
-# BfRt orders ternary entries by $MATCH_PRIORITY, the lower value first; P4Runtime (and hostlib.p4schema,
+# BfRt orders ternary entries by $MATCH_PRIORITY, the lower value first; P4Runtime (and hostlib.p4.schema,
 # where a per-worker drop policy has priority 2 and a job-wide one 1) the higher first.
 BFRT_PRIORITY_TOP = 0xFFFF
 
@@ -68,7 +68,7 @@ COUNTER_TABLES = (*OWN_COUNTERS, BRANCH_COUNTER, WORKER_COUNTER)  # every Counte
 
 
 def required_bfrt_names() -> dict[str, list[str]]:
-    """``hostlib.p4schema.required_names()`` as the Tofino program has them: its counters are
+    """``hostlib.p4.schema.required_names()`` as the Tofino program has them: its counters are
     COUNTER_TABLES, not one per name of COUNTERS."""
     return {**required_names(), "counters": list(COUNTER_TABLES)}
 

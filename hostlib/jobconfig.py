@@ -48,21 +48,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import ConfigError
+from hostlib.job import MAX_POOL_SIZE, MIN_POOL_SIZE, Job
+from hostlib.job import pool_size as resolve_pool_size
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     MAX_ELEMS_PER_PACKET,
     MAX_JOBS,
     MAX_LEAVES,
     MAX_WORKERS,
-    default_pool_size,
     parse_address,
 )
 
 DEFAULT_P4RUNTIME_TARGET = "127.0.0.1:9559"  # P4Runtime's registered port
-DEFAULT_POOL_SIZE = default_pool_size(DEFAULT_ELEMS_PER_PACKET)  # the P4 format's (K = 64): 2048
-MAX_POOL_SIZE = 65535
+DEFAULT_POOL_SIZE = resolve_pool_size(None, DEFAULT_ELEMS_PER_PACKET)  # the P4 format's (K = 64): 2048
 MAX_SWITCH_PORT = 510  # BMv2's ports are 9 bits and 511 is its drop port
 DEFAULT_SUBNET = "10.0.0"
 DEFAULT_UDP_BASE = 40000
@@ -157,6 +157,19 @@ class JobEntry:
     @property
     def n_workers(self) -> int:
         return len(self.workers)
+
+    def as_job(self) -> Job:
+        """This entry as the one job type (hostlib.job), checked as every job is."""
+        return Job.of(
+            self.job_id,
+            self.workers,
+            quorum=self.quorum,
+            pool_size=self.pool_size,
+            elems_per_packet=self.elems_per_packet,
+            role=ROLES.index(self.role),
+            uplink=self.uplink,
+            leaf_id=self.leaf_id,
+        )
 
     @property
     def where(self) -> str:
@@ -375,14 +388,14 @@ class TableReader:
             drops.append(drop)
         elems = self.integer(where, table, "elems_per_packet", 1, MAX_ELEMS_PER_PACKET)
         k = DEFAULT_ELEMS_PER_PACKET if elems is None else elems
-        pool_size = self.integer(where, table, "pool_size", 1, MAX_POOL_SIZE)
+        pool = self.integer(where, table, "pool_size", MIN_POOL_SIZE, MAX_POOL_SIZE)
         role, uplink_entry, leaf_id, worker_base = self.hierarchy(where, table, n)
         uplink = None if uplink_entry is None else uplink_entry.address
-        return JobEntry(
+        entry = JobEntry(
             job_id=job_id,
             workers=workers,
             quorum=self.integer(where, table, "quorum", 1, n),
-            pool_size=default_pool_size(k) if pool_size is None else pool_size,
+            pool_size=resolve_pool_size(pool, k),
             slot_base=self.integer(where, table, "slot_base", 0, MAX_POOL_SIZE - 1),
             elems_per_packet=k,
             switch=switch,
@@ -395,6 +408,11 @@ class TableReader:
             uplink_port=None if uplink_entry is None else uplink_entry.port,
             uplink_mac=None if uplink_entry is None else uplink_entry.mac,
         )
+        try:
+            entry.as_job()  # the rules every job is checked by (hostlib.job), after the file's own
+        except ValueError as exc:
+            raise self.fail(where, str(exc)) from None
+        return entry
 
     def hierarchy(
         self, where: str, table: dict[str, Any], n: int

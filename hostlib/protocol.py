@@ -54,6 +54,14 @@ PROBE_SEQ = 2**32 - 1
 # shard nor an end marker (MARKER_CHUNK_BASE + owner, owner < MAX_WORKERS); hosts never put it in
 # their parameter inbox.
 ALIVE_CHUNK = 2**32 - 1
+# Healing a rank that fell behind (a host convention on the existing contract, no new op; hostlib/torch_ext
+# /heal.py, docs/protocol.md "Catching up"): a rank past TransportConfig.catch_up_reduces asks one peer for
+# its state with a PARAM_REQ of chunk HEAL_REQUEST_BASE + donor; the donor answers at its next step
+# boundary with PARAMs of chunks HEAL_CHUNK_BASE + i (CRITICAL, `step` = the donor's step), i = 0 a header
+# and 1... the state's values. Both ranges lie between any shard's chunks (< HEAL_CHUNK_BASE) and the end
+# markers (MARKER_CHUNK_BASE = 0xFFFF_0000 and up); hosts keep them out of the parameter inbox.
+HEAL_CHUNK_BASE = 0x8000_0000
+HEAL_REQUEST_BASE = 0xFFFE_0000
 # UDP GSO trains (several datagrams sent as one message, see hostlib/batchio.py) never mix slots of two
 # blocks of 2**SLOT_BLOCK_BITS consecutive slots: a receiver that steers a whole train by its first datagram
 # (the sharded softswitch gives block (slot >> SLOT_BLOCK_BITS) mod N to shard i) still gets every

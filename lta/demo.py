@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES
 from hostlib.transport import LtaWorker, TransportConfig

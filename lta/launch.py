@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import LtaError
 from hostlib.lifetime import spawn_context
 from hostlib.transport import LtaWorker, TransportConfig

@@ -23,7 +23,7 @@ from mininet_topos.mnenv import import_mininet
 import_mininet()
 from mininet.node import Switch  # noqa: E402  (importable only after import_mininet)
 
-from hostlib.p4schema import BMV2_JSON_PATH  # noqa: E402
+from hostlib.p4.schema import BMV2_JSON_PATH  # noqa: E402
 from hostlib.protocol import SWITCH_MAC  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

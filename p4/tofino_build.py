@@ -185,7 +185,7 @@ def bfrt_signature(bfrt: dict) -> list:
 
 
 def missing_bfrt_names(bfrt: dict, required: dict[str, list[str]], pipe: str = PIPE) -> list[str]:
-    """Every required name (``hostlib.p4schema.required_names()``'s shape) that bf-rt.json lacks."""
+    """Every required name (``hostlib.p4.schema.required_names()``'s shape) that bf-rt.json lacks."""
     present = bfrt_names(bfrt, pipe)
     return [
         f"{kind[:-1]} {name}"

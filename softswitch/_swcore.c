@@ -38,7 +38,7 @@ enum { C_RX, C_MALFORMED, C_UNKNOWN_JOB, C_SLOT_RANGE, C_BAD_WORKER, C_POLICY_UP
        C_FLUSH_EMPTY, C_FLUSH_RESEND, C_FLUSH_STALE, C_PARAM_FWD, C_PARAM_REQ_FWD, C_HEARTBEAT,
        C_POLICY_DOWN, C_POLICY_PARAM, C_TX, C_UP_PARTIAL, C_UP_RESEND, C_DOWN_RESULT, C_DOWN_STALE, C_UP_HELD,
        N_ROLES };
-enum { D_UP, D_DOWN, D_PARAM }; /* hostlib.dropmodels.DIRECTIONS */
+enum { D_UP, D_DOWN, D_PARAM }; /* hostlib.emulation.dropmodels.DIRECTIONS */
 
 #define MAX_JOBS_C 4096
 #define KEYS_PER_JOB 256 /* worker_id is one byte */

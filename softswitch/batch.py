@@ -10,9 +10,10 @@ which the differential tests hold to the reference.
 * The engine reads the tables kept here (job ids, K, pool size, quorum, the workers' port keys per job,
   which drop policies a job has) and the job's registers themselves (``_Slots``: the arrays the reference
   updates), so the two paths share one state and can be mixed freely.
-* Drop decisions stay in the Python :class:`~hostlib.dropmodels.DropStream`\ s: the first time a batch needs
-  a stream, the engine peeks at its next decisions (:meth:`DropStream.peek`) and afterwards consumes exactly
-  as many as it used (:meth:`DropStream.advance`): the same decisions as the reference's, in its order.
+* Drop decisions stay in the Python :class:`~hostlib.emulation.dropmodels.DropStream`\ s: the first time a
+  batch needs a stream, the engine peeks at its next decisions (:meth:`DropStream.peek`) and afterwards
+  consumes exactly as many as it used (:meth:`DropStream.advance`): the same decisions as the reference's, in
+  its order.
 * Each packet emits at most one distinct packet (a RESULT or a PARAM copy), written once into an output row;
   its replicas point at that row (:attr:`OutBatch.index`), so no payload is copied per receiver.
 * Without the compiled engine (no C compiler at install time) every batch runs through the per-packet
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hostlib.batchio import addr_key, key_addr
-from hostlib.dropmodels import DIRECTIONS, DropStream
+from hostlib.emulation.dropmodels import DIRECTIONS, DropStream
 from hostlib.protocol import (
     HEADER_BITS,
     HEADER_BYTES,

@@ -37,10 +37,16 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 
 from hostlib.jobconfig import JobEntry, WorkerEntry
-from hostlib.jobentries import job_lookup_entry, multicast_group_id, place_pools, role_entries, worker_entries
-from hostlib.p4info import P4Names, P4Type, from_proto, load_p4info, missing_names, to_proto, update
-from hostlib.p4proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
-from hostlib.p4schema import (
+from hostlib.p4.info import P4Names, P4Type, from_proto, load_p4info, missing_names, to_proto, update
+from hostlib.p4.jobentries import (
+    job_lookup_entry,
+    multicast_group_id,
+    place_pools,
+    role_entries,
+    worker_entries,
+)
+from hostlib.p4.proto import p4info_pb2, p4runtime_pb2, p4runtime_pb2_grpc
+from hostlib.p4.schema import (
     BMV2_JSON_PATH,
     JOB_ROLES_TABLE,
     JOBS_TABLE,
@@ -189,7 +195,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
     def install_jobs(self, jobs: Sequence[JobEntry]) -> None:
         """Install jobs the way a controller would: their job-lookup, worker and policy entries and
         multicast groups, through the same code as a Write, so ``lta ctl`` reads them back. Pools go
-        where the job says (``slot_base``) or in the first free slots (``hostlib.jobentries.place_pools``);
+        where the job says (``slot_base``) or in the first free slots (``hostlib.p4.jobentries.place_pools``);
         workers' fields left out take ``hostlib.jobconfig.default_worker``. Raises ValueError when a
         job does not fit."""
         with self._lock:

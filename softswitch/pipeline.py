@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
+from hostlib.emulation.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
+from hostlib.job import Job
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     HEADER_BYTES,
     HEADER_STRUCT,
     MAX_JOBS,
-    MAX_LEAVES,
     MAX_WORKERS,
     PROBE_SEQ,
     SWITCH_COUNTERS,
@@ -35,8 +35,6 @@ from hostlib.protocol import (
     Flag,
     Op,
     Role,
-    check_elems_per_packet,
-    default_pool_size,
 )
 from softswitch.batch import (
     LEAF_FINAL,
@@ -91,34 +89,17 @@ class JobConfig:
     leaf_id: int = 0  # LEAF: this leaf's contributor id at the spine
 
     def __post_init__(self) -> None:
-        if not 1 <= self.job_id < MAX_JOBS:
-            raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
-        if not 1 <= len(self.workers) <= MAX_WORKERS:
-            raise ValueError(f"a job needs 1..{MAX_WORKERS} workers, got {len(self.workers)}")
-        self.role = Role(self.role)
-        if self.role == Role.LEAF:
-            if self.uplink is None:
-                raise ValueError(f"job {self.job_id}: a leaf needs an uplink (the spine's address or port)")
-            if not 0 <= self.leaf_id < MAX_LEAVES:
-                raise ValueError(f"leaf_id must be in 0..{MAX_LEAVES - 1}, got {self.leaf_id}")
-        elif None in self.workers:
-            raise ValueError(
-                f"job {self.job_id}: only a leaf may leave workers out (None: behind another leaf)"
-            )
-        if self.role == Role.SPINE and len(self.workers) > MAX_LEAVES:
-            raise ValueError(f"a spine job has at most {MAX_LEAVES} leaves, got {len(self.workers)}")
-        local = len(self.local)
-        if local == 0:
-            raise ValueError(f"job {self.job_id}: no worker is served here (every entry is None)")
-        if self.quorum is None:
-            self.quorum = local
-        if not 1 <= self.quorum <= local:
-            raise ValueError(f"quorum must be in 1..{local}, got {self.quorum}")
-        check_elems_per_packet(self.elems_per_packet)
-        if self.pool_size == 0:
-            self.pool_size = default_pool_size(self.elems_per_packet)
-        if not 1 <= self.pool_size <= 65535:
-            raise ValueError(f"pool_size must be in 1..65535, got {self.pool_size}")
+        job = Job.of(
+            self.job_id,
+            self.workers,
+            quorum=self.quorum,
+            pool_size=self.pool_size,
+            elems_per_packet=self.elems_per_packet,
+            role=self.role,
+            uplink=self.uplink,
+            leaf_id=self.leaf_id,
+        )
+        self.role, self.quorum, self.pool_size = job.role, job.quorum, job.pool_size
 
     @property
     def n_workers(self) -> int:
@@ -277,10 +258,7 @@ class SoftSwitch:
             job = self.jobs.get(job_id)
             if job is None:
                 raise KeyError(f"no job {job_id} on this switch")
-            local = len(job.cfg.local)
-            if not 1 <= quorum <= local:
-                raise ValueError(f"quorum must be in 1..{local}, got {quorum}")
-            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)
+            job.cfg = dataclasses.replace(job.cfg, quorum=quorum)  # checked as any job (hostlib.job)
             self._batch.set_jobs(self.jobs)
 
     def set_drop_policy(

@@ -22,7 +22,7 @@ import signal
 from multiprocessing.connection import Connection
 from typing import Any, Self
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.lifetime import spawn_context
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.jobconfig import parse_mac
 from hostlib.protocol import LTA_PORT, SWITCH_MAC
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -293,7 +293,7 @@ class RawPortSwitch(BackgroundServer):
 
 def p4runtime_resolver(servicer: Any) -> Callable[[Hashable], Neighbor | None]:
     """Addresses from the worker-port and worker-address tables of a softswitch P4Runtime servicer."""
-    from hostlib.p4schema import WORKER_ADDRESSES_TABLE, WORKER_PORTS_TABLE
+    from hostlib.p4.schema import WORKER_ADDRESSES_TABLE, WORKER_PORTS_TABLE
 
     def resolve(port: Hashable) -> Neighbor | None:
         pipeline = servicer.pipeline

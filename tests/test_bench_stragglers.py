@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from hostlib.stragglers import StragglerEmulator, StragglerModel
+from hostlib.emulation.stragglers import StragglerEmulator, StragglerModel
 from lta import cli
 from lta.bench.stragglers import Spec, speedup_ceiling
 

@@ -37,8 +37,8 @@ from controlplane.bmv2 import (
 )
 from controlplane.jobs import JobSpec
 from controlplane.switch import LtaSwitch
-from hostlib.dropmodels import DropPolicy
-from hostlib.p4schema import BMV2_JSON_PATH
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.p4.schema import BMV2_JSON_PATH
 from hostlib.protocol import (
     COUNTERS,
     HEADER_BYTES,

@@ -20,8 +20,8 @@ import pytest
 from controlplane.bmv2 import Bmv2Switch, host_worker, lta_of, worker_frame
 from controlplane.jobs import JobSpec
 from controlplane.switch import LtaSwitch
-from hostlib.dropmodels import DropPolicy
-from hostlib.p4schema import BMV2_JSON_PATH
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.p4.schema import BMV2_JSON_PATH
 from hostlib.protocol import Flag, Op, Role, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch

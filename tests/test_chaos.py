@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from lta.chaos.report import markdown, summary
 from lta.chaos.runner import (
     EXACT_TOL,

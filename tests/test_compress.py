@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from hostlib import compress
-from hostlib.compress import TopK, make_compressor
+from hostlib.ps import compress
+from hostlib.ps.compress import TopK, make_compressor
 
 # --- none and fp16 -----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 
 from controlplane import deployment
 from controlplane.jobs import JobSpec, WorkerSpec
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.jobconfig import WorkerEntry, default_worker, load_jobs, parse_jobs
 from softswitch.config import load_switch

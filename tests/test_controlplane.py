@@ -25,10 +25,10 @@ from controlplane.errors import (
 )
 from controlplane.jobs import JobSpec, job_entry
 from controlplane.switch import LtaSwitch
-from hostlib.dropmodels import DropPolicy
-from hostlib.p4info import load_p4info, update
-from hostlib.p4proto import p4runtime_pb2
-from hostlib.p4schema import BMV2_JSON_PATH, JOB_ROLES_TABLE, WORKER_ADDRESSES_TABLE
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.p4.info import load_p4info, update
+from hostlib.p4.proto import p4runtime_pb2
+from hostlib.p4.schema import BMV2_JSON_PATH, JOB_ROLES_TABLE, WORKER_ADDRESSES_TABLE
 from hostlib.protocol import COUNTERS, Flag, Header, Op, Role, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch
@@ -201,7 +201,7 @@ def test_duplicate_and_missing_jobs_are_clear_errors(ctl):
 
 def test_rejected_write_lists_each_failed_update(ctl):
     job = ctl.add_job(JobSpec(1, workers(2)))
-    from hostlib.p4info import to_proto
+    from hostlib.p4.info import to_proto
 
     duplicate = update("INSERT", to_proto(ctl.names, job_entry(job)))
     with pytest.raises(
@@ -488,8 +488,8 @@ def test_job_spec_refuses_bad_roles(kwargs, message):
 
 def test_role_entries():
     from hostlib.jobconfig import WorkerEntry
-    from hostlib.jobentries import role_entries
-    from hostlib.p4schema import SET_LEAF, SET_SPINE, UPLINK_WORKER_ID
+    from hostlib.p4.jobentries import role_entries
+    from hostlib.p4.schema import SET_LEAF, SET_SPINE, UPLINK_WORKER_ID
 
     assert role_entries(5, Role.FLAT) == []
     (spine,) = role_entries(5, Role.SPINE)

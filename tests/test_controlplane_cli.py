@@ -15,7 +15,7 @@ import pytest
 from controlplane import deployment
 from controlplane.bmv2 import free_tcp_port
 from controlplane.switch import LtaSwitch
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import ConfigError
 from hostlib.jobconfig import DEFAULT_POOL_SIZE
 from hostlib.protocol import COUNTERS, Op, make_packet
@@ -291,7 +291,7 @@ def test_load_refuses_to_wipe_jobs_or_another_program_without_force(softswitch, 
     assert lta([*base, "load", "--force"]) == 0
     assert switch.jobs == {}
     # Another program (our P4Info plus a table of its own) is not replaced without --force either.
-    from hostlib.p4info import load_p4info
+    from hostlib.p4.info import load_p4info
 
     other = load_p4info()
     extra = other.tables.add()

@@ -26,8 +26,8 @@ from controlplane.tofino import (
     register_clears,
     worker_rx_keys,
 )
-from hostlib.dropmodels import DropPolicy
-from hostlib.p4schema import policy_entry, required_names
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.p4.schema import policy_entry, required_names
 from hostlib.protocol import COUNTERS, MAX_WORKERS, WORKER_COUNTER
 
 pytestmark = pytest.mark.skipif(

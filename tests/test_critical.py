@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hostlib import codec
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, Op
 from hostlib.torch_ext.critical import chunk_mask, critical_parameters, flat_ranges
 from hostlib.torch_ext.sharded import ShardedOptimizer

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hostlib import codec
-from hostlib.stragglers import LOGNORMAL_ALPHA, LOGNORMAL_BETA, StragglerEmulator, StragglerModel
+from hostlib.emulation.stragglers import LOGNORMAL_ALPHA, LOGNORMAL_BETA, StragglerEmulator, StragglerModel
 from hostlib.torch_ext.dropcompute import (
     DropComputeAccumulator,
     WeightedIterate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy, DropStream
+from hostlib.emulation.dropmodels import DropPolicy, DropStream
 
 
 def burst_lengths(lost: np.ndarray) -> np.ndarray:

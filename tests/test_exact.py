@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, VERSION, Op, batch_rows, empty_batch
 from hostlib.transport import Fallback
 from softswitch.batch import port_key

@@ -1,4 +1,4 @@
-"""Lost-contribution feedback (hostlib/feedback.py) alone and inside the sharded optimizer.
+"""Lost-contribution feedback (hostlib/emulation/feedback.py) alone and inside the sharded optimizer.
 
 Expectations are independent of the code under test: the sum of a worker's gradients (numpy, float64),
 what the switch summed for it (its RESULT's value × count where its bit is set), bitmaps decoded bit by
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from hostlib.dropmodels import DropPolicy
-from hostlib.feedback import ResidualFeedback, counted_by_result, counted_mask, feedback_stats
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.emulation.feedback import ResidualFeedback, counted_by_result, counted_mask, feedback_stats
 from hostlib.torch_ext.checkpoint import CheckpointMismatch
 from hostlib.torch_ext.sharded import ShardedOptimizer
 from hostlib.transport import Fallback

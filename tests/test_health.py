@@ -18,7 +18,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import HealthCheckError, UnhealthyTraining
 from hostlib.protocol import PROBE_SEQ, Op
 from hostlib.transport import Fallback, LtaWorker, TransportConfig

@@ -399,7 +399,7 @@ def test_lta_workers_through_two_leaves_and_a_spine_with_loss_on_both_levels(swi
     back is checked against numpy's mean over the workers in its global bitmap (lta demo's check). The
     switches run as threads of the test, or each in a process of its own (``lta bench scaling``'s
     default), whose counters come back to the switches run_job hands out."""
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.demo import demo_worker
     from lta.launch import JobSpec, run_job
@@ -432,7 +432,7 @@ def test_a_worker_alone_in_its_block_joins_the_spine_as_its_own_leaf():
     and workers 2-4 send to the spine themselves as leaves 1-3; 10% of GRADs dropped at the leaf and of
     partials at the spine. Every chunk is checked against numpy's mean over its global bitmap, and the
     spine heard each contributor at its own address."""
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.demo import demo_worker
     from lta.launch import JobSpec, run_job
@@ -460,7 +460,7 @@ def test_a_worker_as_its_own_leaf_sends_its_grad_again_at_its_first_flush():
     a unit sends its partial up again without closing the spine's round, so a lost GRAD gets a second
     try and a round misses a worker only when both tries were lost: P(full) = (1 - p^2)^2 ~ 0.98, where
     a flat switch, which closes at the FLUSH without the lost GRAD, has (1 - p)^2 = 0.81."""
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.demo import demo_worker
     from lta.launch import JobSpec, run_job
@@ -517,7 +517,7 @@ def test_run_jobs_reduces_through_a_flat_switch_and_a_tree_from_the_same_worker_
     switch (job 1) and a 2-leaf tree in switch processes (job 2), both with 10% GRAD loss; every chunk
     through either is checked against numpy's mean over its bitmap, and each job's switches counted
     only their own job's packets, and each switch's serving CPU time comes back."""
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from hostlib.transport import TransportConfig
     from lta.launch import JobSpec, run_jobs
 

@@ -11,8 +11,8 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
+from hostlib.p4.scapy_layer import LTA
 from hostlib.protocol import LTA_PORT, Flag, Op, make_packet
-from hostlib.scapy_layer import LTA
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.rawport import (
     SWITCH_MAC,

@@ -9,7 +9,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hostlib.p4info import load_p4info, missing_names
+from hostlib.p4.info import load_p4info, missing_names
 from hostlib.protocol import (
     COUNTERS,
     HEADER_BITS,

@@ -13,11 +13,11 @@ import pytest
 from controlplane.errors import WriteRejected
 from controlplane.jobs import JobSpec, WorkerSpec, job_entry, worker_entries
 from controlplane.switch import LtaSwitch
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.jobconfig import DEFAULT_POOL_SIZE, parse_jobs
-from hostlib.p4info import to_proto, update
-from hostlib.p4proto import p4runtime_pb2, p4runtime_pb2_grpc
-from hostlib.p4schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
+from hostlib.p4.info import to_proto, update
+from hostlib.p4.proto import p4runtime_pb2, p4runtime_pb2_grpc
+from hostlib.p4.schema import JOBS_TABLE, SET_JOB, WORKER_PORTS_TABLE, Entry, policy_action, policy_table
 from hostlib.protocol import Op, make_packet
 from softswitch.p4runtime_server import serve
 from softswitch.pipeline import SoftSwitch

@@ -128,7 +128,7 @@ def test_every_requirement_is_pinned_in_constraints() -> None:
 
 
 def test_p4schema_finds_the_checkouts_build() -> None:
-    from hostlib import p4schema
+    from hostlib.p4 import schema as p4schema
 
     assert p4schema.BUILD_DIR == ROOT / "p4" / "build"
     assert p4schema.P4INFO_PATH.is_file() and p4schema.BMV2_JSON_PATH.is_file()

@@ -9,8 +9,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw, raw
 
 from hostlib import protocol
+from hostlib.p4.scapy_layer import LTA
 from hostlib.protocol import HEADER_BYTES, LTA_PORT, Op, make_packet
-from hostlib.scapy_layer import LTA
 
 
 def test_header_layout_is_the_documented_one():

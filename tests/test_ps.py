@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from hostlib import robust
-from hostlib.compress import make_compressor
 from hostlib.errors import ConfigError, UsageError
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, VERSION, PsCodec, PsFlag, PsOp, make_packet
-from hostlib.ps_wire import (
+from hostlib.ps import robust
+from hostlib.ps.compress import make_compressor
+from hostlib.ps.wire import (
     build_packets,
     chunk_bitmap,
     decode_dense,

@@ -1,4 +1,4 @@
-"""The parameter server end to end over UDP on loopback: worker threads with ``hostlib.ps_client`` train a
+"""The parameter server end to end over UDP on loopback: worker threads with ``hostlib.ps.client`` train a
 linear model (checked against numpy's least-squares solution), ``lta ps`` as a separate process, the
 torch optimizer wrapper against torch's own SGD, and a client that finds no server."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
-from hostlib.ps_client import PsClient, PsClientConfig, PsTimeout
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.ps.client import PsClient, PsClientConfig, PsTimeout
 from softswitch.ps.config import PsDrop, PsJobConfig
 from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig

@@ -8,8 +8,8 @@ import statistics
 import numpy as np
 import pytest
 
-from hostlib import robust
-from hostlib.robust import InsufficientContributions, aggregate
+from hostlib.ps import robust
+from hostlib.ps.robust import InsufficientContributions, aggregate
 
 # --- independent references: loops over coordinates, explicit pairwise distances ------------------
 

@@ -1,5 +1,5 @@
-"""The randomized Hadamard rotation (hostlib/rotation.py) against independent expectations: scipy's dense
-Hadamard matrix, numpy's mean over all workers (unbiasedness over many seeded loss draws) and the
+"""The randomized Hadamard rotation (hostlib/emulation/rotation.py) against independent expectations: scipy's
+dense Hadamard matrix, numpy's mean over all workers (unbiasedness over many seeded loss draws) and the
 theory of how a fixed loss spreads over a rotated block."""
 
 from __future__ import annotations
@@ -8,10 +8,16 @@ import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
-from hostlib.dropmodels import NO_LOSS
-from hostlib.rotation import Rotation, block_sizes, fwht
-from hostlib.simulate import FabricStreams, loss_policy, quantize_round, simulate_round, sum_contributions
-from hostlib.simulate import worker_values as view_of
+from hostlib.emulation.dropmodels import NO_LOSS
+from hostlib.emulation.rotation import Rotation, block_sizes, fwht
+from hostlib.emulation.simulate import (
+    FabricStreams,
+    loss_policy,
+    quantize_round,
+    simulate_round,
+    sum_contributions,
+)
+from hostlib.emulation.simulate import worker_values as view_of
 
 
 def test_block_sizes_cover_the_length_with_powers_of_two():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hostlib.dropmodels import DropPolicy
-from hostlib.simulate import simulate_reduce
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.emulation.simulate import simulate_reduce
 
 
 def test_lossless_reduce_is_the_mean_for_every_worker():

@@ -1,5 +1,5 @@
-"""Simulated workers (lta/train/simulated.py, hostlib/simulate.py) against independent expectations: the
-real transport's reduce for the same contributor set, numpy means over the contributors, brute-force
+"""Simulated workers (lta/train/simulated.py, hostlib/emulation/simulate.py) against independent expectations:
+the real transport's reduce for the same contributor set, numpy means over the contributors, brute-force
 drift, plain autograd per worker, the owners' history for stale copies."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hostlib import codec
-from hostlib.dropmodels import DropPolicy, DropStream
-from hostlib.simulate import (
+from hostlib.emulation.dropmodels import DropPolicy, DropStream
+from hostlib.emulation.simulate import (
     FabricStreams,
     bursty_policy,
     loss_policy,
@@ -330,7 +330,7 @@ def test_rotated_reduce_gives_each_owner_its_own_view_rotated_back(corpus):
     """Simulated ``rotate`` with GRAD and RESULT loss (30%): each owner's chunks are numpy's view of the
     round for that owner (mean over the chunk's contributors of the rotated gradients where its RESULT
     came, the previous result rotated into this step's basis where not), rotated back."""
-    from hostlib.rotation import Rotation
+    from hostlib.emulation.rotation import Rotation
 
     cfg = replace(quick_config(), steps=4)
     spec = RunSpec("rot", "renorm", 0.3, 0, 1, mechanism="rotate")

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.protocol import COUNTERS, HEADER_BYTES, Flag, Op, make_packet
 from softswitch.pipeline import JobConfig, SoftSwitch
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import NO_LOSS, DropPolicy, DropStream
+from hostlib.emulation.dropmodels import NO_LOSS, DropPolicy, DropStream
 from hostlib.protocol import HEADER_BYTES, INT32_MIN, MAX_JOBS, Flag, Header, Op, Role, make_packet
 from softswitch import batch as batch_module
 from softswitch.batch import NO_KEY, key_address, port_key

@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import pytest
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.protocol import HEADER_BYTES, Header, Op, make_packet
 from softswitch.pipeline import JobConfig
 from softswitch.process import SoftSwitchProcess

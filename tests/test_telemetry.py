@@ -1,4 +1,4 @@
-"""Step telemetry (hostlib/telemetry.py), its Prometheus endpoint (hostlib/torch_ext/metrics.py) and
+"""Step telemetry (hostlib/emulation/telemetry.py), its Prometheus endpoint (hostlib/torch_ext/metrics.py) and
 ``lta metrics watch`` (lta/metrics_cli.py).
 
 EWMAs are checked against values worked out by hand; the endpoint is scraped with urllib and its text
@@ -15,8 +15,15 @@ import urllib.request
 import numpy as np
 import pytest
 
+from hostlib.emulation.telemetry import (
+    DEFAULT_ALPHA,
+    CounterDelta,
+    Ewma,
+    Telemetry,
+    alpha_from_env,
+    transport_counters,
+)
 from hostlib.errors import UsageError
-from hostlib.telemetry import DEFAULT_ALPHA, CounterDelta, Ewma, Telemetry, alpha_from_env, transport_counters
 from hostlib.torch_ext.metrics import PrometheusExporter, StepMeter
 from hostlib.transport import Fallback, TransportStats
 from lta import cli

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.tofino import required_bfrt_names
-from hostlib.p4schema import required_names
+from hostlib.p4.schema import required_names
 from hostlib.protocol import COUNTERS, HEADER_BITS, HEADER_FIELDS, WORKER_COUNTER
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hostlib import codec
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.torch_ext.ddp_hook import LtaHookState, lta_hook
 from hostlib.torch_ext.rendezvous import LtaOptions, join_job
 from hostlib.transport import Fallback, TransportConfig

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hostlib.ps_client import PsClient
+from hostlib.ps.client import PsClient
 from hostlib.torch_ext import lta_stats, should_commit
 from hostlib.torch_ext.ddp_hook import LtaHookState
 from hostlib.torch_ext.manager import MAX_TRANSIENT_MIRRORS, LtaManager

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.torch_ext.drift import DriftMonitor, iid_drift, paper_drift, perfectly_correlated_drift
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.layout import ShardLayout
@@ -101,7 +101,7 @@ def test_rotated_reduce_is_the_survivors_mean_in_the_rotated_basis(make_cluster)
     per chunk, of the rotated gradients of exactly the workers in that chunk's RESULT bitmap, rotated
     back (the rotation itself is checked against scipy's dense Hadamard matrix in test_rotation.py);
     chunks nobody reached fall back to the previous result in this step's basis."""
-    from hostlib.rotation import Rotation
+    from hostlib.emulation.rotation import Rotation
     from hostlib.transport import Fallback
 
     n, k = 4, 64

@@ -214,7 +214,7 @@ def test_fallback_policies(make_cluster):
         )
         first = [np.full(100, 1.0, np.float32), np.full(100, 3.0, np.float32)]
         cluster.reduce_all(first)  # lossless round: prev = 2.0 everywhere
-        from hostlib.dropmodels import DropPolicy
+        from hostlib.emulation.dropmodels import DropPolicy
 
         cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=1.0), worker=1)
         second = [np.full(100, 5.0, np.float32), np.full(100, 7.0, np.float32)]

@@ -36,6 +36,8 @@ _EXPORTS = {
     "should_commit": "hostlib.torch_ext.health",
     "step_healthy": "hostlib.torch_ext.health",
     "join_default_group": "hostlib.torch_ext.health",
+    "rejoin_default_group": "hostlib.torch_ext.health",
+    "Healer": "hostlib.torch_ext.heal",
     "DropComputeAccumulator": "hostlib.torch_ext.dropcompute",
     "choose_threshold": "hostlib.torch_ext.dropcompute",
     "save_shard": "hostlib.torch_ext.checkpoint",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.liveness import LivenessMonitor
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import MAX_SOCKETS, SoftSwitchServer

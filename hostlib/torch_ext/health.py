@@ -115,3 +115,35 @@ def join_default_group(
         options or LtaOptions.from_env(),
         timeout,
     )
+
+
+def rejoin_default_group(
+    store: Any,
+    rank: int,
+    world_size: int,
+    options: LtaOptions | None = None,
+    *,
+    prefix: str = "lta-hook",
+    timeout: timedelta | None = None,
+    default_group_name: str = "0",
+) -> LtaSession:
+    """A rank restarted into a running job whose ranks joined with :func:`join_default_group`: it cannot
+    join their default group again (its membership is fixed at init), so it rejoins the LTA job through
+    the store that group was built over (``store``: the same FileStore or TCPStore, passed to
+    ``init_process_group`` or built from its init method), binding the address its first process had.
+    Then take the peers' state (``LtaHookState.rejoin()``, ``ShardedOptimizer.rejoin()``)."""
+    options = options or LtaOptions.from_env()
+    # join_default_group's keys sit under the default group's store: ``store`` prefixed with the
+    # group's name ("0", the first group made), and before that with "default_pg" when
+    # init_process_group built the store from an init method (env://) rather than being passed one.
+    ready = f"lta/job{options.job_id}/ready"
+    group = f"{default_group_name}/"
+    for base in (
+        dist.PrefixStore(group, store),
+        dist.PrefixStore(group, dist.PrefixStore("default_pg", store)),
+        store,
+    ):
+        lta_store = dist.PrefixStore(prefix, base)
+        if lta_store.check([ready]):
+            break
+    return join_job(lta_store, rank, world_size, options, timeout, rejoin=True)

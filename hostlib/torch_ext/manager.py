@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hostlib.ps_client import PsClient
+from hostlib.ps.client import PsClient
 from hostlib.torch_ext.callkeys import CallKeys
 from hostlib.torch_ext.gather import StaleGather
 from hostlib.torch_ext.rendezvous import LtaSession

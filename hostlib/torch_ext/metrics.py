@@ -1,6 +1,6 @@
 """Step telemetry for a training loop, and its Prometheus endpoint.
 
-    telemetry = Telemetry(job="gpt-small", worker=rank)        # hostlib.telemetry
+    telemetry = Telemetry(job="gpt-small", worker=rank)        # hostlib.emulation.telemetry
     meter = StepMeter(opt, telemetry)                          # opt: ShardedOptimizer, LtaHookState, ...
     exporter = PrometheusExporter(telemetry).serve(9100 + rank)
     for batch in data:
@@ -41,7 +41,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from hostlib.telemetry import GAUGES, CounterDelta, Telemetry, transport_counters
+from hostlib.emulation.telemetry import GAUGES, CounterDelta, Telemetry, transport_counters
 from hostlib.torch_ext.health import _worker_of
 
 LABELS = ("job", "worker")

@@ -33,8 +33,8 @@ import torch
 
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS
-from hostlib.ps_client import PsClient, PsClientConfig
-from hostlib.ps_wire import ALIASES, CODEC_BY_NAME
+from hostlib.ps.client import PsClient, PsClientConfig
+from hostlib.ps.wire import ALIASES, CODEC_BY_NAME
 from hostlib.torch_ext.envparse import EnvReader
 from hostlib.torch_ext.flat import FlatParams
 from hostlib.torch_ext.manager import LtaManager

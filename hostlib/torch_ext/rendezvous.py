@@ -56,14 +56,14 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from hostlib.dropmodels import DIRECTIONS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, DropPolicy
 from hostlib.errors import HealthCheckError, UsageError
+from hostlib.job import MAX_POOL_SIZE, MIN_WORKER_POOL_SIZE, Job, pool_size
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     MAX_ELEMS_PER_PACKET,
     MAX_JOBS,
-    default_pool_size,
     parse_address,
 )
 from hostlib.torch_ext.envparse import EnvReader
@@ -105,6 +105,19 @@ class JobRequest:
     pool_size: int
     elems_per_packet: int
     quorum: int | None = None  # close a round at this count; None: all workers
+
+    def __post_init__(self) -> None:
+        self.as_job()  # checked as every job is
+
+    def as_job(self) -> Job:
+        """This request as the one job type (hostlib.job)."""
+        return Job.of(
+            self.job_id,
+            self.workers,
+            quorum=self.quorum,
+            pool_size=self.pool_size,
+            elems_per_packet=self.elems_per_packet,
+        )
 
 
 def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
@@ -182,7 +195,7 @@ class LtaOptions:
         k = read.integer("LTA_ELEMS_PER_PACKET", default_k, 1, MAX_ELEMS_PER_PACKET)
         transport = TransportConfig(
             elems_per_packet=k,
-            pool_size=read.integer("LTA_POOL_SIZE", default_pool_size(k), 2, 65535),
+            pool_size=read.integer("LTA_POOL_SIZE", pool_size(None, k), MIN_WORKER_POOL_SIZE, MAX_POOL_SIZE),
             fallback=read.choice("LTA_FALLBACK", "prev", FALLBACK_POLICIES),
             renormalize=read.choice("LTA_RENORMALIZE", "count", ("count", "weight", "none")),
             seed=seed,
@@ -271,6 +284,39 @@ def _key(options: LtaOptions, name: str) -> str:
     return f"lta/job{options.job_id}/{name}"
 
 
+def _rejoin(store, rank: int, world: int, options: LtaOptions) -> LtaSession:
+    """:func:`join_job` for a restarted rank (its ``rejoin``)."""
+    if options.switch is None and rank == 0:
+        raise HealthCheckError(
+            "rank 0 of a self-hosted LTA job cannot rejoin: the softswitch it hosted died with it "
+            "(restart the whole job, or run the switch apart: LTA_SWITCH)"
+        )
+    if not store.check([_key(options, "ready")]):
+        raise HealthCheckError(
+            f"rank {rank} cannot rejoin job {options.job_id}: no running job in this store (join it)"
+        )
+    switch_addr = options.switch or parse_address(store.get(_key(options, "switch")).decode())
+    address = parse_address(store.get(_key(options, f"worker{rank}")).decode())
+    transport = replace(
+        options.transport, seed=options.seed, incarnation=_run_incarnation(store, rank, options)
+    )
+    try:
+        worker = LtaWorker(options.job_id, rank, world, switch_addr, config=transport, bind=address)
+    except OSError as exc:
+        raise OSError(
+            f"rank {rank}: cannot bind the LTA worker to {address[0]}:{address[1]} again to rejoin: "
+            f"{exc.strerror} (is its first process still running?)"
+        ) from exc
+    session = LtaSession(worker, None)
+    if transport.health_timeout_s > 0:
+        try:
+            worker.check_switch()
+        except BaseException:
+            session.close()
+            raise
+    return session
+
+
 def _run_incarnation(store, rank: int, options: LtaOptions) -> int:
     """The run's incarnation (docs/protocol.md, "Run after run"): rank 0 draws it once per store, every
     rank (a rank restarted into the same run too) reads that one. A new torchrun has a new store, so a
@@ -282,15 +328,27 @@ def _run_incarnation(store, rank: int, options: LtaOptions) -> int:
 
 
 def join_job(
-    store, rank: int, world: int, options: LtaOptions, timeout: timedelta | None = None
+    store,
+    rank: int,
+    world: int,
+    options: LtaOptions,
+    timeout: timedelta | None = None,
+    *,
+    rejoin: bool = False,
 ) -> LtaSession:
-    """Bind this rank's worker, exchange addresses through ``store`` and wait until the job is ready."""
+    """Bind this rank's worker, exchange addresses through ``store`` and wait until the job is ready.
+
+    ``rejoin``: this rank's process was restarted into the running job (same ``store``): it binds the
+    address its first process published (the switch knows the rank by it), joins the run's incarnation
+    and configures nothing. Rank 0 of a self-hosted job cannot rejoin: its switch died with it."""
     if options.quorum is not None and options.quorum > world:
         raise ValueError(
             f"quorum (window_size) {options.quorum} is more than the {world} workers of the group"
         )
     if timeout is not None:
         store.set_timeout(timeout)
+    if rejoin:
+        return _rejoin(store, rank, world, options)
     embedded = None
     if options.switch is None:
         if rank == 0:

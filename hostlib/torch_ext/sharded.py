@@ -22,13 +22,13 @@ Its peers stop waiting for its copies once their transports presume it dead, or 
 for a step for ``liveness_timeout_s`` (default: the liveness monitor's 3 s; set it to the job's monitor
 timeout) of their wait: a rank killed between its reduce and its publish (see ``exchange.py``).
 
-``ShardedOptimizer(opt, worker, rotate_seed=s)``: the gradient is reduced in a seeded randomized
-Hadamard basis (hostlib/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
-quantization and packetization, rotated back after renormalization, so a lost packet costs a little of
-every value of its block instead of K neighbouring values. A chunk that falls back to ``prev`` gets the
-previous result rotated into this step's basis. Not combined with feedback, privacy or critical chunks.
+``ShardedOptimizer(opt, worker, rotate_seed=s)``: the gradient is reduced in a seeded randomized Hadamard
+basis (hostlib/emulation/rotation.py; signs from (s, step, 0), the same on every worker): rotated before
+quantization and packetization, rotated back after renormalization, so a lost packet costs a little of every
+value of its block instead of K neighbouring values. A chunk that falls back to ``prev`` gets the previous
+result rotated into this step's basis. Not combined with feedback, privacy or critical chunks.
 
-``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/feedback.py).
+``ShardedOptimizer(opt, worker, feedback=True)``: lost-contribution feedback (hostlib/emulation/feedback.py).
 After each reduce the worker reads its own bit in every chunk's RESULT bitmap; where the reduce did
 not count its contribution (lost on the way up, withheld, a RESULT that never came, or a sum its
 allreduce discarded for a fallback) it keeps what it sent for those chunks and adds it to its next
@@ -36,7 +36,7 @@ gradient for them, once: a lost contribution is missing from the aggregate at st
 t+1, delayed, not dropped, at no extra traffic. Pair it with a transport that divides by N
 (``renormalize="none"``, ``fallback="zero"``), as ``lta train --mechanism feedback`` does: on top of
 renormalization, which already stands for the lost contribution, the expected aggregate would be
-g/(1−p) (hostlib/feedback.py). Critical chunks
+g/(1−p) (hostlib/emulation/feedback.py). Critical chunks
 follow the same rule (they come back with every worker counted, so they carry nothing unless a
 critical RESULT came back short). With ``privacy=...`` the residual is added *before* clipping and
 is the clipped value this worker meant to send, without its noise share (the top-up already made up
@@ -60,14 +60,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from hostlib.feedback import ResidualFeedback, counted_by_result, feedback_stats
+from hostlib.emulation.feedback import ResidualFeedback, counted_by_result, feedback_stats
+from hostlib.emulation.rotation import Rotation
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
-from hostlib.rotation import Rotation
 from hostlib.torch_ext.critical import CriticalSpec, chunk_mask, critical_parameters, describe
 from hostlib.torch_ext.dp import GaussianPrivacy
 from hostlib.torch_ext.drift import DriftMonitor
 from hostlib.torch_ext.exchange import ParamExchange
 from hostlib.torch_ext.flat import FlatParams
+from hostlib.torch_ext.heal import Healer
 from hostlib.torch_ext.layout import ShardLayout
 from hostlib.torch_ext.manager import LtaManager
 from hostlib.transport import Fallback, LtaWorker
@@ -214,6 +215,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.feedback = ResidualFeedback(self.layout.n_chunks, k) if feedback else None
         self.rotate_seed = rotate_seed
         self._rotated_prev = np.zeros(self.flat.padded, dtype=np.float32)  # last result, original basis
+        # A rank that fell behind its peers takes a live peer's copies and step (heal.py; step()).
+        self.healer = Healer(worker, self._heal_snapshot, self._heal_restore)
+        # Where a peer behind would join this rank, asked from inside step() (heal.py): the step whose
+        # reduce runs and the unit counter at its start, or (after the reduce) the next step.
+        self._joining_at: tuple[int, int | None] | None = None
 
     @property
     def worker(self) -> LtaWorker:
@@ -251,6 +257,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 sent = grads.copy()
                 self.privacy.add_share_(grads[: self.flat.numel])
         critical = self.critical_mask if self.critical_mask.any() else None
+        self._joining_at = (t, self.worker.engine.next_unit)
         if self.rotate_seed is not None:
             result = self._rotated_allreduce(grads, t)
         else:
@@ -265,6 +272,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.feedback is not None:
             counted = counted_by_result(result.bitmap, result.fallback, self.worker.worker_id)
             self.feedback.settle(sent, counted)
+        self._joining_at = (t + 1, None)  # the reduce is over: a rank behind joins the next one
         if self.privacy is not None:  # only the owned chunks are used here: top up those
             self.privacy.top_up_(result, step=t, chunks=self._own_chunks)
         reduced = self._reduced_host.writable()
@@ -272,7 +280,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reduced_host.push(lo, hi)
         for group, (a, b) in zip(self.param_groups, self._segments, strict=True):
             group["params"][0].grad = self._reduced[a:b]
-        self.inner.step()
+        # A reduce its peers had left before this rank started it (back from a stop) holds fallbacks
+        # only: stepping the shard on them would move it where no peer's copy follows (they froze it
+        # while this rank was away, and a peer that finished takes no publish); it stays as they hold it.
+        if not self.worker.health.last_passed:
+            self.inner.step()
         self._params_host.pull(lo, hi)
         self.drift.record()
         self.exchange.publish(t)
@@ -281,7 +293,36 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._params_host.push()
             self.exchange.changed = False
         self.lta_step += 1
+        self._joining_at = None
+        if self.healer.behind:  # past catch_up_reduces skipped: its peers' copies and step, from now on
+            self.healer.heal()
+        else:
+            self.healer.serve()
         return loss
+
+    def _heal_snapshot(self) -> tuple[int, int, list[int], np.ndarray]:
+        """What a rank behind takes from this one (heal.py): the step it joins at, the unit counter at
+        that step's reduce, and this rank's copy of every parameter (a copy mid-exchange is within the
+        staleness the exchange allows)."""
+        step, unit = (self.lta_step, None) if self._joining_at is None else self._joining_at
+        return step, self.worker.engine.next_unit if unit is None else unit, [], self.replica()
+
+    def _heal_restore(self, step: int, counters: list[int], values: np.ndarray) -> None:
+        """Take a donor's copy of every parameter and its step (:meth:`adopt`), this rank's own shard
+        included: its peers hold that shard as this rank last published it before it fell behind, and
+        what it did to it since (back from a stop, on fallbacks or its peers' old aggregates) no peer
+        took, nor will a peer that finished its run. The wrapped optimizer keeps its state of the shard
+        (nobody else steps a shard)."""
+        if len(values) != self.flat.numel:
+            raise ValueError(f"a peer's state has {len(values)} values, the model {self.flat.numel}")
+        self.adopt(values.copy(), lta_step=step)
+
+    def rejoin(self) -> int:
+        """A restarted rank (``rejoin_default_group``) takes a live peer's copy of every parameter,
+        its own shard included (its peers kept it as its dead process last published it: nobody steps
+        a dead owner's shard), and its step, now, before its first step; returns that step. The wrapped
+        optimizer's state of the shard is whatever it holds (fresh, or loaded from a checkpoint)."""
+        return self.healer.heal()
 
     def _rotated_allreduce(self, grads: np.ndarray, t: int) -> Any:
         """Reduce ``grads`` (padded to whole chunks) in step ``t``'s rotated basis; the result's values
@@ -418,7 +459,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """What this worker saw: gradient chunks of its shard (partial = renormalized from fewer than N,
         fallback = none arrived), its shard's update variance σ², the drift its receivers should see
         under Bernoulli(p) param loss (``predicted``, momentum-aware), the ages of its stale copies, and
-        the feedback counters (``hostlib.feedback.feedback_stats``)."""
+        the feedback counters (``hostlib.emulation.feedback.feedback_stats``)."""
         out: dict[str, Any] = {
             "step": self.lta_step,
             "grad_chunks": self.grad_chunks,

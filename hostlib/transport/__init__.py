@@ -10,8 +10,9 @@ buffers of one reduce, critical chunk masks), ``deadlines`` (RTO, deadline rules
 resends), ``io`` (batched socket I/O), ``pacing`` (token bucket, learned bottleneck rate), ``earlyclose``
 (LTP's loss-tolerant threshold and deadline), ``result`` (ReduceResult, statistics, the
 renormalize/fallback rule), ``engine`` (ReduceEngine: the one owner of a reduce), ``health`` (switch
-probe, training health), ``trace`` (EngineTrace, the engine's hook for benchmarks), ``worker``
-(LtaWorker, the front users hold).
+probe, training health), ``trace`` (EngineTrace, the engine's hook for benchmarks), ``native`` (which
+engine path runs: the Python reference or the native steady state of ``hostlib/_engine.c``,
+``LTA_ENGINE``), ``worker`` (LtaWorker, the front users hold).
 
 LTP's mechanisms (seed 002), all off by default: ``allreduce(x, critical=...)`` marks chunks that must
 come back with every worker counted (resent, never FLUSHed); ``TransportConfig(pace_gbps=...)`` or

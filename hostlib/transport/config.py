@@ -7,13 +7,13 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
+from hostlib.job import MIN_WORKER_POOL_SIZE, pool_size
 from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     HEADER_BYTES,
     MAX_ELEMS_PER_PACKET,
     MAX_LEAVES,
     check_elems_per_packet,
-    default_pool_size,
 )
 
 _IP_UDP_BYTES = 20 + 8
@@ -183,8 +183,7 @@ class TransportConfig:
 
     def __post_init__(self) -> None:
         check_elems_per_packet(self.elems_per_packet)
-        if self.pool_size == 0:
-            self.pool_size = default_pool_size(self.elems_per_packet)
+        self.pool_size = pool_size(self.pool_size, self.elems_per_packet, minimum=MIN_WORKER_POOL_SIZE)
         self.leaf_sizes = tuple(self.leaf_sizes)
         if len(self.leaf_sizes) > MAX_LEAVES or any(size < 1 for size in self.leaf_sizes):
             raise ValueError(
@@ -194,8 +193,6 @@ class TransportConfig:
             raise ValueError(f"fallback must be one of {sorted(FALLBACK_POLICIES)}, got {self.fallback!r}")
         if self.renormalize not in ("count", "weight", "none"):
             raise ValueError(f"renormalize must be 'count', 'weight' or 'none', got {self.renormalize!r}")
-        if not 2 <= self.pool_size <= 65535:
-            raise ValueError(f"pool_size must be in 2..65535 (slot P-1 is the probe's), got {self.pool_size}")
         if self.exp_copies < 1 or self.flush_copies < 1 or self.tail_copies < 1:
             raise ValueError(
                 f"exp_copies, flush_copies and tail_copies must be >= 1, got {self.exp_copies}, "

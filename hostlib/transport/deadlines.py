@@ -19,6 +19,7 @@ from hostlib.transport.plan import IN_FLIGHT, ReducePlan
 _DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
 _RTPROP_SAMPLES = 128  # RTprop: the smallest round trip among this many receive batches (BBR's min filter)
 _ADAPTIVE_FLOOR_S = 0.001  # a per-unit deadline is never shorter than this
+_NO_CAP = 1 << 62  # loss_window when it caps nothing
 
 
 class Deadlines:
@@ -42,6 +43,10 @@ class Deadlines:
         # The round trip of a FLUSH (see flush_sample): the switch answers it at once, whatever the peers.
         self.flush_srtt_ms: float | None = None
         self.flush_rttvar_ms = 0.0
+        # Of the units found lost (fast_flush), the share whose round had closed: the answer was the
+        # stored RESULT resent (its multicast was lost on the way down), not a round a FLUSH closed (a
+        # GRAD lost on the way up). A moving average; see probe_lost.
+        self.closed_share = 0.0
         self.adaptive = config.early_close_theta is not None  # per-unit deadlines (see unit_wait_s)
         # This worker's flush group: the workers behind its leaf switch (config.leaf_sizes), or all of
         # them. A FLUSH closes a round at its own leaf only, so each group picks its own first FLUSH.
@@ -173,17 +178,49 @@ class Deadlines:
         if not bitmaps.size:
             return
         seen = int(np.bitwise_or.reduce(bitmaps))
+        self.track_absent_bits(seen, len(bitmaps), bool(np.any(bitmaps == self._all_workers)))
+
+    def track_absent_bits(self, seen: int, results: int, any_complete: bool) -> None:
+        """:meth:`track_absent` from a batch's summary: ``seen``, the OR of its ``results`` bitmaps, and
+        ``any_complete``, whether one of them counts every worker (the native engine computes these)."""
+        if not results:
+            return
         self._absent &= ~seen
         self.presumed_dead &= ~seen
-        self._absent_window += len(bitmaps)
+        self._absent_window += results
         if self._absent_window >= _DEAD_AFTER_RESULTS:
             self.presumed_dead = self._absent & ~self.alive(time.perf_counter())
             self.early_close = self.presumed_dead != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()
-        elif self.early_close and bool(np.any(bitmaps == self._all_workers)):
+        elif self.early_close and any_complete:
             self.early_close = False  # everyone contributed again
             self._update_rto()
+
+    def lost_answers(self, closed: int, total: int) -> None:
+        """``total`` units found lost were answered, ``closed`` of them by the stored RESULT resent (their
+        round had closed: the RESULT was lost on the way down). Updates :attr:`closed_share`."""
+        if total:
+            self.closed_share += 0.125 * (closed / total - self.closed_share)
+
+    def probing_lost(self) -> bool:
+        """Whether a unit found lost is probed at once by every worker (:meth:`fast_flush`): while most
+        such units had their round closed already (RESULT loss, :attr:`closed_share` above one half), and
+        never in exact mode (a probe would draw the drop policy again)."""
+        return self.closed_share > 0.5 and not self.config.exact
+
+    def loss_window(self, span: int) -> int:
+        """The most units this worker keeps in flight while RESULT loss dominates (:meth:`probing_lost`):
+        a quarter of its span ``S`` (reuse.py), at least 16; otherwise no cap (a very large number).
+        Past the bottleneck's rate, units in flight only queue, and the round trip grows with them; a lost
+        RESULT is found one round trip after its send (fast_flush) and recovered one FLUSH round trip
+        later, and the span lets the worker run only S units past it meanwhile. With the window of a
+        2048-slot pool (1023 units, the peer rule's A) in flight, that was used up before the loss was
+        found, at every lost RESULT: at 20% down loss, 4 workers on loopback, the span held 60-90 ms of
+        a 1 MiB reduce's 150-190 ms (lossless: 30-40 ms); with 256 in flight, 5 ms of 108."""
+        if not self.probing_lost():
+            return _NO_CAP
+        return max(span // 4, 16)
 
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:
@@ -296,6 +333,17 @@ class Deadlines:
                 at[exp] = np.minimum(at[exp], probe_at)
         plan.deadline_at[units] = at
 
+    def arm_run(self, plan: ReducePlan, lo: int, hi: int, start: float) -> bool:
+        """:meth:`arm` for units ``lo..hi-1`` just sent for the first time, where every one gets the same
+        deadline: the reduce is synced and not in its tail, and none of them is critical or was FLUSHed
+        (the steady state; the same deadlines as :meth:`arm`). Returns False, arming nothing, elsewhere."""
+        if not plan.synced or self.early_close or plan.all_sent or plan.any_critical or self.config.exact:
+            return False
+        if plan.critical_unit[lo:hi].any() or plan.flushes[lo:hi].any():
+            return False
+        plan.deadline_at[lo:hi] = start + self.first_wait_s(plan) * self._stagger
+        return True
+
     def tail_probing(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """Which of ``units`` get a tail probe (``TransportConfig.tail_probe``) at their next deadline: data
         units of the tail (this worker sent everything, the exponents agreed, no peer looks dead) that
@@ -318,23 +366,68 @@ class Deadlines:
 
     def arm_probed(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Deadlines of ``units`` just tail-probed: their FLUSH at the lag deadline from their send (not
-        staggered), or one RTO from now if that is later, so the probe's answer has a round trip."""
+        staggered), or one RTO from now if that is later, so the probe's answer has a round trip. Before
+        that, the probe is sent again (:meth:`tail_reprobing`) after a FLUSH round trip, doubled per probe
+        (staggered): a probe that found the round open (the late peer had not sent yet) is dropped as a
+        duplicate, and the RESULT that closes the round later may be lost on the way down; the unit then
+        waited the rest of the lag deadline (200 ms: at 20% down loss, one reduce in 5 to 10 ended so).
+        Only while RESULT loss dominates (:meth:`probing_lost`). A probe never closes a round: the FLUSH
+        for a late peer keeps its time."""
         lag_at = plan.sent_at[units] + self.config.lag_deadline_ms / 1000.0
-        plan.deadline_at[units] = np.maximum(lag_at, now + self.rto_s())
+        flush_at = np.maximum(lag_at, now + self.rto_s())
+        if not self.probing_lost():  # no RESULT loss to speak of: a late peer's RESULT will come
+            plan.deadline_at[units] = flush_at
+            return
+        again_at = now + self.flush_rto_s() * np.left_shift(1, plan.probes[units] - 1) * self._stagger
+        plan.deadline_at[units] = np.where(again_at < lag_at, again_at, flush_at)
 
-    def fast_flush(self, plan: ReducePlan, now: float) -> None:
+    def tail_reprobing(self, plan: ReducePlan, units: np.ndarray, now: float) -> np.ndarray:
+        """Which of ``units`` (due now) are tail-probed again rather than FLUSHed (:meth:`arm_probed`):
+        while RESULT loss dominates (:meth:`probing_lost`, never in exact mode), tail-probed ones whose
+        lag deadline has not passed, as :meth:`tail_probing` asks of a first probe but for the probe
+        count. Without RESULT loss a repeated probe would only add packets while a peer is late."""
+        cfg = self.config
+        if not (cfg.tail_probe and plan.synced and plan.all_sent and self.probing_lost()) or self.early_close:
+            return np.zeros(len(units), dtype=bool)
+        data = units >= plan.exp_units
+        c = np.where(data, units - plan.exp_units, 0)
+        return (
+            data
+            & plan.has_exp[c]
+            & (plan.flushes[units] == 0)
+            & (plan.probes[units] > 0)
+            & ~plan.critical_unit[units]
+            & (now < plan.sent_at[units] + cfg.lag_deadline_ms / 1000.0)
+        )
+
+    def fast_flush(self, plan: ReducePlan, now: float) -> np.ndarray:
         """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at
         or beyond unit v (its frontier), all of them have sent every unit before v: an older unit still
         open lost a packet (up or down), and waiting would only add latency. One worker per unit
         (u mod N) flushes it at once; its RESULT goes to all. Units past some worker's frontier wait
-        longer (``lag_deadline_ms``): that worker may simply be late."""
+        longer (``lag_deadline_ms``): that worker may simply be late.
+
+        Returns the units to probe now (this worker's GRAD sent again, :meth:`probing_lost`): the others'
+        of those units while most lost units had their round closed. The designated FLUSH does nothing
+        for a RESULT lost on the way down to one worker (the designated one got it and sends none), so the
+        others waited one FLUSH round trip for nothing before their own FLUSH; a probe is answered with
+        the stored RESULT at once if the round closed, and dropped as a duplicate if it is open (the
+        designated FLUSH closes it). In the tail, the unit just past every frontier (the last one, whose
+        RESULT has no later one to show it lost) gets its tail probe one FLUSH round trip from now."""
         lo, hi = max(plan.low, plan.fast_flushed_to), int(plan.frontier.min())
         plan.fast_flushed_to = max(plan.fast_flushed_to, hi)
+        none = np.zeros(0, dtype=np.int64)
+        if plan.all_sent and hi + 1 < plan.units and plan.state[hi + 1] == IN_FLIGHT:
+            nxt = np.array([hi + 1])
+            probing = self.tail_probing(plan, nxt) | self.tail_reprobing(plan, nxt, now)
+            if probing[0]:
+                due_at = now + self.flush_rto_s() * self._stagger
+                plan.deadline_at[hi + 1] = min(plan.deadline_at[hi + 1], due_at)
         if hi <= lo:
-            return
+            return none
         units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
         if not units.size:
-            return
+            return none
         plan.proven_lost[units] = True
         # The others wait one FLUSH round trip for the designated FLUSH's RESULT, then flush themselves:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
@@ -352,6 +445,11 @@ class Deadlines:
         first_try = np.where(crit, plan.retx[units] == 0, plan.flushes[units] == 0)
         sooner = first_try & (plan.deadline_at[units] > at)
         plan.deadline_at[units[sooner]] = at[sooner]
+        if not self.probing_lost():
+            return none
+        probe = first_try & ~designated & ~crit & (units >= plan.exp_units)
+        probe[probe] = plan.has_exp[units[probe] - plan.exp_units]
+        return units[probe]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:
         """:meth:`fast_flush` for units some worker withholds (its exponent proposal was not counted:
@@ -405,7 +503,11 @@ class Deadlines:
         # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
         # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
         newest = int(units[-1])
-        plan.deadline_at[newest] = min(plan.deadline_at[newest], now + self.rto_s() * self._stagger)
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], self.stall_deadline(now))
+
+    def stall_deadline(self, now: float) -> float:
+        """When :meth:`stall_flush` FLUSHes the newest stalled unit: one RTO from ``now``, staggered."""
+        return now + self.rto_s() * self._stagger
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never

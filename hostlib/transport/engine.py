@@ -6,6 +6,13 @@ every wake-up receives what is queued in one system call, parses the headers as 
 settles all the RESULTs at once (vectorized), sends every unit that may go in one call, and scans the
 deadlines of the units in flight with numpy. No Python runs per packet in the steady state.
 
+Two paths with the same results (``self.native``, chosen by native.py: ``LTA_ENGINE=python|native``): the
+methods here are the reference; the native path hands the steady state of a wake-up to
+``hostlib/_engine.c`` — a received batch settled in one call (``_handle_native``), the next chunks
+quantized into their packet rows in one call, a run of units sent with slices (``_send_run``), the unit
+scans, the window-stall rule and the slot-reuse news in C — and keeps in Python what is rare (FLUSH
+policy, retries, parameters, health, fallbacks). tests/test_engine_native.py checks them bit for bit.
+
 Its interface is small: :meth:`reduce` (one allreduce of a float32 vector), :meth:`receive` (handle
 what arrived, between reduces too), the PARAM sends, the codec state, and :attr:`trace` (an
 :class:`EngineTrace` told of each step, for benchmarks). ``LtaWorker`` (worker.py) is the front that
@@ -32,6 +39,9 @@ from hostlib.protocol import (
     ALIVE_CHUNK,
     HEADER_BYTES,
     HEADER_DTYPE,
+    HEAL_CHUNK_BASE,
+    HEAL_REQUEST_BASE,
+    MAX_WORKERS,
     VERSION,
     Flag,
     Op,
@@ -43,6 +53,7 @@ from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfi
 from hostlib.transport.deadlines import Deadlines, leaf_index
 from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.io import WorkerIO
+from hostlib.transport.native import RENORMALIZE_CODES, engine_path, native_ext
 from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
 from hostlib.transport.plan import DONE, ELSEWHERE, GAVE_UP, IN_FLIGHT, PENDING, ReducePlan, critical_chunks
 from hostlib.transport.result import (
@@ -61,6 +72,8 @@ _RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICA
 _SATURATED = int(Flag.SATURATED)
 
 log = logging.getLogger(__name__)
+
+_HEAL_STREAMS_KEPT = 4  # a peer's heal streams meant for another rank are held this many at most
 
 
 @dataclass
@@ -104,6 +117,9 @@ class ReduceEngine:
         self._prev: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(cfg, worker_id, n_workers)
         self.reuse = SlotReuse(self._slots, worker_id, n_workers)
+        # The window's cap while RESULT loss dominates (Deadlines.loss_window; none until then), updated
+        # as units found lost are answered.
+        self._loss_window = self.deadlines.loss_window(self.reuse.span)
         # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
         # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
         self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
@@ -133,6 +149,12 @@ class ReduceEngine:
         # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
         # receiver waiting for a critical chunk must not wait for this worker's next publish.
         self.param_responder: Any = None
+        # Healing (hostlib/torch_ext/heal.py): state streams that arrived, per (sender, sender's step):
+        # {index: values}; and the senders whose heal request named this worker. Kept apart from the
+        # parameter inbox and requests, which the parameter exchange drains.
+        self.heal_inbox: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+        self.heal_requests: set[int] = set()
+        self.heal_responder: Any = None  # answers them as they arrive, even inside a reduce (heal.py)
         # Pacing: the token bucket, the learned bottleneck rate, and a virtual copy of the bottleneck
         # queue (when the last frame sent will have left it), for per-unit deadlines.
         self._frame = frame_bytes(self.packet_bytes)
@@ -142,6 +164,24 @@ class ReduceEngine:
         theta = cfg.early_close_theta
         self.early = None if theta is None else EarlyClose(theta, cfg.early_close_slack_ms)
         self.trace: EngineTrace | None = None  # told of each step of a reduce (benchmarks; None: nobody)
+        # The native path settles received batches in one call (native.py; LTA_ENGINE=python: the reference)
+        self.native = engine_path() == "native"
+        self._renormalize_code = RENORMALIZE_CODES[cfg.renormalize]
+        self._headroom = codec.headroom_bits(n_workers)
+        cap = len(io.rx.lens)
+        self._scratch = {
+            "later": np.full(n_workers, -1, dtype=np.int64),
+            "settled": np.zeros(cap, dtype=np.int64),
+            "side": np.zeros(cap, dtype=np.int64),
+            "rtt": np.zeros(cap, dtype=np.float64),
+            "flush": np.zeros(cap, dtype=np.float64),
+            "due": np.zeros(0, dtype=np.int64),  # grown to the plan's units
+            "todo": np.zeros(0, dtype=np.int64),  # ... and chunks
+            "saturated": np.zeros(0, dtype=bool),
+        }
+        self._quantize_flags = (_CRITICAL, _SATURATED, _OWNER)
+        # settle's parameters, per (base, units) of a reduce
+        self._native_params: tuple[tuple[int, int], tuple[int, ...]] = ((-1, 0), ())
 
     # ---- one reduce ----------------------------------------------------------------------------
     def reduce(
@@ -158,6 +198,27 @@ class ReduceEngine:
         """One allreduce of the float32 vector ``local`` (see ``LtaWorker.allreduce`` for the arguments
         and the guarantee); returns the result and what the health checks need."""
         t0 = time.perf_counter()
+        plan, n_chunks = self._begin(local, step=step, weight=weight, critical=critical, owners=owners, t0=t0)
+        self._run_units(plan, step, t0)
+        self._count_held(time.perf_counter(), "")
+        self._learn(plan, time.perf_counter() - t0)
+        result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0)
+        if self.trace is not None:
+            self.trace.on_reduce_end(self, plan, result)
+        return result, outcome
+
+    def _begin(
+        self,
+        local: np.ndarray,
+        *,
+        step: int,
+        weight: int,
+        critical: Any,
+        owners: np.ndarray | None,
+        t0: float,
+    ) -> tuple[ReducePlan, int]:
+        """Stage ``local``, take its exponent proposals and reset the plan of its length: the reduce is
+        ready to send. Returns the plan and the chunk count (without exact mode's fence)."""
         n = local.size
         k, exact = self.config.elems_per_packet, self.config.exact
         n_chunks = max(1, -(-n // k))
@@ -210,13 +271,7 @@ class ReduceEngine:
         self._arm_early_close(plan, t0)
         if self.trace is not None:
             self.trace.on_reduce_start(self, plan)
-        self._run_units(plan, step, t0)
-        self._count_held(time.perf_counter(), "")
-        self._learn(plan, time.perf_counter() - t0)
-        result, outcome = self._finish(plan, n, n_chunks, key, out, t0)
-        if self.trace is not None:
-            self.trace.on_reduce_end(self, plan, result)
-        return result, outcome
+        return plan, n_chunks
 
     def _owners_rule(self, owners: np.ndarray | None, n_chunks: int) -> np.ndarray | None:
         """``owners`` checked, with the chunks that are every worker's whatever it says (see
@@ -378,6 +433,11 @@ class ReduceEngine:
             if time.perf_counter() >= deadline:
                 return
 
+    @property
+    def next_unit(self) -> int:
+        """The global unit counter: the first unit of the next reduce."""
+        return self._next_unit
+
     def codec_state(self) -> dict[str, Any]:
         """What the next reduces depend on besides their inputs (copies): the stochastic-rounding
         generator, the unit counter (slot and round of every packet) and the ``prev`` fallback's last
@@ -430,10 +490,10 @@ class ReduceEngine:
         give_up_at = t0 + self.config.reduce_timeout_s
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         while True:
-            plan.advance_low()
-            if not plan.unsettled():
+            in_flight = self._advance(plan)
+            if in_flight < 0:
                 return
-            paced_out = self._send_ready(plan)
+            paced_out = self._send_ready(plan, in_flight)
             if self.trace is not None:
                 self.trace.on_sent(self, plan)
             plan.frontier[self.worker_id] = plan.next_unit - 1
@@ -441,13 +501,13 @@ class ReduceEngine:
                 # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
                 # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
                 span = self.reuse.span
-                dl.stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
+                self._stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
             if plan.next_unit == plan.units and not plan.all_sent:
                 # The tail: nothing more of ours is coming, so units still open wait only the RTO.
                 plan.all_sent = True
                 dl.rearm_shorter(plan, time.perf_counter())
             now = time.perf_counter()
-            wait = min(dl.next_at(plan) - now, 0.05, give_up_at - now)
+            wait = min(self._next_deadline(plan) - now, 0.05, give_up_at - now)
             if paced_out:  # units wait for tokens: wake when the next frame may go
                 wait = min(wait, self.pacer.wait_s(now))
             if self.early is not None and not plan.closing:
@@ -459,32 +519,73 @@ class ReduceEngine:
             self._receive(max(0.0, wait), plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
-                dead = (np.uint64(dl.presumed_dead) >> self._worker_bits) & np.uint64(1)
-                self.reuse.set_presumed_dead(dead.astype(bool))
-                self.reuse.saw(plan.base, plan.frontier)
+                self.reuse.news(plan.base, plan.frontier, dl.presumed_dead, self.native)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
-                dl.fast_flush(plan, now)
+                probe = dl.fast_flush(plan, now)
+                if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
+                    self._probe_data(plan, probe)
+                    self.stats.lost_probes += len(probe)
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
-            due = dl.due(plan, now)
+            due = self._due(plan, now)
             if due.size:
                 self._on_deadlines(plan, due, now, step)
             if now >= give_up_at:
                 plan.state[plan.state < DONE] = GAVE_UP
                 return
 
-    def _send_ready(self, plan: ReducePlan) -> bool:
+    def _advance(self, plan: ReducePlan) -> int:
+        """Move ``plan.low`` past the settled prefix; the units in flight, or -1 when none is left to
+        settle (the reduce is over)."""
+        if self.native:
+            plan.low, unsettled, in_flight = native_ext.scan(plan.state, plan.low, plan.next_unit)
+            return in_flight if unsettled else -1
+        plan.advance_low()
+        if not plan.unsettled():
+            return -1
+        return int(np.count_nonzero(plan.state[plan.low : plan.next_unit] == IN_FLIGHT))
+
+    def _stall_flush(self, plan: ReducePlan, permitted: int, now: float) -> None:
+        """Deadlines.stall_flush (the native path: one call)."""
+        dl = self.deadlines
+        if not self.native:
+            dl.stall_flush(plan, permitted, now)
+            return
+        at = dl.stall_deadline(now)
+        native_ext.stall(plan.state, plan.flushes, plan.critical_unit, plan.deadline_at, plan.frontier,
+                         dl.presumed_dead, plan.low, permitted, plan.next_unit, at)  # fmt: skip
+
+    def _next_deadline(self, plan: ReducePlan) -> float:
+        """The earliest deadline of a unit in flight (Deadlines.next_at; inf when none is)."""
+        if self.native:
+            return self._native_due(plan, -math.inf)[1]
+        return self.deadlines.next_at(plan)
+
+    def _due(self, plan: ReducePlan, now: float) -> np.ndarray:
+        """The units in flight whose deadline passed (Deadlines.due)."""
+        if self.native:
+            return self._native_due(plan, now)[0]
+        return self.deadlines.due(plan, now)
+
+    def _native_due(self, plan: ReducePlan, now: float) -> tuple[np.ndarray, float]:
+        out = self._scratch["due"]
+        if len(out) < plan.units:
+            out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
+        n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out)
+        return out[:n_due].copy(), next_at
+
+    def _send_ready(self, plan: ReducePlan, in_flight: int) -> bool:
         """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
         round settled, its exponent known. Quantizes the chunks it needs (a block ahead) just before.
-        Returns True when the pacer held back units the window would have let go."""
+        ``in_flight``: the units in flight. Returns True when the pacer held back units the window would
+        have let go."""
         u0 = plan.next_unit
         self._count_held(time.perf_counter(), "")
-        in_flight = int(np.count_nonzero(plan.state[plan.low : u0] == IN_FLIGHT))
-        room = self.window - in_flight
+        room = min(self.window, self._loss_window) - in_flight
         if room <= 0 or u0 >= plan.units:
             return False
         # A slot's next round starts only once this worker (own span) and every live peer are done with
@@ -502,6 +603,10 @@ class ReduceEngine:
     def _send_units(self, plan: ReducePlan, u0: int, hi: int) -> bool:
         """:meth:`_send_ready` once the window and the reuse rules gave ``hi``: units ``u0..hi-1`` go
         but for those whose exponent is unknown and those the pacer holds back."""
+        if self.native:
+            sent = self._send_run(plan, u0, hi)
+            if sent is not None:
+                return sent
         state, k = plan.state, self.config.elems_per_packet
         units = np.arange(u0, max(u0, hi))
         blocked = np.zeros(len(units), dtype=bool)
@@ -555,6 +660,51 @@ class ReduceEngine:
             plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
         self.deadlines.arm(plan, units, now)
         return paced_out
+
+    def _send_run(self, plan: ReducePlan, u0: int, hi: int) -> bool | None:
+        """:meth:`_send_units` of the native path for its steady state, a run of pending units with
+        nothing paced or owned: the same packets, states and deadlines, with slices where the reference
+        gathers (tests/test_engine_native.py compares the two). None where it does not apply (the
+        reference runs then, before anything changed)."""
+        if plan.any_owned or self.pacer.paced or hi <= u0:
+            return None
+        k, e, state = self.config.elems_per_packet, plan.exp_units, plan.state
+        # data units wait for their exponent unit's RESULT
+        u1, pending = native_ext.run(state, e, k, u0, hi)
+        if u1 <= u0:
+            return False
+        if not pending:
+            return None
+        d0 = max(u0, e)
+        plan.next_unit = u1
+        queue_free_at = self._queue_free_at
+        if u0 < e:
+            rows = plan.exp_rows[u0 : min(u1, e)]
+            for _ in range(self.config.exp_copies):
+                self.send(rows)
+        if u1 > e:
+            c0, c1 = d0 - e, u1 - e
+            self._quantize_ahead(plan, c0, c1)
+            has = plan.has_exp[c0:c1]
+            c = np.arange(c0, c1) if has.all() else np.flatnonzero(has) + c0
+            if c.size and c[-1] - c[0] + 1 == c.size:
+                self.send(plan.data_rows[c[0] : c[-1] + 1])
+            elif c.size:
+                self.send(plan.data_rows[c])
+            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
+                for _ in range(self.config.tail_copies - 1):
+                    self.send(last)
+        now = time.perf_counter()
+        state[u0:u1] = IN_FLIGHT
+        plan.sent_at[u0:u1] = now
+        rate = self._bottleneck_bps()
+        if rate > 0:
+            start = max(now, queue_free_at)
+            plan.expect_at[u0:u1] = start + np.arange(1, u1 - u0 + 1) * (self._frame * 8 / rate)
+        if not self.deadlines.arm_run(plan, u0, u1, now):
+            self.deadlines.arm(plan, np.arange(u0, u1), now)
+        return False
 
     def _count_held(self, now: float, held: str) -> None:
         """Add the time since the last call to what held sending then (``stats.held_by_span_s``: this
@@ -610,6 +760,18 @@ class ReduceEngine:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
         block, so that the numpy passes are large and run while earlier packets are at the switch."""
         block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+        if self.native and codec.codec_path() == "c":  # the same rows, draws and flags in one call
+            todo, saturated = self._scratch["todo"], self._scratch["saturated"]
+            if len(todo) < plan.chunks_count:
+                todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
+                saturated = self._scratch["saturated"] = np.zeros(plan.chunks_count, dtype=bool)
+            limit = codec.contribution_limit(self.n_workers)
+            native_ext.quantize_ahead(
+                plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
+                plan.owner, plan.shift, plan.has_exp, todo, saturated, c0, c1, block, limit,
+                self._quantize_flags, self._rng.bit_generator,
+            )  # fmt: skip
+            return
         hi = min(plan.chunks_count, max(c1, c0 + block))
         known = plan.exp_known[c1:hi]
         if not known.all():
@@ -665,15 +827,14 @@ class ReduceEngine:
             self.send(plan.exp_rows[units])
             self.deadlines.arm(plan, units, now)
         rest = due[~probe]
-        tail = self.deadlines.tail_probing(plan, rest)
+        tail = self.deadlines.tail_probing(plan, rest) | self.deadlines.tail_reprobing(plan, rest, now)
         if tail.any():
-            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer. The
-            # FLUSH keeps its time (the lag deadline from the send), or one RTO from now if later.
-            # Sent flush_copies times, as a FLUSH is: a lost probe or a lost answer costs the lag deadline.
+            # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer (or one
+            # FLUSH round trip after every peer was shown past the unit before it), and again with backoff
+            # (Deadlines.arm_probed). The FLUSH keeps its time (the lag deadline from the send), or one
+            # RTO from now if later.
             units = rest[tail]
-            rows = plan.data_rows[units - plan.exp_units]
-            for _ in range(self.config.flush_copies):
-                self.send(rows)
+            self._probe_data(plan, units)
             plan.probes[units] += 1
             self.stats.tail_probes += len(units)
             self.deadlines.arm_probed(plan, units, now)
@@ -695,6 +856,15 @@ class ReduceEngine:
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
         plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
+        """Send this worker's GRAD of data ``units`` again, ``flush_copies`` times as a FLUSH is (a lost
+        probe or a lost answer costs a deadline). The switch answers a closed round with its stored RESULT
+        (flagged RETX), adds the GRAD to an open round that lacks it, and drops it as a duplicate
+        otherwise: a probe never closes a round."""
+        rows = plan.data_rows[units - plan.exp_units]
+        for _ in range(self.config.flush_copies):
+            self.send(rows)
 
     def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
@@ -789,19 +959,17 @@ class ReduceEngine:
             self._handle(n, plan)
 
     def _handle(self, n: int, plan: ReducePlan | None) -> None:
+        if plan is not None and self.native:
+            self._handle_native(n, plan)
+            return
         rx = self.io.rx
         data = rx.data
         hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
         ok = (rx.lens[:n] == self.packet_bytes) & (hdr["version"] == VERSION) & (hdr["job_id"] == self.job_id)
         ops = hdr["op"]
         params = np.flatnonzero(ok & (ops == _PARAM))
-        if params.size:
-            self._on_params(hdr, params)
         requests = ok & (ops == _PARAM_REQ)
-        if requests.any():
-            self.param_requests.update(hdr["chunk"][requests].tolist())
-            if self.param_responder is not None:
-                self.param_responder()
+        self._on_side(hdr, params, requests)
         # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
         result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
         if result.any():  # a slot's newest round, remembered even between reduces (a late worker's news)
@@ -813,6 +981,79 @@ class ReduceEngine:
         self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
         if plan is not None and results.size:
             self._on_results(plan, hdr, results)
+
+    def _on_side(self, hdr: np.ndarray, params: np.ndarray, requests: np.ndarray) -> None:
+        """The PARAM rows ``params`` and PARAM_REQ rows (a bool mask over ``hdr``) of a batch."""
+        if params.size:
+            self._on_params(hdr, params)
+        heal = (
+            requests & (hdr["chunk"] >= HEAL_REQUEST_BASE) & (hdr["chunk"] < HEAL_REQUEST_BASE + MAX_WORKERS)
+        )
+        if heal.any():  # a rank behind asks a donor for its state: only the donor named keeps it
+            named = hdr["chunk"][heal].astype(np.int64) - HEAL_REQUEST_BASE == self.worker_id
+            self.heal_requests.update(hdr["worker_id"][heal][named].astype(np.int64).tolist())
+            requests = requests & ~heal
+            if self.heal_requests and self.heal_responder is not None:
+                self.heal_responder()
+        if requests.any():
+            self.param_requests.update(hdr["chunk"][requests].tolist())
+            if self.param_responder is not None:
+                self.param_responder()
+
+    def _handle_native(self, n: int, plan: ReducePlan) -> None:
+        """:meth:`_handle` in one call into ``hostlib._engine`` (native.py): the same rows settled the same
+        way (tests/test_engine_native.py); what is rare or per batch stays here (parameters, the RTT
+        estimator, absent peers, the slot-reuse news, the trace)."""
+        rx, s = self.io.rx, self._scratch
+        if self._native_params[0] != (plan.base, plan.units):  # (once per reduce: a restored checkpoint
+            # may start a reduce of another length at a base seen before)
+            self._native_params = (plan.base, plan.units), (
+                self.packet_bytes, VERSION, self.job_id, self.probe_slot, self._slots, self.n_workers,
+                self.worker_id, self._closer_id, self.config.elems_per_packet, self._renormalize_code,
+                plan.base, plan.units, plan.exp_units, plan.chunks_count, self._headroom,
+            )  # fmt: skip
+        now = time.perf_counter()
+        (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
+         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx) = native_ext.settle(
+            rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._slot_newest, plan.state,
+            plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
+            plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
+            plan.nonfinite, plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"],
+            s["rtt"], s["flush"])  # fmt: skip
+        if side:
+            data = rx.data
+            hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+            rows = s["side"][:side]
+            ops = hdr["op"][rows]
+            requests = np.zeros(n, dtype=bool)
+            requests[rows[ops == _PARAM_REQ]] = True
+            self._on_side(hdr, rows[ops == _PARAM], requests)
+        self.stats.packets_ignored += ignored
+        if not results:
+            return
+        if any_later:
+            self.reuse.saw(plan.base, s["later"].copy())
+        plan.rx_batches.append((time.perf_counter(), results))
+        if settled:
+            plan.synced = True
+            self.stats.results_retx += retx
+            if rtt_ms == rtt_ms:  # (NaN: no clean answer in the batch)
+                self.deadlines.rtt_sample(rtt_ms, rtt_min_ms)
+            if flush_ms == flush_ms:
+                self.deadlines.flush_sample(flush_ms)
+            if lost:  # as _time_answers: were the rounds of units found lost closed already?
+                self.deadlines.lost_answers(lost_retx, lost)
+                self._loss_window = self.deadlines.loss_window(self.reuse.span)
+            self.deadlines.track_absent_bits(seen_bits, settled, bool(any_all_bits))
+            plan.full_units += full
+            if critical_short:
+                self.stats.critical_partial_results += critical_short
+                log.debug("worker %d: %d critical units closed short", self.worker_id, critical_short)
+            plan.own_shown = max(plan.own_shown, own_reached)
+            plan.any_withheld |= bool(withheld)
+            if self.trace is not None:
+                self.trace.on_settled(self, plan, s["settled"][:settled].copy())
+        self.stats.units_overtaken += overtaken  # (given up in the call, as _drop_overtaken does)
 
     def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
         alive = hdr["chunk"][rows] == ALIVE_CHUNK
@@ -826,6 +1067,21 @@ class ReduceEngine:
         k = self.config.elems_per_packet
         payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
         values = payload.astype(np.float32)
+        chunks = hdr["chunk"][rows]
+        heal = (chunks >= HEAL_CHUNK_BASE) & (chunks < HEAL_REQUEST_BASE)
+        if heal.any():  # a donor's state stream (hostlib/torch_ext/heal.py), never a parameter copy
+            for i in np.flatnonzero(heal).tolist():
+                r = rows[i]
+                key = (int(hdr["worker_id"][r]), int(hdr["step"][r]))
+                if key not in self.heal_inbox and len(self.heal_inbox) >= _HEAL_STREAMS_KEPT:
+                    del self.heal_inbox[next(iter(self.heal_inbox))]  # the oldest: nobody took it
+                stream = self.heal_inbox.setdefault(key, {})
+                stream[int(chunks[i]) - HEAL_CHUNK_BASE] = values[i, : int(hdr["nelem"][r])].copy()
+            self.stats.params_received += int(heal.sum())
+            keep = ~heal
+            rows, values = rows[keep], values[keep]
+            if not rows.size:
+                return
         for i, (chunk, step, nelem) in enumerate(
             zip(
                 hdr["chunk"][rows].tolist(),
@@ -928,6 +1184,10 @@ class ReduceEngine:
             # Python-level checks cost more than the selection on a batch of a few hundred.
             mid = len(rtt_ms) // 2
             self.deadlines.rtt_sample(float(np.partition(rtt_ms, mid)[mid]), float(rtt_ms.min()))
+        lost = (prior == IN_FLIGHT) & plan.proven_lost[u]
+        if lost.any():  # was the round of a unit found lost closed already (Deadlines.probing_lost)?
+            self.deadlines.lost_answers(int(np.count_nonzero(retx[lost])), int(np.count_nonzero(lost)))
+            self._loss_window = self.deadlines.loss_window(self.reuse.span)
         # The answer to a single FLUSH (Karn: not after a second one): the stored RESULT resent, or the
         # round it closed (its closer is this worker). A multicast another worker's packet closed crossed
         # the FLUSH on the way and times nothing.

@@ -110,6 +110,12 @@ class HealthMonitor:
         self._lockout_run = 0  # reduces in a row that ended with this worker locked out (_check_lockout)
         self._skipped_run = 0  # reduces in a row its peers had left before it started them
         self._unhealthy_since_mark = False
+        # Set by the torch layer when it can heal this worker from a peer (hostlib/torch_ext/heal.py):
+        # past catch_up_reduces skipped reduces it is then ``behind`` (healed at its next step boundary)
+        # instead of unhealthy.
+        self.can_heal = False
+        self.behind = False
+        self.last_passed = False  # the last reduce was over before this worker started it (skipped)
 
     @property
     def healthy(self) -> bool:
@@ -130,12 +136,24 @@ class HealthMonitor:
         had left it before this worker started it. Raises or warns as ``config.on_unhealthy`` says."""
         cfg = self.config
         self.last_nothing_fraction = got_nothing / chunks
-        if passed and got_nothing == chunks and self.n_workers > 1:
+        self.last_passed = passed and got_nothing == chunks and self.n_workers > 1
+        if self.last_passed:
             # A reduce the peers had left before this worker started it (stopped, descheduled): every unit
             # was overtaken. Skipping it is how a late worker catches up (docs/protocol.md, "Health during
             # training"), so it counts toward neither run below, up to catch_up_reduces in a row.
             self._unhealthy_since_mark = True
             self._skipped_run += 1
+            if self._skipped_run > cfg.catch_up_reduces and self.can_heal:
+                if not self.behind:
+                    log.info(
+                        "worker %d of job %d: %d reduces in a row were over before it started them: "
+                        "it takes a peer's state at its next step boundary",
+                        self.worker_id,
+                        self.job_id,
+                        self._skipped_run,
+                    )
+                self.behind = True
+                return
             if self._skipped_run > cfg.catch_up_reduces:
                 message = (
                     f"worker {self.worker_id} of job {self.job_id}: {self._skipped_run} reduces in a row "
@@ -166,6 +184,11 @@ class HealthMonitor:
             f"{self._switch_addr[0]}:{self._switch_addr[1]} and the loss on the path"
         )
         self._report_unhealthy(message, first=self._unhealthy_run == cfg.unhealthy_reduces)
+
+    def healed(self) -> None:
+        """The worker took a peer's state and stands where its peers are: no reduce skipped any more."""
+        self.behind = False
+        self._skipped_run = 0
 
     def _check_lockout(self, chunks: int) -> None:
         """A worker whose own bit was missing from every RESULT of a whole window (``Deadlines

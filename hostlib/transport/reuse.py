@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hostlib.transport.native import native_ext
+
 _NO_LIMIT = int(np.iinfo(np.int64).max)
 
 
@@ -78,6 +80,20 @@ class SlotReuse:
         if revived.any():
             self.excused_to[revived] = self.settled[revived] + 2 * self.data_slots + 1
         self.presumed_dead = dead.copy()
+
+    def news(self, base: int, frontier: np.ndarray, presumed_dead: int, native: bool = False) -> None:
+        """:meth:`set_presumed_dead` (bit w of ``presumed_dead``: peer w), then :meth:`saw`: what a wake-up
+        that brought RESULTs tells the rules. ``native``: in one call into ``hostlib._engine`` (the same
+        arrays written the same way; tests/test_engine_native.py)."""
+        if native:
+            native_ext.peers_news(self.settled, self.sent, self._peers, self._excused, self.excused_to,
+                                  self.presumed_dead, frontier, presumed_dead, base, self.span,
+                                  self.data_slots)  # fmt: skip
+            return
+        bits = np.arange(len(self.settled), dtype=np.uint64)
+        dead = (np.uint64(presumed_dead) >> bits) & np.uint64(1)
+        self.set_presumed_dead(dead.astype(bool))
+        self.saw(base, frontier)
 
     def restart_at(self, next_unit: int) -> None:
         """This worker continues at global unit ``next_unit`` (restored from a checkpoint): its peers are

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.protocol import MAX_WORKERS, packet_bytes
+from hostlib.job import check_worker_count
+from hostlib.protocol import HEAL_REQUEST_BASE, packet_bytes
 from hostlib.transport.config import TransportConfig, default_window_cap
 from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.earlyclose import EarlyClose
@@ -44,8 +45,7 @@ class LtaWorker:
         bind: tuple[str, int] = ("127.0.0.1", 0),
         trace: EngineTrace | None = None,
     ) -> None:
-        if not 1 <= n_workers <= MAX_WORKERS:
-            raise ValueError(f"n_workers must be in 1..{MAX_WORKERS}, got {n_workers}")
+        check_worker_count(job_id, n_workers)
         if not 0 <= worker_id < n_workers:
             raise ValueError(f"worker_id must be in 0..{n_workers - 1}, got {worker_id}")
         self.job_id, self.worker_id, self.n_workers = job_id, worker_id, n_workers
@@ -280,6 +280,21 @@ class LtaWorker:
     def request_params(self, chunk_ids: np.ndarray, *, step: int = 0) -> None:
         """Ask the owners of these chunks for a reliable resend (PARAM_REQ, marked critical)."""
         self.engine.request_params(chunk_ids, step=step)
+
+    @property
+    def heal_inbox(self) -> dict[tuple[int, int], dict[int, np.ndarray]]:
+        """State streams peers sent to heal a rank behind: per (sender, its step), index -> values."""
+        return self.engine.heal_inbox
+
+    @property
+    def heal_requests(self) -> set[int]:
+        """Ranks that asked this worker for its state (hostlib/torch_ext/heal.py), not answered yet."""
+        return self.engine.heal_requests
+
+    def request_heal(self, donor: int) -> None:
+        """Ask worker ``donor`` for its state (a PARAM_REQ of chunk ``HEAL_REQUEST_BASE + donor``,
+        critical); the switch relays it to every other worker, and only ``donor`` keeps it."""
+        self.engine.request_params(np.array([HEAL_REQUEST_BASE + donor], dtype=np.int64))
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Receive whatever arrived (parameter broadcasts, requests) for up to ``timeout_s``."""

@@ -46,7 +46,7 @@ import numpy as np
 
 from hostlib import argtypes
 from hostlib.batchio import IO_MODES, available_modes
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_WORKERS, packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig

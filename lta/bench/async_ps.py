@@ -32,12 +32,11 @@ from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
     make_problem,
-    prepare_trainer,
+    run_trainer_bench,
     run_training,
     seed_summary,
 )
 from lta.bench.summary import report
-from lta.progress import Status
 
 SCHEMA = "lta.bench.async/1"
 VARIANTS = ("sync", "async-fixed", "async-adaptive")
@@ -183,12 +182,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    prepare_trainer(args)
     title = (
         f"lta bench async: {len(args.variants)} variants x {args.seeds} seeds, to loss {args.target_loss:g}"
     )
-    with Status(title) as status:
-        out = bench_async(args, status.update)
+    out = run_trainer_bench(args, title, bench_async)
 
     def table() -> Iterator[str]:
         yield (

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib import argtypes, robust
+from hostlib import argtypes
+from hostlib.ps import robust
 from lta.bench.flags import (
     add_sync_training,
     bench_command,
@@ -35,12 +36,11 @@ from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
     make_problem,
-    prepare_trainer,
+    run_trainer_bench,
     run_training,
     seed_summary,
 )
-from lta.bench.summary import report
-from lta.progress import Status
+from lta.bench.summary import mean_std_cells, report
 
 SCHEMA = "lta.bench.byzantine/1"
 SPREAD_SIGMAS = 2.0  # "within the seed spread": |rule mean - clean mean| <= this many clean stds
@@ -248,12 +248,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    prepare_trainer(args)
     cases = len(args.attacks) * len(args.losses) * (len(args.rules) + 1)
-    with Status(
-        f"lta bench byzantine: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
-    ) as status:
-        out = bench_byzantine(args, status.update)
+    title = f"lta bench byzantine: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
+    out = run_trainer_bench(args, title, bench_byzantine)
 
     def table() -> Iterator[str]:
         yield (
@@ -262,8 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         for r in out["rows"]:
             fl, cl = r["final_loss"], r["clean_loss"]
-            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            mean, std = mean_std_cells(fl)
             delta = "" if r["delta"] is None else f"{r['delta']:+.4f}"
             yield (
                 f"{r['rule']:13s} {r['attack']:7s} {r['loss']:5.2f} {mean:>8s} {std:>7s} "

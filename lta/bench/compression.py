@@ -19,18 +19,17 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.compress import COMPRESSORS
+from hostlib.ps.compress import COMPRESSORS
 from lta.bench.flags import add_sync_training, add_workers, bench_command
 from lta.bench.ps_train import (
     TrainSpec,
     add_common_args,
     make_problem,
-    prepare_trainer,
+    run_trainer_bench,
     run_training,
     seed_summary,
 )
-from lta.bench.summary import report
-from lta.progress import Status
+from lta.bench.summary import mean_std_cells, report
 
 SCHEMA = "lta.bench.compression/1"
 SPREAD_SIGMAS = 2.0
@@ -167,12 +166,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    prepare_trainer(args)
     cases = len(args.losses) * len({"none", *args.methods})
-    with Status(
-        f"lta bench compression: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
-    ) as status:
-        out = bench_compression(args, status.update)
+    title = f"lta bench compression: {cases} cases x {args.seeds} seeds, {args.steps} steps each"
+    out = run_trainer_bench(args, title, bench_compression)
 
     def table() -> Iterator[str]:
         yield (
@@ -181,8 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         for r in out["rows"]:
             fl = r["final_loss"]
-            mean = "nan" if fl["mean"] is None else f"{fl['mean']:.4f}"
-            std = "" if fl["std"] is None else f"{fl['std']:.4f}"
+            mean, std = mean_std_cells(fl)
             rel = "" if r["relative_diff"] is None else f"{r['relative_diff']:+.2%}"
             met = {True: "met", False: "MISSED", None: ""}[r["met"]]
             yield (

@@ -21,14 +21,16 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.dropmodels import DropPolicy
-from hostlib.ps_client import PsClient, PsClientConfig
+from hostlib.emulation.dropmodels import DropPolicy
+from hostlib.ps.client import PsClient, PsClientConfig
+from lta.progress import Status
 from softswitch.ps.config import PsDrop, PsJobConfig
 from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig
@@ -61,6 +63,16 @@ def prepare_trainer(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(1)
+
+
+def run_trainer_bench(
+    args: argparse.Namespace, title: str, bench: Callable[[argparse.Namespace, Callable[[str], None]], Any]
+) -> Any:
+    """A parameter-server bench's run (async, byzantine, compression): the trainer prepared, then
+    ``bench(args, update)`` under a status line titled ``title`` (stderr)."""
+    prepare_trainer(args)
+    with Status(title) as status:
+        return bench(args, status.update)
 
 
 _JOB_ID = 1

@@ -37,7 +37,7 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> list[float]:
 def measure(n_workers: int = 4, repeats: int = 20, drop: float = 0.1) -> dict[str, Any]:
     import torch
 
-    from hostlib.rotation import Rotation
+    from hostlib.emulation.rotation import Rotation
     from lta.train.experiment import RunSpec, TrainConfig
     from lta.train.gpt import CharCorpus
     from lta.train.simulated import SimulatedRun

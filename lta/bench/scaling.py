@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from hostlib import argtypes
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.jobconfig import MAX_POOL_SIZE
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES, MAX_WORKERS
 from hostlib.transport import LtaWorker, TransportConfig
@@ -32,7 +32,7 @@ def bench_scaling(args: argparse.Namespace, progress: Callable[[str], None] | No
     """Cost of a reduce against workers and tensor size: real processes through the softswitch, and
     the in-process drop simulator for worker counts the machine cannot run as processes.
     ``progress`` hears of each measurement as it starts."""
-    from hostlib.simulate import simulate_reduce
+    from hostlib.emulation.simulate import simulate_reduce
 
     say = progress or (lambda text: None)
     rows = []

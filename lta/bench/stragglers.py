@@ -4,7 +4,7 @@ emulated compute stragglers, training a small model through a softswitch.
 **The run.** ``--workers`` processes (4) train a tanh MLP on the teacher-labelled problem of
 :mod:`lta.bench.ps_train` (16 inputs, 32 hidden units, 4 classes: 676 parameters) with gradient
 accumulation over ``--micro-batches`` (M = 8) micro-batches of ``--batch`` samples. Each micro-batch's
-compute time is emulated (:mod:`hostlib.stragglers`): a sleep of ``--micro-batch-ms`` that, with
+compute time is emulated (:mod:`hostlib.emulation.stragglers`): a sleep of ``--micro-batch-ms`` that, with
 probability ``--straggle-prob`` (q = 4 %), lasts ``--straggle-factor`` (k = 3) times longer, and
 optionally one ``--slow-host`` that is always k times slower; then the real forward and backward pass.
 The gradients go through a softswitch on loopback (``renormalize="weight"``: the per-sample mean) and
@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 from hostlib import argtypes
+from hostlib.emulation.stragglers import StragglerEmulator, StragglerModel
 from hostlib.errors import UsageError
 from hostlib.lifetime import spawn_context
 from hostlib.protocol import MAX_WORKERS
-from hostlib.stragglers import StragglerEmulator, StragglerModel
 from lta.bench.flags import add_batch, add_lr, add_momentum, add_seeds, add_steps, add_workers, bench_command
 from lta.bench.ps_train import make_problem, seed_summary
 from lta.bench.summary import report, slowest_rank, time_stats

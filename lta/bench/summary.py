@@ -61,3 +61,10 @@ def report(as_json: bool, schema: str, out: Mapping[str, Any], table: Callable[[
     else:
         print("\n".join(table()))
     return 0
+
+
+def mean_std_cells(stats: Mapping[str, Any]) -> tuple[str, str]:
+    """A seed summary's mean and std as table cells (``nan`` and blank where a run gave none)."""
+    mean = "nan" if stats["mean"] is None else f"{stats['mean']:.4f}"
+    std = "" if stats["std"] is None else f"{stats['std']:.4f}"
+    return mean, std

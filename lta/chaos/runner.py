@@ -154,7 +154,7 @@ def bound_s(spec: RunSpec, base_s: float) -> float:
 
 
 def _ps_server(spec: RunSpec) -> Any:
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from softswitch.ps.config import PsDrop, PsJobConfig
     from softswitch.ps.server import PsServer
 

@@ -127,7 +127,7 @@ def _step_clock(offset_s: float) -> None:
 def _options(spec: dict[str, Any]) -> Any:
     from dataclasses import replace
 
-    from hostlib.dropmodels import DropPolicy
+    from hostlib.emulation.dropmodels import DropPolicy
     from hostlib.torch_ext.rendezvous import LtaOptions
 
     options = LtaOptions.from_env()

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from hostlib import argtypes
-from hostlib.dropmodels import DIRECTIONS
+from hostlib.emulation.dropmodels import DIRECTIONS
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_WORKERS
 from lta.cliparse import LtaRawHelpFormatter, plain_text

@@ -115,9 +115,10 @@ class RunSpec:
 # stale1 / stale2: tight staleness, S = 1 or 2 (the reliable resend of copies older than S);
 # retrieve: a parameter copy lost on the way is asked for and resent within the step (no stale copy;
 #   one resend per lost copy, ParamExchange's retrieval).
-# rotate: the gradient is rotated by a seeded randomized Hadamard transform (hostlib/rotation.py, the
-#   seed shared by run, step and tensor) before quantization and packetization and rotated back after
-#   renormalization: a lost packet costs a little of every value of its block instead of K neighbours.
+# rotate: the gradient is rotated by a seeded randomized Hadamard transform
+#   (hostlib/emulation/rotation.py, the seed shared by run, step and tensor) before quantization and
+#   packetization and rotated back after renormalization: a lost packet costs a little of every value of its
+#   block instead of K neighbours.
 # Mechanisms combine with "+" (``retrieve+feedback``): see mechanism_parts() for which do.
 MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve", "rotate")
 
@@ -126,7 +127,9 @@ MECHANISMS = ("none", "feedback", "stale1", "stale2", "retrieve", "rotate")
 class MechanismSettings:
     """What a mechanism sets in the sharded optimizer (the simulated workers read the same)."""
 
-    feedback: bool  # lost-contribution feedback (ShardedOptimizer(feedback=True), hostlib/feedback.py)
+    feedback: (
+        bool  # lost-contribution feedback (ShardedOptimizer(feedback=True), hostlib/emulation/feedback.py)
+    )
     stale_bound: int  # S: a copy older than S steps is resent reliably, so none is older than S+1
     retrieve: bool = False  # lost parameter copies resent within the step (ShardedOptimizer(retrieve=True))
     rotate: bool = False  # gradients reduced in a rotated basis (ShardedOptimizer(rotate=True))
@@ -170,7 +173,7 @@ def mechanism_settings(mechanism: str, cfg: TrainConfig) -> MechanismSettings:
     """``none``: plain Algorithm 1 at ``cfg.stale_bound``; ``feedback``: the same with lost-contribution
     feedback; ``stale1`` / ``stale2``: S = 1 / 2 instead of ``cfg.stale_bound``; ``retrieve``: lost
     parameter copies asked for and resent within the step; ``rotate``: gradients reduced in a seeded
-    randomized Hadamard basis (hostlib/rotation.py); a ``+`` combination sets each of its parts."""
+    randomized Hadamard basis (hostlib/emulation/rotation.py); a ``+`` combination sets each of its parts."""
     parts = mechanism_parts(mechanism)
     bounds = {"stale1": 1, "stale2": 2}
     bound = next((bounds[p] for p in parts if p in bounds), cfg.stale_bound)

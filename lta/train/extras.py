@@ -1,6 +1,6 @@
 """What ``lta train --metrics-port``, ``--dp-sigma/--dp-clip`` and ``--straggle-*`` add to each worker: a
 Prometheus endpoint with the step telemetry, differential privacy in the sharded optimizer, and emulated
-compute stragglers (``hostlib/stragglers.py``: each step, seeded per worker and step, takes
+compute stragglers (``hostlib/emulation/stragglers.py``: each step, seeded per worker and step, takes
 ``--straggle-factor`` times ``--straggle-base-ms`` longer with probability ``--straggle-prob``, or always
 on ``--slow-host``).
 
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.emulation.stragglers import StragglerEmulator, StragglerModel
+from hostlib.emulation.telemetry import Telemetry, alpha_from_env
 from hostlib.errors import AddressInUseError, UsageError
-from hostlib.stragglers import StragglerEmulator, StragglerModel
-from hostlib.telemetry import Telemetry, alpha_from_env
 from hostlib.torch_ext.dp import DpConfig, GaussianPrivacy, privacy_report, require_accountant
 from hostlib.transport import LtaWorker
 

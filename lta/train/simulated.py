@@ -2,7 +2,7 @@
 
 The paper trains with N=64 workers; this machine runs a handful of processes. Here the N workers are
 arrays, not processes, and every step does what the real path (lta/train/experiment.py through the
-softswitch) does, with the drops drawn by hostlib/simulate.py instead of a switch:
+softswitch) does, with the drops drawn by hostlib/emulation/simulate.py instead of a switch:
 
 1. every worker computes the gradient of its own slice of the global batch **at its own replica** of
    the parameters (stale copies included): one autograd pass of ``gpt.stacked_losses`` (the model with
@@ -22,14 +22,14 @@ softswitch) does, with the drops drawn by hostlib/simulate.py instead of a switc
    the next step's broadcast (exempt from loss), so no copy is ever more than S+1 steps old.
 
 Mechanisms (``RunSpec.mechanism``, ``experiment.mechanism_settings``), as on the real path: ``stale1`` /
-``stale2`` set S; ``feedback`` gives every worker a residual (hostlib/feedback.py, the class the sharded
-optimizer uses): the chunks its own view of the round did not count (its GRAD lost or withheld, its
-RESULT lost, or a sum its method discards) are added to its next gradient for them, and its chunks are
-divided by N (experiment.aggregation); ``retrieve`` resends every lost parameter copy within the step
-(counted in ``resend_requests``), so no copy is stale; ``rotate`` reduces the gradients in a seeded
-randomized Hadamard basis (hostlib/rotation.py: seed, step and tensor 0, as ``ShardedOptimizer(rotate_seed=
-seed)``): rotated before quantization, rotated back after renormalization; the ``prev`` fallback of a
-chunk nobody's contribution reached is the previous result rotated into this step's basis.
+``stale2`` set S; ``feedback`` gives every worker a residual (hostlib/emulation/feedback.py, the class the
+sharded optimizer uses): the chunks its own view of the round did not count (its GRAD lost or withheld, its
+RESULT lost, or a sum its method discards) are added to its next gradient for them, and its chunks are divided
+by N (experiment.aggregation); ``retrieve`` resends every lost parameter copy within the step (counted in
+``resend_requests``), so no copy is stale; ``rotate`` reduces the gradients in a seeded randomized Hadamard
+basis (hostlib/emulation/rotation.py: seed, step and tensor 0, as ``ShardedOptimizer(rotate_seed=seed)``):
+rotated before quantization, rotated back after renormalization; the ``prev`` fallback of a chunk nobody's
+contribution reached is the previous result rotated into this step's basis.
 
 Seeds: the initial weights (``torch.manual_seed(seed)``) and every worker's batches (generator
 ``seed·1000 + rank``) are drawn as the real path draws them; the drop streams depend on the seed,
@@ -53,10 +53,10 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from hostlib.dropmodels import DIRECTIONS
-from hostlib.feedback import ResidualFeedback, counted_mask, feedback_stats
-from hostlib.rotation import Rotation
-from hostlib.simulate import (
+from hostlib.emulation.dropmodels import DIRECTIONS
+from hostlib.emulation.feedback import ResidualFeedback, counted_mask, feedback_stats
+from hostlib.emulation.rotation import Rotation
+from hostlib.emulation.simulate import (
     ChunkRound,
     FabricStreams,
     fallback_codes,
@@ -135,7 +135,8 @@ def run_simulated(
     ``mean_burst`` packets). ``batch_per_worker``: sequences per worker per step (default: the real
     N=4 run's global batch split over ``n_workers``, at least 1). ``withhold_uncounted``: a worker whose
     exponent proposal was lost withholds the chunk whatever its values, as the transport does (False:
-    only when they would saturate, the transport's rule before issue K; hostlib.simulate.simulate_round).
+    only when they would saturate, the transport's rule before issue K;
+    hostlib.emulation.simulate.simulate_round).
     With ``cfg.exact`` (the default) exponent packets are spared, as the real path's exact mode does.
     ``on_step(step)`` after every step. ``gradients``: one of ``GRADIENT_PATHS`` (same estimate)."""
     run = SimulatedRun(
@@ -256,7 +257,7 @@ class SimulatedRun:
         self._grads = np.zeros((n, self.layout.padded), dtype=np.float32)
         self.feedback = ResidualFeedback(self.n_chunks, k, n) if settings.feedback else None
         self.retrieve = settings.retrieve  # lost parameter copies resent within the step
-        self.rotate = settings.rotate  # gradients reduced in a rotated basis (hostlib/rotation.py)
+        self.rotate = settings.rotate  # gradients reduced in a rotated basis (hostlib/emulation/rotation.py)
         self.last_round: tuple[ChunkRound, np.ndarray] | None = None  # the last reduce: (round, delivered)
 
         # Parameter exchange: chunk ages per receiver, copies requested for a reliable resend.

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.emulation.simulate import loss_policy
 from hostlib.errors import TrainingDiverged
 from hostlib.lifetime import spawn_context
 from hostlib.liveness import LivenessEvent, LivenessMonitor
-from hostlib.simulate import loss_policy
 from hostlib.torch_ext.checkpoint import ShardFile, commit, read_manifest
 from hostlib.torch_ext.drift import receiver_pair_drift
 from hostlib.torch_ext.layout import ShardLayout

@@ -19,11 +19,12 @@ import signal
 import sys
 import threading
 
-from hostlib import argtypes, robust
-from hostlib.compress import COMPRESSORS
-from hostlib.dropmodels import DropPolicy
+from hostlib import argtypes
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import AddressInUseError, LtaError, UsageError
 from hostlib.protocol import LTA_PORT, MAX_ELEMS_PER_PACKET, MAX_JOBS
+from hostlib.ps import robust
+from hostlib.ps.compress import COMPRESSORS
 from softswitch.ps.config import FALLBACKS, JOB_KEYS, MODES, PsDrop, PsJobConfig, load_ps_config
 from softswitch.ps.server import PsServer
 from softswitch.ps.staleness import StalenessConfig

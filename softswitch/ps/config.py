@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hostlib import robust
-from hostlib.dropmodels import DropPolicy
+from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import ConfigError, UsageError
+from hostlib.job import check_job_id, check_worker_count
 from hostlib.jobconfig import TableReader, parse_toml, read_text
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
-from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS, MAX_WORKERS, parse_address
-from hostlib.ps_wire import check_k, codec_of
+from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_JOBS, parse_address
+from hostlib.ps import robust
+from hostlib.ps.wire import check_k, codec_of
 from softswitch.ps.staleness import StalenessConfig
 
 MODES = ("sync", "async")
@@ -100,10 +101,8 @@ class PsJobConfig:
             raise UsageError(f"parameter-server job {self.job_id}: {exc}") from None
 
     def _check(self) -> None:
-        if not 1 <= self.job_id < MAX_JOBS:
-            raise ValueError(f"job_id must be in 1..{MAX_JOBS - 1}, got {self.job_id}")
-        if not 1 <= self.n_workers <= MAX_WORKERS:
-            raise ValueError(f"a job has 1..{MAX_WORKERS} workers, got {self.n_workers}")
+        check_job_id(self.job_id)  # the rules every job is checked by (hostlib.job)
+        check_worker_count(self.job_id, self.n_workers)
         if self.workers is not None and len(self.workers) != self.n_workers:
             raise ValueError(f"{len(self.workers)} worker addresses for {self.n_workers} workers")
         if self.mode not in MODES:

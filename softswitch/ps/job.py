@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from hostlib import robust
 from hostlib.batchio import addr_key
-from hostlib.dropmodels import DropStream
+from hostlib.emulation.dropmodels import DropStream
 from hostlib.protocol import HEADER_BYTES, VERSION, PsCodec, PsFlag, PsOp
-from hostlib.ps_wire import (
+from hostlib.ps import robust
+from hostlib.ps.wire import (
     bitmap_chunks,
     build_packets,
     codec_of,

@@ -35,7 +35,7 @@ Guarantees:
 The summing switch path (a P4 switch can only add int32, exactly, and must never wrap):
 - ``fp16`` values cannot be added by an integer adder, and ``topk`` payloads of different workers
   carry different indices, so neither can be summed in the switch: both are for the parameter-server
-  path, where the server decodes each worker's payload and aggregates (``hostlib.robust``) after.
+  path, where the server decodes each worker's payload and aggregates (``hostlib.ps.robust``) after.
 - ``int8`` codes can be summed by the switch if all workers share each chunk's scale (agree on it as
   the codec agrees on its exponent: ``s_c = 2^E_c / 127`` with ``max|x| < 2^E_c`` over the workers, then
   ``int8_quantize(x, scales, chunk, rng)``), and two codes then share one int32 lane:

@@ -7,7 +7,7 @@ has entries only for the workers it serves.
 
 ``controlplane`` writes these entries over P4Runtime; the softswitch's P4Runtime server writes the same
 ones for the jobs of its ``--config`` file, as if a controller had, so ``lta ctl`` sees every job the
-same way. Standard library and :mod:`hostlib` only, like :mod:`hostlib.p4schema`.
+same way. Standard library and :mod:`hostlib` only, like :mod:`hostlib.p4.schema`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ipaddress
 from collections.abc import Sequence
 
 from hostlib.jobconfig import WorkerEntry, parse_mac
-from hostlib.p4schema import (
+from hostlib.p4.schema import (
     EXPECT_PORT,
     JOB_ROLES_TABLE,
     JOBS_TABLE,

@@ -1,4 +1,4 @@
-"""Our P4Info through protobuf: load it, look names up, convert :class:`~hostlib.p4schema.Entry` to and
+"""Our P4Info through protobuf: load it, look names up, convert :class:`~hostlib.p4.schema.Entry` to and
 from P4Runtime ``TableEntry`` messages. Needs the ``p4rt`` extra (protobuf and the p4runtime bindings; not
 p4runtime-shell, whose pins on protobuf and p4runtime keep it out of the project's environment).
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from hostlib.p4proto import p4info_pb2, p4runtime_pb2
-from hostlib.p4schema import (
+from hostlib.p4.proto import p4info_pb2, p4runtime_pb2
+from hostlib.p4.schema import (
     P4INFO_PATH,
     ROLE_NAMES,
     SLOT_REGISTER,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hostlib import codec
-from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
+from hostlib.emulation.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy, DropStream
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback
 from hostlib.transport.result import fallback_codes as result_rule
 from hostlib.transport.result import renormalize_divisor

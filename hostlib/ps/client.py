@@ -8,7 +8,7 @@
         params = client.step(grad, lr=0.05)         # push (compressed), then pull
 
 Each push is one batch of PUSH packets (the gradient encoded by the job's compression, cut as
-``hostlib.ps_wire`` says, every packet stamped with the parameter version it was computed on and the
+``hostlib.ps.wire`` says, every packet stamped with the parameter version it was computed on and the
 push's number), sent in one system call; nothing is resent: a lost packet is a lost part of the
 gradient, which the server's renormalization or rule absorbs. The PULL that follows is the reliable
 part: it is resent, with the chunks still missing, until every parameter chunk arrived, for at most
@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hostlib.batchio import BatchSocket, RxBatch, addr_key
-from hostlib.compress import Compressor, make_compressor, wire_bytes
 from hostlib.errors import LtaError
 from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, VERSION, PsCodec, PsFlag, PsOp, packet_bytes
-from hostlib.ps_wire import (
+from hostlib.ps.compress import Compressor, make_compressor, wire_bytes
+from hostlib.ps.wire import (
     MAX_PUSH_PACKETS,
     build_packets,
     chunk_bitmap,
@@ -81,7 +81,7 @@ class PsClientStats:
     staleness_sum: int = 0  # async: the staleness the server measured, summed over the answered pushes
     packets_sent: int = 0
     wire_bytes_sent: int = 0  # whole UDP payloads (header + K lanes) of PUSH packets
-    payload_bytes_sent: int = 0  # the compressed gradient itself (hostlib.compress.wire_bytes)
+    payload_bytes_sent: int = 0  # the compressed gradient itself (hostlib.ps.compress.wire_bytes)
     pulls: int = 0
     pull_resends: int = 0
     param_packets: int = 0

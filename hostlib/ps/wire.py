@@ -2,7 +2,7 @@
 
 The header is the protocol's (``hostlib.protocol``); a PS packet is a whole LTA packet of exactly K
 lanes, like every other. This module says how the lanes of each PS op are filled, for the worker
-(``hostlib.ps_client``) and the server (``softswitch.ps``) alike. docs/protocol.md ("Parameter-server
+(``hostlib.ps.client``) and the server (``softswitch.ps``) alike. docs/protocol.md ("Parameter-server
 mode") documents the same layouts; all multi-byte values are big-endian, as the int32 lanes are.
 
 Gradients (PUSH) are cut into packets of ``values_per_packet(codec, K)`` consecutive values (top-k:
@@ -32,8 +32,8 @@ import math
 
 import numpy as np
 
-from hostlib.compress import ALIASES, COMPRESSORS, Encoded
 from hostlib.protocol import HEADER_BYTES, PsCodec, empty_batch
+from hostlib.ps.compress import ALIASES, COMPRESSORS, Encoded
 
 CODEC_BY_NAME: dict[str, PsCodec] = {
     "none": PsCodec.NONE,
@@ -107,7 +107,7 @@ def rows_to_floats(payload: np.ndarray, k: int) -> np.ndarray:
 def encode_push(codec: PsCodec, enc: Encoded, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The PUSH payload rows ``(n, 4K)`` uint8 and ``nelem`` per row of one encoded gradient.
 
-    ``enc`` comes from ``hostlib.compress``: ``none``/``fp16`` as they are; ``int8`` encoded with
+    ``enc`` comes from ``hostlib.ps.compress``: ``none``/``fp16`` as they are; ``int8`` encoded with
     ``chunk = values_per_packet(INT8, K)`` so that each packet holds exactly one scale; ``topk`` any."""
     if codec == PsCodec.NONE:
         return float_rows(enc.parts[0], k)

@@ -3,8 +3,8 @@ names of its tables, actions, counters and registers, table entries by name, and
 written as a table entry.
 
 Neither the softswitch's P4Runtime server nor ``controlplane`` owns this: both import it, so the two ends
-cannot disagree on a name or an encoding. Standard library (and :mod:`hostlib.dropmodels`) only; the
-P4Info lookups and protobuf conversions that need the ``p4rt`` extra are in :mod:`hostlib.p4info`.
+cannot disagree on a name or an encoding. Standard library (and :mod:`hostlib.emulation.dropmodels`) only; the
+P4Info lookups and protobuf conversions that need the ``p4rt`` extra are in :mod:`hostlib.p4.info`.
 Every name here exists in ``p4/build/lta.p4info.txtpb`` (``tests/test_controlplane.py`` checks it).
 
 Drop-policy probabilities travel as 32-bit thresholds: the P4 program drops when a uniform draw in
@@ -18,16 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostlib.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy
+from hostlib.emulation.dropmodels import DIRECTIONS, NO_LOSS, DropPolicy
 from hostlib.protocol import COUNTERS
 
 
 def _build_dir() -> Path:
     """The compiled program: ``hostlib/p4build/`` in an installed wheel (setup.py ships ``p4/build`` there),
     else ``p4/build/`` of the checkout this module runs from."""
-    here = Path(__file__).resolve().parent
-    installed = here / "p4build"
-    return installed if (installed / "lta.p4info.txtpb").is_file() else here.parent / "p4" / "build"
+    package = Path(__file__).resolve().parent.parent  # hostlib/
+    installed = package / "p4build"
+    return installed if (installed / "lta.p4info.txtpb").is_file() else package.parent / "p4" / "build"
 
 
 BUILD_DIR = _build_dir()

@@ -1,0 +1,819 @@
+/*
+ * hostlib._engine: the reduce engine's steady state on the receive side, one call per wake-up.
+ *
+ * hostlib/transport/engine.py is the contract and the Python reference (ReduceEngine._handle,
+ * _on_results, _settle, _time_answers, _settle_values); this module is its native path, chosen by
+ * hostlib/transport/native.py (LTA_ENGINE=python forces the reference). Differential tests
+ * (tests/test_engine_native.py) feed both the same RESULT batches and compare every array they write.
+ *
+ * Why C: a K = 64 reduce of 4 MiB is 16,384 RESULTs in about 25 batches; the reference settles a batch
+ * with ~60 small numpy operations (masks, gathers, a median, the frontier's bit matrix), each a few
+ * microseconds of Python and dispatch whatever the batch size. Here a batch is one pass over its rows.
+ *
+ *   settle(data, lens, n, params, low, now, slot_newest, state, flushes, retx, proven_lost, sent_at,
+ *          flushed_at, critical_unit, count, bitmap, weight, result_flags, shift, out, exp_known,
+ *          nonfinite, own_exp, exp_bitmap, frontier, later_reached, settled, side, rtt, flush) -> tuple
+ *
+ *   Rows 0..n-1 of ``data`` (datagram i: data[i, :lens[i]]) are one received batch. ``params`` is the
+ *   tuple (packet_bytes, version, job_id, probe_slot, data_slots, n_workers, worker_id, closer_id, k,
+ *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits), ``low``
+ *   the plan's first unit not settled. Each
+ *   row is classified as the reference does; PARAM and PARAM_REQ rows of the job are listed in ``side``
+ *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) update
+ *   ``slot_newest`` and are routed to the plan's units: in range and not DONE, first copy only, they are
+ *   settled (state DONE, values dequantized and renormalized into ``out``, count, bitmap, weight,
+ *   flags, shift; exponent units give their chunks' shifts, exp_known, nonfinite, own_exp,
+ *   exp_bitmap); later units' bits go to ``later_reached``. RTT and FLUSH samples are computed as the
+ *   reference's _time_answers computes them, at time ``now``. After a batch with RESULTs, units of the plan
+ *   overtaken in their slot are given up (the reference's _drop_overtaken).
+ *
+ *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
+ *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken, lost,
+ *   lost_retx): ``settled`` units are listed in ``settled`` (first-copy order); NaN for a sample that has
+ *   none; ``lost``: in-flight units found lost (proven_lost) settled here, ``lost_retx``: those answered by
+ *   a resent RESULT (their round had closed: Deadlines.lost_answers).
+ *
+ *   Every array is 1-D C-contiguous of the plan's dtype (state int8, the masks bool, count/flushes/
+ *   retx/weight/result_flags/frontier int64, bitmap/exp_bitmap uint64, shift int32, times float64),
+ *   out is (chunks, K) float32 C-contiguous; scratch arrays (settled, side, rtt, flush) hold n entries.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "_quantize.h"
+
+/* Header offsets and ops of the wire format (hostlib/protocol.py; checked by tests/test_engine_native.py). */
+#define OFF_VERSION 0
+#define OFF_OP 1
+#define OFF_FLAGS 2
+#define OFF_EXP 3
+#define OFF_JOB 4
+#define OFF_WORKER 6
+#define OFF_COUNT 7
+#define OFF_SLOT 8
+#define OFF_SEQ 12
+#define OFF_WEIGHT 24
+#define OFF_BITMAP 28
+#define HEADER_BYTES 36
+#define OP_RESULT 2
+#define OP_PARAM 4
+#define OP_PARAM_REQ 5
+#define FLAG_RETX 0x01
+#define ST_IN_FLIGHT 1
+#define ST_DONE 2
+#define ST_GAVE_UP 3
+#define NONFINITE_EXPONENT (1LL << 24)
+#define SHIFT_LIMIT 127
+
+static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t be64(const uint8_t *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} buf_t;
+
+/* A 1-D C-contiguous buffer of at least min_len items of itemsize bytes. */
+static int get_vec(PyObject *obj, buf_t *b, Py_ssize_t itemsize, Py_ssize_t min_len, int writable,
+                   const char *what) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    b->held = 1;
+    if (b->view.ndim != 1 || b->view.itemsize != itemsize || b->view.shape[0] < min_len) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 1-D contiguous array of %zd-byte items, at least %zd long",
+                     what, itemsize, min_len);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The reference's np.partition(v, len // 2)[len // 2]: the upper median. */
+static double upper_median(double *v, Py_ssize_t m) {
+    qsort(v, (size_t)m, sizeof(double), cmp_double);
+    return v[m / 2];
+}
+
+enum {
+    A_SLOT_NEWEST,
+    A_STATE,
+    A_FLUSHES,
+    A_RETX,
+    A_PROVEN_LOST,
+    A_SENT_AT,
+    A_FLUSHED_AT,
+    A_CRITICAL_UNIT,
+    A_COUNT,
+    A_BITMAP,
+    A_WEIGHT,
+    A_RESULT_FLAGS,
+    A_SHIFT,
+    A_OUT,
+    A_EXP_KNOWN,
+    A_NONFINITE,
+    A_OWN_EXP,
+    A_EXP_BITMAP,
+    A_FRONTIER,
+    A_LATER,
+    A_SETTLED,
+    A_SIDE,
+    A_RTT,
+    A_FLUSH,
+    N_ARRAYS
+};
+
+static PyObject *engine_settle(PyObject *self, PyObject *args) {
+    PyObject *data_obj, *lens_obj, *objs[N_ARRAYS];
+    Py_ssize_t n, packet_bytes, version, job_id, probe_slot, slots, n_workers, worker_id, closer_id, k, renorm;
+    long long base;
+    Py_ssize_t units, exp_units, chunks_count, headroom, low;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOO:settle", &data_obj, &lens_obj, &n,
+                          &packet_bytes, &version, &job_id, &probe_slot, &slots, &n_workers, &worker_id,
+                          &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &low, &now,
+                          &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
+                          &objs[8], &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
+                          &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23]))
+        return NULL;
+    if (n_workers < 1 || n_workers > 64 || worker_id < 0 || worker_id >= n_workers || k < 1 || slots < 1 ||
+        units < 1 || exp_units < 0 || exp_units > units || chunks_count != units - exp_units || n < 0 || low < 0 ||
+        packet_bytes != HEADER_BYTES + 4 * k) {
+        PyErr_SetString(PyExc_ValueError, "settle: inconsistent plan parameters");
+        return NULL;
+    }
+    Py_buffer data_view;
+    buf_t lens = {0}, a[N_ARRAYS];
+    memset(a, 0, sizeof(a));
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(data_obj, &data_view, PyBUF_STRIDES) < 0)
+        return NULL;
+    if (data_view.ndim != 2 || data_view.itemsize != 1 || data_view.shape[0] < n ||
+        data_view.shape[1] < packet_bytes || data_view.strides[1] != 1) {
+        PyErr_SetString(PyExc_ValueError, "settle: data must be a 2-D uint8 receive buffer of packet rows");
+        goto done;
+    }
+    const Py_ssize_t c_count = chunks_count;
+    const struct {
+        Py_ssize_t item, len;
+        int writable;
+        const char *name;
+    } spec[N_ARRAYS] = {
+        {8, slots, 1, "slot_newest"},  {1, units, 1, "state"},        {8, units, 0, "flushes"},
+        {8, units, 0, "retx"},         {1, units, 0, "proven_lost"},  {8, units, 0, "sent_at"},
+        {8, units, 0, "flushed_at"},   {1, units, 0, "critical_unit"}, {8, c_count, 1, "count"},
+        {8, c_count, 1, "bitmap"},     {8, c_count, 1, "weight"},     {8, c_count, 1, "result_flags"},
+        {4, c_count, 1, "shift"},      {4, c_count * k, 1, "out"},    {1, c_count, 1, "exp_known"},
+        {1, c_count, 1, "nonfinite"},  {1, c_count, 1, "own_exp"},    {8, c_count, 1, "exp_bitmap"},
+        {8, n_workers, 1, "frontier"}, {8, n_workers, 1, "later_reached"}, {8, n, 1, "settled"},
+        {8, n, 1, "side"},             {8, n, 1, "rtt"},              {8, n, 1, "flush"},
+    };
+    if (get_vec(lens_obj, &lens, 8, n, 0, "lens") < 0)
+        goto done;
+    for (int i = 0; i < N_ARRAYS; i++) {
+        if (i == A_OUT) { /* (chunks, K) float32: read as one flat run of values */
+            if (PyObject_GetBuffer(objs[i], &a[i].view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+                goto done;
+            a[i].held = 1;
+            if (a[i].view.itemsize != 4 || a[i].view.len < (Py_ssize_t)4 * c_count * k) {
+                PyErr_SetString(PyExc_ValueError, "out must be a (chunks, K) float32 array");
+                goto done;
+            }
+            continue;
+        }
+        if (get_vec(objs[i], &a[i], spec[i].item, spec[i].len, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    }
+
+    const uint8_t *data = (const uint8_t *)data_view.buf;
+    const Py_ssize_t row_stride = data_view.strides[0];
+    const int64_t *len = (const int64_t *)lens.view.buf;
+    int64_t *slot_newest = (int64_t *)a[A_SLOT_NEWEST].view.buf;
+    int8_t *state = (int8_t *)a[A_STATE].view.buf;
+    const int64_t *flushes = (const int64_t *)a[A_FLUSHES].view.buf;
+    const int64_t *retx_sent = (const int64_t *)a[A_RETX].view.buf;
+    const uint8_t *proven_lost = (const uint8_t *)a[A_PROVEN_LOST].view.buf;
+    const double *sent_at = (const double *)a[A_SENT_AT].view.buf;
+    const double *flushed_at = (const double *)a[A_FLUSHED_AT].view.buf;
+    const uint8_t *critical_unit = (const uint8_t *)a[A_CRITICAL_UNIT].view.buf;
+    int64_t *count = (int64_t *)a[A_COUNT].view.buf;
+    uint64_t *bitmap = (uint64_t *)a[A_BITMAP].view.buf;
+    int64_t *weight = (int64_t *)a[A_WEIGHT].view.buf;
+    int64_t *result_flags = (int64_t *)a[A_RESULT_FLAGS].view.buf;
+    int32_t *shift = (int32_t *)a[A_SHIFT].view.buf;
+    float *out = (float *)a[A_OUT].view.buf;
+    uint8_t *exp_known = (uint8_t *)a[A_EXP_KNOWN].view.buf;
+    uint8_t *nonfinite = (uint8_t *)a[A_NONFINITE].view.buf;
+    uint8_t *own_exp = (uint8_t *)a[A_OWN_EXP].view.buf;
+    uint64_t *exp_bitmap = (uint64_t *)a[A_EXP_BITMAP].view.buf;
+    int64_t *frontier = (int64_t *)a[A_FRONTIER].view.buf;
+    int64_t *later = (int64_t *)a[A_LATER].view.buf;
+    int64_t *settled = (int64_t *)a[A_SETTLED].view.buf;
+    int64_t *side = (int64_t *)a[A_SIDE].view.buf;
+    double *rtt = (double *)a[A_RTT].view.buf;
+    double *flush = (double *)a[A_FLUSH].view.buf;
+
+    const uint64_t all_bits = n_workers == 64 ? ~0ULL : ((1ULL << n_workers) - 1);
+    Py_ssize_t n_settled = 0, n_results = 0, n_side = 0, n_rtt = 0, n_flush = 0;
+    long long retx_count = 0, full = 0, critical_short = 0, lost = 0, lost_retx = 0;
+    int any_later = 0, any_all_bits = 0, withheld_seen = 0;
+    uint64_t seen_bits = 0;
+    double rtt_min = NAN;
+    int64_t reached[64];
+    for (Py_ssize_t w = 0; w < n_workers; w++)
+        reached[w] = -1, later[w] = -1;
+    Py_ssize_t overtaken = 0;
+
+    Py_BEGIN_ALLOW_THREADS;
+    /* Pass 1: classify, route, settle the unit states and take the samples (reference: _handle,
+     * _on_results, _settle, _time_answers). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *h = data + i * row_stride;
+        if (len[i] != packet_bytes || h[OFF_VERSION] != version || be16(h + OFF_JOB) != job_id)
+            continue;
+        const int op = h[OFF_OP];
+        if (op == OP_PARAM || op == OP_PARAM_REQ) {
+            side[n_side++] = i;
+            continue;
+        }
+        const int64_t slot = be16(h + OFF_SLOT);
+        if (op != OP_RESULT || slot == probe_slot)
+            continue;
+        const int64_t global = ((int64_t)be32(h + OFF_SEQ) - 1) * slots + slot;
+        if (slot < slots && slot_newest[slot] < global)
+            slot_newest[slot] = global;
+        n_results++;
+        const int64_t u = global - base;
+        const uint64_t bits = be64(h + OFF_BITMAP);
+        if (u >= units) { /* a later reduce's: what its bits prove the peers sent (reuse.py) */
+            any_later = 1;
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if ((bits >> w) & 1 && later[w] < u)
+                    later[w] = u;
+            continue;
+        }
+        if (u < 0 || state[u] == ST_DONE)
+            continue; /* (a later copy of a unit settled in this batch too: the first copy wins) */
+        const int prior = state[u];
+        state[u] = ST_DONE;
+        settled[n_settled] = u;
+        side[n - 1 - n_settled] = i; /* the row of each settled unit, from the far end of side */
+        n_settled++;
+        const int flags = h[OFF_FLAGS];
+        const int64_t cnt = h[OFF_COUNT];
+        const int retx = (flags & FLAG_RETX) != 0;
+        retx_count += retx;
+        seen_bits |= bits;
+        any_all_bits |= bits == all_bits;
+        full += cnt == n_workers;
+        critical_short += critical_unit[u] && cnt < n_workers;
+        if (prior == ST_IN_FLIGHT && proven_lost[u]) { /* a unit found lost: was its round closed? */
+            lost++;
+            lost_retx += retx;
+        }
+        if (prior == ST_IN_FLIGHT && retx_sent[u] == 0) {
+            if (!retx && (flushes[u] == 0 || (cnt == n_workers && !proven_lost[u]))) {
+                double ms = (now - sent_at[u]) * 1000.0;
+                rtt[n_rtt++] = ms;
+                if (!(rtt_min <= ms)) /* (NaN at first) */
+                    rtt_min = ms;
+            }
+            if (flushes[u] == 1 && (retx || h[OFF_WORKER] == closer_id))
+                flush[n_flush++] = (now - flushed_at[u]) * 1000.0;
+        }
+        if (bits == all_bits) {
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if (reached[w] < u)
+                    reached[w] = u;
+        } else {
+            for (Py_ssize_t w = 0; w < n_workers; w++)
+                if ((bits >> w) & 1 && reached[w] < u)
+                    reached[w] = u;
+        }
+    }
+    for (Py_ssize_t w = 0; w < n_workers; w++)
+        if (frontier[w] < reached[w])
+            frontier[w] = reached[w];
+
+    /* Pass 2: exponent units (every chunk they cover gets its agreed exponent), then pass 3: data units,
+     * in that order as the reference's _settle_values (a data RESULT a peer's FLUSH closed may share a
+     * batch with its chunk's exponent RESULT; the data RESULT's shift is the one kept). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t j = 0; j < n_settled; j++) {
+            const int64_t u = settled[j];
+            const int is_exp = u < exp_units;
+            if (is_exp != (pass == 0))
+                continue;
+            const uint8_t *h = data + side[n - 1 - j] * row_stride;
+            const uint8_t *payload = h + HEADER_BYTES;
+            const int64_t cnt = h[OFF_COUNT];
+            const uint64_t bits = be64(h + OFF_BITMAP);
+            if (is_exp) {
+                if (cnt <= 0)
+                    continue;
+                withheld_seen |= bits != all_bits;
+                for (Py_ssize_t e = 0; e < k; e++) {
+                    const int64_t c = u * k + e;
+                    if (c >= c_count)
+                        break;
+                    const int64_t agreed = (int32_t)be32(payload + 4 * e);
+                    int64_t s = (30 - headroom) - agreed;
+                    shift[c] = (int32_t)(s < -SHIFT_LIMIT ? -SHIFT_LIMIT : (s > SHIFT_LIMIT ? SHIFT_LIMIT : s));
+                    exp_known[c] = 1;
+                    nonfinite[c] = agreed >= NONFINITE_EXPONENT;
+                    own_exp[c] = (bits >> worker_id) & 1;
+                    exp_bitmap[c] = bits;
+                }
+                continue;
+            }
+            const int64_t c = u - exp_units;
+            const int64_t w = be32(h + OFF_WEIGHT);
+            const int32_t s = (int8_t)h[OFF_EXP];
+            count[c] = cnt;
+            bitmap[c] = bits;
+            weight[c] = w;
+            result_flags[c] = h[OFF_FLAGS];
+            shift[c] = s;
+            if (cnt <= 0)
+                continue;
+            const double divisor = renorm == 0 ? (double)cnt : renorm == 1 ? (double)(w > 0 ? w : cnt) : (double)n_workers;
+            const double scale = ldexp(1.0, -s) / divisor;
+            float *dst = out + c * k;
+            for (Py_ssize_t e = 0; e < k; e++)
+                dst[e] = (float)((double)(int32_t)be32(payload + 4 * e) * scale);
+        }
+    }
+
+    /* Units overtaken (reference: ReduceEngine._drop_overtaken, after every batch with RESULTs): a RESULT
+     * for global unit g means slot g mod D moved past every older round, so units of this reduce still open
+     * in an older round of their slot can never be answered: given up. */
+    if (n_results) {
+        int64_t newest = -1;
+        for (Py_ssize_t j = 0; j < slots; j++)
+            if (slot_newest[j] > newest)
+                newest = slot_newest[j];
+        int64_t hi = newest - base - slots + 1;
+        if (hi > units)
+            hi = units;
+        for (int64_t v = low; v < hi; v++)
+            if (state[v] < ST_DONE && base + v < slot_newest[(base + v) % slots]) {
+                state[v] = ST_GAVE_UP;
+                overtaken++;
+            }
+    }
+    Py_END_ALLOW_THREADS;
+
+    double rtt_median = n_rtt ? upper_median(rtt, n_rtt) : NAN;
+    double flush_median = n_flush ? upper_median(flush, n_flush) : NAN;
+    result = Py_BuildValue("nnniLLLnKidddLinLL", n_settled, n_results, n_side, any_later, retx_count, full,
+                           critical_short, n - n_side - n_settled, (unsigned long long)seen_bits, any_all_bits,
+                           rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen,
+                           overtaken, lost, lost_retx);
+done:
+    PyBuffer_Release(&data_view);
+    if (lens.held)
+        PyBuffer_Release(&lens.view);
+    for (int i = 0; i < N_ARRAYS; i++)
+        if (a[i].held)
+            PyBuffer_Release(&a[i].view);
+    return result;
+}
+
+/* scan(state, low, next_unit) -> (low, unsettled, in_flight): ReducePlan.advance_low, then
+ * ReducePlan.unsettled, then the units in flight in [low, next_unit) (ReduceEngine._send_ready's count). */
+static PyObject *engine_scan(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    Py_ssize_t low, next_unit;
+    if (!PyArg_ParseTuple(args, "Onn:scan", &state_obj, &low, &next_unit))
+        return NULL;
+    buf_t st = {0};
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0) {
+        if (st.held)
+            PyBuffer_Release(&st.view);
+        return NULL;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    const Py_ssize_t units = st.view.shape[0];
+    if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
+        PyBuffer_Release(&st.view);
+        PyErr_SetString(PyExc_ValueError, "scan: low and next_unit must lie in the plan");
+        return NULL;
+    }
+    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
+    while (i < top && state[i] >= ST_DONE)
+        i++;
+    low = i;
+    int unsettled = low < next_unit;
+    for (Py_ssize_t j = low; !unsettled && j < units; j++)
+        unsettled = state[j] < ST_DONE;
+    Py_ssize_t in_flight = 0;
+    for (Py_ssize_t j = low; j < next_unit; j++)
+        in_flight += state[j] == ST_IN_FLIGHT;
+    PyBuffer_Release(&st.view);
+    return Py_BuildValue("nin", low, unsettled, in_flight);
+}
+
+/* due(state, deadline_at, low, next_unit, now, out) -> (n_due, next_at): the units in flight in [low,
+ * next_unit) whose deadline is at or before ``now``, in order, into out[:n_due] (Deadlines.due), and
+ * the earliest deadline of a unit in flight (Deadlines.next_at; inf when none is). */
+static PyObject *engine_due(PyObject *self, PyObject *args) {
+    PyObject *state_obj, *at_obj, *out_obj;
+    Py_ssize_t low, next_unit;
+    double now;
+    if (!PyArg_ParseTuple(args, "OOnndO:due", &state_obj, &at_obj, &low, &next_unit, &now, &out_obj))
+        return NULL;
+    buf_t st = {0}, at = {0}, out = {0};
+    PyObject *result = NULL;
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0 || get_vec(at_obj, &at, 8, st.view.shape[0], 0, "deadline_at") < 0 ||
+        get_vec(out_obj, &out, 8, st.view.shape[0], 1, "out") < 0)
+        goto done;
+    if (low < 0 || next_unit > st.view.shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "due: low and next_unit must lie in the plan");
+        goto done;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    const double *deadline = (const double *)at.view.buf;
+    int64_t *due = (int64_t *)out.view.buf;
+    Py_ssize_t n_due = 0;
+    double next_at = INFINITY;
+    for (Py_ssize_t j = low; j < next_unit; j++) {
+        if (state[j] != ST_IN_FLIGHT)
+            continue;
+        if (deadline[j] < next_at)
+            next_at = deadline[j];
+        if (deadline[j] <= now)
+            due[n_due++] = j;
+    }
+    result = Py_BuildValue("nd", n_due, next_at);
+done:
+    if (st.held)
+        PyBuffer_Release(&st.view);
+    if (at.held)
+        PyBuffer_Release(&at.view);
+    if (out.held)
+        PyBuffer_Release(&out.view);
+    return result;
+}
+
+/* quantize_ahead(chunks, rows, exp_known, quantized, own_exp, critical, owner, shift, has_exp, todo,
+ *                saturated, c0, c1, block, limit, flags, bit_generator) -> quantized rows
+ * ReduceEngine._quantize_ahead in one call: the chunks of [c0, c1) not quantized yet whose exponent is known,
+ * and the known ones after them up to ``block`` chunks from c0, quantized straight into the payload of their
+ * packet rows (``rows``: the plan's data rows, big-endian) with their shifts; each row's exp byte and flags
+ * (flags = (CRITICAL, SATURATED, OWNER) bits: critical chunk, clamped while its proposal was counted, owner
+ * set) written, has_exp = own_exp and quantized set. The random bits: one draw of ``bit_generator``'s
+ * random_raw() per call that quantizes anything, then the rows in order, as hostlib.codec.quantize_into's C
+ * path: the same integers. ``todo`` and ``saturated`` are scratch, one entry per chunk. */
+static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
+    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen;
+    Py_ssize_t c0, c1, block;
+    long long limit;
+    int f_critical, f_saturated, f_owner;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &block,
+                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen))
+        return NULL;
+    Py_buffer cv, rv;
+    buf_t b[9];
+    memset(b, 0, sizeof(b));
+    int have_cv = 0, have_rv = 0;
+    PyObject *result = NULL;
+    uint64_t *bits = NULL;
+    if (PyObject_GetBuffer(chunks_obj, &cv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto done;
+    have_cv = 1;
+    if (PyObject_GetBuffer(rows_obj, &rv, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+        goto done;
+    have_rv = 1;
+    if (cv.ndim != 2 || cv.itemsize != 4 || rv.ndim != 2 || rv.itemsize != 1 || rv.strides[1] != 1 ||
+        rv.shape[0] != cv.shape[0] || rv.shape[1] != HEADER_BYTES + 4 * cv.shape[1] || limit < 1 ||
+        limit > (1LL << 30)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: chunks must be (C, K) float32 and rows (C, 36 + 4K) uint8");
+        goto done;
+    }
+    const Py_ssize_t c = cv.shape[0], k = cv.shape[1];
+    const struct {
+        Py_ssize_t item;
+        int writable;
+        const char *name;
+    } spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"}, {1, 0, "critical"}, {8, 0, "owner"},
+                 {4, 0, "shift"},     {1, 1, "has_exp"},   {8, 1, "todo"},    {1, 1, "saturated"}};
+    for (int i = 0; i < 9; i++)
+        if (get_vec(objs[i], &b[i], spec[i].item, c, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    if (c0 < 0 || c1 < c0 || c1 > c || block < 1) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: need 0 <= c0 <= c1 <= chunks and block >= 1");
+        goto done;
+    }
+    const uint8_t *exp_known = (const uint8_t *)b[0].view.buf, *own_exp = (const uint8_t *)b[2].view.buf;
+    const uint8_t *critical = (const uint8_t *)b[3].view.buf;
+    const int64_t *owner = (const int64_t *)b[4].view.buf;
+    const int32_t *shift = (const int32_t *)b[5].view.buf;
+    uint8_t *quantized = (uint8_t *)b[1].view.buf, *has_exp = (uint8_t *)b[6].view.buf;
+    int64_t *todo = (int64_t *)b[7].view.buf;
+    uint8_t *saturated = (uint8_t *)b[8].view.buf;
+    /* (reference: hi = min(C, max(c1, c0 + block)), cut at the first unknown exponent from c1 on) */
+    Py_ssize_t hi = c0 + block > c1 ? c0 + block : c1;
+    if (hi > c)
+        hi = c;
+    for (Py_ssize_t j = c1; j < hi; j++)
+        if (!exp_known[j]) {
+            hi = j;
+            break;
+        }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t j = c0; j < hi; j++)
+        if (exp_known[j] && !quantized[j])
+            todo[n++] = j;
+    if (n == 0) {
+        result = PyLong_FromSsize_t(0);
+        goto done;
+    }
+    PyObject *raw = PyObject_CallMethod(bitgen, "random_raw", NULL);
+    if (raw == NULL)
+        goto done;
+    const unsigned long long seed = PyLong_AsUnsignedLongLong(raw);
+    Py_DECREF(raw);
+    if (PyErr_Occurred())
+        goto done;
+    bits = PyMem_RawMalloc((size_t)(k / 2 + 1) * sizeof(uint64_t));
+    if (bits == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the shifts of the rows in order, as the reference passes plan.shift[sel] */
+    int32_t *shifts = PyMem_RawMalloc((size_t)n * sizeof(int32_t));
+    if (shifts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        shifts[i] = shift[todo[i]];
+    char *rows = (char *)rv.buf;
+    const Py_ssize_t stride = rv.strides[0];
+    Py_ssize_t bad;
+    Py_BEGIN_ALLOW_THREADS;
+    bad = quantize_rows((const char *)cv.buf, 4 * k, rows + HEADER_BYTES, stride, k, todo, n, shifts, (float)limit,
+                        1, (uint64_t)seed, bits, saturated);
+    if (bad < 0)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t j = todo[i];
+            char *h = rows + j * stride;
+            h[OFF_EXP] = (char)(int8_t)shifts[i];
+            h[OFF_FLAGS] = (char)((critical[j] ? f_critical : 0) | (saturated[i] && own_exp[j] ? f_saturated : 0) |
+                                  (owner[j] >= 0 ? f_owner : 0));
+            has_exp[j] = own_exp[j];
+            quantized[j] = 1;
+        }
+    Py_END_ALLOW_THREADS;
+    PyMem_RawFree(shifts);
+    if (bad >= 0)
+        PyErr_Format(PyExc_ValueError, "tensor holds NaN or Inf (first in chunk %zd); refusing to send it", bad);
+    else
+        result = PyLong_FromSsize_t(n);
+done:
+    PyMem_RawFree(bits);
+    if (have_cv)
+        PyBuffer_Release(&cv);
+    if (have_rv)
+        PyBuffer_Release(&rv);
+    for (int i = 0; i < 9; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
+/* stall(state, flushes, critical_unit, deadline_at, frontier, presumed_dead, low, permitted, next_unit, at)
+ * -> the unit whose deadline was brought forward, or -1: Deadlines.stall_flush. The newest unit in flight in
+ * [max(low, slowest live frontier + 1), min(permitted, next_unit)) that was not FLUSHed and is not critical
+ * gets the deadline min(its deadline, at). The slowest live frontier: the lowest frontier of a worker whose
+ * bit is not in presumed_dead (the highest of all when every one is). */
+static PyObject *engine_stall(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    unsigned long long dead;
+    Py_ssize_t low, permitted, next_unit;
+    double at;
+    if (!PyArg_ParseTuple(args, "OOOOOKnnnd:stall", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &dead, &low,
+                          &permitted, &next_unit, &at))
+        return NULL;
+    buf_t b[5];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    if (get_vec(objs[0], &b[0], 1, 0, 0, "state") < 0)
+        goto done;
+    const Py_ssize_t units = b[0].view.shape[0];
+    if (get_vec(objs[1], &b[1], 8, units, 0, "flushes") < 0 || get_vec(objs[2], &b[2], 1, units, 0, "critical_unit") < 0 ||
+        get_vec(objs[3], &b[3], 8, units, 1, "deadline_at") < 0 || get_vec(objs[4], &b[4], 8, 1, 0, "frontier") < 0)
+        goto done;
+    const int8_t *state = (const int8_t *)b[0].view.buf;
+    const int64_t *flushes = (const int64_t *)b[1].view.buf, *frontier = (const int64_t *)b[4].view.buf;
+    const uint8_t *critical_unit = (const uint8_t *)b[2].view.buf;
+    double *deadline = (double *)b[3].view.buf;
+    const Py_ssize_t n_workers = b[4].view.shape[0];
+    int64_t slowest = INT64_MAX, top = INT64_MIN;
+    for (Py_ssize_t w = 0; w < n_workers; w++) {
+        if (frontier[w] > top)
+            top = frontier[w];
+        if (!(w < 64 && (dead >> w) & 1) && frontier[w] < slowest)
+            slowest = frontier[w];
+    }
+    if (slowest == INT64_MAX)
+        slowest = top;
+    int64_t lo = slowest + 1 > low ? slowest + 1 : low;
+    int64_t hi = permitted < next_unit ? permitted : next_unit;
+    if (hi > units)
+        hi = units;
+    int64_t newest = -1;
+    for (int64_t u = hi - 1; u >= lo && u >= 0; u--)
+        if (state[u] == ST_IN_FLIGHT && flushes[u] == 0 && !critical_unit[u]) {
+            newest = u;
+            break;
+        }
+    if (newest >= 0 && at < deadline[newest])
+        deadline[newest] = at;
+    result = PyLong_FromLongLong(newest);
+done:
+    for (int i = 0; i < 5; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
+/* peers_news(settled, sent, peers, excused, excused_to, presumed_dead, frontier, dead_bits, base, span,
+ *            data_slots) -> None: SlotReuse.set_presumed_dead (bit w of dead_bits: peer w presumed dead),
+ * then SlotReuse.saw(base, frontier), on the slot-reuse state's arrays (int64, the masks bool; one entry
+ * per worker), as ReduceEngine._run_units calls them after a wake-up that brought RESULTs. */
+static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
+    PyObject *objs[7];
+    unsigned long long dead_bits;
+    long long base, span, d;
+    if (!PyArg_ParseTuple(args, "OOOOOOOKLLL:peers_news", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &dead_bits, &base, &span, &d))
+        return NULL;
+    buf_t b[7];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    if (get_vec(objs[0], &b[0], 8, 1, 1, "settled") < 0)
+        goto done;
+    const Py_ssize_t n = b[0].view.shape[0];
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "peers_news: at most 64 workers");
+        goto done;
+    }
+    static const struct {
+        Py_ssize_t item;
+        int writable;
+        const char *name;
+    } spec[7] = {{8, 1, "settled"},       {8, 1, "sent"},          {1, 0, "peers"},   {1, 1, "excused"},
+                 {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
+    for (int i = 1; i < 7; i++)
+        if (get_vec(objs[i], &b[i], spec[i].item, n, spec[i].writable, spec[i].name) < 0)
+            goto done;
+    int64_t *settled = (int64_t *)b[0].view.buf, *sent = (int64_t *)b[1].view.buf;
+    const uint8_t *peers = (const uint8_t *)b[2].view.buf;
+    uint8_t *excused = (uint8_t *)b[3].view.buf, *presumed = (uint8_t *)b[5].view.buf;
+    int64_t *excused_to = (int64_t *)b[4].view.buf;
+    const int64_t *frontier = (const int64_t *)b[6].view.buf;
+    /* set_presumed_dead */
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int dead = (dead_bits >> w) & 1;
+        if (presumed[w] && !dead && excused[w] && excused_to[w] == INT64_MAX)
+            excused_to[w] = settled[w] + 2 * d + 1;
+        presumed[w] = (uint8_t)dead;
+    }
+    /* saw */
+    int any_seen = 0, any_excused = 0;
+    for (Py_ssize_t w = 0; w < n; w++)
+        any_seen |= frontier[w] >= 0, any_excused |= excused[w] != 0;
+    if (!any_seen) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int seen = frontier[w] >= 0;
+        const int64_t s = seen ? base + frontier[w] : -1;
+        if (s > sent[w])
+            sent[w] = s;
+        int64_t proven = -1;
+        if (seen)
+            proven = base - 1 > base + frontier[w] - span ? base - 1 : base + frontier[w] - span;
+        if (any_excused)
+            excused[w] = excused[w] && proven <= settled[w];
+        if (proven > settled[w])
+            settled[w] = proven;
+    }
+    int64_t newest[64];
+    Py_ssize_t top = 0;
+    for (Py_ssize_t w = 0; w < n; w++) {
+        newest[w] = peers[w] ? sent[w] : -1;
+        if (newest[w] > newest[top])
+            top = w; /* (the first of the largest, as argmax) */
+    }
+    const int64_t top_value = newest[top];
+    newest[top] = -1;
+    int64_t second = newest[0];
+    for (Py_ssize_t w = 1; w < n; w++)
+        if (newest[w] > second)
+            second = newest[w];
+    for (Py_ssize_t w = 0; w < n; w++) {
+        const int64_t others = w == top ? second : top_value;
+        if (!(peers[w] && others > settled[w] + d))
+            continue;
+        int64_t reach = settled[w] + 2 * d + 1 > others + 1 ? settled[w] + 2 * d + 1 : others + 1;
+        if (presumed[w])
+            reach = INT64_MAX;
+        if (reach > excused_to[w])
+            excused_to[w] = reach;
+        excused[w] = 1;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int i = 0; i < 7; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
+/* run(state, exp_units, k, u0, hi) -> (u1, pending): the units u0..u1-1 of [u0, hi) that may go before the
+ * first data unit whose exponent unit is not settled (ReduceEngine._send_units' "blocked" rule), and
+ * whether every one of them is still pending. */
+static PyObject *engine_run(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    Py_ssize_t exp_units, k, u0, hi;
+    if (!PyArg_ParseTuple(args, "Onnnn:run", &state_obj, &exp_units, &k, &u0, &hi))
+        return NULL;
+    buf_t st = {0};
+    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0) {
+        if (st.held)
+            PyBuffer_Release(&st.view);
+        return NULL;
+    }
+    const int8_t *state = (const int8_t *)st.view.buf;
+    if (u0 < 0 || hi > st.view.shape[0] || k < 1 || exp_units < 0) {
+        PyBuffer_Release(&st.view);
+        PyErr_SetString(PyExc_ValueError, "run: u0 and hi must lie in the plan");
+        return NULL;
+    }
+    Py_ssize_t u1 = u0;
+    int pending = 1;
+    for (; u1 < hi; u1++) {
+        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE)
+            break;
+        pending &= state[u1] == 0;
+    }
+    PyBuffer_Release(&st.view);
+    return Py_BuildValue("ni", u1, pending);
+}
+
+static PyMethodDef engine_methods[] = {
+    {"run", engine_run, METH_VARARGS, "The units of [u0, hi) whose exponent is settled; (u1, all pending)."},
+    {"peers_news", engine_peers_news, METH_VARARGS, "SlotReuse.set_presumed_dead, then SlotReuse.saw."},
+    {"stall", engine_stall, METH_VARARGS, "Deadlines.stall_flush: bring the newest stalled unit's deadline forward."},
+    {"quantize_ahead", engine_quantize_ahead, METH_VARARGS, "Quantize the next chunks into their packet rows."},
+    {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},
+    {"scan", engine_scan, METH_VARARGS, "Advance low past the settled prefix; (low, unsettled, in_flight)."},
+    {"due", engine_due, METH_VARARGS, "Units in flight past their deadline; (n_due, next_at)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef engine_module = {
+    PyModuleDef_HEAD_INIT, "_engine", "Native steady state of hostlib.transport's reduce engine.", -1, engine_methods,
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    PyObject *m = PyModule_Create(&engine_module);
+    if (m == NULL)
+        return NULL;
+    /* The wire constants compiled in, for the test that checks them against hostlib.protocol. */
+    const struct {
+        const char *name;
+        long value;
+    } constants[] = {
+        {"OFF_VERSION", OFF_VERSION}, {"OFF_OP", OFF_OP},         {"OFF_FLAGS", OFF_FLAGS},
+        {"OFF_EXP", OFF_EXP},         {"OFF_JOB", OFF_JOB},       {"OFF_WORKER", OFF_WORKER},
+        {"OFF_COUNT", OFF_COUNT},     {"OFF_SLOT", OFF_SLOT},     {"OFF_SEQ", OFF_SEQ},
+        {"OFF_WEIGHT", OFF_WEIGHT},   {"OFF_BITMAP", OFF_BITMAP}, {"HEADER_BYTES", HEADER_BYTES},
+        {"OP_RESULT", OP_RESULT},     {"OP_PARAM", OP_PARAM},     {"OP_PARAM_REQ", OP_PARAM_REQ},
+        {"FLAG_RETX", FLAG_RETX},     {"ST_IN_FLIGHT", ST_IN_FLIGHT}, {"ST_DONE", ST_DONE}, {"ST_GAVE_UP", ST_GAVE_UP},
+        {"NONFINITE_EXPONENT", (long)NONFINITE_EXPONENT}, {"SHIFT_LIMIT", SHIFT_LIMIT},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    return m;
+}

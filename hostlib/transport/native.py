@@ -1,0 +1,48 @@
+"""Which engine path settles a batch: the Python reference or the native one (``hostlib/_engine.c``).
+
+``LTA_ENGINE``: unset or ``auto`` takes ``native`` where the extension is built, ``python`` forces the
+reference (``ReduceEngine._handle`` and what it calls), ``native`` insists on the extension. Both give the
+same unit states, values, counts, bitmaps, samples and statistics on the same batches
+(tests/test_engine_native.py); the native one does a batch in one pass over its rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+try:
+    from hostlib import _engine
+
+    native_ext: Any = _engine
+    _MISSING = ""
+except ImportError as exc:  # not built (no compiler at install time) or built for another Python
+    native_ext = None
+    _MISSING = "the C extension hostlib._engine is not usable (" + " ".join(str(exc).split()) + ")"
+
+ENGINE_PATHS = ("python", "native")
+ENV_VAR = "LTA_ENGINE"
+# TransportConfig.renormalize as the native code numbers it
+RENORMALIZE_CODES = {"count": 0, "weight": 1, "none": 2}
+
+
+def engine_path() -> str:
+    """The path a new engine takes: ``"native"`` or ``"python"`` (see the module docstring). Raises
+    ValueError for an unknown value, or for ``native`` where the extension is missing."""
+    return _resolve(os.environ.get(ENV_VAR, "").strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _resolve(requested: str) -> str:
+    if requested in ("", "auto"):
+        return "python" if native_ext is None else "native"
+    if requested not in ENGINE_PATHS:
+        raise ValueError(
+            f"{ENV_VAR}={requested!r} is not an engine path; expected {', '.join(ENGINE_PATHS)} or auto"
+        )
+    if requested == "native" and native_ext is None:
+        raise ValueError(
+            f"{ENV_VAR}=native: {_MISSING}; reinstall with `pip install -e .` or use {ENV_VAR}=python"
+        )
+    return requested

@@ -1,0 +1,360 @@
+"""The native engine path (hostlib/_engine.c) against the Python reference (ReduceEngine._handle and what
+it calls), bit for bit.
+
+Worker 0 of a job is played twice, by a reference engine and a native one; its peers by reference engines.
+All of them run the engine's own send, deadline and finish code on a fake clock, with their GRADs and
+FLUSHes summed by an in-process softswitch; the RESULTs for worker 0 go through seeded loss, duplication,
+reordering and delay (late packets), mixed with rows no unit owns (another job, a wrong length, the
+probe slot, a later reduce's units, parameters), and are handed to both copies as the same batches.
+After every batch the two copies must hold the same unit states, values, counts, bitmaps, shifts,
+frontiers, RTT estimates, slot news and statistics; at the end the same ReduceResult.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from hostlib import protocol
+from hostlib.batchio import RxBatch
+from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, HEADER_OFFSETS, Flag, Op
+from hostlib.transport import TransportConfig
+from hostlib.transport import deadlines as deadlines_module
+from hostlib.transport import engine as engine_module
+from hostlib.transport.engine import ReduceEngine
+from hostlib.transport.native import engine_path, native_ext
+from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT
+from hostlib.transport.reuse import _NO_LIMIT, SlotReuse
+from softswitch.pipeline import JobConfig, SoftSwitch
+
+pytestmark = pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built (pip install -e .)")
+
+JOB = 3
+
+
+class FakeIO:
+    """A worker's I/O without a socket: sends are recorded, receives are the batches a test hands in."""
+
+    mode = "test"
+
+    def __init__(self, packet_bytes: int, capacity: int = 128) -> None:
+        self.rx = RxBatch(capacity, packet_bytes + 4)
+        self.sent: list[np.ndarray] = []
+
+    def send_rows(self, rows: np.ndarray) -> int:
+        self.sent.append(np.array(rows, copy=True))
+        return len(rows)
+
+    def take(self) -> list[bytes]:
+        out = [bytes(row) for rows in self.sent for row in rows]
+        self.sent.clear()
+        return out
+
+    def fill(self, packets: list[bytes]) -> int:
+        for i, pkt in enumerate(packets):
+            self.rx.data[i, : len(pkt)] = np.frombuffer(pkt, dtype=np.uint8)
+            self.rx.lens[i] = len(pkt)
+        return len(packets)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(cfg: TransportConfig, worker: int, n_workers: int, native: bool) -> ReduceEngine:
+    engine = ReduceEngine(
+        JOB, worker, n_workers, cfg, FakeIO(protocol.packet_bytes(cfg.elems_per_packet)), 24
+    )
+    engine.native = native
+    return engine
+
+
+def _result_of(pkt: bytes, **fields: int) -> bytes:
+    """``pkt`` (a RESULT) with header fields changed."""
+    arr = np.frombuffer(pkt, dtype=np.uint8).copy()
+    hdr = arr[:HEADER_BYTES].view(HEADER_DTYPE)
+    for name, value in fields.items():
+        hdr[name] = value
+    return arr.tobytes()
+
+
+def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
+    pa, pb = a._plans, b._plans
+    assert pa.keys() == pb.keys()
+    for key in pa:
+        for name, va in vars(pa[key]).items():
+            vb = getattr(pb[key], name)
+            if isinstance(va, np.ndarray):
+                assert va.dtype == vb.dtype and np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), (
+                    f"{where}: plan.{name} differs"
+                )
+            else:
+                assert va == vb, f"{where}: plan.{name} differs: {va!r} != {vb!r}"
+    assert np.array_equal(a._slot_newest, b._slot_newest), where
+    assert a.stats.as_dict() == b.stats.as_dict(), where
+    for name in (
+        "srtt_ms",
+        "rttvar_ms",
+        "flush_srtt_ms",
+        "flush_rttvar_ms",
+        "presumed_dead",
+        "early_close",
+        "_absent",
+        "_absent_window",
+        "_rto_cached_s",
+    ):
+        assert getattr(a.deadlines, name) == getattr(b.deadlines, name), f"{where}: deadlines.{name}"
+    assert list(a.deadlines._rtt_mins) == list(b.deadlines._rtt_mins), where
+    for name, va in vars(a.reuse).items():
+        vb = getattr(b.reuse, name)
+        assert np.array_equal(va, vb) if isinstance(va, np.ndarray) else va == vb, f"{where}: reuse.{name}"
+    assert a.param_requests == b.param_requests, where
+    assert a.param_inbox.keys() == b.param_inbox.keys(), where
+    for chunk, (step, values) in a.param_inbox.items():
+        assert b.param_inbox[chunk][0] == step and np.array_equal(b.param_inbox[chunk][1], values), where
+
+
+def _play(
+    clock: Clock,
+    seed: int,
+    *,
+    n_workers: int,
+    k: int,
+    n_values: int,
+    loss: float,
+    dup: float,
+    late: float,
+    renormalize: str = "count",
+    critical: bool = False,
+) -> tuple[object, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize)
+    ref, nat = _engine(cfg, 0, n_workers, False), _engine(cfg, 0, n_workers, True)
+    peers = [_engine(cfg, w, n_workers, False) for w in range(1, n_workers)]
+    switch = SoftSwitch(seed)
+    switch.add_job(JobConfig(job_id=JOB, workers=list(range(n_workers)), pool_size=48, elems_per_packet=k))
+    xs = [rng.standard_normal(n_values).astype(np.float32) * (w + 1) for w in range(n_workers)]
+    crit = [(0, k * 3)] if critical else None
+    plans = {}
+    for e, x in zip([ref, nat, *peers], [xs[0], xs[0], *xs[1:]], strict=True):
+        plans[id(e)] = e._begin(
+            x.copy(), step=0, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock()
+        )
+    held: list[bytes] = []  # RESULTs for worker 0 delayed to a later delivery
+    sent_tick: dict[int, int] = {}
+    for tick in range(400):
+        clock.t += 0.002
+        now = clock()
+        for e in [ref, nat, *peers]:
+            plan = plans[id(e)][0]
+            in_flight = e._advance(plan)
+            e._send_ready(plan, max(in_flight, 0))
+            plan.frontier[e.worker_id] = plan.next_unit - 1
+            due = e._due(plan, now)  # the engine's own deadline rules: probes, resends, FLUSHes
+            assert e._next_deadline(plan) == e.deadlines.next_at(plan)
+            if due.size:
+                e._on_deadlines(plan, due, now, 0)
+        grads = [(pkt, 0) for pkt in ref.io.take()]
+        assert [p for p, _ in grads] == nat.io.take(), f"tick {tick}: the two copies sent different packets"
+        for e in peers:
+            grads += [(pkt, e.worker_id) for pkt in e.io.take()]
+        grads = [g for g in grads if rng.random() >= loss]
+        grads += [g for g in grads if rng.random() < dup]
+        order = rng.permutation(len(grads))
+        down: dict[int, list[bytes]] = {w: [] for w in range(n_workers)}
+        for i in order:
+            for port, pkt in switch.process(*grads[i]):
+                down[port].append(pkt)
+        if tick % 5 == 3:  # a peer's parameters, relayed, and a request
+            peers[0].broadcast_params(np.array([tick]), np.full((1, k), tick, dtype=np.float32), step=tick)
+            peers[0].request_params(np.array([tick + 1]), step=tick)
+            for port, pkt in [o for p in peers[0].io.take() for o in switch.process(p, peers[0].worker_id)]:
+                if port == 0:
+                    down[0].append(pkt)
+        mine = [p for p in down[0] if rng.random() >= loss]
+        mine += [p for p in mine if rng.random() < dup]
+        if mine:  # rows no unit of this reduce owns
+            plan = plans[id(ref)][0]
+            if late:  # a later reduce's unit (its slot's older rounds are overtaken: given up)
+                g = plan.base + plan.units + int(rng.integers(0, 40))
+                mine.append(_result_of(mine[0], seq=g // 47 + 1, slot=g % 47, bitmap=int(rng.integers(1, 4))))
+            mine.append(_result_of(mine[0], slot=47))  # the probe slot
+            mine.append(_result_of(mine[0], job_id=JOB + 1))
+            mine.append(mine[0][:-4])
+        keep = [p for p in mine if rng.random() >= late]
+        mine, held = held + keep, [p for p in mine if p not in keep]
+        if rng.random() < 0.4:  # a late wake-up: this tick's answers wait for the next one's (RTTs differ)
+            mine, held = [], mine + held
+        mine = [mine[i] for i in rng.permutation(len(mine))]
+        while mine:
+            take = int(rng.integers(1, 60))
+            batch, mine = mine[:take], mine[take:]
+            clock.t += 0.0005
+            for e in (ref, nat):
+                n = e.io.fill(batch)
+                e.stats.packets_received += n
+                e._handle(n, plans[id(e)][0])
+            _same(ref, nat, f"seed {seed} tick {tick}")
+        for e in peers:
+            n = e.io.fill(down[e.worker_id])
+            e._handle(n, plans[id(e)][0])
+        for e in [ref, nat, *peers]:
+            plan = plans[id(e)][0]
+            e.reuse.news(plan.base, plan.frontier, e.deadlines.presumed_dead, e.native)
+            if plan.frontier.min() > plan.fast_flushed_to:
+                e.deadlines.fast_flush(plan, clock())
+            if plan.own_shown >= 0:  # the window-stall rule, from the newest unit showing this worker's bit
+                e._stall_flush(plan, max(-1, plan.own_shown - e.reuse.span) + e._slots + 1, clock())
+        _same(ref, nat, f"seed {seed} tick {tick} (after the deadline rules)")
+        if not plans[id(ref)][0].unsettled() and not held:
+            break
+        sent_tick[tick] = int(np.count_nonzero(plans[id(ref)][0].state == IN_FLIGHT))
+    results = []
+    for e in (ref, nat):
+        plan, n_chunks = plans[id(e)]
+        results.append(e._finish(plan, n_values, n_chunks, None, None, 0.0)[0])
+    a, b = results
+    for name in (
+        "values",
+        "count",
+        "bitmap",
+        "fallback",
+        "withheld",
+        "saturated",
+        "shift",
+        "critical",
+        "nonfinite",
+    ):
+        va, vb = getattr(a, name), getattr(b, name)
+        assert np.array_equal(va, vb, equal_nan=True), f"seed {seed}: result.{name} differs"
+    _same(ref, nat, f"seed {seed} at the end")
+    # The play reached the steady state and its rare cases: settled units, partial and empty rounds.
+    plan = plans[id(ref)][0]
+    assert np.count_nonzero(plan.state == DONE) > plan.units // 2
+    return a, xs
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    fake = types.SimpleNamespace(perf_counter=clock)
+    monkeypatch.setattr(engine_module, "time", fake)
+    monkeypatch.setattr(deadlines_module, "time", fake)
+    return clock
+
+
+@pytest.mark.parametrize(
+    ("seed", "n_workers", "k", "loss", "dup", "late", "renormalize", "critical"),
+    [
+        (1, 2, 64, 0.0, 0.0, 0.0, "count", False),  # lossless: every round complete
+        (2, 2, 64, 0.05, 0.05, 0.05, "count", False),
+        (3, 3, 16, 0.15, 0.1, 0.1, "weight", False),
+        (4, 4, 8, 0.25, 0.2, 0.2, "none", True),
+        (5, 3, 5, 0.1, 0.3, 0.3, "count", True),
+    ],
+)
+def test_native_settles_as_the_reference(
+    fake_clock: Clock,
+    seed: int,
+    n_workers: int,
+    k: int,
+    loss: float,
+    dup: float,
+    late: float,
+    renormalize: str,
+    critical: bool,
+) -> None:
+    fake_clock.t = 1000.0
+    result, xs = _play(
+        fake_clock,
+        seed,
+        n_workers=n_workers,
+        k=k,
+        n_values=k * 150 + 7,
+        loss=loss,
+        dup=dup,
+        late=late,
+        renormalize=renormalize,
+        critical=critical,
+    )
+    if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
+        assert (result.count == n_workers).all()
+        np.testing.assert_allclose(result.values, np.mean(xs, axis=0), rtol=0, atol=1e-6)
+
+
+def test_wire_constants_match_the_protocol() -> None:
+    """The offsets and codes compiled into hostlib/_engine.c are hostlib.protocol's."""
+    for name, field in (
+        ("VERSION", "version"),
+        ("OP", "op"),
+        ("FLAGS", "flags"),
+        ("EXP", "exp"),
+        ("JOB", "job_id"),
+        ("WORKER", "worker_id"),
+        ("COUNT", "count"),
+        ("SLOT", "slot"),
+        ("SEQ", "seq"),
+        ("WEIGHT", "weight"),
+        ("BITMAP", "bitmap"),
+    ):
+        assert getattr(native_ext, f"OFF_{name}") == HEADER_OFFSETS[field]
+    assert native_ext.HEADER_BYTES == HEADER_BYTES
+    assert (native_ext.OP_RESULT, native_ext.OP_PARAM, native_ext.OP_PARAM_REQ) == (
+        Op.RESULT,
+        Op.PARAM,
+        Op.PARAM_REQ,
+    )
+    assert native_ext.FLAG_RETX == Flag.RETX
+    assert (native_ext.ST_IN_FLIGHT, native_ext.ST_DONE, native_ext.ST_GAVE_UP) == (IN_FLIGHT, DONE, GAVE_UP)
+    from hostlib import codec
+
+    assert (
+        native_ext.NONFINITE_EXPONENT == codec.NONFINITE_EXPONENT
+        and native_ext.SHIFT_LIMIT == codec.SHIFT_LIMIT
+    )
+
+
+def test_engine_path_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, path in (("python", "python"), ("native", "native"), ("", "native"), ("auto", "native")):
+        monkeypatch.setenv("LTA_ENGINE", value)
+        assert engine_path() == path
+    monkeypatch.setenv("LTA_ENGINE", "fast")
+    with pytest.raises(ValueError, match="LTA_ENGINE='fast' is not an engine path"):
+        engine_path()
+
+
+def test_peers_news_as_the_reference() -> None:
+    """SlotReuse.news (set_presumed_dead, then saw) native and reference from the same random states:
+    excused and presumed-dead peers, unseen ones, peers far ahead (followed), revived ones."""
+    rng = np.random.default_rng(7)
+    d = 47
+    for trial in range(800):
+        n = int(rng.integers(1, 6))
+        me = int(rng.integers(0, n))
+        pair = [SlotReuse(d, me, n) for _ in range(2)]
+        settled = rng.integers(-1, 400, n)
+        state = {
+            "settled": settled,
+            "sent": settled + rng.integers(0, 120, n),
+            "_excused": rng.random(n) < 0.4,
+            "excused_to": np.where(rng.random(n) < 0.3, _NO_LIMIT, settled + rng.integers(0, 200, n)),
+            "presumed_dead": rng.random(n) < 0.3,
+        }
+        for reuse in pair:
+            for name, value in state.items():
+                getattr(reuse, name)[:] = value
+        base = int(rng.integers(0, 400))
+        frontier = np.where(rng.random(n) < 0.2, -1, rng.integers(-1, 150, n))
+        dead_bits = int(rng.integers(0, 1 << n))
+        pair[0].news(base, frontier, dead_bits, native=False)
+        pair[1].news(base, frontier, dead_bits, native=True)
+        for name, value in vars(pair[0]).items():
+            other = getattr(pair[1], name)
+            same = np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other
+            assert same, f"trial {trial}: reuse.{name} differs: {value} != {other}"

@@ -1,0 +1,106 @@
+"""RESULT loss (issue 42, item 5): units found lost are probed at once while RESULT loss dominates, the
+window is capped to a quarter of the span then, and a tail probe is sent again before the lag deadline
+(docs/protocol.md, "Host side"). Deadline arithmetic on hand-built plans; expectations from the rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hostlib.transport import TransportConfig
+from hostlib.transport.deadlines import Deadlines
+from hostlib.transport.plan import IN_FLIGHT, ReducePlan
+
+K = 16
+N = 4
+
+
+def _plan(n_chunks: int = 32) -> ReducePlan:
+    plan = ReducePlan(n_chunks * K, K)
+    plan.frontier = np.full(N, -1, dtype=np.int64)
+    plan.synced = True
+    plan.has_exp[:] = True
+    return plan
+
+
+def _deadlines(**kw: object) -> Deadlines:
+    cfg = TransportConfig(elems_per_packet=K, min_flush_deadline_ms=2, lag_deadline_ms=200, **kw)
+    dl = Deadlines(cfg, worker_id=1, n_workers=N)
+    dl.rtt_sample(10.0)  # RTO 30 ms
+    dl.flush_sample(2.0)  # FLUSH round trip 2 + 4 * 1 = 6 ms
+    return dl
+
+
+def test_lost_units_are_probed_by_the_others_only_while_closed_rounds_dominate():
+    dl = _deadlines()
+    plan = _plan()
+    lost = np.arange(plan.exp_units, plan.exp_units + 8)
+    plan.state[lost] = IN_FLIGHT
+    plan.deadline_at[lost] = np.inf
+    plan.next_unit = lost[-1] + 2
+    plan.frontier[:] = lost[-1] + 1  # every worker's bit shown past them: all sent, a packet was lost
+    assert dl.fast_flush(plan, 5.0).size == 0  # no answer seen yet: the designated FLUSH alone, as before
+    for _ in range(40):  # answers to lost units: 9 in 10 were the stored RESULT resent (closed rounds)
+        dl.lost_answers(9, 10)
+    assert dl.probing_lost()
+    plan.fast_flushed_to = 0
+    probe = dl.fast_flush(plan, 5.0)
+    designated = lost % N == 1  # worker 1 flushes its own units at once and probes the others' now
+    assert probe.tolist() == lost[~designated].tolist()
+    assert plan.deadline_at[lost[designated]].tolist() == [5.0] * int(designated.sum())
+    for _ in range(40):  # now most lost units were open rounds (GRADs lost on the way up)
+        dl.lost_answers(1, 10)
+    assert not dl.probing_lost()
+
+
+def test_exact_mode_never_probes_a_lost_unit():
+    dl = _deadlines(exact=True)
+    for _ in range(40):
+        dl.lost_answers(10, 10)
+    assert not dl.probing_lost()
+    assert dl.loss_window(1024) > 1 << 40
+
+
+def test_the_window_is_a_quarter_of_the_span_while_result_loss_dominates():
+    dl = _deadlines()
+    assert dl.loss_window(1024) > 1 << 40  # no cap without RESULT loss
+    for _ in range(40):
+        dl.lost_answers(10, 10)
+    assert dl.loss_window(1024) == 256
+    assert dl.loss_window(8) == 16  # never below 16 units
+
+
+def test_a_tail_probe_is_sent_again_before_the_lag_deadline_and_the_flush_keeps_its_time():
+    dl = _deadlines()
+    for _ in range(40):  # RESULT loss dominates
+        dl.lost_answers(10, 10)
+    plan = _plan()
+    plan.all_sent = True
+    u = np.array([plan.units - 1])
+    plan.state[u] = IN_FLIGHT
+    plan.sent_at[u] = 100.0
+    lag_at = 100.0 + 0.2
+    plan.probes[u] = 1
+    now = 100.03
+    dl.arm_probed(plan, u, now)
+    stagger = 1.0 + 0.5 * 1 / N
+    assert plan.deadline_at[u[0]] == pytest.approx(now + 0.006 * stagger)  # again after a FLUSH round trip
+    assert dl.tail_reprobing(plan, u, now + 0.01).tolist() == [True]
+    plan.probes[u] = 6  # 6 ms x 2^5 x stagger: past the lag deadline, so the FLUSH at its time
+    dl.arm_probed(plan, u, now)
+    assert plan.deadline_at[u[0]] == pytest.approx(max(lag_at, now + dl.rto_s()))
+    assert dl.tail_reprobing(plan, u, lag_at).tolist() == [False]  # at the lag deadline: FLUSH, no probe
+
+
+def test_without_result_loss_a_tail_probe_is_not_repeated():
+    dl = _deadlines()
+    plan = _plan()
+    plan.all_sent = True
+    u = np.array([plan.units - 1])
+    plan.state[u] = IN_FLIGHT
+    plan.sent_at[u] = 100.0
+    plan.probes[u] = 1
+    now = 100.03
+    dl.arm_probed(plan, u, now)
+    assert plan.deadline_at[u[0]] == pytest.approx(max(100.2, now + dl.rto_s()))  # the FLUSH, as before
+    assert dl.tail_reprobing(plan, u, now + 0.01).tolist() == [False]
