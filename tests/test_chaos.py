@@ -148,7 +148,7 @@ def _finished(tmp_path, params: list[np.ndarray], first=1.0, final=0.1, step=0.0
 def test_verdicts(tmp_path):
     spec = RunSpec(0, "sharded", 3, 10, [{"kind": "loss-param", "direction": "param", "model": "bernoulli",
                                            "rate": 0.2}])  # fmt: skip
-    exact = RunSpec(0, "ddp", 3, 10, [])
+    exact = RunSpec(0, "hook", 3, 10, [])
     base = np.zeros(50, np.float32)
 
     _finished(tmp_path, [base, base + 0.02, base])  # apart by 2 steps: within (S + 1) steps
@@ -172,8 +172,8 @@ def test_verdicts(tmp_path):
     out = judge(Outcome(exact, exit_codes={0: -9, 1: 0, 2: 1}), tmp_path, {})
     assert out.cause == "rank 2 exit 1: rank 2: UnhealthyTraining: the cause"
     rows = [out.as_dict()]
-    assert summary(rows)["verdicts"] == {"ok": 0, "loud": 1, "hang": 0, "silent": 0}
-    assert "| ddp | 0 | 1 | 0 | 0 |" in markdown(rows)
+    assert summary(rows)["verdicts"] == {"ok": 0, "ok-after-restart": 0, "loud": 1, "hang": 0, "silent": 0}
+    assert "| hook | 0 | 0 | 1 | 0 | 0 |" in markdown(rows)
 
 
 def test_replicas_that_parted_mid_run_are_silent_though_equal_at_the_end(tmp_path):
@@ -340,7 +340,8 @@ def test_parameter_server_worker_killed_and_restarted_rejoins_and_every_rank_fin
     dropped as another worker's), and every rank finishes trained."""
     spec = RunSpec(13, "ps", 3, 30, [{"kind": "restart", "rank": 2, "step": 8, "delay_s": 0.5}])
     out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
-    assert out.verdict == "ok", out.as_dict()
+    assert out.verdict == "ok-after-restart", out.as_dict()  # ok, with a rank started again that stepped
+    assert [r["rank"] for r in out.restarts] == [2] and out.restarts[0]["resumed_at"] == 0  # starts over
     assert out.exit_codes[2] == 0  # the restarted process finished its run
     # (How soon its peers were back at pace is a timing, measured by `lta chaos`, not asserted here: it
     # depends on the host's load. The server's liveness rule is tested packet by packet in test_ps.py.)
@@ -415,3 +416,216 @@ def test_self_hosted_switch_lowers_the_quorum_when_a_worker_dies():
         for w in workers[:2]:
             w.close()
         embedded.stop()
+
+
+def test_a_restart_is_timed_from_its_new_process_and_counts_the_steps_done_twice(tmp_path):
+    """Hand-built run: rank 2 killed at t = 10 after step 10 (rank 0 had finished step 11), its new process
+    started at 11.5 and finished its first step, step 6 (it resumed from a checkpoint of step 5), at 14.0:
+    first step 2.5 s after its start, 4.0 s after the kill, steps 6-11 done twice (6). A torchft replica
+    that healed to step 12 lost none; one started after its peers had finished has no first step."""
+    from lta.chaos.runner import _restarts
+
+    (tmp_path / "rank2.starts").write_text("0.5 -\n11.5 1\n")
+    steps_at = {0: [0.9 * i for i in range(1, 12)], 2: [1.0 * i for i in range(1, 11)] + [14.0, 14.5]}
+    numbers = {0: list(range(1, 12)), 2: list(range(1, 11)) + [6, 7]}
+    [restart] = _restarts(tmp_path, steps_at, numbers, [Signal(10.0, "SIGKILL", 2)], by="torchrun")
+    assert restart == {
+        "rank": 2,
+        "by": "torchrun",
+        "started_s": 1.5,
+        "first_step_s": 2.5,
+        "from_kill_s": 4.0,
+        "resumed_at": 5,
+        "lost_steps": 11 - 5,
+        "late": False,
+    }
+    numbers[2][10:] = [13, 14]  # healed to step 12, then stepped: nothing done twice
+    [healed] = _restarts(tmp_path, steps_at, numbers, [Signal(10.0, "SIGKILL", 2)])
+    assert (healed["resumed_at"], healed["lost_steps"]) == (12, 0)
+    steps_at[2], numbers[2] = steps_at[2][:10], numbers[2][:10]  # no step after the new start
+    [late] = _restarts(tmp_path, steps_at, numbers, [Signal(10.0, "SIGKILL", 2)], late=[2])
+    assert late["late"] and late["first_step_s"] is None and late["lost_steps"] is None
+    (tmp_path / "rank2.starts").write_text("0.5 -\n")  # never started again: no restart
+    assert _restarts(tmp_path, steps_at, numbers, [Signal(10.0, "SIGKILL", 2)]) == []
+
+
+def test_a_replica_still_running_after_its_peers_finished_is_late_only_then():
+    """torchft: a replica steps (and heals) in a quorum of all but one replica. Ranks still running when
+    every other rank still in the run exited 0 are late (the parent stops them after a grace); not while
+    none has finished, nor when a peer failed (that failure is the run's verdict)."""
+    from lta.chaos.runner import _late
+
+    assert _late({0: 0, 1: 0, 2: None}, {}) == [2]
+    assert _late({0: None, 1: 0, 2: None}, {}) == [0, 2]  # both left behind (the grace covers a slow exit)
+    assert _late({0: 0, 1: 1, 2: None}, {}) == []
+    assert _late({0: 0, 1: -9, 2: None}, {1: 5.0}) == [2]  # rank 1 killed for good
+    assert _late({0: 0, 1: 0, 2: 0}, {}) == []
+    assert _late({0: None, 1: None, 2: None}, {}) == []
+
+
+def test_ok_after_restart_needs_a_restarted_rank_that_stepped(tmp_path):
+    spec = RunSpec(0, "torchft", 3, 10, [{"kind": "restart", "rank": 2, "step": 4, "delay_s": 0.5}])
+    base = np.zeros(50, np.float32)
+    _finished(tmp_path, [base, base, base])
+    stepped = {"rank": 2, "first_step_s": 3.0, "lost_steps": 0, "late": False}
+    outcome = Outcome(spec, exit_codes={0: 0, 1: 0, 2: 0}, restarts=[stepped])
+    assert judge(outcome, tmp_path, {}).verdict == "ok-after-restart"
+    late = {"rank": 2, "first_step_s": None, "lost_steps": None, "late": True}
+    outcome = Outcome(spec, exit_codes={0: 0, 1: 0, 2: -9}, restarts=[late])
+    assert judge(outcome, tmp_path, {2: 1.0}).verdict == "ok"
+    _finished(tmp_path, [base, base + 1.0, base])  # apart: silent stays silent
+    outcome = Outcome(spec, exit_codes={0: 0, 1: 0, 2: 0}, restarts=[stepped])
+    assert judge(outcome, tmp_path, {}).verdict == "silent"
+
+
+_TORCHRUN_SUMMARY = """Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+lta.chaos.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-28_22:06:00
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 101)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_22:06:00
+  host      : localhost
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 103)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 103
+============================================================
+"""
+
+
+def test_a_torchrun_run_that_fails_names_torchruns_root_cause(tmp_path):
+    """A stock DDP run whose torchrun gave up: loud, naming the rank torchrun's summary gives as the root
+    cause (not the first rank it stopped), its exit code, and that rank's own last line."""
+    spec = RunSpec(0, "ddp", 3, 10, [{"kind": "kill", "rank": 2, "step": 4}])
+    (tmp_path / "torchrun.err").write_text(_TORCHRUN_SUMMARY)
+    (tmp_path / "rank2.err").write_text("rank 2 step 4\n")
+    out = judge(Outcome(spec, exit_codes={0: 1, 1: 1, 2: 1}), tmp_path, {})
+    assert (out.verdict, out.cause) == ("loud", "torchrun exit 1: rank 2 exitcode -9: rank 2 step 4")
+    (tmp_path / "torchrun.err").unlink()
+    out = judge(Outcome(spec, exit_codes={0: 1, 1: 1, 2: 1}), tmp_path, {})
+    assert (out.verdict, out.cause) == ("loud", "torchrun exit 1: (no message)")
+
+
+def test_the_door_by_fault_table_counts_verdicts_and_keeps_the_slowest_times():
+    def row(door: str, kinds: list[str], verdict: str, recovery=None, first=None, lost=None) -> dict:
+        return {
+            "seed": 0, "door": door, "verdict": verdict,
+            "faults": [{"kind": k, "model": "bernoulli", "rate": 0.1} for k in kinds],
+            "wall_s": 1.0, "cause": "",
+            "recoveries": [] if recovery is None else [{"rank": 1, "recovery_s": recovery, "after": None}],
+            "restarts": [] if first is None else [{"rank": 1, "by": "torchrun", "first_step_s": first,
+                                                   "lost_steps": lost, "late": False}],
+        }  # fmt: skip
+
+    rows = [
+        row("ddp", ["kill"], "ok-after-restart", 4.0, 9.0, 3),
+        row("ddp", ["kill", "loss-up"], "ok-after-restart", 6.5, 8.0, 2),
+        row("ddp", ["loss-up"], "ok"),
+        row("torchft", ["restart"], "loud"),
+    ]
+    table = summary(rows)["by_door_fault"]
+    verdicts = {"ok": 0, "ok-after-restart": 2, "loud": 0, "hang": 0, "silent": 0}
+    measures = {"recovery_s_max": 6.5, "first_step_s_max": 9.0, "lost_steps": 5}
+    assert table["ddp"]["kill"] == {**verdicts, **measures}
+    assert table["ddp"]["loss-up"]["ok"] == 1 and table["ddp"]["loss-up"]["ok-after-restart"] == 1
+    assert table["torchft"]["restart"]["loud"] == 1 and table["torchft"]["restart"]["recovery_s_max"] is None
+    assert summary(rows)["restarts"] == {"restarts": 2, "first_step_within_target": 2, "late": 0,
+                                         "never_stepped": 0, "first_step_s_max": 9.0, "lost_steps": 5,
+                                         "target_s": 10.0}  # fmt: skip
+    text = markdown(rows)
+    assert "| ddp | kill | 0 | 2 | 0 | 0 | 0 | 6.5 | 9 | 5 |" in text
+    assert "| torchft | restart | 0 | 0 | 1 | 0 | 0 | - | - | 0 |" in text
+
+
+@pytest.mark.chaos
+def test_torchft_replica_killed_and_restarted_heals_from_a_peer_and_finishes_equal(tmp_path):
+    """torchft door, 3 replicas, replica 2 SIGKILLed at step 5 and started again: torchft's lighthouse
+    drops it from the quorum, the new process joins a later quorum, heals from a live peer (it goes on at
+    the step the others are at: nothing done twice) and every replica ends with the same parameters."""
+    spec = RunSpec(
+        14, "torchft", 3, 40, [{"kind": "restart", "rank": 2, "step": 5, "delay_s": 0.5}], step_s=0.5
+    )
+    out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
+    assert out.verdict == "ok-after-restart", out.as_dict()
+    [restart] = out.restarts
+    assert restart["rank"] == 2 and not restart["late"]
+    assert restart["resumed_at"] >= 5 and restart["lost_steps"] == 0
+    assert out.divergence is not None and out.divergence <= EXACT_TOL  # identical replicas
+
+
+@pytest.mark.chaos
+def test_stock_ddp_under_torchrun_resumes_from_its_last_checkpoint_after_a_kill(tmp_path):
+    """Stock DDP on "lta" under torchrun, rank 2 SIGKILLed at step 12: torchrun stops the others and starts
+    all three again (--max-restarts 1); they load the distributed checkpoint of step 10 (one every 5
+    steps) and finish, identical. The steps after 10 that were done before the kill are done twice."""
+    from lta.chaos.worker import CHECKPOINT_EVERY
+
+    assert CHECKPOINT_EVERY == 5
+    spec = RunSpec(15, "ddp", 3, 24, [{"kind": "kill", "rank": 2, "step": 12}], step_s=0.3)
+    out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
+    assert out.verdict == "ok-after-restart", out.as_dict()
+    [restart] = out.restarts
+    assert restart["by"] == "torchrun" and restart["resumed_at"] == 10
+    assert 2 <= restart["lost_steps"] <= 4  # killed after step 12 (the parent's poll may see 13 or 14)
+    assert out.divergence is not None and out.divergence <= EXACT_TOL
+
+
+def test_the_command_prints_the_door_by_fault_table_or_one_json_document(tmp_path, capsys):
+    """``lta chaos --resume`` over runs already in chaos.json runs nothing more: stdout is the summary
+    (``--json``: one document with the door x fault table; else the rich table and the counts line), and
+    a negative --step-ms is a one-line error."""
+    import json
+
+    from lta import cli
+
+    row = {"seed": 3, "door": "ddp", "verdict": "ok-after-restart", "wall_s": 1.0, "cause": "",
+           "faults": [{"kind": "kill", "rank": 1, "step": 12}],
+           "recoveries": [{"rank": 1, "recovery_s": 11.0, "after": None}],
+           "restarts": [{"rank": 1, "by": "torchrun", "first_step_s": 9.5, "lost_steps": 3,
+                         "late": False}]}  # fmt: skip
+    (tmp_path / "chaos.json").write_text(json.dumps({"runs": [row]}))
+    argv = ["chaos", "--seeds", "3", "--resume", "--no-netns", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "lta.chaos/1" and doc["verdicts"]["ok-after-restart"] == 1
+    assert doc["by_door_fault"]["ddp"]["kill"]["lost_steps"] == 3
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "ok-after-restart=1" in text and "ddp" in text and "kill" in text
+    assert cli.main([*argv, "--step-ms", "-1"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--step-ms" in err[0]
+
+
+@pytest.mark.slow
+def test_stock_ddp_under_torchrun_without_restarts_ends_loudly_naming_the_killed_rank(tmp_path):
+    """The same kill with --max-restarts 0: torchrun stops the other ranks and exits non-zero; the run is
+    loud, its cause the killed rank (exit code -9), and nothing was started again."""
+    spec = RunSpec(
+        15, "ddp", 3, 24, [{"kind": "kill", "rank": 2, "step": 12}], step_s=0.3, torchrun_restarts=0
+    )
+    out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
+    assert out.verdict == "loud", out.as_dict()
+    assert out.cause.startswith("torchrun exit 1: rank 2 exitcode -9"), out.cause
+    assert out.restarts == [] and out.ended_after_kill_s is not None  # (how soon: docs/results-wb.md)
+
+
+def test_without_torchft_the_torchft_door_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    from lta import cli
+    from lta.chaos import runner
+
+    monkeypatch.setattr(runner.sys, "executable", str(tmp_path / "python"))  # no lighthouse beside it
+    monkeypatch.setenv("PATH", str(tmp_path))  # nor on PATH
+    assert cli.main(["chaos", "--seeds", "6", "--doors", "torchft", "--out", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torchft_lighthouse" in err[0] and "--doors" in err[0]
+    assert not (tmp_path / "out" / "run6").exists()

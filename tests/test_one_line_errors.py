@@ -143,4 +143,6 @@ def test_chaos_shows_a_start_line_and_one_line_per_run_on_stderr(tmp_path, capsy
     assert err[0].startswith("lta chaos: 2 runs (seeds 3..4)")
     runs = [line for line in err if line.startswith("seed ")]
     assert [line.split()[1] for line in runs] == ["3", "4"] and all(" ok " in line for line in runs)
-    assert captured.out.strip().splitlines() == ["ok=2 loud=0 hang=0 silent=0"]
+    out = captured.out.strip().splitlines()  # the door x fault kind table, then the counts
+    assert out[-1] == "ok=2 ok-after-restart=0 loud=0 hang=0 silent=0"
+    assert any("door" in line and "fault" in line for line in out[:-1])

@@ -5,9 +5,10 @@
     lta chaos --seeds 0-99 --out chaos-100 --resume  # go on after an interruption (seeds done are kept)
 
 Each seed draws one run (schedule.py: a front door and one to three faults); the runner starts the ranks,
-injects the faults and judges (runner.py: ok / loud / hang / silent). ``--out`` gets ``chaos.json``
-(every run, its faults and verdict) and ``chaos.md`` (the runs x fault kinds table); the exit status is 1
-when any run hung or failed silently.
+injects the faults and judges (runner.py: ok / ok-after-restart / loud / hang / silent). ``--out`` gets
+``chaos.json`` (every run, its faults, verdict, recoveries and restarts) and ``chaos.md`` (the tables);
+stdout gets the door x fault kind table (``--json``: one JSON document, the summary); progress goes to
+stderr. The exit status is 1 when any run hung or failed silently.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 
 from hostlib.errors import LtaError
 from lta.chaos import netns
-from lta.chaos.report import markdown, summary
-from lta.chaos.runner import run_one
+from lta.chaos.report import markdown, rich_table, summary
+from lta.chaos.runner import lighthouse_binary, run_one
 from lta.chaos.schedule import draw
 from lta.chaos.worker import DOORS
+from lta.jsonout import emit
 from lta.progress import Status
 
 
@@ -54,12 +56,24 @@ def _doors(text: str) -> tuple[str, ...]:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("chaos", help="seeded fault injection through every front door, with verdicts")
-    p.add_argument("--seeds", type=_seeds, default=_seeds("0-5"), help="seeds: 0-99, or 1,5,7 (default 0-5)")
+    p.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=_seeds("0-6"),
+        help="seeds: 0-99, or 1,5,7 (default 0-6: one run per door)",
+    )
     p.add_argument(
         "--doors", type=_doors, default=DOORS, help=f"front doors, comma separated ({','.join(DOORS)})"
     )
     p.add_argument("--workers", type=int, default=4, help="ranks per run (default 4)")
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=250.0,
+        help="each training step takes at least this long (emulated compute, default 250): a run long "
+        "enough for a killed rank started again to find its peers still training",
+    )
     p.add_argument(
         "--bound",
         type=float,
@@ -73,6 +87,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="draw no reorder/duplicate faults (they need root, ip, tc and nft; off by itself without them)",
     )
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON document on stdout")
     p.add_argument(
         "--resume",
         action="store_true",
@@ -95,6 +110,10 @@ def _write(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.step_ms < 0:
+        raise LtaError(f"--step-ms must be >= 0, got {args.step_ms:g}")
+    if "torchft" in args.doors:
+        lighthouse_binary()  # no torchft: say so before the first run, not at the torchft door's turn
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -114,18 +133,24 @@ def run(args: argparse.Namespace) -> int:
     title = f"lta chaos: {len(todo)} runs (seeds {_span(todo)}), results in {args.out}"
     with Status(title) as status:
         for i, seed in enumerate(todo):
-            spec = draw(seed, args.doors, args.workers, args.steps, netns=use_netns)
+            spec = draw(seed, args.doors, args.workers, args.steps, use_netns, args.step_ms / 1000)
             status.update(f"run {i + 1}/{len(todo)}: seed {seed}, {spec.door}, {','.join(spec.kinds)}")
             t0 = time.monotonic()
             outcome = run_one(spec, args.bound, args.out / f"run{seed}" if args.keep else None)
             rows.append(outcome.as_dict())
             # one line per run, on stderr as all progress (stdout: the summary)
             status.line(
-                f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:6s} "
+                f"seed {seed:3d} {spec.door:16s} {','.join(spec.kinds):40s} {outcome.verdict:16s} "
                 f"{time.monotonic() - t0:6.1f}s {outcome.cause}"
             )
             _write(args.out / "chaos.json", json.dumps({"runs": rows, "summary": summary(rows)}, indent=1))
             _write(args.out / "chaos.md", markdown(rows))
     counts = summary(rows)["verdicts"]
-    print(" ".join(f"{k}={v}" for k, v in counts.items()))
+    if args.json:
+        emit("lta.chaos/1", summary(rows))
+    else:
+        from rich.console import Console
+
+        Console(width=max(Console().width, 150)).print(rich_table(rows))
+        print(" ".join(f"{k}={v}" for k, v in counts.items()))
     return 1 if counts.get("hang", 0) or counts.get("silent", 0) else 0

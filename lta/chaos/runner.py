@@ -13,8 +13,14 @@ run with ``reorder``/``duplicate`` faults run inside a network namespace (``netn
   where the design says they are identical, within the staleness bound ``(B + 1) x`` the largest one-step
   change of a parameter where it says they may differ (B: the exchange's stale bound, the hook's
   re-broadcast period, the whole run for a backend whose replicas are never reset);
+- ``ok-after-restart``: ``ok``, and a killed rank was started again (by the parent: ``restart``; by
+  torchrun, which starts every rank of a ``TORCHRUN_DOORS`` run again from its last checkpoint), made
+  steps and finished; ``restarts`` says how long it took and how many steps were done twice. A torchft
+  replica still running ``LATE_GRACE_S`` after all its peers finished (started again, or stopped past
+  the lighthouse's heartbeat timeout, too late for a quorum) is stopped by the parent and judged as a
+  killed rank (``late``): the job is over, as a launcher would end it;
 - ``loud``: some rank exited non-zero within the bound with a one-line error (its last stderr line:
-  the cause);
+  the cause; for a torchrun run, torchrun's own summary of the rank that failed last);
 - ``hang``: no rank made a step for the bound and some were still running (the parent then has each
   write its threads' stacks to its ``.err`` file and kills them); a reduce that waits gives up after
   ``REDUCE_TIMEOUT_S`` (loud), so a bound of a few times that separates a hang from a slow run;
@@ -29,7 +35,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,9 +49,12 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.errors import LtaError
+from hostlib.lifetime import die_with_parent
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from lta.chaos import netns
 from lta.chaos.schedule import NETNS_KINDS, RunSpec, drop_policy
+from lta.chaos.worker import TORCHRUN_DOORS
 
 TRAINED_RATIO = 0.5
 EXACT_TOL = 1e-5
@@ -60,6 +71,13 @@ RECOVERY_TARGET_S = DEFAULT_LIVENESS_TIMEOUT_S + 2.0
 # Until every live rank has made its first step: importing torch in four processes took over 120 s at
 # load 26 on 2 cores. A run still starting after this long is a hang too.
 STARTUP_S = 600.0
+# torchft door: the lighthouse declares a replica dead after the liveness timeout without a heartbeat, as
+# the switch does a worker; a quorum (and a step) needs all but one replica (a kill leaves enough, a
+# second rank down at the same time makes the others wait for a restart); a quorum that cannot form
+# raises after FT_QUORUM_TIMEOUT_S (loud, not a hang).
+FT_QUORUM_TIMEOUT_S = 60.0
+FT_JOIN_TIMEOUT_MS = 5000  # how long a quorum waits for a replica that heartbeats but has not asked
+LATE_GRACE_S = 5.0  # torchft: a replica still running this long after all its peers finished is late
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,11 @@ class Outcome:
     loss_ratio: float | None = None
     recovery_s: float | None = None  # the slowest kill's recoveries[i]["recovery_s"]; None if one is
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # per kill: _recovery
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # per kill started again: _restarts
+    # A torchrun run that gave up after a kill: seconds from the first kill to the parent seeing every
+    # rank gone (within a poll). None otherwise.
+    ended_after_kill_s: float | None = None
+    late: list[int] = field(default_factory=list)  # torchft: ranks stopped as late (runner._late)
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "spec"}
@@ -119,6 +142,9 @@ def _worker_spec(spec: RunSpec, out: Path) -> dict[str, Any]:
         "clock": clock,
         "switch_restart_at": restart,
         "hidden": spec.hidden,
+        "step_s": spec.step_s,
+        "ft_min_replicas": max(1, spec.world - 1),
+        "ft_quorum_timeout_s": FT_QUORUM_TIMEOUT_S,
     }
 
 
@@ -152,6 +178,42 @@ def _ps_server(spec: RunSpec) -> Any:
     return server
 
 
+def lighthouse_binary() -> Path:
+    """torchft's ``torchft_lighthouse`` (beside this interpreter, else on PATH); a one-line error naming
+    the extra when torchft is not installed."""
+    binary = Path(sys.executable).with_name("torchft_lighthouse")
+    if binary.exists():
+        return binary
+    found = shutil.which("torchft_lighthouse")
+    if found is None:
+        raise LtaError(
+            "the torchft door needs torchft's lighthouse (torchft_lighthouse): "
+            "pip install 'lta[ft]', or leave the door out with --doors"
+        )
+    return Path(found)
+
+
+def _lighthouse(spec: RunSpec, prefix: list[str], out: Path) -> tuple[Any, str]:
+    """torchft's lighthouse for a torchft run (its ``torchft_lighthouse`` binary, in the ranks' network
+    namespace when they have one): the process and the address the ranks' Managers are given."""
+    binary = lighthouse_binary()
+    with socket.socket() as probe:  # a free port (inside a fresh namespace every port is)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [
+        *prefix,
+        str(binary),
+        f"--bind=127.0.0.1:{port}",
+        f"--min_replicas={max(1, spec.world - 1)}",
+        f"--heartbeat_timeout_ms={int(DEFAULT_LIVENESS_TIMEOUT_S * 1000)}",
+        f"--join_timeout_ms={FT_JOIN_TIMEOUT_MS}",
+        "--quorum_tick_ms=50",
+    ]
+    log = open(out / "lighthouse.err", "w")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=die_with_parent)  # noqa: PLW1509
+    return (proc, log), f"http://127.0.0.1:{port}"
+
+
 def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None) -> Outcome:
     """Run ``spec`` to its verdict. ``keep``: a folder for the run's files (default: a temporary one)."""
     with tempfile.TemporaryDirectory(prefix="lta-chaos-") as tmp:
@@ -171,14 +233,88 @@ def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None
             env["LTA_PS"] = "{}:{}".format(*server.address)
         disorder = [f for f in spec.faults if f["kind"] in NETNS_KINDS]
         ns = f"P3chaos{spec.seed}-{os.getpid()}"
+        lighthouse = None
         try:
             prefix = netns.create(ns, disorder) if disorder else []
+            if spec.door == "torchft":
+                lighthouse, env["TORCHFT_LIGHTHOUSE"] = _lighthouse(spec, prefix, out)
             return _watch(spec, out, env, bound_s(spec, base_bound_s), prefix)
         finally:
+            if lighthouse is not None:
+                lighthouse[0].kill()
+                lighthouse[0].wait()
+                lighthouse[1].close()
             if disorder:
                 netns.delete(ns)
             if server is not None:
                 server.stop()
+
+
+def max_restarts(spec: RunSpec) -> int:
+    """torchrun's ``--max-restarts`` for a ``TORCHRUN_DOORS`` run: one per kill the schedule holds (a
+    ``restart`` is a kill there too: torchrun, not the parent, starts the ranks again), unless the spec
+    sets ``torchrun_restarts``."""
+    if spec.torchrun_restarts is not None:
+        return spec.torchrun_restarts
+    return sum(1 for f in spec.faults if f["kind"] in ("kill", "restart"))
+
+
+class _TorchrunRank:
+    """Rank ``r`` of a torchrun job, as :func:`_watch` handles one of its own processes: signals go to
+    the pid the rank wrote (``rank{R}.pid``, the current one after a restart); its status and exit code
+    are the agent's (torchrun ends every rank when one fails, and exits 0 only if all finished)."""
+
+    def __init__(self, agent: Any, out: Path, rank: int) -> None:
+        self.agent, self.out, self.rank = agent, out, rank
+
+    @property
+    def returncode(self) -> int | None:
+        return self.agent.returncode  # type: ignore[no-any-return]
+
+    def poll(self) -> int | None:
+        return self.agent.poll()  # type: ignore[no-any-return]
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            pid = int((self.out / f"rank{self.rank}.pid").read_text())
+            os.kill(pid, sig)
+        except (OSError, ValueError):  # not started yet, or already gone
+            pass
+
+    def kill(self) -> None:
+        self.agent.kill()
+
+    def wait(self) -> int:
+        return self.agent.wait()  # type: ignore[no-any-return]
+
+
+def _start_torchrun(spec: RunSpec, out: Path, env: dict[str, str], prefix: list[str]) -> dict[int, Any]:
+    """Start the run's ranks under torchrun (one agent for all; ``max_restarts``); its own output goes to
+    ``torchrun.err``."""
+    err = open(out / "torchrun.err", "w")  # noqa: SIM115 (closed with the process)
+    argv = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={spec.world}",
+        f"--max-restarts={max_restarts(spec)}",
+        "--monitor-interval=0.1",
+        "-m",
+        "lta.chaos.worker",
+        str(out / "spec.json"),
+        "env",
+    ]
+    agent = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        env=env,
+        preexec_fn=die_with_parent,  # noqa: PLW1509
+    )
+    return {r: (_TorchrunRank(agent, out, r), err) for r in range(spec.world)}
 
 
 def _start(out: Path, env: dict[str, str], r: int, prefix: list[str], restarted: bool = False) -> Any:
@@ -194,21 +330,28 @@ def _start(out: Path, env: dict[str, str], r: int, prefix: list[str], restarted:
 
 
 def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix: list[str]) -> Outcome:
-    procs = {r: _start(out, env, r, prefix) for r in range(spec.world)}
+    torchrun = spec.door in TORCHRUN_DOORS
+    if torchrun:
+        procs = _start_torchrun(spec, out, env, prefix)
+    else:
+        procs = {r: _start(out, env, r, prefix) for r in range(spec.world)}
     t0 = time.monotonic()
     steps_at: dict[int, list[float]] = {r: [] for r in procs}  # the parent's clock at each rank's steps
+    numbers: dict[int, list[int]] = {r: [] for r in procs}  # the step each of those lines completed
     pending = [dict(f) for f in spec.faults if f["kind"] in ("kill", "restart", "stop")]
     resume: list[tuple[float, int]] = []
     restart: list[tuple[float, int]] = []
     killed: dict[int, float] = {}  # ranks killed and not (yet) restarted
     kill_times: dict[int, float] = {}
+    late: list[int] = []  # torchft: ranks still running LATE_GRACE_S after all their peers had finished
+    peers_done: float | None = None  # torchft: since when only such ranks are left
     signals: list[Signal] = []  # every SIGKILL, SIGSTOP and SIGCONT sent, for the kill recovery
     old: list[tuple[Any, Any]] = []  # the killed processes, closed at the end
     outcome = Outcome(spec)
     try:
         while True:
             now = time.monotonic()
-            _read_progress(out, steps_at, now)
+            _read_progress(out, steps_at, now, numbers)
             for f in list(pending):
                 if len(steps_at[f["rank"]]) >= f["step"]:
                     pending.remove(f)
@@ -217,9 +360,11 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                         continue
                     if f["kind"] in ("kill", "restart"):
                         proc.send_signal(signal.SIGKILL)
-                        killed[f["rank"]] = kill_times[f["rank"]] = now
+                        kill_times[f["rank"]] = now
                         signals.append(Signal(now, "SIGKILL", f["rank"]))
-                        if f["kind"] == "restart":
+                        if not torchrun:  # torchrun starts it (and every other rank) again itself
+                            killed[f["rank"]] = now
+                        if f["kind"] == "restart" and not torchrun:
                             restart.append((now + f["delay_s"], f["rank"]))
                     else:
                         proc.send_signal(signal.SIGSTOP)
@@ -239,11 +384,25 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                     procs[r] = _start(out, env, r, prefix, restarted=True)
                     del killed[r]
             codes = {r: p.poll() for r, (p, _) in procs.items()}
+            waiting = _late(codes, killed) if spec.door == "torchft" else []
+            peers_done = (peers_done or now) if waiting else None
+            if peers_done is not None and now - peers_done >= LATE_GRACE_S:
+                # Its peers finished and left: no quorum will form again for it to step (or heal) in.
+                # The job is over; a launcher stops what is left of it, as the parent does here.
+                for r in waiting:
+                    procs[r][0].send_signal(signal.SIGCONT)
+                    procs[r][0].kill()
+                    procs[r][0].wait()
+                    killed[r] = now
+                    late.append(r)
+                    codes[r] = procs[r][0].returncode
             live = [r for r, c in codes.items() if c is None]
             failed = [r for r, c in codes.items() if c not in (None, 0) and r not in killed]
             if (not live and not restart) or failed:
+                if torchrun and kill_times and failed and not live:  # torchrun gave up
+                    outcome.ended_after_kill_s = round(now - min(kill_times.values()), 2)
                 if failed:  # the others may wait on the failed one: give them a moment, then judge
-                    _drain(procs, killed, time.monotonic(), limit_s, out, steps_at)
+                    _drain(procs, killed, time.monotonic(), limit_s, out, steps_at, numbers)
                 break
             started = all(steps_at[r] for r in live)
             last_step = max([t0] + [times[-1] for times in steps_at.values() if times])
@@ -270,24 +429,45 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                 p.kill()
             p.wait()
             err.close()
+    _read_progress(out, steps_at, time.monotonic(), numbers)
     outcome.wall_s = round(time.monotonic() - t0, 2)
     outcome.exit_codes = {r: p.returncode for r, (p, _) in procs.items()}
     outcome.recoveries = _recovery(steps_at, signals)
+    outcome.late = late
+    outcome.restarts = _restarts(out, steps_at, numbers, signals, late, "torchrun" if torchrun else "parent")
     per_kill = [k["recovery_s"] for k in outcome.recoveries]
     if per_kill and None not in per_kill:
         outcome.recovery_s = max(t for t in per_kill if t is not None)
     if outcome.verdict == "hang":
         return outcome
-    return judge(outcome, out, killed, interrupted=set(kill_times))
+    # torchrun starts every rank again from the same checkpoint: their step histories stay aligned.
+    return judge(outcome, out, killed, interrupted=() if torchrun else set(kill_times))
 
 
-def _read_progress(out: Path, steps_at: dict[int, list[float]], now: float) -> None:
-    """Each rank's steps finished since the last look, stamped ``now`` (the parent's clock)."""
+def _late(codes: dict[int, int | None], killed: Collection[int]) -> list[int]:
+    """torchft: the ranks still running while every other rank still in the run has finished (exit 0):
+    a replica steps (and heals) only in a quorum of at least ``world - 1`` replicas, and none will form
+    again. A replica stopped past the lighthouse's heartbeat timeout, or started again, when its peers
+    had too few steps left to wait for it, is one."""
+    waiting = [r for r, c in codes.items() if c is None and r not in killed]
+    others = [c for r, c in codes.items() if r not in waiting and r not in killed]
+    return waiting if waiting and others and all(c == 0 for c in others) else []
+
+
+def _read_progress(
+    out: Path, steps_at: dict[int, list[float]], now: float, numbers: dict[int, list[int]] | None = None
+) -> None:
+    """Each rank's steps finished since the last look, stamped ``now`` (the parent's clock); with
+    ``numbers``, the training step each completed (the first field of its line)."""
     for r, times in steps_at.items():
         path = out / f"rank{r}.progress"
         if path.exists():
-            done = path.read_text().count("\n")
-            times.extend([now] * (done - len(times)))
+            lines = path.read_text().splitlines(keepends=True)
+            lines = [line for line in lines if line.endswith("\n")]  # a line half written: next look
+            new = lines[len(times) :]
+            times.extend([now] * len(new))
+            if numbers is not None:
+                numbers[r].extend(int(line.split()[0]) for line in new)
 
 
 def _drain(
@@ -297,15 +477,16 @@ def _drain(
     limit_s: float,
     out: Path,
     steps_at: dict[int, list[float]],
+    numbers: dict[int, list[int]] | None = None,
 ) -> None:
     """After one rank failed: wait (up to the bound) for the others to fail or finish too, their steps
     still recorded (a restarted rank that fails while the survivors are still slow from the kill would
     otherwise cut their recovery short: chaos seed 19, whose survivors were back at pace after the
     failure, read as never back)."""
     while time.monotonic() - t0 < limit_s:
-        _read_progress(out, steps_at, time.monotonic())
+        _read_progress(out, steps_at, time.monotonic(), numbers)
         if all(p.poll() is not None for r, (p, _) in procs.items() if r not in killed):
-            _read_progress(out, steps_at, time.monotonic())
+            _read_progress(out, steps_at, time.monotonic(), numbers)
             return
         time.sleep(POLL_S)
     for p, _ in procs.values():  # still running: each writes its stacks to its .err (faulthandler)
@@ -377,6 +558,64 @@ def _recovery(steps_at: dict[int, list[float]], signals: list[Signal]) -> list[d
     return out
 
 
+def _restarts(
+    out: Path,
+    steps_at: dict[int, list[float]],
+    numbers: dict[int, list[int]],
+    signals: list[Signal],
+    late: Collection[int] = (),
+    by: str = "parent",
+) -> list[dict[str, Any]]:
+    """For each SIGKILL whose rank was started again (by the parent, or by torchrun: a later line in the
+    rank's ``.starts`` file): ``started_s`` (from the kill to the new process's start), ``first_step_s``
+    (from that start to its first finished step; the target is 10 s), ``from_kill_s`` (the kill to that
+    step), ``resumed_at`` (the step it went on from: 0 for a rank that starts its run over, a torchrun
+    run's checkpoint step, the step a torchft replica healed to) and ``lost_steps`` (steps done twice:
+    the furthest step any rank had finished at the kill, less ``resumed_at``; 0 when it went on from
+    there). ``late``: ranks started again after the run had ended for their peers (torchft: no quorum
+    left to heal in), stopped by the parent; no first step. None where a time never came."""
+    found = []
+    for kill in (s for s in signals if s.name == "SIGKILL"):
+        later = [t for t in _start_times(out, kill.rank) if t > kill.at]
+        if not later:
+            continue
+        began = later[0]
+        times, nums = steps_at[kill.rank], numbers[kill.rank]
+        first = next((i for i, t in enumerate(times) if t > began), None)
+        furthest = max(
+            (n for r in steps_at for t, n in zip(steps_at[r], numbers[r], strict=False) if t <= kill.at),
+            default=0,
+        )
+        entry: dict[str, Any] = {
+            "rank": kill.rank,
+            "by": by,
+            "started_s": round(began - kill.at, 2),
+            "first_step_s": None,
+            "from_kill_s": None,
+            "resumed_at": None,
+            "lost_steps": None,
+            "late": kill.rank in late,
+        }
+        if first is not None and first < len(nums):
+            resumed = nums[first] - 1
+            entry.update(
+                first_step_s=round(times[first] - began, 2),
+                from_kill_s=round(times[first] - kill.at, 2),
+                resumed_at=resumed,
+                lost_steps=max(0, furthest - resumed),
+            )
+        found.append(entry)
+    return found
+
+
+def _start_times(out: Path, rank: int) -> list[float]:
+    """When each process of ``rank`` started (``rank{R}.starts``, the monotonic clock the parent uses)."""
+    path = out / f"rank{rank}.starts"
+    if not path.exists():
+        return []
+    return [float(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _stopped_at(signals: list[Signal], t: float) -> set[int]:
     """The ranks stopped (SIGSTOP sent, no SIGCONT yet) at time ``t``."""
     state: dict[int, bool] = {}
@@ -417,9 +656,21 @@ def judge(
     outcome: Outcome, out: Path, killed: dict[int, float], interrupted: Collection[int] = ()
 ) -> Outcome:
     """The verdict (module docstring). ``killed``: ranks killed and not started again (no result);
-    ``interrupted``: every rank killed at some point (a restarted one's steps are its own run's)."""
+    ``interrupted``: every rank killed at some point (a restarted one's steps are its own run's).
+    ``ok`` becomes ``ok-after-restart`` when ``outcome.restarts`` holds a rank started again that made
+    steps (its result is among those judged)."""
+    _judge(outcome, out, killed, interrupted)
+    if outcome.verdict == "ok" and any(r["first_step_s"] is not None for r in outcome.restarts):
+        outcome.verdict = "ok-after-restart"
+    return outcome
+
+
+def _judge(outcome: Outcome, out: Path, killed: dict[int, float], interrupted: Collection[int]) -> Outcome:
     spec = outcome.spec
     failed = {r: c for r, c in outcome.exit_codes.items() if r not in killed and c != 0}
+    if failed and spec.door in TORCHRUN_DOORS:
+        outcome.verdict, outcome.cause = "loud", _torchrun_cause(out, failed)
+        return outcome
     if failed:
         # The cause is a rank that exited by itself (a positive status); the parent's SIGKILL of ranks
         # still running after the bound is no cause (their last line says what they were doing).
@@ -458,6 +709,25 @@ def judge(
             f"({divergence:.3g} at the end)",
         )
     return outcome
+
+
+def _torchrun_cause(out: Path, failed: dict[int, int | None]) -> str:
+    """One line for a torchrun run that failed: torchrun's exit status, and the rank its summary names
+    first ("Root Cause") with its exit code, and that rank's own last line."""
+    code = next(iter(failed.values()))
+    summary = (out / "torchrun.err").read_text(errors="replace") if (out / "torchrun.err").exists() else ""
+    rank = exitcode = None
+    for line in summary[summary.find("Root Cause") :].splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "rank" and rank is None:
+            rank = value.split()[0] if value.split() else None
+        elif key.strip() == "exitcode" and exitcode is None:
+            exitcode = value.split()[0] if value.split() else None
+    if rank is None or not rank.isdigit():
+        return f"torchrun exit {code}: {_last_line(out / 'torchrun.err') if summary else '(no message)'}"
+    own = out / f"rank{rank}.err"
+    last = _last_line(own) if own.exists() else "(no message)"
+    return f"torchrun exit {code}: rank {rank} exitcode {exitcode}: {last}"
 
 
 def _first_parting(results: list[Any], bound: float) -> tuple[float, int] | None:

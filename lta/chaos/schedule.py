@@ -58,6 +58,8 @@ class RunSpec:
     steps: int
     faults: list[dict[str, Any]] = field(default_factory=list)
     hidden: int = 128  # the model's hidden width: 128 gives ~341 chunks of 64 values, 192 gives 703
+    step_s: float = 0.0  # each step takes at least this long (emulated compute; ``lta chaos --step-ms``)
+    torchrun_restarts: int | None = None  # torchrun's --max-restarts; None: one per kill (runner)
 
     @property
     def kinds(self) -> list[str]:
@@ -84,10 +86,16 @@ def drop_policy(fault: dict[str, Any]) -> dict[str, Any]:
 
 
 def draw(
-    seed: int, doors: tuple[str, ...] = DOORS, world: int = 4, steps: int = 40, netns: bool = True
+    seed: int,
+    doors: tuple[str, ...] = DOORS,
+    world: int = 4,
+    steps: int = 40,
+    netns: bool = True,
+    step_s: float = 0.0,
 ) -> RunSpec:
     """The run of ``seed``: a door (round robin over ``doors``, so a batch of seeds covers them all) and
-    one to three faults (``netns=False``: none of ``NETNS_KINDS``)."""
+    one to three faults (``netns=False``: none of ``NETNS_KINDS``). ``step_s`` does not change what is
+    drawn."""
     rng = np.random.default_rng(seed)
     door = doors[seed % len(doors)]
     # The parameter server has no PARAM direction, embedded switch or clock-driven rounds; its server
@@ -121,4 +129,4 @@ def draw(
         elif kind == "duplicate":
             fault["fraction"] = round(float(rng.uniform(0.02, 0.2)), 3)
         faults.append(fault)
-    return RunSpec(seed, door, world, steps, faults)
+    return RunSpec(seed, door, world, steps, faults, step_s=step_s)
