@@ -616,7 +616,7 @@ def test_stock_ddp_under_torchrun_without_restarts_ends_loudly_naming_the_killed
     out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
     assert out.verdict == "loud", out.as_dict()
     assert out.cause.startswith("torchrun exit 1: rank 2 exitcode -9"), out.cause
-    assert out.restarts == [] and out.ended_after_kill_s is not None  # (how soon: docs/results-wb.md)
+    assert out.restarts == [] and out.ended_after_kill_s is not None  # (how soon: docs/results.md)
 
 
 def test_without_torchft_the_torchft_door_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
