@@ -353,15 +353,19 @@ def test_a_restarted_rank_rejoins_the_hook_and_sharded_doors_and_a_stopped_one_h
     """3 ranks: rank 2 SIGKILLed at step 8 and started again 0.5 s later, rank 1 SIGSTOPped 4 s at step
     14. The restarted process rejoins through the run's store and takes a live peer's state (before:
     JoinTimeout in gloo's rendezvous); the stopped one comes back behind and takes a peer's state (before:
-    UnhealthyTraining, "reduces in a row were over"). Every rank exits 0 and the verdict is ok: trained,
-    replicas within the door's bound (hostlib/torch_ext/heal.py)."""
+    UnhealthyTraining, "reduces in a row were over"). Every rank exits 0 and the verdict is ok-after-restart:
+    trained, replicas within the door's bound (hostlib/torch_ext/heal.py), and the restarted rank went on
+    from its peers' step (the step it healed to), not from step 0."""
     faults = [
         {"kind": "restart", "rank": 2, "step": 8, "delay_s": 0.5},
         {"kind": "stop", "rank": 1, "step": 14, "seconds": 4.0},
     ]
     out = run_one(RunSpec(17, door, 3, 30, faults), base_bound_s=300.0, keep=tmp_path)
-    assert (out.verdict, out.cause) == ("ok", ""), out.as_dict()
+    assert (out.verdict, out.cause) == ("ok-after-restart", ""), out.as_dict()
     assert out.exit_codes == {0: 0, 1: 0, 2: 0}
+    [restart] = out.restarts
+    assert restart["rank"] == 2 and restart["first_step_s"] is not None, restart
+    assert restart["resumed_at"] >= 8, restart  # healed to where its peers were, past the kill's step
 
 
 @pytest.mark.chaos
