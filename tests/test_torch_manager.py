@@ -45,6 +45,9 @@ def _worker(counts: list[np.ndarray], rank: int = 0) -> mock.MagicMock:
     worker.stats = TransportStats()
     worker.healthy, worker.last_nothing_fraction = True, 0.0
     worker.unhealthy_since_mark.return_value = False
+    # Instance attributes autospec cannot see, which a door's Healer (heal.py) uses: never behind here
+    worker.health, worker.engine = mock.Mock(behind=False), mock.Mock()
+    worker.heal_requests, worker.heal_inbox = set(), {}  # no peer asks, none sent a state
     replies = iter(counts)
 
     def allreduce(x, *, step=0, key=None, weight=1, critical=None, out=None, owners=None):  # noqa: ANN001, ANN202
