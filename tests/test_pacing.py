@@ -174,10 +174,12 @@ def test_early_close_ends_reduces_that_have_enough_and_spares_critical_units(mak
     """Loss on the way up; theta = 0.25: reduces close their tail early; every chunk is still exactly
     the mean over its bitmap, and critical chunks are still full."""
     n, chunks, steps = 3, 120, 8
-    # No tail copies: they bring most lost GRADs of the last units in, leaving early close little to close.
+    # No tail copies nor tail probes: they bring most lost GRADs of the last units in, leaving early close
+    # little to close (with the tail probe one FLUSH round trip after the frontier, 3 runs in 10 closed none).
     cluster = make_cluster(
-        n, up=0.03, seed=2, early_close_theta=0.25, sync_deadline_ms=300, min_deadline_ms=50, tail_units=0
-    )
+        n, up=0.03, seed=2, early_close_theta=0.25, sync_deadline_ms=300, min_deadline_ms=50, tail_units=0,
+        tail_probe=False,
+    )  # fmt: skip
     critical = np.zeros(chunks, dtype=bool)
     critical[::10] = True
     rng = np.random.default_rng(2)
