@@ -132,9 +132,13 @@ def test_gilbert_elliott_fault_has_the_drawn_mean_loss_and_bursts_of_four(rate):
     assert 1 / policy.r == pytest.approx(4.0)  # mean sojourn in the bad state: 4 packets
 
 
-def _finished(tmp_path, params: list[np.ndarray], first=1.0, final=0.1, step=0.01, history=None) -> None:
+def _finished(
+    tmp_path, params: list[np.ndarray], first=1.0, final=0.1, step=0.01, history=None, versions=None
+) -> None:
     for r, p in enumerate(params):
         extra = {} if history is None else {"history": history[r]}
+        if versions is not None:
+            extra["version"] = versions[r]
         np.savez(
             tmp_path / f"rank{r}.npz",
             params=p,
@@ -174,6 +178,33 @@ def test_verdicts(tmp_path):
     rows = [out.as_dict()]
     assert summary(rows)["verdicts"] == {"ok": 0, "ok-after-restart": 0, "loud": 1, "hang": 0, "silent": 0}
     assert "| hook | 0 | 0 | 1 | 0 | 0 |" in markdown(rows)
+
+
+def test_parameter_server_replicas_may_differ_by_the_versions_they_ended_at_and_no_more(tmp_path):
+    """Chaos seed 11 (ps, up loss only: the design says exact): two ranks started late, so their steps
+    landed one sync window later and they ended at version 41 against their peers' 40, one step apart.
+    A replica is its server version: equal versions must be identical, and ranks d versions apart may
+    differ by d steps (the largest one-step change), no more."""
+    spec = RunSpec(
+        11, "ps", 4, 40, [{"kind": "loss-up", "direction": "up", "model": "bernoulli", "rate": 0.2}]
+    )
+    base = np.zeros(50, np.float32)
+    step = 0.01
+    late = base + 0.9 * step  # one server step on
+    codes = {r: 0 for r in range(4)}
+    _finished(tmp_path, [base, late, base, late], step=step, versions=[40, 41, 40, 41])
+    assert judge(Outcome(spec, exit_codes=codes), tmp_path, {}).verdict == "ok"
+    # the same parameters reported at one version: apart by design only if their versions say so
+    _finished(tmp_path, [base, late, base, late], step=step, versions=[40, 40, 40, 40])
+    assert judge(Outcome(spec, exit_codes=codes), tmp_path, {}).verdict == "silent"
+    # one version apart but two steps' difference
+    _finished(tmp_path, [base, base + 2 * step, base, base], step=step, versions=[40, 41, 40, 40])
+    assert judge(Outcome(spec, exit_codes=codes), tmp_path, {}).verdict == "silent"
+    # two late ranks at the same version must agree with each other
+    other = late.copy()
+    other[0] -= 0.9 * step
+    _finished(tmp_path, [base, late, base, other], step=step, versions=[40, 41, 40, 41])
+    assert judge(Outcome(spec, exit_codes=codes), tmp_path, {}).verdict == "silent"
 
 
 def test_replicas_that_parted_mid_run_are_silent_though_equal_at_the_end(tmp_path):

@@ -456,6 +456,10 @@ def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False)
         "final_loss": _eval_loss(model),
         "max_step_change": max_step_change,
         "history": np.stack(history) if history else np.zeros((0, 0)),
+        # The parameter server's version of these parameters (other doors: -1). A sync window closes
+        # without a rank that has not pushed within its max wait (a slow start), so that rank's steps
+        # land one window later and it ends a version past its peers: replicas one step apart by design.
+        "version": opt.client.version if door == "ps" else -1,
     }
     np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
     if built.healer is not None:  # a peer stopped past this rank's last step can still take its state
