@@ -35,10 +35,11 @@ worker that stops stepping, or blocks in other collectives (a gloo barrier) betw
 polling (``worker.poll(seconds)``) until its peers are through, or they wait up to ``resend_timeout_s``.
 
 **A dead owner.** An owner the transport presumes dead (absent from a whole window of RESULTs) publishes
-nothing and steps nothing: its copies are kept as its last publish left them, neither waited for nor
-requested nor aged. An owner killed after its reduce and before its publish leaves no such evidence (its
-bit is in every RESULT of its last reduce, and its peers then wait in ``collect``, in no reduce): chaos
-seed 99's survivors waited 30 s for its critical copies and raised TimeoutError. So a receiver also
+nothing and steps nothing: its copies are kept as its last publish left them (until its shard is
+served again, below), neither waited for from it nor requested from it nor aged. An owner killed
+after its reduce and before its publish leaves no such evidence (its bit is in every RESULT of its last
+reduce, and its peers then wait in ``collect``, in no reduce): chaos seed 99's survivors waited 30 s
+for its critical copies and raised TimeoutError. So a receiver also
 gives up, and treats as dead, an owner whose end marker for the step is not in and from whom nothing
 has come for ``liveness_timeout_s`` of the wait (the switch's liveness monitor's timeout, 3 s by
 default: by then the monitor has marked it offline and lowered the job's quorum, so the next reduce
@@ -50,6 +51,34 @@ the switch too. Its later copies or marker clear the exchange's presumption (its
 then one step late once), its bit in a RESULT the transport's. An owner whose marker is in but who
 stops answering requests (a live one blocked between steps) is still waited for up to
 ``resend_timeout_s``.
+
+**A dead owner's shard is served again** (``reserve=True``, the default; off for replicated receivers).
+Under PARAM loss each survivor holds its own mix of a dead owner's earlier publishes, and nobody would
+ever send that shard again: replicas the design keeps identical where nothing is lost would stay apart
+for good. So the lowest-numbered rank that is not presumed dead, other than the owner (its
+*re-server*, by the same rule on every rank), sends its copy of every chunk of the shard again,
+CRITICAL, once per death, when it first presumes the owner dead, and again on request. Each copy is
+tagged with the step ``max(held step, the owner's last end marker + 1)``: past every step the owner
+published, so no late copy of the owner's own replaces it anywhere, the re-server's included (it holds
+its copy under the same tag). A receiver tells a re-served copy from the owner's by its sender (the
+PARAM's ``worker_id``, kept by the transport in ``param_senders``) and takes it when it is newer than
+the copy it holds, or as new and held from the owner itself, or from a higher rank (two ranks that
+both took themselves for the re-server end on the lower one's copy). A survivor that presumes the
+owner dead and is not its re-server waits in ``collect`` until it holds a re-served copy of every
+chunk of the shard, asking every ``_REREQUEST_S``: a PARAM_REQ of the owner's *end marker*
+(``MARKER_CHUNK_BASE + owner``, "I gave this owner up") while it holds none of them, which makes every
+rank that receives it give the owner up too and the re-server send the whole shard, even from inside a
+reduce; else PARAM_REQs of the chunks still missing. So the survivors end with the re-server's copy
+whichever of them learnt of the death first, and when: the re-server's copy does not change after the
+death (nothing of the owner's is newer than its tag), and it is the copy every survivor adopts. A
+re-server silent that long (nothing, not even a relayed heartbeat, for ``liveness_timeout_s`` of the
+wait) is given up in turn and the next rank serves. The owner, heard from again (back from a stop,
+or restarted: it heals its whole replica, its own shard included, from a peer that holds the
+re-served copy), publishes as before, its copies newer than the tag. Not covered: a death that no
+survivor notices before its last step (no critical chunk waited for, no later reduce to show the
+owner's absence): nobody serves that shard again. A shard's optimizer state died with its owner, so
+nobody steps a dead owner's shard (no owner failover): every survivor would have to agree on the owner
+map of every reduce, and a restarted owner takes its shard back from its optimizer state.
 
 **Replicated receivers** (``replicated=True``, the DDP hook's re-broadcast): ``rows`` is the receiver's
 own replica, which its optimizer keeps current between broadcasts, not a copy that ages. Only a copy of
@@ -395,8 +424,8 @@ class ParamExchange:
         marker right after its reduce (its optimizer's step in between) and answers requests at once
         from inside the transport; one silent for the liveness timeout is what the switch's liveness
         monitor (hostlib/liveness.py) marks offline, lowering the job's quorum, so that the next
-        reduce closes without it. Its shard is then treated as a presumed-dead owner's: copies kept
-        where its last publish left them, not waited for, not aged. A copy or marker of its clears it."""
+        reduce closes without it. Its shard is then treated as a presumed-dead owner's: not waited for
+        from it, not aged, served again by its re-server. A copy or marker of its clears it."""
         now = time.perf_counter()
         heard = np.maximum(self._heard_at, since)
         quiet = (self._marker_step < step) & (now - heard >= self.liveness_timeout_s)
@@ -406,7 +435,9 @@ class ParamExchange:
         quiet[self.worker.worker_id] = False
         new = np.flatnonzero(quiet & ~self._given_up)
         if len(new):
-            self._give_up(new, f"sent nothing for step {step} within the liveness timeout")
+            timeout = f"{self.liveness_timeout_s:.1f} s"
+            why = f"sent nothing for step {step} within the liveness timeout ({timeout})"
+            self._give_up(new, why)
 
     def _give_up(self, owners: np.ndarray, why: str) -> None:
         """Presume ``owners`` dead here (until a packet of theirs comes) and tell the transport."""
@@ -415,12 +446,10 @@ class ParamExchange:
         # The transport's next reduce needs no window of RESULTs to learn it: no wait for its bit.
         self.worker.deadlines.presume_dead(owners)
         log.warning(
-            "worker %d: owners %s %s (%.1f s): presumed dead, their shards served again by the lowest "
-            "live rank",
+            "worker %d: owners %s %s: presumed dead, their shards served again by the lowest live rank",
             self.worker.worker_id,
             owners.tolist(),
             why,
-            self.liveness_timeout_s,
         )
 
     # ---- a dead owner's shard, served again --------------------------------------------------------
