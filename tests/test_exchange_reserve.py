@@ -55,7 +55,7 @@ def test_survivors_end_with_the_reservers_copy_of_a_dead_owners_shard(make_clust
     ]
     dead_chunks = layout.chunks_of(n - 1)
     at_death: dict[int, np.ndarray] = {}
-    barrier = threading.Barrier(n - 1)
+    barrier = threading.Barrier(n - 1, timeout=30.0)  # a broken run fails, not hangs
 
     def body(worker, i):
         ex = exchanges[i]
@@ -89,6 +89,53 @@ def test_survivors_end_with_the_reservers_copy_of_a_dead_owners_shard(make_clust
     assert exchanges[0].stats.reserved_chunks_sent >= len(dead_chunks)
     assert all(exchanges[i].stats.reserved_chunks_taken > 0 for i in (1, 2))
     assert all(exchanges[i].stats.reserved_chunks_sent == 0 for i in (1, 2))
+
+
+def test_a_rank_that_rejoins_after_the_reserve_takes_the_reserved_copy(make_cluster):
+    """Rank 3 dies; rank 0 serves its shard again; then rank 2 'restarts': a new exchange that adopts a
+    donor's replica at a later step (chaos seed 26: the restarted rank's made-up held steps were newer
+    than the re-serve's tag, so it refused the re-served copies and waited 30 s for them). Its donor
+    here had kept its own copy of the dead shard (not the re-served one): the rank must end with the
+    re-server's copy all the same."""
+    n, k, per_owner, dies_at, extra = 4, 16, 12, 3, 3
+    cluster = make_cluster(n, elems_per_packet=k, seed=5)
+    cluster.switch.set_drop_policy(cluster.job_id, "param", DropPolicy(p=0.3))
+    layout = ShardLayout.contiguous(n * per_owner * k, k, n)
+    rows = [np.zeros((layout.n_chunks, k), np.float32) for _ in range(n)]
+    options = {"deadline_ms": 20_000.0, "resend_timeout_s": 10.0, "liveness_timeout_s": 0.5}
+    exchanges = [ParamExchange(w, layout, rows[i], **options) for i, w in enumerate(cluster.workers)]
+    dead_chunks = layout.chunks_of(n - 1)
+    at_death: dict[int, np.ndarray] = {}
+    barrier = threading.Barrier(n - 1, timeout=30.0)  # a broken run fails, not hangs
+    rejoin_at = dies_at + 2
+
+    def body(worker, i):
+        rng = np.random.default_rng(200 + i)
+        for t in range(dies_at + 1 + extra):
+            mine = layout.chunks_of(i)
+            if i == 2 and t == rejoin_at:  # a new process: a donor's replica, its old copy of 3's shard
+                donor = rows[0].copy()
+                donor[dead_chunks] = at_death[2]
+                rows[2][:] = donor
+                exchanges[2] = ParamExchange(worker, layout, rows[2], **options)
+                exchanges[2].adopt(t)
+            rows[i][mine] += rng.standard_normal((len(mine), k)).astype(np.float32)
+            if i == n - 1 and t == dies_at:
+                worker.close()
+                return
+            exchanges[i].publish(t)
+            if t == dies_at:
+                at_death[i] = rows[i][dead_chunks].copy()
+            exchanges[i].collect(t)
+            if t >= dies_at:
+                barrier.wait()
+
+    run_workers(cluster.workers, body)
+    reserver_copy = at_death[0]
+    assert not np.array_equal(at_death[2], reserver_copy), "rank 2's own copy was the re-server's already"
+    for i in range(n - 1):
+        np.testing.assert_array_equal(rows[i][dead_chunks], reserver_copy, err_msg=f"survivor {i}")
+    assert exchanges[2].stats.reserved_chunks_taken >= len(dead_chunks)
 
 
 def test_sharded_survivors_hold_one_copy_of_a_killed_owners_shard_under_param_loss(make_cluster):

@@ -109,6 +109,10 @@ from hostlib.transport import LtaWorker
 log = logging.getLogger(__name__)
 
 _REREQUEST_S = 0.1  # PARAM_REQ is critical, but a real network may still lose it: ask again this often
+# _reserved_by of a copy taken from a peer's whole replica (adopt: a heal, a rejoin): neither the owner's
+# nor known to be re-served, its held step made up (the step joined at), so a re-served copy of any
+# step replaces it.
+_ADOPTED = -2
 
 
 @dataclass
@@ -560,6 +564,8 @@ class ParamExchange:
         self._given_up[:] = False
         self._heard_at[:] = -np.inf
         self._reserved_by[:] = -1
+        # A dead owner's copy in the replica may predate its re-serve: any re-served copy replaces it.
+        self._reserved_by[self.foreign] = _ADOPTED
         self._reserving[:] = False
         self.tracker = StaleTracker(len(self.foreign), self.tracker.bound)
         self.changed = False
@@ -606,7 +612,7 @@ class ParamExchange:
         reserved = sender[fresh] != owner[fresh]
         held_by = self._reserved_by[ids[fresh]]
         tie_won = reserved & (steps[fresh] == held) & ((held_by < 0) | (sender[fresh] < held_by))
-        fresh[fresh] = (steps[fresh] > held) | tie_won
+        fresh[fresh] = (steps[fresh] > held) | tie_won | (reserved & (held_by == _ADOPTED))
         if self.replicated:
             old = fresh & (steps < step)
             self.stats.late_copies_dropped += int(old.sum())
@@ -616,7 +622,8 @@ class ParamExchange:
             k = self.layout.elems_per_chunk
             values = np.stack([items[i][1][1] for i in take])
             self.rows[ids[take], : values.shape[1]] = values[:, :k]
-            self.held_step[ids[take]] = steps[take]
+            # (a re-served copy over an adopted one keeps the adopted step if later: nothing older counts)
+            self.held_step[ids[take]] = np.maximum(steps[take], self.held_step[ids[take]])
             by = np.where(sender[take] == owner[take], -1, sender[take])
             self._reserved_by[ids[take]] = by
             self.stats.reserved_chunks_taken += int(np.count_nonzero(by >= 0))
