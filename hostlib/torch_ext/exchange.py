@@ -57,7 +57,8 @@ Under PARAM loss each survivor holds its own mix of a dead owner's earlier publi
 ever send that shard again: replicas the design keeps identical where nothing is lost would stay apart
 for good. So the lowest-numbered rank that is not presumed dead, other than the owner (its
 *re-server*, by the same rule on every rank), sends its copy of every chunk of the shard again,
-CRITICAL, once per death, when it first presumes the owner dead, and again on request. Each copy is
+CRITICAL, once per death, when it first presumes the owner dead, and again on request (the whole
+shard at most once per ``_REREQUEST_S``). Each copy is
 tagged with the step ``max(held step, the owner's last end marker + 1)``: past every step the owner
 published, so no late copy of the owner's own replaces it anywhere, the re-server's included (it holds
 its copy under the same tag). A receiver tells a re-served copy from the owner's by its sender (the
@@ -209,6 +210,10 @@ class ParamExchange:
         self.reserve = reserve and not replicated and not worker.config.own_leaf
         self._reserved_by = np.full(layout.n_chunks, -1, dtype=np.int64)  # -1: the owner's own copy
         self._reserving = np.zeros(worker.n_workers, dtype=bool)  # dead owners this rank re-served
+        # When this rank last sent a dead owner's whole shard: marker requests from several receivers
+        # at once (or repeated while a large shard is on its way) are answered by one send per
+        # _REREQUEST_S; a receiver still missing chunks asks again, for those chunks.
+        self._whole_sent_at = np.full(worker.n_workers, -np.inf)
         worker.param_responder = self._respond
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -475,6 +480,7 @@ class ParamExchange:
             if owner == me or self._reserver(owner, dead) != me:
                 continue
             self._reserving[owner] = True
+            self._whole_sent_at[owner] = time.perf_counter()
             ids = self.layout.chunks_of(owner)
             log.warning("worker %d: serving dead owner %d's shard again (%d chunks)", me, owner, len(ids))
             self._send_reserved(ids)
@@ -544,6 +550,9 @@ class ParamExchange:
         serving = np.array([o != me and dead[o] and self._reserver(o, dead) == me for o in range(n)])
         whole = named[serving[named]]
         self._reserving[whole] = True
+        now = time.perf_counter()
+        whole = whole[now - self._whole_sent_at[whole] >= _REREQUEST_S]
+        self._whole_sent_at[whole] = now
         data = ids[ids < self.layout.n_chunks]
         data = data[serving[self.layout.owners[data]]]
         if len(data):
