@@ -35,10 +35,11 @@ worker that stops stepping, or blocks in other collectives (a gloo barrier) betw
 polling (``worker.poll(seconds)``) until its peers are through, or they wait up to ``resend_timeout_s``.
 
 **A dead owner.** An owner the transport presumes dead (absent from a whole window of RESULTs) publishes
-nothing and steps nothing: its copies are kept as its last publish left them, neither waited for nor
-requested nor aged. An owner killed after its reduce and before its publish leaves no such evidence (its
-bit is in every RESULT of its last reduce, and its peers then wait in ``collect``, in no reduce): chaos
-seed 99's survivors waited 30 s for its critical copies and raised TimeoutError. So a receiver also
+nothing and steps nothing: its copies are kept as its last publish left them (until its shard is
+served again, below), neither waited for from it nor requested from it nor aged. An owner killed
+after its reduce and before its publish leaves no such evidence (its bit is in every RESULT of its last
+reduce, and its peers then wait in ``collect``, in no reduce): chaos seed 99's survivors waited 30 s
+for its critical copies and raised TimeoutError. So a receiver also
 gives up, and treats as dead, an owner whose end marker for the step is not in and from whom nothing
 has come for ``liveness_timeout_s`` of the wait (the switch's liveness monitor's timeout, 3 s by
 default: by then the monitor has marked it offline and lowered the job's quorum, so the next reduce
@@ -50,6 +51,35 @@ the switch too. Its later copies or marker clear the exchange's presumption (its
 then one step late once), its bit in a RESULT the transport's. An owner whose marker is in but who
 stops answering requests (a live one blocked between steps) is still waited for up to
 ``resend_timeout_s``.
+
+**A dead owner's shard is served again** (``reserve=True``, the default; off for replicated receivers).
+Under PARAM loss each survivor holds its own mix of a dead owner's earlier publishes, and nobody would
+ever send that shard again: replicas the design keeps identical where nothing is lost would stay apart
+for good. So the lowest-numbered rank that is not presumed dead, other than the owner (its
+*re-server*, by the same rule on every rank), sends its copy of every chunk of the shard again,
+CRITICAL, once per death, when it first presumes the owner dead, and again on request (the whole
+shard at most once per ``_REREQUEST_S``). Each copy is
+tagged with the step ``max(held step, the owner's last end marker + 1)``: past every step the owner
+published, so no late copy of the owner's own replaces it anywhere, the re-server's included (it holds
+its copy under the same tag). A receiver tells a re-served copy from the owner's by its sender (the
+PARAM's ``worker_id``, kept by the transport in ``param_senders``) and takes it when it is newer than
+the copy it holds, or as new and held from the owner itself, or from a higher rank (two ranks that
+both took themselves for the re-server end on the lower one's copy). A survivor that presumes the
+owner dead and is not its re-server waits in ``collect`` until it holds a re-served copy of every
+chunk of the shard, asking every ``_REREQUEST_S``: a PARAM_REQ of the owner's *end marker*
+(``MARKER_CHUNK_BASE + owner``, "I gave this owner up") while it holds none of them, which makes every
+rank that receives it give the owner up too and the re-server send the whole shard, even from inside a
+reduce; else PARAM_REQs of the chunks still missing. So the survivors end with the re-server's copy
+whichever of them learnt of the death first, and when: the re-server's copy does not change after the
+death (nothing of the owner's is newer than its tag), and it is the copy every survivor adopts. A
+re-server silent that long (nothing, not even a relayed heartbeat, for ``liveness_timeout_s`` of the
+wait) is given up in turn and the next rank serves. The owner, heard from again (back from a stop,
+or restarted: it heals its whole replica, its own shard included, from a peer that holds the
+re-served copy), publishes as before, its copies newer than the tag. Not covered: a death that no
+survivor notices before its last step (no critical chunk waited for, no later reduce to show the
+owner's absence): nobody serves that shard again. A shard's optimizer state died with its owner, so
+nobody steps a dead owner's shard (no owner failover): every survivor would have to agree on the owner
+map of every reduce, and a restarted owner takes its shard back from its optimizer state.
 
 **Replicated receivers** (``replicated=True``, the DDP hook's re-broadcast): ``rows`` is the receiver's
 own replica, which its optimizer keeps current between broadcasts, not a copy that ages. Only a copy of
@@ -80,6 +110,10 @@ from hostlib.transport import LtaWorker
 log = logging.getLogger(__name__)
 
 _REREQUEST_S = 0.1  # PARAM_REQ is critical, but a real network may still lose it: ask again this often
+# _reserved_by of a copy taken from a peer's whole replica (adopt: a heal, a rejoin): neither the owner's
+# nor known to be re-served, its held step made up (the step joined at), so a re-served copy of any
+# step replaces it.
+_ADOPTED = -2
 
 
 @dataclass
@@ -94,6 +128,9 @@ class ExchangeStats:
     markers_missed: int = 0  # an owner's end marker did not come before the deadline
     critical_requests: int = 0  # critical (or required) chunks this receiver asked for again
     owners_given_up: int = 0  # owners presumed dead here: no marker and silent past liveness_timeout_s
+    reserved_chunks_sent: int = 0  # chunk copies of dead owners' shards this rank re-served
+    reserved_chunks_taken: int = 0  # re-served copies taken into rows
+    reserve_requests: int = 0  # re-serve requests this receiver sent (markers and chunks, see collect)
     wait_s: float = 0.0  # time spent in collect
 
     def as_dict(self) -> dict[str, Any]:
@@ -122,6 +159,7 @@ class ParamExchange:
         retrieve: bool = False,
         replicated: bool = False,
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+        reserve: bool = True,
     ) -> None:
         if liveness_timeout_s <= 0:
             raise ValueError(f"liveness_timeout_s must be > 0 s, got {liveness_timeout_s}")
@@ -165,6 +203,17 @@ class ParamExchange:
         self.retrieve = retrieve
         self.replicated = replicated
         self._asked = np.zeros(layout.n_chunks, dtype=bool)  # retrieval: asked for this step already
+        # Re-serving a dead owner's shard (module docstring, "A dead owner's shard is served again"):
+        # off for a replicated receiver, whose rows are its own live replica (nothing is frozen there).
+        # Re-served copies are told from the owner's by their sender, the PARAM's worker_id: under
+        # own_leaf that is the leaf's id, not the rank, so re-serving is off there too.
+        self.reserve = reserve and not replicated and not worker.config.own_leaf
+        self._reserved_by = np.full(layout.n_chunks, -1, dtype=np.int64)  # -1: the owner's own copy
+        self._reserving = np.zeros(worker.n_workers, dtype=bool)  # dead owners this rank re-served
+        # When this rank last sent a dead owner's whole shard: marker requests from several receivers
+        # at once (or repeated while a large shard is on its way) are answered by one send per
+        # _REREQUEST_S; a receiver still missing chunks asks again, for those chunks.
+        self._whole_sent_at = np.full(worker.n_workers, -np.inf)
         worker.param_responder = self._respond
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -182,6 +231,7 @@ class ParamExchange:
             "marker_step": self._marker_step.copy(),
             "published_step": self._published_step,
             "all_critical_step": self._all_critical_step,
+            "reserved_by": self._reserved_by.copy(),
             "tracker": self.tracker.state_dict(),
             "stats": asdict(self.stats),
         }
@@ -203,6 +253,13 @@ class ParamExchange:
         self._marker_step = np.array(state["marker_step"], dtype=np.int64)
         self._published_step = int(state["published_step"])
         self._all_critical_step = int(state.get("all_critical_step", -1))
+        reserved_by = state.get("reserved_by")  # (absent from states saved before re-serving)
+        self._reserved_by = (
+            np.full(self.layout.n_chunks, -1, dtype=np.int64)
+            if reserved_by is None
+            else np.array(reserved_by, dtype=np.int64)
+        )
+        self._reserving[:] = False
         known = {f.name for f in fields(ExchangeStats)}
         self.stats = ExchangeStats(**{k: v for k, v in state["stats"].items() if k in known})
         self.changed = False
@@ -245,6 +302,8 @@ class ParamExchange:
         are critical (all of them after a critical publish, until the next publish). The other requests
         wait for :meth:`_serve_requests` or the next publish, as before."""
         requests = self.worker.param_requests
+        if self.reserve and requests:
+            self._answer_reserve_requests(requests)
         if self._published_step < 0 or not requests:
             return
         ids = np.fromiter(requests, dtype=np.int64, count=len(requests))
@@ -286,6 +345,8 @@ class ParamExchange:
         serve = self.retrieve or not (self.worker.config.exact or self.replicated)
         required = self.foreign if require_all or self.retrieve else self.critical_foreign
         self._asked[:] = False
+        last_reserve_request = -np.inf
+        reservers = np.zeros(self.worker.n_workers, dtype=bool)  # re-servers this receiver waits on
         while True:
             self._absorb(step)
             if serve:
@@ -293,10 +354,15 @@ class ParamExchange:
             self._awaiting &= self.held_step <= self._awaiting_above
             # An owner the transport presumes dead publishes nothing and steps nothing: its shard's
             # copies are as current as they can be, so none of them is waited for or requested. So is
-            # one that has sent nothing for this step one liveness timeout into the wait.
-            self._give_up_silent(step, t0)
+            # one that has sent nothing for this step one liveness timeout into the wait; and so is a
+            # re-server this receiver waits on that stays silent as long.
+            self._give_up_silent(step, t0, reservers)
             dead = self._dead_owners()
             self._awaiting &= ~dead[self.layout.owners]
+            # Every dead owner's shard is served again by one survivor (its re-server); the others
+            # wait until they hold its copy, so that every survivor holds the same one.
+            self._reserve_dead_shards(dead)
+            unserved, reservers = self._unserved(dead)
             awaiting = np.flatnonzero(self._awaiting)
             missing_required = required[
                 (self.held_step[required] < step) & ~dead[self.layout.owners[required]]
@@ -307,12 +373,17 @@ class ParamExchange:
             else:
                 done = bool(np.all(self._marker_step[live] >= step)) and len(awaiting) == 0
                 done &= len(missing_required) == 0
+            done &= len(unserved) == 0
             if done:
                 break
             now = time.perf_counter()
-            if not require_all and len(awaiting) == 0 and len(missing_required) == 0 and now >= deadline:
+            idle = len(awaiting) == 0 and len(missing_required) == 0 and len(unserved) == 0
+            if not require_all and idle and now >= deadline:
                 self.stats.markers_missed += int(np.sum(self._marker_step[live] < step))
                 break
+            if len(unserved) and now - last_reserve_request >= _REREQUEST_S:
+                self._request_reserve(unserved, step)
+                last_reserve_request = now
             if len(missing_required) and now - last_required_request >= _REREQUEST_S:
                 # Lost on the way (the owner's marker, sent after them, is in) or late (the deadline).
                 owner_done = self._marker_step[self.layout.owners[missing_required]] >= step
@@ -325,7 +396,8 @@ class ParamExchange:
                         self._asked[ask] = True
                     last_required_request = now
             if now >= give_up:
-                missing = awaiting if len(awaiting) else self.foreign[self.held_step[self.foreign] < step]
+                missing = awaiting if len(awaiting) else unserved
+                missing = missing if len(missing) else self.foreign[self.held_step[self.foreign] < step]
                 owners = sorted({int(w) for w in self.layout.owners[missing]})
                 host, port = self.worker.switch_addr
                 raise TimeoutError(
@@ -336,7 +408,7 @@ class ParamExchange:
             if len(awaiting) and now - last_request >= _REREQUEST_S:
                 self.worker.request_params(awaiting, step=step)
                 last_request = now
-            bounded = require_all or len(awaiting) or len(missing_required)
+            bounded = require_all or len(awaiting) or len(missing_required) or len(unserved)
             self._wait_readable(0.01 if bounded else min(0.01, max(deadline - now, 0.0)))
         self.stats.wait_s += time.perf_counter() - t0
         return self._account(step)
@@ -348,9 +420,12 @@ class ParamExchange:
         bits = np.array([mask >> w & 1 for w in range(self.worker.n_workers)], dtype=bool)
         return bits | self._given_up
 
-    def _give_up_silent(self, step: int, since: float) -> None:
+    def _give_up_silent(self, step: int, since: float, reservers: np.ndarray | None = None) -> None:
         """Presume dead every owner whose end marker for ``step`` is not in and from whom nothing (no
-        copy, no marker) has come for ``liveness_timeout_s`` since ``since`` (the start of the wait).
+        copy, no marker) has come for ``liveness_timeout_s`` since ``since`` (the start of the wait);
+        and every re-server in ``reservers`` (bool per worker: this receiver waits for its copy of a
+        dead owner's shard) from whom nothing, not even a relayed heartbeat, has come as long: a live
+        one answers at once from inside its transport, so the next rank in order serves instead.
 
         The transport's own presumption needs a whole window of RESULTs without the owner's bit, and
         an owner killed after its reduce and before its publish leaves none: its bit is in every
@@ -358,26 +433,133 @@ class ParamExchange:
         marker right after its reduce (its optimizer's step in between) and answers requests at once
         from inside the transport; one silent for the liveness timeout is what the switch's liveness
         monitor (hostlib/liveness.py) marks offline, lowering the job's quorum, so that the next
-        reduce closes without it. Its shard is then treated as a presumed-dead owner's: copies kept
-        where its last publish left them, not waited for, not aged. A copy or marker of its clears it."""
+        reduce closes without it. Its shard is then treated as a presumed-dead owner's: not waited for
+        from it, not aged, served again by its re-server. A copy or marker of its clears it."""
         now = time.perf_counter()
-        quiet = self._marker_step < step
-        quiet &= now - np.maximum(self._heard_at, since) >= self.liveness_timeout_s
+        heard = np.maximum(self._heard_at, since)
+        quiet = (self._marker_step < step) & (now - heard >= self.liveness_timeout_s)
+        if reservers is not None and reservers.any():
+            heard = np.maximum(heard, self.worker.deadlines.heard_at)
+            quiet |= reservers & (now - heard >= self.liveness_timeout_s)
         quiet[self.worker.worker_id] = False
         new = np.flatnonzero(quiet & ~self._given_up)
         if len(new):
-            self._given_up[new] = True
-            self.stats.owners_given_up += len(new)
-            # The transport's next reduce needs no window of RESULTs to learn it: no wait for its bit.
-            self.worker.deadlines.presume_dead(new)
-            log.warning(
-                "worker %d: owners %s sent nothing for step %d within the liveness timeout (%.1f s): "
-                "presumed dead, their shards' copies kept as last published",
-                self.worker.worker_id,
-                new.tolist(),
-                step,
-                self.liveness_timeout_s,
-            )
+            timeout = f"{self.liveness_timeout_s:.1f} s"
+            why = f"sent nothing for step {step} within the liveness timeout ({timeout})"
+            self._give_up(new, why)
+
+    def _give_up(self, owners: np.ndarray, why: str) -> None:
+        """Presume ``owners`` dead here (until a packet of theirs comes) and tell the transport."""
+        self._given_up[owners] = True
+        self.stats.owners_given_up += len(owners)
+        # The transport's next reduce needs no window of RESULTs to learn it: no wait for its bit.
+        self.worker.deadlines.presume_dead(owners)
+        log.warning(
+            "worker %d: owners %s %s: presumed dead, their shards served again by the lowest live rank",
+            self.worker.worker_id,
+            owners.tolist(),
+            why,
+        )
+
+    # ---- a dead owner's shard, served again --------------------------------------------------------
+    def _reserver(self, owner: int, dead: np.ndarray) -> int:
+        """The rank that serves dead ``owner``'s shard again in this rank's view: the lowest-numbered
+        rank other than the owner not presumed dead here (this rank, at worst)."""
+        live = ~dead
+        live[owner] = False
+        live[self.worker.worker_id] = True
+        return int(np.argmax(live))
+
+    def _reserve_dead_shards(self, dead: np.ndarray) -> None:
+        """Serve again, once per death, the shard of every dead owner this rank is the re-server of."""
+        if not self.reserve:
+            return
+        self._reserving &= dead
+        me = self.worker.worker_id
+        for owner in np.flatnonzero(dead & ~self._reserving).tolist():
+            if owner == me or self._reserver(owner, dead) != me:
+                continue
+            self._reserving[owner] = True
+            self._whole_sent_at[owner] = time.perf_counter()
+            ids = self.layout.chunks_of(owner)
+            log.warning("worker %d: serving dead owner %d's shard again (%d chunks)", me, owner, len(ids))
+            self._send_reserved(ids)
+
+    def _send_reserved(self, ids: np.ndarray) -> None:
+        """Send this rank's copies of dead owners' chunks ``ids`` (CRITICAL), each tagged with the step
+        ``max(held, owner's last marker + 1)``: past every step its owner published (so no copy of its
+        own, late, replaces it), and held here under that tag from now on."""
+        if not len(ids):
+            return
+        owners = self.layout.owners[ids]
+        tags = np.maximum(self.held_step[ids], self._marker_step[owners] + 1)
+        self.held_step[ids] = tags
+        own = self._reserved_by[ids] < 0
+        self._reserved_by[ids[own]] = self.worker.worker_id
+        for tag in np.unique(tags).tolist():
+            sel = ids[tags == tag]
+            self.worker.broadcast_params(sel, self.rows[sel], step=int(tag), critical=True)
+        self.stats.reserved_chunks_sent += len(ids)
+
+    def _unserved(self, dead: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The chunks of dead owners that another rank re-serves and of which this receiver holds no
+        re-served copy yet, and (bool per worker) the re-servers it waits on for them."""
+        reservers = np.zeros(self.worker.n_workers, dtype=bool)
+        if not self.reserve or not dead.any():
+            return np.empty(0, dtype=np.int64), reservers
+        me = self.worker.worker_id
+        served_elsewhere = np.zeros(self.worker.n_workers, dtype=bool)
+        for owner in np.flatnonzero(dead).tolist():
+            if owner != me:
+                reserver = self._reserver(owner, dead)
+                served_elsewhere[owner] = reserver != me
+        owners = self.layout.owners[self.foreign]
+        unserved = self.foreign[served_elsewhere[owners] & (self._reserved_by[self.foreign] < 0)]
+        for owner in np.unique(self.layout.owners[unserved]).tolist():
+            reservers[self._reserver(owner, dead)] = True
+        return unserved, reservers
+
+    def _request_reserve(self, unserved: np.ndarray, step: int) -> None:
+        """Ask for re-served copies: of an owner none of whose chunks came re-served yet, its end
+        marker (PARAM_REQ of ``MARKER_CHUNK_BASE + owner``: "I gave this owner up", which makes every
+        rank give it up and its re-server serve the whole shard); else the chunks still missing."""
+        owners = self.layout.owners[unserved]
+        whole = np.array(
+            [o for o in np.unique(owners).tolist() if np.sum(owners == o) == len(self.layout.chunks_of(o))],
+            dtype=np.int64,
+        )
+        ask = np.concatenate([MARKER_CHUNK_BASE + whole, unserved[~np.isin(owners, whole)]])
+        self.worker.request_params(ask, step=step)
+        self.stats.reserve_requests += len(ask)
+
+    def _answer_reserve_requests(self, requests: set[int]) -> None:
+        """Called as PARAM_REQs arrive: a request for an owner's end marker says its sender gave that
+        owner up (this rank gives it up too); the re-server of a dead owner then sends the whole shard,
+        and it answers requests for single chunks of dead owners it re-serves."""
+        ids = np.fromiter(requests, dtype=np.int64, count=len(requests))
+        me, n = self.worker.worker_id, self.worker.n_workers
+        markers = ids[(ids >= MARKER_CHUNK_BASE) & (ids < MARKER_CHUNK_BASE + n)]
+        named = np.unique(markers - MARKER_CHUNK_BASE)
+        named = named[named != me]
+        if len(markers):
+            requests.difference_update(markers.tolist())
+            new = named[~self._dead_owners()[named]]
+            if len(new):
+                self._give_up(new, "were given up by a peer")
+        dead = self._dead_owners()
+        serving = np.array([o != me and dead[o] and self._reserver(o, dead) == me for o in range(n)])
+        whole = named[serving[named]]
+        self._reserving[whole] = True
+        now = time.perf_counter()
+        whole = whole[now - self._whole_sent_at[whole] >= _REREQUEST_S]
+        self._whole_sent_at[whole] = now
+        data = ids[ids < self.layout.n_chunks]
+        data = data[serving[self.layout.owners[data]]]
+        if len(data):
+            requests.difference_update(data.tolist())
+        if len(whole):
+            data = np.union1d(data, np.concatenate([self.layout.chunks_of(o) for o in whole.tolist()]))
+        self._send_reserved(data)
 
     def adopt(self, step: int) -> None:
         """A restarted worker joins at ``step``: every copy it holds (a survivor's, taken between two
@@ -390,6 +572,10 @@ class ParamExchange:
         self._published_step = held
         self._given_up[:] = False
         self._heard_at[:] = -np.inf
+        self._reserved_by[:] = -1
+        # A dead owner's copy in the replica may predate its re-serve: any re-served copy replaces it.
+        self._reserved_by[self.foreign] = _ADOPTED
+        self._reserving[:] = False
         self.tracker = StaleTracker(len(self.foreign), self.tracker.bound)
         self.changed = False
 
@@ -409,20 +595,33 @@ class ParamExchange:
         inbox.clear()
         ids = np.fromiter((c for c, _ in items), dtype=np.int64, count=len(items))
         steps = np.fromiter((s for _, (s, _) in items), dtype=np.int64, count=len(items))
+        sent_by = self.worker.param_senders
+        who = np.fromiter((sent_by.pop(c, -1) for c, _ in items), dtype=np.int64, count=len(items))
         is_marker = ids >= MARKER_CHUNK_BASE
-        # Whatever an owner sent proves it alive now (a given-up owner back from a stop, or restarted).
-        senders = np.where(is_marker, ids - MARKER_CHUNK_BASE, -1)
         data = ~is_marker & (ids < self.layout.n_chunks)
-        senders[data] = self.layout.owners[ids[data]]
-        senders = senders[(senders >= 0) & (senders < self.worker.n_workers)]
-        self._heard_at[senders] = time.perf_counter()
-        self._given_up[senders] = False
+        owner = np.where(is_marker, ids - MARKER_CHUNK_BASE, -1)
+        owner[data] = self.layout.owners[ids[data]]
+        # The sender: the packet's worker_id (a survivor re-serving a dead owner's shard), else the owner.
+        sender = np.where((who >= 0) & self.reserve, who, owner)
+        # Whatever a rank sent proves it alive now (a given-up owner back from a stop, or restarted).
+        known = (sender >= 0) & (sender < self.worker.n_workers)
+        self._heard_at[sender[known]] = time.perf_counter()
+        self._given_up[sender[known]] = False
+        own = known & (sender == owner)
+        if own.any():  # an owner heard from again: its shard's copies are its own business once more
+            self._reserved_by[np.isin(self.layout.owners, np.unique(sender[own]))] = -1
         if is_marker.any():
-            owner = ids[is_marker] - MARKER_CHUNK_BASE
-            known = owner < len(self._marker_step)
-            np.maximum.at(self._marker_step, owner[known], steps[is_marker][known])
-        fresh = ~is_marker & (ids < self.layout.n_chunks)
-        fresh[fresh] &= steps[fresh] > self.held_step[ids[fresh]]
+            marker_owner = ids[is_marker] - MARKER_CHUNK_BASE
+            valid = marker_owner < len(self._marker_step)
+            np.maximum.at(self._marker_step, marker_owner[valid], steps[is_marker][valid])
+        fresh = data.copy()
+        held = self.held_step[ids[fresh]]
+        # A re-served copy wins a tie of steps over the owner's own copy, and over a copy re-served
+        # by a higher rank (two ranks that both took themselves for the re-server end on the lower's).
+        reserved = sender[fresh] != owner[fresh]
+        held_by = self._reserved_by[ids[fresh]]
+        tie_won = reserved & (steps[fresh] == held) & ((held_by < 0) | (sender[fresh] < held_by))
+        fresh[fresh] = (steps[fresh] > held) | tie_won | (reserved & (held_by == _ADOPTED))
         if self.replicated:
             old = fresh & (steps < step)
             self.stats.late_copies_dropped += int(old.sum())
@@ -432,7 +631,11 @@ class ParamExchange:
             k = self.layout.elems_per_chunk
             values = np.stack([items[i][1][1] for i in take])
             self.rows[ids[take], : values.shape[1]] = values[:, :k]
-            self.held_step[ids[take]] = steps[take]
+            # (a re-served copy over an adopted one keeps the adopted step if later: nothing older counts)
+            self.held_step[ids[take]] = np.maximum(steps[take], self.held_step[ids[take]])
+            by = np.where(sender[take] == owner[take], -1, sender[take])
+            self._reserved_by[ids[take]] = by
+            self.stats.reserved_chunks_taken += int(np.count_nonzero(by >= 0))
             self.changed = True
 
     def _account(self, step: int) -> np.ndarray:

@@ -18,6 +18,9 @@ and their shards' broadcasts are delivered (the reliable exchange path), every s
 resent within the step (ParamExchange's retrieval): no stale copies, one resend per lost copy.
 
 An owner that dies keeps its shard where its last publish left it: nobody steps it while it is away.
+Under PARAM loss that is where each survivor's own copy was left, so the lowest-numbered survivor serves
+its copy of the shard again and every survivor adopts it (``exchange.py``, "A dead owner's shard is
+served again"): the survivors hold one copy of it. ``reserve=False`` turns that off (each keeps its own).
 Its peers stop waiting for its copies once their transports presume it dead, or once it has sent nothing
 for a step for ``liveness_timeout_s`` (default: the liveness monitor's 3 s; set it to the job's monitor
 timeout) of their wait: a rank killed between its reduce and its publish (see ``exchange.py``).
@@ -147,6 +150,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         feedback: bool = False,
         retrieve: bool = False,
         rotate_seed: int | None = None,
+        reserve: bool = True,
     ) -> None:
         if isinstance(optimizer, ShardedOptimizer):
             raise TypeError("the optimizer is already sharded")
@@ -209,6 +213,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             liveness_timeout_s=liveness_timeout_s,
             critical=self.critical_mask,
             retrieve=retrieve,
+            reserve=reserve,
         )
         self.drift = DriftMonitor(self._params_host.array[lo:hi], stale_bound)
         # lost-contribution feedback: what the last reduce did not count of this worker's gradient

@@ -145,6 +145,9 @@ class ReduceEngine:
         self._all_bits = np.uint64((1 << n_workers) - 1)  # a RESULT every worker is counted in
         # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
         self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
+        # The sender (the PARAM's worker_id) of each inbox entry: an owner's copy, or a survivor's
+        # re-served copy of a dead owner's shard (hostlib/torch_ext/exchange.py).
+        self.param_senders: dict[int, int] = {}
         self.param_requests: set[int] = set()
         # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
         # receiver waiting for a critical chunk must not wait for this worker's next publish.
@@ -1082,15 +1085,17 @@ class ReduceEngine:
             rows, values = rows[keep], values[keep]
             if not rows.size:
                 return
-        for i, (chunk, step, nelem) in enumerate(
+        for i, (chunk, step, nelem, sender) in enumerate(
             zip(
                 hdr["chunk"][rows].tolist(),
                 hdr["step"][rows].tolist(),
                 hdr["nelem"][rows].tolist(),
+                hdr["worker_id"][rows].tolist(),
                 strict=True,
             )
         ):
             self.param_inbox[chunk] = (step, values[i, :nelem])
+            self.param_senders[chunk] = sender
         self.stats.params_received += len(rows)
 
     def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:

@@ -130,6 +130,10 @@ class LtaWorker:
         return self.engine.param_inbox
 
     @property
+    def param_senders(self) -> dict[int, int]:
+        return self.engine.param_senders
+
+    @property
     def param_requests(self) -> set[int]:
         return self.engine.param_requests
 
