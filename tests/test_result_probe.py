@@ -106,6 +106,31 @@ def test_without_result_loss_a_tail_probe_is_not_repeated():
     assert dl.tail_reprobing(plan, u, now + 0.01).tolist() == [False]
 
 
+def test_a_probed_units_flush_waits_one_flush_rto_the_designated_flushes_at_once():
+    # Worker 1 of 4; FLUSH round trip 2 ms, its variation 1 ms: flush RTO 2 + 4 * 1 = 6 ms; worker 1's
+    # stagger 1 + 0.5 * 1/4 = 1.125.
+    dl = _deadlines()
+    plan = _plan()
+    lost = np.arange(plan.exp_units, plan.exp_units + 8)
+    plan.state[lost] = IN_FLIGHT
+    plan.deadline_at[lost] = np.inf
+    plan.next_unit = lost[-1] + 2
+    plan.frontier[:] = lost[-1] + 1
+    designated = lost % N == 1
+    dl.fast_flush(plan, 5.0)  # no RESULT loss seen: the others' FLUSH one FLUSH round trip later
+    assert plan.deadline_at[lost[designated]].tolist() == [5.0] * int(designated.sum())
+    assert plan.deadline_at[lost[~designated]] == pytest.approx(np.full(int((~designated).sum()), 5.002))
+    for _ in range(40):
+        dl.lost_answers(9, 10)
+    plan.fast_flushed_to = 0
+    plan.deadline_at[lost] = np.inf
+    probe = dl.fast_flush(plan, 5.0)
+    assert probe.tolist() == lost[~designated].tolist()
+    assert plan.deadline_at[lost[designated]].tolist() == [5.0] * int(designated.sum())
+    # probed: their FLUSH is the probe's retry, after the answer's round trip and its variation
+    assert plan.deadline_at[probe] == pytest.approx(np.full(probe.size, 5.0 + 0.006 * 1.125))
+
+
 class _RecordingIO:
     """A worker's I/O without a socket: every send call's rows are kept, one list entry per call."""
 

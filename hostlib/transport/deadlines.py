@@ -443,12 +443,19 @@ class Deadlines:
         crit = self.resending(plan, units)
         at[crit] = now
         first_try = np.where(crit, plan.retx[units] == 0, plan.flushes[units] == 0)
-        sooner = first_try & (plan.deadline_at[units] > at)
-        plan.deadline_at[units[sooner]] = at[sooner]
         if not self.probing_lost():
+            sooner = first_try & (plan.deadline_at[units] > at)
+            plan.deadline_at[units[sooner]] = at[sooner]
             return none
         probe = first_try & ~designated & ~crit & (units >= plan.exp_units)
         probe[probe] = plan.has_exp[units[probe] - plan.exp_units]
+        # A probed unit's FLUSH is the retry of its probe: it waits the probe's answer (the stored RESULT,
+        # or the designated FLUSH's RESULT), one FLUSH round trip with its variation (flush_rto_s), as any
+        # retry does. At the bare round trip, half the answers were still on their way: a FLUSH and a
+        # wake-up for nothing.
+        at[probe] = now + self.flush_rto_s() * self._stagger
+        sooner = first_try & (plan.deadline_at[units] > at)
+        plan.deadline_at[units[sooner]] = at[sooner]
         return units[probe]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:
