@@ -184,3 +184,29 @@ def test_a_wake_ups_probes_and_flushes_go_in_one_call_each_rows_copies_side_by_s
     want = [(int(Op.GRAD), u) for u in g[~designated]] + [(int(Op.FLUSH), u) for u in g[designated]]
     got = [(int(op), int(slot) + (int(seq) - 1) * 63) for op, slot, seq in hdr[0::2][["op", "slot", "seq"]]]
     assert got == want
+
+
+def test_units_being_recovered_are_handled_up_to_half_a_flush_rto_early_while_result_loss_dominates():
+    dl = _deadlines()  # flush RTO 2 + 4 * 1 = 6 ms
+    assert dl.recovery_slack_s() == 0.0  # no RESULT loss seen: every deadline keeps its time
+    for _ in range(40):
+        dl.lost_answers(9, 10)
+    assert dl.recovery_slack_s() == pytest.approx(0.003)
+    exact = _deadlines(exact=True)
+    for _ in range(40):
+        exact.lost_answers(10, 10)
+    assert exact.recovery_slack_s() == 0.0
+    plan = _plan()
+    e = plan.exp_units
+    lost, flushed, fresh, passed, later = e + 1, e + 4, e + 6, e + 9, e + 12
+    units = np.array([lost, flushed, fresh, passed, later])
+    plan.state[units] = IN_FLIGHT
+    plan.next_unit = later + 1
+    now = 10.0
+    plan.deadline_at[units] = [now + 0.002, now + 0.0025, now + 0.001, now - 0.001, now + 0.004]
+    plan.proven_lost[lost] = True  # found lost (behind every frontier), its probe's FLUSH pending
+    plan.flushes[flushed] = 1  # FLUSHed once, its retry pending
+    soon = Deadlines.due(plan, now + dl.recovery_slack_s())
+    assert soon.tolist() == [lost, flushed, fresh, passed]  # (later: 4 ms away, past the slack)
+    # the fresh unit may wait for a late peer: it keeps its deadline; the one past it is due anyway
+    assert Deadlines.due_or_recovering(plan, soon, now).tolist() == [lost, flushed, passed]

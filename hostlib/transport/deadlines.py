@@ -222,6 +222,22 @@ class Deadlines:
             return _NO_CAP
         return max(span // 4, 16)
 
+    def recovery_slack_s(self) -> float:
+        """How much earlier than its deadline a unit being recovered (found lost, or FLUSHed already) is
+        handled when the worker is awake anyway: half a FLUSH RTO while RESULT loss dominates
+        (:meth:`probing_lost`, never in exact mode), else 0. Each lost probe answer or FLUSH answer woke
+        the worker for its own retry, one unit at a time: at 20% down loss, 4 workers, a 1 MiB reduce at
+        K = 64, 10-14 of a worker's 60-70 wake-ups had no packet and 1-2 units due. A retry half a round
+        trip early costs at most a duplicate FLUSH, answered with the stored RESULT."""
+        return self.flush_rto_s() / 2 if self.probing_lost() else 0.0
+
+    @staticmethod
+    def due_or_recovering(plan: ReducePlan, soon: np.ndarray, now: float) -> np.ndarray:
+        """Of ``soon`` (in-flight units due within the slack, :meth:`recovery_slack_s`), those due by
+        ``now`` and those being recovered: found lost (``plan.proven_lost``) or FLUSHed already. The
+        others, whose first deadline waits for a possibly late peer, keep it."""
+        return soon[(plan.deadline_at[soon] <= now) | plan.proven_lost[soon] | (plan.flushes[soon] > 0)]
+
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:
         """How long a unit waits before its first FLUSH (units behind every frontier are flushed

@@ -535,7 +535,11 @@ class ReduceEngine:
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
-            due = self._due(plan, now)
+            slack = dl.recovery_slack_s()
+            if slack:  # units being recovered whose deadline is near go now (Deadlines.recovery_slack_s)
+                due = dl.due_or_recovering(plan, self._due(plan, now + slack), now)
+            else:
+                due = self._due(plan, now)
             if due.size:
                 self._on_deadlines(plan, due, now, step)
             self._send_recovery()
