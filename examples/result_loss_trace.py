@@ -4,10 +4,12 @@ workers, 1 MiB, K = 64, 10 reduces; UP_LOSS 0 unless given) with an
 
     python examples/result_loss_trace.py 0.2 SEED [UP_LOSS]
 
-Prints, per worker and reduce (the first, with start-up, left out): wall and CPU ms, wake-ups, the send
-phase and the tail (after the last unit went), the time the span and the peer rule held sending, FLUSHes
-sent and units FLUSHed, and for the FLUSHed units the wait from send to the first FLUSH (detection) and
-from it to the answer (recovery). docs/results.md has the figures of 28 Nov 2026.
+Prints, per worker and reduce (the first, with start-up, left out): wall and CPU ms, wake-ups (those
+with no packet, woken by a deadline; those with fewer than 20 packets), the passes over due deadlines,
+the send system calls, the send phase and the tail (after the last unit went), the time the span and
+the peer rule held sending, FLUSHes sent and units FLUSHed, and for the FLUSHed units the wait from send
+to the first FLUSH (detection) and from it to the answer (recovery). docs/results.md has the figures of
+28 Nov 2026; docs/results-zr.md those of 29 Nov 2026.
 """
 
 from __future__ import annotations
@@ -40,9 +42,16 @@ class WhereTheTimeGoes(EngineTrace):
         self.t0, self.cpu0, self.wakes, self.all_sent_at = time.perf_counter(), _cpu_s(), 0, None
         self.settled_at = np.full(plan.units, np.nan)
         self.before = (s.held_by_span_s, s.held_by_peers_s, s.flushes_sent)
+        self.empty_wakes, self.small_wakes, self.deadline_calls = 0, 0, 0
+        self.send_calls0 = engine.io.batch.stats.syscalls_send
 
     def on_recv(self, engine, timeout_s, n, t_in, t_out) -> None:
         self.wakes += 1
+        self.empty_wakes += n == 0  # woken by a deadline alone
+        self.small_wakes += 0 < n < 20
+
+    def on_deadlines(self, engine, plan, due) -> None:
+        self.deadline_calls += 1
 
     def on_sent(self, engine, plan) -> None:
         if self.all_sent_at is None and plan.next_unit == plan.units:
@@ -62,6 +71,10 @@ class WhereTheTimeGoes(EngineTrace):
                 "ms": (end - self.t0) * 1e3,
                 "cpu_ms": (_cpu_s() - self.cpu0) * 1e3,
                 "wakes": self.wakes,
+                "wakes_no_packet": self.empty_wakes,
+                "wakes_under_20": self.small_wakes,
+                "deadline_passes": self.deadline_calls,
+                "send_calls": engine.io.batch.stats.syscalls_send - self.send_calls0,
                 "send_ms": (sent_all - self.t0) * 1e3,
                 "tail_ms": (end - sent_all) * 1e3,
                 "span_ms": (s.held_by_span_s - self.before[0]) * 1e3,

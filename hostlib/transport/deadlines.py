@@ -222,6 +222,22 @@ class Deadlines:
             return _NO_CAP
         return max(span // 4, 16)
 
+    def recovery_slack_s(self) -> float:
+        """How much earlier than its deadline a unit being recovered (found lost, or FLUSHed already) is
+        handled when the worker is awake anyway: half a FLUSH RTO while RESULT loss dominates
+        (:meth:`probing_lost`, never in exact mode), else 0. Each lost probe answer or FLUSH answer woke
+        the worker for its own retry, one unit at a time: at 20% down loss, 4 workers, a 1 MiB reduce at
+        K = 64, 10-14 of a worker's 60-70 wake-ups had no packet and 1-2 units due. A retry half a round
+        trip early costs at most a duplicate FLUSH, answered with the stored RESULT."""
+        return self.flush_rto_s() / 2 if self.probing_lost() else 0.0
+
+    @staticmethod
+    def due_or_recovering(plan: ReducePlan, soon: np.ndarray, now: float) -> np.ndarray:
+        """Of ``soon`` (in-flight units due within the slack, :meth:`recovery_slack_s`), those due by
+        ``now`` and those being recovered: found lost (``plan.proven_lost``) or FLUSHed already. The
+        others, whose first deadline waits for a possibly late peer, keep it."""
+        return soon[(plan.deadline_at[soon] <= now) | plan.proven_lost[soon] | (plan.flushes[soon] > 0)]
+
     # ---- deadlines -----------------------------------------------------------------------------
     def first_wait_s(self, plan: ReducePlan) -> float:
         """How long a unit waits before its first FLUSH (units behind every frontier are flushed
@@ -443,12 +459,19 @@ class Deadlines:
         crit = self.resending(plan, units)
         at[crit] = now
         first_try = np.where(crit, plan.retx[units] == 0, plan.flushes[units] == 0)
-        sooner = first_try & (plan.deadline_at[units] > at)
-        plan.deadline_at[units[sooner]] = at[sooner]
         if not self.probing_lost():
+            sooner = first_try & (plan.deadline_at[units] > at)
+            plan.deadline_at[units[sooner]] = at[sooner]
             return none
         probe = first_try & ~designated & ~crit & (units >= plan.exp_units)
         probe[probe] = plan.has_exp[units[probe] - plan.exp_units]
+        # A probed unit's FLUSH is the retry of its probe: it waits the probe's answer (the stored RESULT,
+        # or the designated FLUSH's RESULT), one FLUSH round trip with its variation (flush_rto_s), as any
+        # retry does. At the bare round trip, half the answers were still on their way: a FLUSH and a
+        # wake-up for nothing.
+        at[probe] = now + self.flush_rto_s() * self._stagger
+        sooner = first_try & (plan.deadline_at[units] > at)
+        plan.deadline_at[units[sooner]] = at[sooner]
         return units[probe]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:

@@ -109,6 +109,9 @@ class ReduceEngine:
         self._slots = cfg.data_slots
         self.window = window
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
+        # What a wake-up sends to recover units (probes, FLUSHes): gathered, each row's copies side by
+        # side, and sent in one call at the end of the wake-up (_send_recovery).
+        self._recovery: list[np.ndarray] = []
         # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
         self._tail_units = 0 if cfg.exact else cfg.tail_units
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
@@ -492,6 +495,7 @@ class ReduceEngine:
         dl = self.deadlines
         give_up_at = t0 + self.config.reduce_timeout_s
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
+        self._recovery.clear()  # (rows a reduce left by an exception are no unit's of this one)
         while True:
             in_flight = self._advance(plan)
             if in_flight < 0:
@@ -534,9 +538,14 @@ class ReduceEngine:
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
-            due = self._due(plan, now)
+            slack = dl.recovery_slack_s()
+            if slack:  # units being recovered whose deadline is near go now (Deadlines.recovery_slack_s)
+                due = dl.due_or_recovering(plan, self._due(plan, now + slack), now)
+            else:
+                due = self._due(plan, now)
             if due.size:
                 self._on_deadlines(plan, due, now, step)
+            self._send_recovery()
             if now >= give_up_at:
                 plan.state[plan.state < DONE] = GAVE_UP
                 return
@@ -805,7 +814,12 @@ class ReduceEngine:
         plan.quantized[sel] = True
 
     def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
-        """Units whose deadline passed: resend (critical), probe, FLUSH, or give up."""
+        """Units whose deadline passed: resend (critical), probe, FLUSH, or give up. The probes and FLUSHes
+        go out at the end, in one call with those queued before in the wake-up (_send_recovery)."""
+        self._deadline_actions(plan, due, now, step)
+        self._send_recovery()
+
+    def _deadline_actions(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
         if self.trace is not None:
             self.trace.on_deadlines(self, plan, due)
         if plan.any_critical:
@@ -862,12 +876,25 @@ class ReduceEngine:
 
     def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
         """Send this worker's GRAD of data ``units`` again, ``flush_copies`` times as a FLUSH is (a lost
-        probe or a lost answer costs a deadline). The switch answers a closed round with its stored RESULT
-        (flagged RETX), adds the GRAD to an open round that lacks it, and drops it as a duplicate
-        otherwise: a probe never closes a round."""
-        rows = plan.data_rows[units - plan.exp_units]
-        for _ in range(self.config.flush_copies):
-            self.send(rows)
+        probe or a lost answer costs a deadline), queued for the wake-up's one call (_send_recovery). The
+        switch answers a closed round with its stored RESULT (flagged RETX), adds the GRAD to an open round
+        that lacks it, and drops it as a duplicate otherwise: a probe never closes a round."""
+        self._queue_recovery(plan.data_rows[units - plan.exp_units])
+
+    def _queue_recovery(self, rows: np.ndarray) -> None:
+        """Queue probe or FLUSH ``rows`` for :meth:`_send_recovery`, each ``flush_copies`` times, its
+        copies side by side (a GSO train holds both; a copy in a call of its own was a train, and a
+        system call, of its own). Copied: the rows may be a scratch batch's."""
+        self._recovery.append(np.repeat(rows, self.config.flush_copies, axis=0))
+
+    def _send_recovery(self) -> None:
+        """Send the rows queued by :meth:`_queue_recovery` in one call (the probes and FLUSHes of one
+        wake-up: at 20% down loss, 4 workers, a 1 MiB reduce at K = 64 sent them in 4 calls a wake-up)."""
+        if not self._recovery:
+            return
+        rows = self._recovery[0] if len(self._recovery) == 1 else np.concatenate(self._recovery)
+        self._recovery.clear()
+        self.send(rows)
 
     def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
@@ -906,9 +933,7 @@ class ReduceEngine:
         b["nelem"] = 0
         if self.own_leaf:
             self._as_leaf_flushes(plan, units, b, exp, c)
-        rows = batch_rows(self._flush_batch)[:n]
-        for _ in range(self.config.flush_copies):
-            self.send(rows)
+        self._queue_recovery(batch_rows(self._flush_batch)[:n])
         plan.flushed_at[units] = time.perf_counter()
         self.stats.flushes_sent += n
 
