@@ -157,18 +157,6 @@ static int get_index(PyObject *obj, Py_buffer *view, int *present, Py_ssize_t ro
 /* The loops                                                                                      */
 /* ---------------------------------------------------------------------------------------------- */
 
-HOT_LOOP
-static void dequantize_row(const char *src, char *dst, Py_ssize_t k, double scale, int swap) {
-    for (Py_ssize_t j = 0; j < k; j++) {
-        uint32_t w;
-        memcpy(&w, src + 4 * j, 4);
-        if (swap)
-            w = __builtin_bswap32(w);
-        float y = (float)((double)(int32_t)w * scale);
-        memcpy(dst + 4 * j, &y, 4);
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Python entry points                                                                            */
 /* ---------------------------------------------------------------------------------------------- */

@@ -70,6 +70,12 @@
 #define NONFINITE_EXPONENT (1LL << 24)
 #define SHIFT_LIMIT 127
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+static const int host_big_endian = 1;
+#else
+static const int host_big_endian = 0;
+#endif
+
 static inline uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 static inline uint32_t be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
@@ -349,9 +355,8 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
                 continue;
             const double divisor = renorm == 0 ? (double)cnt : renorm == 1 ? (double)(w > 0 ? w : cnt) : (double)n_workers;
             const double scale = ldexp(1.0, -s) / divisor;
-            float *dst = out + c * k;
-            for (Py_ssize_t e = 0; e < k; e++)
-                dst[e] = (float)((double)(int32_t)be32(payload + 4 * e) * scale);
+            /* (the payload is big-endian: swapped on a little-endian host) */
+            dequantize_row((const char *)payload, (char *)(out + c * k), k, scale, !host_big_endian);
         }
     }
 
