@@ -9,6 +9,11 @@ phases (the methods that make a wake-up, inclusive of what they call) in thread 
 table shows where the CPU of the steady state goes; the wrappers are installed in the worker processes
 only, for that run.
 
+With ``--exp-rtt`` every worker's engine carries an :class:`ExponentClock` (the engine's trace hook,
+hostlib/transport/trace.py): per timed reduce, the wall time from its start to the RESULT of its last
+exponent unit, the part of the reduce spent on the exponent round trip before the last data units may go
+(docs/protocol.md, "Numbers"). It is measured in a run of its own: the hook costs a little CPU.
+
 Engine path: ``LTA_ENGINE`` (python or native) as for any reduce; ``--engine`` sets it for the workers.
 """
 
@@ -37,6 +42,7 @@ from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.plan import ReducePlan
 from hostlib.transport.reuse import SlotReuse
+from hostlib.transport.trace import EngineTrace
 from lta.launch import JobSpec, run_job
 
 # The engine's phases: (class, method) timed inclusive of what they call, in thread CPU time.
@@ -94,8 +100,34 @@ def _timed_phases() -> dict[str, list[float]]:
     return totals
 
 
+class ExponentClock(EngineTrace):
+    """Per reduce, the perf_counter seconds from its start to the settling of its last exponent unit
+    (NaN where one never settled: given up or lost)."""
+
+    def __init__(self) -> None:
+        self.exp_rtt_s: list[float] = []
+        self._t0 = 0.0
+        self._left = 0
+
+    def on_reduce_start(self, engine: ReduceEngine, plan: ReducePlan) -> None:
+        self._t0, self._left = time.perf_counter(), plan.exp_units
+        self.exp_rtt_s.append(float("nan"))
+
+    def on_settled(self, engine: ReduceEngine, plan: ReducePlan, units: np.ndarray) -> None:
+        if self._left > 0:
+            self._left -= int(np.count_nonzero(units < plan.exp_units))
+            if self._left <= 0:
+                self.exp_rtt_s[-1] = time.perf_counter() - self._t0
+
+
 def _cpu_worker(
-    worker: LtaWorker, rank: int, n_values: int, reduces: int, warmup: int, profile: bool
+    worker: LtaWorker,
+    rank: int,
+    n_values: int,
+    reduces: int,
+    warmup: int,
+    profile: bool,
+    exp_rtt: bool = False,
 ) -> dict:
     x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
     y = np.empty_like(x)
@@ -103,6 +135,9 @@ def _cpu_worker(
         y[:] = x
         worker.allreduce(y, step=i, out=y)
     totals = _timed_phases() if profile else None
+    clock = None
+    if exp_rtt:
+        clock = worker.engine.trace = ExponentClock()
     walls = []
     t_start = os.times()
     for i in range(reduces):
@@ -116,6 +151,8 @@ def _cpu_worker(
         "sys_ms": (t_end.system - t_start.system) * 1000 / reduces,
         "walls_ms": [w * 1000 for w in walls],
     }
+    if clock is not None:
+        out["exp_rtt_ms"] = [t * 1000 for t in clock.exp_rtt_s]
     if totals is not None:
         out["phases"] = {key: (calls / reduces, cpu * 1000 / reduces) for key, (calls, cpu) in totals.items()}
     return out
@@ -129,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reduces", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="time the engine's phases in thread CPU time")
+    p.add_argument("--exp-rtt", action="store_true", help="time the exponent round trip (trace hook)")
     p.add_argument("--engine", choices=("python", "native"), help="LTA_ENGINE for the workers")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -138,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec(
         n_workers=args.workers, transport=TransportConfig(elems_per_packet=args.elems_per_packet, seed=0)
     )
-    results, _ = run_job(spec, _cpu_worker, n_values, args.reduces, args.warmup, args.profile)
+    results, _ = run_job(spec, _cpu_worker, n_values, args.reduces, args.warmup, args.profile, args.exp_rtt)
     walls = np.max(np.array([r["walls_ms"] for r in results]), axis=0)
     summary = {
         "engine": os.environ.get("LTA_ENGINE", "default"),
@@ -152,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         "sys_ms": [round(r["sys_ms"], 2) for r in results],
         "wall_p50_ms": round(float(np.median(walls)), 2),
     }
+    if args.exp_rtt:  # the slower worker's, per reduce, as the walls
+        exp = np.max(np.array([r["exp_rtt_ms"] for r in results]), axis=0)
+        summary["exp_rtt_p50_ms"] = round(float(np.median(exp)), 2)
+        summary["exp_rtt_share_p50"] = round(float(np.median(exp / walls)), 3)
     if args.json:
         print(json.dumps(summary))
     else:
