@@ -101,15 +101,34 @@ static int get_vec(PyObject *obj, buf_t *b, Py_ssize_t itemsize, Py_ssize_t min_
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The reference's np.partition(v, len // 2)[len // 2]: the upper median. */
+/* The reference's np.partition(v, len // 2)[len // 2]: the upper median, by Wirth's selection (v is
+ * reordered). A batch of K = 64 RESULTs brings ~500 RTT samples; sorting 550 with qsort and its comparator
+ * took 10 us, selecting 0.3 us (-O3, this host). Any selection gives the same value: the (m / 2)-th smallest. */
 static double upper_median(double *v, Py_ssize_t m) {
-    qsort(v, (size_t)m, sizeof(double), cmp_double);
-    return v[m / 2];
+    const Py_ssize_t k = m / 2;
+    Py_ssize_t lo = 0, hi = m - 1;
+    while (lo < hi) {
+        const double x = v[k];
+        Py_ssize_t i = lo, j = hi;
+        do {
+            while (v[i] < x)
+                i++;
+            while (x < v[j])
+                j--;
+            if (i <= j) {
+                const double t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        } while (i <= j);
+        if (j < k)
+            lo = i;
+        if (k < i)
+            hi = j;
+    }
+    return v[k];
 }
 
 enum {
