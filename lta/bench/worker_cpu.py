@@ -10,9 +10,10 @@ table shows where the CPU of the steady state goes; the wrappers are installed i
 only, for that run.
 
 With ``--exp-rtt`` every worker's engine carries an :class:`ExponentClock` (the engine's trace hook,
-hostlib/transport/trace.py): per timed reduce, the wall time from its start to the RESULT of its last
-exponent unit, the part of the reduce spent on the exponent round trip before the last data units may go
-(docs/protocol.md, "Numbers"). It is measured in a run of its own: the hook costs a little CPU.
+hostlib/transport/trace.py): per timed reduce, the wall time from its start to the RESULT of its first
+exponent unit (no data unit may go before it: the stall the exponent round trip puts in front of the data,
+docs/protocol.md, "Numbers") and of its last one (the last data units wait for it). Measured in a run of
+its own: the hook costs a little CPU.
 
 Engine path: ``LTA_ENGINE`` (python or native) as for any reduce; ``--engine`` sets it for the workers.
 """
@@ -101,21 +102,27 @@ def _timed_phases() -> dict[str, list[float]]:
 
 
 class ExponentClock(EngineTrace):
-    """Per reduce, the perf_counter seconds from its start to the settling of its last exponent unit
-    (NaN where one never settled: given up or lost)."""
+    """Per reduce, the perf_counter seconds from its start to the settling of its first exponent unit (no
+    data unit goes before it: the stall the round trip puts in front of the data) and of its last one
+    (NaN where none settled: given up or lost). With one exponent unit (K >= the chunk count) they agree."""
 
     def __init__(self) -> None:
+        self.first_s: list[float] = []
         self.exp_rtt_s: list[float] = []
         self._t0 = 0.0
         self._left = 0
 
     def on_reduce_start(self, engine: ReduceEngine, plan: ReducePlan) -> None:
         self._t0, self._left = time.perf_counter(), plan.exp_units
+        self.first_s.append(float("nan"))
         self.exp_rtt_s.append(float("nan"))
 
     def on_settled(self, engine: ReduceEngine, plan: ReducePlan, units: np.ndarray) -> None:
         if self._left > 0:
-            self._left -= int(np.count_nonzero(units < plan.exp_units))
+            exp = int(np.count_nonzero(units < plan.exp_units))
+            if exp and self._left == plan.exp_units:
+                self.first_s[-1] = time.perf_counter() - self._t0
+            self._left -= exp
             if self._left <= 0:
                 self.exp_rtt_s[-1] = time.perf_counter() - self._t0
 
@@ -153,6 +160,7 @@ def _cpu_worker(
     }
     if clock is not None:
         out["exp_rtt_ms"] = [t * 1000 for t in clock.exp_rtt_s]
+        out["exp_first_ms"] = [t * 1000 for t in clock.first_s]
     if totals is not None:
         out["phases"] = {key: (calls / reduces, cpu * 1000 / reduces) for key, (calls, cpu) in totals.items()}
     return out
@@ -190,10 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         "sys_ms": [round(r["sys_ms"], 2) for r in results],
         "wall_p50_ms": round(float(np.median(walls)), 2),
     }
-    if args.exp_rtt:  # the slower worker's, per reduce, as the walls
-        exp = np.max(np.array([r["exp_rtt_ms"] for r in results]), axis=0)
-        summary["exp_rtt_p50_ms"] = round(float(np.median(exp)), 2)
-        summary["exp_rtt_share_p50"] = round(float(np.median(exp / walls)), 3)
+    if args.exp_rtt:
+        # Per reduce, the slower worker's (max over ranks, as the walls) and the last to start's (min over
+        # ranks: its peers' proposals were there already, so it sees the round trip without their lateness).
+        for name in ("exp_first_ms", "exp_rtt_ms"):
+            per = np.array([r[name] for r in results])
+            key = name.removesuffix("_ms")
+            summary[f"{key}_p50_ms"] = round(float(np.median(per.max(axis=0))), 2)
+            summary[f"{key}_last_starter_p50_ms"] = round(float(np.median(per.min(axis=0))), 2)
+            summary[f"{key}_share_p50"] = round(float(np.median(per.max(axis=0) / walls)), 3)
     if args.json:
         print(json.dumps(summary))
     else:
