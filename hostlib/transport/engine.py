@@ -693,19 +693,24 @@ class ReduceEngine:
         plan.next_unit = u1
         queue_free_at = self._queue_free_at
         if u0 < e:
-            rows = plan.exp_rows[u0 : min(u1, e)]
+            rows, slots = plan.exp_rows[u0 : min(u1, e)], plan.slots[u0 : min(u1, e)]
             for _ in range(self.config.exp_copies):
-                self.send(rows)
+                self.send(rows, slots)
         if u1 > e:
             c0, c1 = d0 - e, u1 - e
             self._quantize_ahead(plan, c0, c1)
-            has = plan.has_exp[c0:c1]
-            c = np.arange(c0, c1) if has.all() else np.flatnonzero(has) + c0
-            if c.size and c[-1] - c[0] + 1 == c.size:
-                self.send(plan.data_rows[c[0] : c[-1] + 1])
-            elif c.size:
-                self.send(plan.data_rows[c])
-            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+            if plan.has_exp[c0:c1].all():  # the steady state: one contiguous run, its slots at hand
+                self.send(plan.data_rows[c0:c1], plan.slots[d0:u1])
+                c = None
+            else:
+                c = np.flatnonzero(plan.has_exp[c0:c1]) + c0
+                if c.size and c[-1] - c[0] + 1 == c.size:
+                    self.send(plan.data_rows[c[0] : c[-1] + 1])
+                elif c.size:
+                    self.send(plan.data_rows[c])
+            if self._tail_units and c1 > plan.chunks_count - self._tail_units:
+                if c is None:
+                    c = np.arange(c0, c1)
                 last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
                 for _ in range(self.config.tail_copies - 1):
                     self.send(last)
@@ -943,9 +948,10 @@ class ReduceEngine:
         b["op"] = np.where(plan.flushes[units] > 1, int(Op.FLUSH), int(Op.GRAD))
         b["flags"] |= _RETX
 
-    def send(self, rows: np.ndarray) -> None:
-        """Send packet rows to the switch, spending pacing tokens and counting them."""
-        sent = self.io.send_rows(rows)
+    def send(self, rows: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Send packet rows to the switch, spending pacing tokens and counting them (``slots``: the rows'
+        slot fields as int64, where the caller has them: see WorkerIO.send_rows)."""
+        sent = self.io.send_rows(rows, slots)
         self.stats.packets_sent += sent
         if not sent:
             return
