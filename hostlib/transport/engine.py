@@ -347,10 +347,11 @@ class ReduceEngine:
 
     def _keep_prev(self, plan: ReducePlan, key: Any, n: int, n_chunks: int) -> None:
         """The prev fallback's copy of this reduce's values (``plan.out``'s first ``n``), one the caller
-        cannot overwrite. Every row of ``plan.out`` was written in this reduce (a RESULT's values or the
-        fallback's) unless some chunks are owned elsewhere: then the rows are taken over, not copied, and
-        ``plan.out`` gets the rows buffer the previous value of ``key`` lived in (settling writes every
-        row it keeps, so its old contents do not matter)."""
+        cannot overwrite. Without chunks owned elsewhere every row of ``plan.out`` was written in this
+        reduce (a RESULT's values or the fallback's), so the rows are taken over, not copied, and
+        ``plan.out`` gets the rows buffer the previous value of ``key`` lived in (its old contents do not
+        matter: the next reduce writes every row again). With chunks owned elsewhere their rows were not
+        written and their older prev values stay: the written rows are copied, as before."""
         rows = plan.out
         if plan.any_owned:  # chunks owned elsewhere keep their older prev values: copied, as before
             kept = self._prev.get(key)
