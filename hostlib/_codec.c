@@ -28,6 +28,12 @@
  *       out[out_rows[i]] = float32(double(sums[rows[i]]) * (2^-shifts[i] / divisors[i])), exactly the
  *       reference's arithmetic (float64 scale, one product, one rounding to float32): bit-identical.
  *       divisors None: no division.
+ *   stage(local, chunks, n, scale, proposals, empty_exp, nonfinite_exp) -> rows not finite
+ *       A reduce's staging and exponent proposals in one pass over the data (hostlib.codec.stage): the n
+ *       values of ``local`` (1-D float32; None: they are in chunks already) times ``scale`` (float32
+ *       products; 1: a copy) into the C-contiguous (C, K) float32 ``chunks``, zeros after them; per row
+ *       proposals[r] = the exponent e of frexp(max|row|) (max|x| < 2^e), empty_exp for a row of zeros;
+ *       a row holding NaN or Inf proposes nonfinite_exp and is zeroed. The numpy path's arithmetic.
  *   maxabs(chunks, out) -> None
  *       out[r] = max |chunks[r]| (float32; NaN when the row holds a NaN, +inf for an infinity): the
  *       exponent round's proposals read the tensor once here (numpy's two row reductions over rows of
@@ -156,18 +162,6 @@ static int get_index(PyObject *obj, Py_buffer *view, int *present, Py_ssize_t ro
 /* ---------------------------------------------------------------------------------------------- */
 /* The loops                                                                                      */
 /* ---------------------------------------------------------------------------------------------- */
-
-HOT_LOOP
-static void dequantize_row(const char *src, char *dst, Py_ssize_t k, double scale, int swap) {
-    for (Py_ssize_t j = 0; j < k; j++) {
-        uint32_t w;
-        memcpy(&w, src + 4 * j, 4);
-        if (swap)
-            w = __builtin_bswap32(w);
-        float y = (float)((double)(int32_t)w * scale);
-        memcpy(dst + 4 * j, &y, 4);
-    }
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Python entry points                                                                            */
@@ -349,12 +343,95 @@ static PyObject *codec_maxabs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One row staged: dst = src * scale (scale 1: a copy; float32 products, as numpy's ``chunks *= w``), the
+ * values past ``len`` zero, and max|dst| over the row as maxabs_row gives it (on the bit patterns: NaN above
+ * +inf above every finite magnitude). */
+HOT_LOOP
+static uint32_t stage_row(const char *src, char *dst, Py_ssize_t len, Py_ssize_t width, float scale) {
+    uint32_t m = 0;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        float x;
+        memcpy(&x, src + 4 * j, 4);
+        x *= scale; /* (times 1: the same bits, NaN aside, and a NaN row is zeroed) */
+        uint32_t bits;
+        memcpy(&bits, &x, 4);
+        memcpy(dst + 4 * j, &x, 4);
+        bits &= 0x7fffffffu;
+        m = bits > m ? bits : m;
+    }
+    if (len < width)
+        memset(dst + 4 * len, 0, (size_t)(4 * (width - len)));
+    return m;
+}
+
+static PyObject *codec_stage(PyObject *self, PyObject *args) {
+    PyObject *local_obj, *chunks_obj, *prop_obj;
+    Py_ssize_t n;
+    float scale;
+    int empty_exp, nonfinite_exp;
+    if (!PyArg_ParseTuple(args, "OOnfOii:stage", &local_obj, &chunks_obj, &n, &scale, &prop_obj, &empty_exp,
+                          &nonfinite_exp))
+        return NULL;
+    rows_t chunks;
+    Py_buffer local_view, prop_view;
+    int has_local = local_obj != Py_None;
+    if (get_rows(chunks_obj, &chunks, 1, 1, "chunks") < 0)
+        return NULL;
+    if (chunks.stride != 4 * chunks.width || n < 0 || n > chunks.rows * chunks.width) {
+        PyErr_Format(PyExc_ValueError, "chunks must be C-contiguous and hold at least n = %zd values", n);
+        PyBuffer_Release(&chunks.view);
+        return NULL;
+    }
+    if (has_local && get_vector(local_obj, &local_view, 0, 4, n, "local") < 0) {
+        PyBuffer_Release(&chunks.view);
+        return NULL;
+    }
+    if (get_vector(prop_obj, &prop_view, 1, 4, chunks.rows, "proposals") < 0) {
+        if (has_local)
+            PyBuffer_Release(&local_view);
+        PyBuffer_Release(&chunks.view);
+        return NULL;
+    }
+    const char *src = has_local ? (const char *)local_view.buf : chunks.base;
+    int32_t *prop = (int32_t *)prop_view.buf;
+    const Py_ssize_t k = chunks.width;
+    Py_ssize_t nonfinite = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t r = 0; r < chunks.rows; r++) {
+        const Py_ssize_t start = r * k;
+        const Py_ssize_t len = n - start < 0 ? 0 : (n - start > k ? k : n - start);
+        char *dst = chunks.base + r * chunks.stride;
+        const uint32_t m = stage_row(src + 4 * start, dst, len, k, scale);
+        if (m >= 0x7f800000u) { /* NaN or Inf: the row proposes the non-finite exponent and sends zeros */
+            prop[r] = nonfinite_exp;
+            memset(dst, 0, (size_t)(4 * k));
+            nonfinite++;
+        } else if (m == 0) {
+            prop[r] = empty_exp;
+        } else {
+            float mx;
+            int e;
+            memcpy(&mx, &m, 4);
+            frexpf(mx, &e);
+            prop[r] = e;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&prop_view);
+    if (has_local)
+        PyBuffer_Release(&local_view);
+    PyBuffer_Release(&chunks.view);
+    return PyLong_FromSsize_t(nonfinite);
+}
+
 static PyMethodDef codec_methods[] = {
     {"quantize", codec_quantize, METH_VARARGS,
      "quantize(chunks, rows, shifts, limit, seed, out, saturated): stochastic rounding into int32 rows."},
     {"dequantize", codec_dequantize, METH_VARARGS,
      "dequantize(sums, rows, shifts, divisors, out, out_rows): int32 rows times 2^-shift / divisor."},
     {"maxabs", codec_maxabs, METH_VARARGS, "maxabs(chunks, out): out[r] = max|chunks[r]| (NaN if any)."},
+    {"stage", codec_stage, METH_VARARGS,
+     "stage(local, chunks, n, scale, proposals, empty, nonfinite): stage rows, propose exponents."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,3 +20,14 @@ def dequantize(
     out_rows: np.ndarray | None,
     /,
 ) -> None: ...
+def maxabs(chunks: np.ndarray, out: np.ndarray, /) -> None: ...
+def stage(
+    local: np.ndarray | None,
+    chunks: np.ndarray,
+    n: int,
+    scale: float,
+    proposals: np.ndarray,
+    empty_exp: int,
+    nonfinite_exp: int,
+    /,
+) -> int: ...

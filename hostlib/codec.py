@@ -79,6 +79,32 @@ def exponent_proposals(chunks: np.ndarray, *, mark_nonfinite: bool = False) -> n
     return exponent
 
 
+def stage(local: np.ndarray | None, chunks: np.ndarray, n: int, scale: float = 1.0) -> tuple[np.ndarray, int]:
+    """A reduce's input staged into its (C, K) float32 rows ``chunks`` and its exponent proposals, as
+    :func:`exponent_proposals` with ``mark_nonfinite``: the ``n`` values of ``local`` (None: already in
+    ``chunks``) times ``scale`` (float32 products), zeros after them; a chunk holding NaN or Inf proposes
+    :data:`NONFINITE_EXPONENT` and is zeroed (it sends zeros: docs/protocol.md, "Non-finite values").
+    Returns the proposals and how many chunks were not finite. One pass over the data on the ``c`` path
+    (the same values and proposals as the numpy passes)."""
+    if codec_path() == "c" and chunks.dtype == np.float32 and chunks.ndim == 2 and chunks.flags.c_contiguous:
+        proposals = np.empty(len(chunks), dtype=np.int32)
+        src = None if local is None else np.ascontiguousarray(local, dtype=np.float32).reshape(-1)
+        bad = _cext.stage(src, chunks, n, scale, proposals, EMPTY_EXPONENT, NONFINITE_EXPONENT)
+        return proposals, int(bad)
+    staged = chunks.reshape(-1)
+    if local is not None:
+        staged[:n] = local
+    staged[n:] = 0.0
+    if scale != 1.0:
+        chunks *= np.float32(scale)
+    proposals = exponent_proposals(chunks, mark_nonfinite=True)
+    own_nonfinite = proposals == NONFINITE_EXPONENT
+    bad = int(own_nonfinite.sum())
+    if bad:
+        chunks[own_nonfinite] = 0.0
+    return proposals, bad
+
+
 def nonfinite_agreed(agreed_exponent: np.ndarray) -> np.ndarray:
     """Which agreed exponents say that some counted worker's chunk held NaN or Inf."""
     return np.asarray(agreed_exponent) >= NONFINITE_EXPONENT

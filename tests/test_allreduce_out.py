@@ -69,6 +69,39 @@ def test_prev_fallback_keeps_its_own_copy_of_an_out_buffer(make_cluster):
         np.testing.assert_array_equal(r.values, values)
 
 
+def test_prev_fallback_of_keys_sharing_a_length_stays_per_key(make_cluster):
+    """Two tensors of one length (two keys, one plan) reduced in turn into caller buffers, three rounds;
+    then every GRAD is lost: each key falls back to its own last result (the numpy mean of its own last
+    inputs), not the other key's, and not what the caller wrote into its buffers since. The engine hands
+    its output rows over to the prev fallback instead of copying them, so this checks the hand-over."""
+    n = 2
+    cluster = make_cluster(n, elems_per_packet=K, seed=2, exact=True, fallback="prev")
+    buffers = [[np.empty(LENGTH, dtype=np.float32) for _ in range(n)] for _ in range(2)]
+    last: dict[str, list[np.ndarray]] = {}
+    for step in range(3):
+        for j, key in enumerate(("a", "b")):
+            inputs = _inputs(n, 10 * step + j)
+
+            def body(w, i, inputs=inputs, key=key, j=j, step=step):
+                return w.allreduce(inputs[i], step=step, key=key, out=buffers[j][i]).values.copy()
+
+            last[key] = run_workers(cluster.workers, body)
+            expected = np.mean(np.stack(inputs).astype(np.float64), axis=0)
+            for values in last[key]:
+                assert np.max(np.abs(values - expected)) < 1e-3
+            for b in buffers[j]:
+                b[:] = -99.0  # the caller reuses its buffers
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0))
+    for j, key in enumerate(("b", "a")):
+        lost = run_workers(
+            cluster.workers,
+            lambda w, i, key=key, j=j: w.allreduce(_inputs(n, 99)[i], step=3, key=key, out=buffers[j][i]),
+        )
+        for r, values in zip(lost, last[key], strict=True):
+            assert np.all(r.fallback == Fallback.PREV)
+            np.testing.assert_array_equal(r.values, values)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -228,6 +228,61 @@ def test_exponent_proposals_bound_every_value_tightly(use_path, path, k):
 
 
 @pytest.mark.parametrize("path", ["c", "numpy"])
+@pytest.mark.parametrize("k", [1, 7, 64, 359])
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_stage_copies_scales_pads_and_proposes_in_one_call(use_path, path, k, scale, in_place):
+    """codec.stage: the rows hold the input times ``scale`` (float32 products), zeros after the last value;
+    each chunk proposes the smallest e with max|x| < 2^e (checked in float64 against the staged values),
+    -127 for a chunk of zeros, and a chunk holding NaN or Inf proposes NONFINITE_EXPONENT and holds zeros;
+    the count of such chunks is returned. Both paths give the same bits."""
+    if path == "c" and codec._cext is None:
+        pytest.skip(codec._CEXT_MISSING)
+    use_path(path)
+    rows = 40
+    n = rows * k - (k // 2)  # the last chunk is partial (one value of K = 1: full)
+    x = random_chunks(np.random.default_rng(5), rows, k).reshape(-1)[:n].copy()
+    x[3 * k] = np.float32(1e-45)  # a subnormal chunk maximum
+    x[4 * k : 5 * k] = -0.0
+    x[6 * k] = np.nan
+    x[8 * k + k // 2] = -np.inf
+    chunks = np.full((rows, k), 7.0, dtype=np.float32)  # stale values: everything must be overwritten
+    if in_place:
+        chunks.reshape(-1)[:n] = x
+    proposals, bad = codec.stage(None if in_place else x, chunks, n, scale)
+    expected = np.zeros(rows * k, dtype=np.float32)
+    expected[:n] = x * np.float32(scale)
+    expected = expected.reshape(rows, k)
+    nonfinite = ~np.isfinite(expected).all(axis=1)
+    assert bad == 2 and np.flatnonzero(nonfinite).tolist() == [6, 8]
+    expected[nonfinite] = 0.0
+    np.testing.assert_array_equal(chunks, expected)
+    assert np.all(proposals[nonfinite] == codec.NONFINITE_EXPONENT)
+    maxabs = np.abs(expected.astype(np.float64)).max(axis=1)
+    zero = (maxabs == 0) & ~nonfinite
+    assert zero[4] and np.all(proposals[zero] == codec.EMPTY_EXPONENT)
+    real = ~zero & ~nonfinite
+    e = proposals[real].astype(np.int64)
+    assert np.all(maxabs[real] < np.ldexp(1.0, e)) and np.all(np.ldexp(1.0, e - 1) <= maxabs[real])
+
+
+@needs_c
+def test_stage_gives_the_reference_bits(use_path):
+    """The C pass and the numpy passes stage the same floats and propose the same exponents."""
+    x = random_chunks(np.random.default_rng(6), 300, 64).reshape(-1)[:-5].copy()
+    x[70] = np.inf
+    got = {}
+    for path in ("c", "numpy"):
+        use_path(path)
+        chunks = np.empty((300, 64), dtype=np.float32)
+        proposals, bad = codec.stage(x, chunks, x.size, 5.0)
+        got[path] = (chunks.view(np.uint32).copy(), proposals, bad)
+    np.testing.assert_array_equal(got["c"][0], got["numpy"][0])
+    np.testing.assert_array_equal(got["c"][1], got["numpy"][1])
+    assert got["c"][2] == got["numpy"][2] == 1
+
+
+@pytest.mark.parametrize("path", ["c", "numpy"])
 @pytest.mark.parametrize("rows", ["all", "slice", "index"])
 def test_quantize_into_writes_the_payload_rows_of_a_packet_batch_in_place(use_path, path, rows):
     """The worker's use: the big-endian payload field of a structured packet batch, a slice or an index

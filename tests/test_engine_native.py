@@ -43,7 +43,7 @@ class FakeIO:
         self.rx = RxBatch(capacity, packet_bytes + 4)
         self.sent: list[np.ndarray] = []
 
-    def send_rows(self, rows: np.ndarray) -> int:
+    def send_rows(self, rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         self.sent.append(np.array(rows, copy=True))
         return len(rows)
 
@@ -358,3 +358,29 @@ def test_peers_news_as_the_reference() -> None:
             other = getattr(pair[1], name)
             same = np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other
             assert same, f"trial {trial}: reuse.{name} differs: {value} != {other}"
+
+
+@pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built")
+def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster) -> None:
+    """The native path passes each run's slots to WorkerIO.send_rows (GSO trains are cut by slot block
+    from them instead of from the rows): on loopback, every such call's slots equal the slot field of
+    the rows it sends, read from the wire bytes."""
+    cluster = make_cluster(2, elems_per_packet=64, seed=4)
+    handed: list[int] = []
+    wrong: list[tuple[list[int], list[int]]] = []
+    for w in cluster.workers:
+        assert w.engine.native
+
+        def spy(rows: np.ndarray, slots: np.ndarray | None = None, send=w.io.send_rows) -> int:
+            if slots is not None:
+                hdr = np.ascontiguousarray(rows[:, :HEADER_BYTES]).view(HEADER_DTYPE).reshape(-1)
+                handed.append(len(rows))
+                if not np.array_equal(slots, hdr["slot"].astype(np.int64)):
+                    wrong.append((slots.tolist(), hdr["slot"].tolist()))
+            return send(rows, slots)
+
+        w.io.send_rows = spy
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # 300 chunks: 5 exponent units, runs across reduces and slot blocks
+        cluster.reduce_all([rng.standard_normal(300 * 64).astype(np.float32) for _ in range(2)])
+    assert sum(handed) >= 2 * 3 * 305 and not wrong

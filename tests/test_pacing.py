@@ -119,9 +119,9 @@ def spy_sends(worker) -> list[tuple[float, int]]:
     log: list[tuple[float, int]] = []
     send = worker.io.send_rows
 
-    def spy(rows):
+    def spy(rows, slots=None):
         log.append((time.perf_counter(), len(rows)))
-        return send(rows)
+        return send(rows, slots)
 
     worker.io.send_rows = spy
     return log

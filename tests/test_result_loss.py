@@ -251,12 +251,12 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
     send = late.io.send_rows
     armed = threading.Event()
 
-    def stopped_send(rows: np.ndarray) -> int:
+    def stopped_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         if armed.is_set():
             armed.clear()
             with progress:  # stopped mid-reduce until the peers have finished reduce `until`
                 assert progress.wait_for(lambda: min(done[:2]) >= until, timeout=60)
-        return send(rows)
+        return send(rows, slots)
 
     late.io.send_rows = stopped_send  # type: ignore[method-assign]
     rng = np.random.default_rng(0)
@@ -464,7 +464,7 @@ def test_a_peer_that_withholds_a_group_holds_no_one_with_a_pool_of_k_slots(make_
     send = lossy.io.send_rows
     target = 2  # exponent unit 2 of the first reduce (global unit 2): slot 2, round 1
 
-    def drop_exponent_grads(rows: np.ndarray) -> int:
+    def drop_exponent_grads(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         hdr = np.ascontiguousarray(rows[:, :HEADER_BYTES]).view(HEADER_DTYPE).reshape(-1)
         keep = ~((hdr["op"] == int(Op.GRAD)) & (hdr["slot"] == target) & (hdr["seq"] == 1))
         return send(rows[keep]) + int(np.count_nonzero(~keep)) if keep.any() else len(rows)

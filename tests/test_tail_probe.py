@@ -36,9 +36,9 @@ def _last_data_unit(hdr: np.ndarray, op: Op, chunk: int = CHUNKS - 1) -> np.ndar
 def _drop_first_grad_of_last_unit(worker: LtaWorker, chunk: int = CHUNKS - 1) -> list[int]:
     """Worker ``worker`` loses its first GRAD of the last data chunk (or of ``chunk``) on the way up."""
     dropped: list[int] = []
-    send: Callable[[np.ndarray], int] = worker.io.send_rows
+    send: Callable[..., int] = worker.io.send_rows
 
-    def lossy_send(rows: np.ndarray) -> int:
+    def lossy_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:  # (slots: read from the rows)
         hit = np.flatnonzero(_last_data_unit(_headers(rows), Op.GRAD, chunk))
         if hit.size and not dropped:
             dropped.append(int(hit[0]))
@@ -161,7 +161,7 @@ def test_the_last_two_units_go_twice_so_one_lost_grad_of_them_costs_nothing(make
     sent: list[int] = []  # the data chunks of worker 0's GRADs, every copy
     send = cluster.workers[0].io.send_rows
 
-    def counting_send(rows: np.ndarray) -> int:
+    def counting_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         hdr = _headers(rows)
         data = (hdr["op"] == Op.GRAD) & ((hdr["flags"] & Flag.MAX) == 0)
         sent.extend(hdr["chunk"][data].tolist())

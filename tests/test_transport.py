@@ -368,7 +368,7 @@ def test_tail_units_wait_the_lag_deadline_for_a_peer_that_has_not_sent_them(make
     send = late.io.send_rows
     paused = []
 
-    def send_late(rows: np.ndarray) -> int:
+    def send_late(rows: np.ndarray, slots_sent: np.ndarray | None = None) -> int:
         slots = rows[:, slot_at].astype(np.int64) << 8 | rows[:, slot_at + 1]
         if not paused and len(rows) and int(slots.max()) >= 60:  # its last units: 64 data + 1 exponent
             paused.append(True)

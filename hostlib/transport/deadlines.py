@@ -189,7 +189,8 @@ class Deadlines:
         self.presumed_dead &= ~seen
         self._absent_window += results
         if self._absent_window >= _DEAD_AFTER_RESULTS:
-            self.presumed_dead = self._absent & ~self.alive(time.perf_counter())
+            # (the steady state: every worker showed up in the window, and nobody's heartbeat is needed)
+            self.presumed_dead = self._absent & ~self.alive(time.perf_counter()) if self._absent else 0
             self.early_close = self.presumed_dead != 0
             self._absent, self._absent_window = self._all_workers, 0
             self._update_rto()

@@ -118,6 +118,10 @@ class ReduceEngine:
         self._rng = np.random.default_rng([cfg.seed, job_id, worker_id])
         self._plans: dict[int, ReducePlan] = {}
         self._prev: dict[Any, np.ndarray] = {}
+        # The (chunks, K) rows buffer a prev value is a view of, where it was a plan's output rows (handed
+        # over in _finish instead of copied; plan.out then takes the buffer it held before). A plan's out
+        # is never one of these while they back a prev value.
+        self._prev_rows: dict[Any, np.ndarray] = {}
         self.deadlines = Deadlines(cfg, worker_id, n_workers)
         self.reuse = SlotReuse(self._slots, worker_id, n_workers)
         # The window's cap while RESULT loss dominates (Deadlines.loss_window; none until then), updated
@@ -237,22 +241,16 @@ class ReduceEngine:
             fenced[n_chunks] = True
             mask = fenced
         chunks = plan.chunks
-        staged = chunks.reshape(-1)
-        if local.ctypes.data != staged.ctypes.data:  # not filled in place (input_buffer)
-            staged[:n] = local
-        staged[n:] = 0.0
-        if self.config.renormalize == "weight":
-            chunks *= np.float32(weight)
+        in_place = local.ctypes.data == chunks.ctypes.data  # filled in place (input_buffer)
         # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
         # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
-        proposals = codec.exponent_proposals(chunks, mark_nonfinite=True)
-        own_nonfinite = proposals == codec.NONFINITE_EXPONENT
-        if own_nonfinite.any():
-            chunks[own_nonfinite] = 0.0
+        scale = float(weight) if self.config.renormalize == "weight" else 1.0
+        proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale)
+        if own_nonfinite:
             log.warning(
                 "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
                 self.worker_id,
-                int(own_nonfinite.sum()),
+                own_nonfinite,
             )
         self._header["step"] = step
         owners = self._owners_rule(owners, n_chunks)
@@ -320,16 +318,12 @@ class ReduceEngine:
             values = rows.reshape(-1)[:n].copy()
             if self._fallback == Fallback.PREV:  # a NaN chunk is not kept: its rows hold the ~0 sums
                 self._prev[key] = values.copy() if nonfinite.any() else values
+                self._prev_rows.pop(key, None)
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
-            kept = None
-            if self._fallback == Fallback.PREV:  # a copy the caller cannot overwrite, reused
-                kept = self._prev.get(key)
-                if kept is None or kept.size != n:
-                    kept = self._prev[key] = np.zeros(n, dtype=np.float32)
-            for dst in (values, kept):
-                if dst is not None:
-                    _copy_rows(rows, dst, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+            _copy_rows(rows, values, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+            if self._fallback == Fallback.PREV:
+                self._keep_prev(plan, key, n, n_chunks)
         if nonfinite.any():
             # rare: a mask per value is fine here
             values[np.repeat(nonfinite, self.config.elems_per_packet)[: values.size]] = np.nan
@@ -356,6 +350,26 @@ class ReduceEngine:
             nonfinite=nonfinite.copy(),
         )
         return result, ReduceOutcome(got_nothing, waited, passed)
+
+    def _keep_prev(self, plan: ReducePlan, key: Any, n: int, n_chunks: int) -> None:
+        """The prev fallback's copy of this reduce's values (``plan.out``'s first ``n``), one the caller
+        cannot overwrite. Without chunks owned elsewhere every row of ``plan.out`` was written in this
+        reduce (a RESULT's values or the fallback's), so the rows are taken over, not copied, and
+        ``plan.out`` gets the rows buffer the previous value of ``key`` lived in (its old contents do not
+        matter: the next reduce writes every row again). With chunks owned elsewhere their rows were not
+        written and their older prev values stay: the written rows are copied, as before."""
+        rows = plan.out
+        if plan.any_owned:  # chunks owned elsewhere keep their older prev values: copied, as before
+            kept = self._prev.get(key)
+            if kept is None or kept.size != n:
+                kept = self._prev[key] = np.zeros(n, dtype=np.float32)
+            self._prev_rows.pop(key, None)
+            _copy_rows(rows, kept, n, ~plan.elsewhere[:n_chunks])
+            return
+        spare = self._prev_rows.get(key)
+        self._prev_rows[key] = rows
+        self._prev[key] = rows.reshape(-1)[:n]
+        plan.out = spare if spare is not None and spare.shape == rows.shape else np.empty_like(rows)
 
     # ---- pacing and early close (LTP) ------------------------------------------------------------
     def _bottleneck_bps(self) -> float:
@@ -461,6 +475,7 @@ class ReduceEngine:
         self.reuse.restart_at(self._next_unit)
         self._slot_newest[:] = -1  # units numbered afresh from the checkpoint's
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
+        self._prev_rows = {}
 
     def input_buffer(self, n: int) -> np.ndarray:
         """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
@@ -691,19 +706,24 @@ class ReduceEngine:
         plan.next_unit = u1
         queue_free_at = self._queue_free_at
         if u0 < e:
-            rows = plan.exp_rows[u0 : min(u1, e)]
+            rows, slots = plan.exp_rows[u0 : min(u1, e)], plan.slots[u0 : min(u1, e)]
             for _ in range(self.config.exp_copies):
-                self.send(rows)
+                self.send(rows, slots)
         if u1 > e:
             c0, c1 = d0 - e, u1 - e
             self._quantize_ahead(plan, c0, c1)
-            has = plan.has_exp[c0:c1]
-            c = np.arange(c0, c1) if has.all() else np.flatnonzero(has) + c0
-            if c.size and c[-1] - c[0] + 1 == c.size:
-                self.send(plan.data_rows[c[0] : c[-1] + 1])
-            elif c.size:
-                self.send(plan.data_rows[c])
-            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
+            if plan.has_exp[c0:c1].all():  # the steady state: one contiguous run, its slots at hand
+                self.send(plan.data_rows[c0:c1], plan.slots[d0:u1])
+                c = None
+            else:
+                c = np.flatnonzero(plan.has_exp[c0:c1]) + c0
+                if c.size and c[-1] - c[0] + 1 == c.size:
+                    self.send(plan.data_rows[c[0] : c[-1] + 1])
+                elif c.size:
+                    self.send(plan.data_rows[c])
+            if self._tail_units and c1 > plan.chunks_count - self._tail_units:
+                if c is None:
+                    c = np.arange(c0, c1)
                 last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
                 for _ in range(self.config.tail_copies - 1):
                     self.send(last)
@@ -957,9 +977,10 @@ class ReduceEngine:
         b["op"] = np.where(plan.flushes[units] > 1, int(Op.FLUSH), int(Op.GRAD))
         b["flags"] |= _RETX
 
-    def send(self, rows: np.ndarray) -> None:
-        """Send packet rows to the switch, spending pacing tokens and counting them."""
-        sent = self.io.send_rows(rows)
+    def send(self, rows: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Send packet rows to the switch, spending pacing tokens and counting them (``slots``: the rows'
+        slot fields as int64, where the caller has them: see WorkerIO.send_rows)."""
+        sent = self.io.send_rows(rows, slots)
         self.stats.packets_sent += sent
         if not sent:
             return

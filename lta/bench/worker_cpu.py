@@ -9,6 +9,12 @@ phases (the methods that make a wake-up, inclusive of what they call) in thread 
 table shows where the CPU of the steady state goes; the wrappers are installed in the worker processes
 only, for that run.
 
+With ``--exp-rtt`` every worker's engine carries an :class:`ExponentClock` (the engine's trace hook,
+hostlib/transport/trace.py): per timed reduce, the wall time from its start to the RESULT of its first
+exponent unit (no data unit may go before it: the stall the exponent round trip puts in front of the data,
+docs/protocol.md, "Numbers") and of its last one (the last data units wait for it). Measured in a run of
+its own: the hook costs a little CPU.
+
 Engine path: ``LTA_ENGINE`` (python or native) as for any reduce; ``--engine`` sets it for the workers.
 """
 
@@ -37,6 +43,7 @@ from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.plan import ReducePlan
 from hostlib.transport.reuse import SlotReuse
+from hostlib.transport.trace import EngineTrace
 from lta.launch import JobSpec, run_job
 
 # The engine's phases: (class, method) timed inclusive of what they call, in thread CPU time.
@@ -94,8 +101,40 @@ def _timed_phases() -> dict[str, list[float]]:
     return totals
 
 
+class ExponentClock(EngineTrace):
+    """Per reduce, the perf_counter seconds from its start to the settling of its first exponent unit (no
+    data unit goes before it: the stall the round trip puts in front of the data) and of its last one
+    (NaN where none settled: given up or lost). With one exponent unit (K >= the chunk count) they agree."""
+
+    def __init__(self) -> None:
+        self.first_s: list[float] = []
+        self.exp_rtt_s: list[float] = []
+        self._t0 = 0.0
+        self._left = 0
+
+    def on_reduce_start(self, engine: ReduceEngine, plan: ReducePlan) -> None:
+        self._t0, self._left = time.perf_counter(), plan.exp_units
+        self.first_s.append(float("nan"))
+        self.exp_rtt_s.append(float("nan"))
+
+    def on_settled(self, engine: ReduceEngine, plan: ReducePlan, units: np.ndarray) -> None:
+        if self._left > 0:
+            exp = int(np.count_nonzero(units < plan.exp_units))
+            if exp and self._left == plan.exp_units:
+                self.first_s[-1] = time.perf_counter() - self._t0
+            self._left -= exp
+            if self._left <= 0:
+                self.exp_rtt_s[-1] = time.perf_counter() - self._t0
+
+
 def _cpu_worker(
-    worker: LtaWorker, rank: int, n_values: int, reduces: int, warmup: int, profile: bool
+    worker: LtaWorker,
+    rank: int,
+    n_values: int,
+    reduces: int,
+    warmup: int,
+    profile: bool,
+    exp_rtt: bool = False,
 ) -> dict:
     x = np.random.default_rng(rank).standard_normal(n_values).astype(np.float32)
     y = np.empty_like(x)
@@ -103,6 +142,9 @@ def _cpu_worker(
         y[:] = x
         worker.allreduce(y, step=i, out=y)
     totals = _timed_phases() if profile else None
+    clock = None
+    if exp_rtt:
+        clock = worker.engine.trace = ExponentClock()
     walls = []
     t_start = os.times()
     for i in range(reduces):
@@ -116,6 +158,9 @@ def _cpu_worker(
         "sys_ms": (t_end.system - t_start.system) * 1000 / reduces,
         "walls_ms": [w * 1000 for w in walls],
     }
+    if clock is not None:
+        out["exp_rtt_ms"] = [t * 1000 for t in clock.exp_rtt_s]
+        out["exp_first_ms"] = [t * 1000 for t in clock.first_s]
     if totals is not None:
         out["phases"] = {key: (calls / reduces, cpu * 1000 / reduces) for key, (calls, cpu) in totals.items()}
     return out
@@ -129,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reduces", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="time the engine's phases in thread CPU time")
+    p.add_argument("--exp-rtt", action="store_true", help="time the exponent round trip (trace hook)")
     p.add_argument("--engine", choices=("python", "native"), help="LTA_ENGINE for the workers")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -138,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec(
         n_workers=args.workers, transport=TransportConfig(elems_per_packet=args.elems_per_packet, seed=0)
     )
-    results, _ = run_job(spec, _cpu_worker, n_values, args.reduces, args.warmup, args.profile)
+    results, _ = run_job(spec, _cpu_worker, n_values, args.reduces, args.warmup, args.profile, args.exp_rtt)
     walls = np.max(np.array([r["walls_ms"] for r in results]), axis=0)
     summary = {
         "engine": os.environ.get("LTA_ENGINE", "default"),
@@ -152,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         "sys_ms": [round(r["sys_ms"], 2) for r in results],
         "wall_p50_ms": round(float(np.median(walls)), 2),
     }
+    if args.exp_rtt:
+        # Per reduce, the slower worker's (max over ranks, as the walls) and the last to start's (min over
+        # ranks: its peers' proposals were there already, so it sees the round trip without their lateness).
+        for name in ("exp_first_ms", "exp_rtt_ms"):
+            per = np.array([r[name] for r in results])
+            key = name.removesuffix("_ms")
+            summary[f"{key}_p50_ms"] = round(float(np.median(per.max(axis=0))), 2)
+            summary[f"{key}_last_starter_p50_ms"] = round(float(np.median(per.min(axis=0))), 2)
+            summary[f"{key}_share_p50"] = round(float(np.median(per.max(axis=0) / walls)), 3)
     if args.json:
         print(json.dumps(summary))
     else:
