@@ -142,7 +142,7 @@ class _RecordingIO:
         self.rx = RxBatch(8, packet_bytes + 4)
         self.calls: list[np.ndarray] = []
 
-    def send_rows(self, rows: np.ndarray) -> int:
+    def send_rows(self, rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         self.calls.append(np.array(rows, copy=True))
         return len(rows)
 
