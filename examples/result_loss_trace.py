@@ -9,7 +9,7 @@ with no packet, woken by a deadline; those with fewer than 20 packets), the pass
 the send system calls, the send phase and the tail (after the last unit went), the time the span and
 the peer rule held sending, FLUSHes sent and units FLUSHed, and for the FLUSHed units the wait from send
 to the first FLUSH (detection) and from it to the answer (recovery). docs/results.md has the figures of
-28 Nov 2026; docs/results-zr.md those of 29 Nov 2026.
+28 and 29 Nov 2026.
 """
 
 from __future__ import annotations
