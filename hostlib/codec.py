@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.extras import choose_path
+
 try:
     from hostlib import _codec
 
@@ -140,17 +142,7 @@ def codec_path() -> str:
 
 @functools.lru_cache(maxsize=8)
 def _resolve_path(requested: str) -> str:
-    if requested in ("", "auto"):
-        return "numpy" if _cext is None else "c"
-    if requested not in CODEC_PATHS:
-        raise ValueError(
-            f"{ENV_VAR}={requested!r} is not a codec path; expected one of {', '.join(CODEC_PATHS)} or auto"
-        )
-    if requested == "c" and _cext is None:
-        raise ValueError(
-            f"{ENV_VAR}=c: {_CEXT_MISSING}; reinstall with `pip install -e .` or use {ENV_VAR}=numpy"
-        )
-    return requested
+    return choose_path(ENV_VAR, requested, CODEC_PATHS, "c", _CEXT_MISSING, "a codec path")
 
 
 def _int32_rows(a: np.ndarray) -> bool:

@@ -28,3 +28,22 @@ def require_p4rt(command: str) -> None:
             importlib.import_module(name)
         except ImportError:
             raise MissingExtra(f"{command} needs the p4rt extra: pip install 'lta[p4rt]'") from None
+
+
+def choose_path(
+    var: str, requested: str, paths: tuple[str, ...], native: str, missing: str, what: str
+) -> str:
+    """The code path an ``var`` setting picks among ``paths`` = (reference, native): unset or ``auto``
+    takes ``native`` where its C extension is built (``missing`` empty), else the reference. Raises
+    ValueError naming the variable for a value not in ``paths``, or for ``native`` where the extension is
+    missing (``missing`` says why)."""
+    reference = next(p for p in paths if p != native)
+    if requested in ("", "auto"):
+        return reference if missing else native
+    if requested not in paths:
+        raise ValueError(f"{var}={requested!r} is not {what}; expected one of {', '.join(paths)} or auto")
+    if requested == native and missing:
+        raise ValueError(
+            f"{var}={native}: {missing}; reinstall with `pip install -e .` or use {var}={reference}"
+        )
+    return requested

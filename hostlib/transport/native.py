@@ -12,6 +12,8 @@ import functools
 import os
 from typing import Any
 
+from hostlib.extras import choose_path
+
 try:
     from hostlib import _engine
 
@@ -35,14 +37,4 @@ def engine_path() -> str:
 
 @functools.lru_cache(maxsize=8)
 def _resolve(requested: str) -> str:
-    if requested in ("", "auto"):
-        return "python" if native_ext is None else "native"
-    if requested not in ENGINE_PATHS:
-        raise ValueError(
-            f"{ENV_VAR}={requested!r} is not an engine path; expected {', '.join(ENGINE_PATHS)} or auto"
-        )
-    if requested == "native" and native_ext is None:
-        raise ValueError(
-            f"{ENV_VAR}=native: {_MISSING}; reinstall with `pip install -e .` or use {ENV_VAR}=python"
-        )
-    return requested
+    return choose_path(ENV_VAR, requested, ENGINE_PATHS, "native", _MISSING, "an engine path")
