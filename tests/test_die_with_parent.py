@@ -83,10 +83,16 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+# The stand-in launcher takes each signal's default action (to end), whatever it inherited: under
+# `nohup` (a CI job started so) SIGHUP is ignored, the parent would never end, and the test would time
+# out (a clean-clone run under nohup, 29 Nov 2026) without saying anything about its children.
 PARENT = textwrap.dedent(
     """
+    import signal
     import time
     from hostlib.lifetime import spawn_context
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     def sleeper():
         time.sleep(600)
