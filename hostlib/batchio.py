@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from hostlib.extras import optional_extension
+
 log = logging.getLogger(__name__)
 
 IO_MODES = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
@@ -186,17 +188,14 @@ class BatchStats:
 # ---------------------------------------------------------------------------------------------------
 # Which paths exist here
 
-_cext: Any  # the module below, or None: the "mmsg-c" path is chosen only when it loaded
-try:
-    from hostlib import _batchio
 
-    _cext = _batchio
-    if _cext.STAT_COUNT != len(_STAT_FIELDS):
-        raise ImportError(f"it has {_cext.STAT_COUNT} counters, batchio {len(_STAT_FIELDS)}: rebuild it")
-    _CEXT_MISSING = ""
-except ImportError as exc:
-    _cext = None
-    _CEXT_MISSING = "the C extension hostlib._batchio is not usable (" + " ".join(str(exc).split()) + ")"
+def _check_counters(module: Any) -> None:
+    if module.STAT_COUNT != len(_STAT_FIELDS):
+        raise ImportError(f"it has {module.STAT_COUNT} counters, batchio {len(_STAT_FIELDS)}: rebuild it")
+
+
+_cext: Any  # the module, or None: the "mmsg-c" path is chosen only when it loaded
+_cext, _CEXT_MISSING = optional_extension("hostlib._batchio", _check_counters)
 
 
 class _Iovec(ctypes.Structure):

@@ -28,16 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.extras import choose_path
+from hostlib.extras import choose_path, optional_extension
 
-try:
-    from hostlib import _codec
-
-    _cext: Any = _codec
-    _CEXT_MISSING = ""
-except ImportError as exc:  # not built (no compiler at install time) or built for another Python
-    _cext = None
-    _CEXT_MISSING = "the C extension hostlib._codec is not usable (" + " ".join(str(exc).split()) + ")"
+_cext: Any
+_cext, _CEXT_MISSING = optional_extension("hostlib._codec")
 
 CODEC_PATHS = ("c", "numpy")
 ENV_VAR = "LTA_CODEC"

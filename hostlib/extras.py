@@ -8,6 +8,8 @@ module, like the rest of the ``hostlib`` core, imports no third-party package.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from hostlib.errors import LtaError
 
@@ -47,3 +49,15 @@ def choose_path(
             f"{var}={native}: {missing}; reinstall with `pip install -e .` or use {var}={reference}"
         )
     return requested
+
+
+def optional_extension(name: str, check: Callable[[Any], None] | None = None) -> tuple[Any, str]:
+    """The C extension module ``name`` and ``""``, or ``None`` and one line saying why it is not usable
+    (not built: no compiler at install time; built for another Python; ``check`` raised ImportError)."""
+    try:
+        module = importlib.import_module(name)
+        if check is not None:
+            check(module)
+    except ImportError as exc:
+        return None, f"the C extension {name} is not usable (" + " ".join(str(exc).split()) + ")"
+    return module, ""

@@ -12,16 +12,10 @@ import functools
 import os
 from typing import Any
 
-from hostlib.extras import choose_path
+from hostlib.extras import choose_path, optional_extension
 
-try:
-    from hostlib import _engine
-
-    native_ext: Any = _engine
-    _MISSING = ""
-except ImportError as exc:  # not built (no compiler at install time) or built for another Python
-    native_ext = None
-    _MISSING = "the C extension hostlib._engine is not usable (" + " ".join(str(exc).split()) + ")"
+native_ext: Any
+native_ext, _MISSING = optional_extension("hostlib._engine")
 
 ENGINE_PATHS = ("python", "native")
 ENV_VAR = "LTA_ENGINE"
