@@ -56,7 +56,10 @@
 #define OFF_WORKER 6
 #define OFF_COUNT 7
 #define OFF_SLOT 8
+#define OFF_NELEM 10
 #define OFF_SEQ 12
+#define OFF_STEP 16
+#define OFF_CHUNK 20
 #define OFF_WEIGHT 24
 #define OFF_BITMAP 28
 #define HEADER_BYTES 36
@@ -64,6 +67,7 @@
 #define OP_PARAM 4
 #define OP_PARAM_REQ 5
 #define FLAG_RETX 0x01
+#define FLAG_MAX 0x08
 #define ST_IN_FLIGHT 1
 #define ST_DONE 2
 #define ST_GAVE_UP 3
@@ -81,6 +85,16 @@ static inline uint32_t be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 static inline uint64_t be64(const uint8_t *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+static inline void put_be16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
 
 typedef struct {
     Py_buffer view;
@@ -802,7 +816,202 @@ static PyObject *engine_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("ni", u1, pending);
 }
 
+/* flush(units, n, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
+ *       retx, probes, slots, seqs, shift, template, rows, params) -> (flushed, on_timer, gave_up)
+ * ReduceEngine._deadline_actions from its FLUSH rule on, for ``units[:n]`` (due, neither resent nor probed), and
+ * _send_flushes and Deadlines.arm for the units it FLUSHes, for a worker that is not its own leaf. A unit is
+ * FLUSHed again while it has had fewer than max_flushes FLUSHes, or while the give-up time since its first has
+ * not passed; else it is given up. A FLUSHed unit's rows (``template``, a FLUSH packet of this worker with
+ * step, slot, seq, flags, exp, chunk and nelem set per unit) go to ``rows``, ``copies`` side by side, in unit
+ * order; its deadline is its retry's (the backoff doubling per FLUSH from the FLUSH RTO, capped, never past
+ * its give-up time; a critical unit's resend timer; an exponent unit's early probe before the reduce synced).
+ * params = (now, t_flush, step, exp_units, frontier_min, max_flushes, give_up_s, flush_rto_s, max_deadline_s,
+ * stagger, rto_s, resend_max (-1: none), synced, copies). Returns the units FLUSHed (their rows: flushed x
+ * copies), those flushed on a timer's word (at or past frontier_min, not proven in), and those given up. */
+static PyObject *engine_flush(PyObject *self, PyObject *args) {
+    PyObject *objs[17];
+    Py_ssize_t n, exp_units, frontier_min, max_flushes, resend_max, copies;
+    long long step;
+    int synced;
+    double now, t_flush, give_up_s, flush_rto_s, max_deadline_s, stagger, rto_s;
+    if (!PyArg_ParseTuple(args, "OnOOOOOOOOOOOOOOO(ddLnnndddddnpn):flush", &objs[0], &n, &objs[1], &objs[2],
+                          &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10],
+                          &objs[11], &objs[12], &objs[13], &objs[14], &objs[15], &now, &t_flush, &step,
+                          &exp_units, &frontier_min, &max_flushes, &give_up_s, &flush_rto_s, &max_deadline_s,
+                          &stagger, &rto_s, &resend_max, &synced, &copies))
+        return NULL;
+    (void)objs[16];
+    /* units, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
+     * retx, probes, slots, seqs, shift, template */
+    static const Py_ssize_t itemsize[15] = {8, 1, 8, 8, 8, 8, 1, 1, 8, 8, 8, 8, 8, 4, 1};
+    static const int writable[15] = {0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const char *names[15] = {"units", "state", "flushes", "first_flush_at", "flushed_at", "deadline_at",
+                                    "proven_in", "critical_unit", "retx_spent", "retx", "probes", "slots",
+                                    "seqs", "shift", "template"};
+    buf_t b[15] = {{{0}}}, rows = {0};
+    PyObject *result = NULL;
+    for (int i = 0; i < 15; i++)
+        if (get_vec(objs[i], &b[i], itemsize[i], 0, writable[i], names[i]) < 0)
+            goto done;
+    if (PyObject_GetBuffer(objs[15], &rows.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    rows.held = 1;
+    const Py_ssize_t units = b[1].view.shape[0], row_bytes = b[14].view.shape[0];
+    for (int i = 2; i < 13; i++)
+        if (b[i].view.shape[0] < units) {
+            PyErr_Format(PyExc_ValueError, "flush: %s is shorter than state", names[i]);
+            goto done;
+        }
+    if (n < 0 || n > b[0].view.shape[0] || copies < 1 || row_bytes < HEADER_BYTES || exp_units < 0 ||
+        exp_units > units || b[13].view.shape[0] < units - exp_units || max_flushes < 0 || max_flushes > 60 ||
+        rows.view.len < n * copies * row_bytes) {
+        PyErr_SetString(PyExc_ValueError, "flush: n, the rows buffer and the plan do not fit");
+        goto done;
+    }
+    const int64_t *unit = (const int64_t *)b[0].view.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (unit[i] < 0 || unit[i] >= units) {
+            PyErr_SetString(PyExc_ValueError, "flush: a unit lies outside the plan");
+            goto done;
+        }
+    int8_t *state = (int8_t *)b[1].view.buf;
+    int64_t *flushes = (int64_t *)b[2].view.buf;
+    double *first_flush_at = (double *)b[3].view.buf, *flushed_at = (double *)b[4].view.buf;
+    double *deadline = (double *)b[5].view.buf;
+    const uint8_t *proven_in = (const uint8_t *)b[6].view.buf, *critical = (const uint8_t *)b[7].view.buf;
+    const int64_t *retx_spent = (const int64_t *)b[8].view.buf, *retx = (const int64_t *)b[9].view.buf;
+    const int64_t *probes = (const int64_t *)b[10].view.buf, *slot = (const int64_t *)b[11].view.buf;
+    const int64_t *seq = (const int64_t *)b[12].view.buf;
+    const int32_t *shift = (const int32_t *)b[13].view.buf;
+    const uint8_t *template = (const uint8_t *)b[14].view.buf;
+    uint8_t *out = (uint8_t *)rows.view.buf;
+    Py_ssize_t flushed = 0, on_timer = 0, gave_up = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t u = unit[i];
+        const int64_t f = flushes[u];
+        if (!(f < max_flushes || (f > 0 && now < first_flush_at[u] + give_up_s))) {
+            state[u] = ST_GAVE_UP;  /* an exponent unit given up leaves its chunks without has_exp */
+            gave_up++;
+            continue;
+        }
+        on_timer += u >= frontier_min && !proven_in[u];
+        if (f == 0)
+            first_flush_at[u] = now;
+        flushes[u] = f + 1;
+        const int is_exp = u < exp_units;
+        uint8_t *row = out + flushed * copies * row_bytes;
+        memcpy(row, template, (size_t)row_bytes);
+        row[OFF_FLAGS] = (uint8_t)((is_exp ? FLAG_MAX : 0) | (f + 1 > 1 ? FLAG_RETX : 0));
+        row[OFF_EXP] = (uint8_t)(int8_t)(is_exp ? 0 : shift[u - exp_units]);
+        put_be16(row + OFF_SLOT, (uint16_t)slot[u]);
+        put_be16(row + OFF_NELEM, 0);
+        put_be32(row + OFF_SEQ, (uint32_t)seq[u]);
+        put_be32(row + OFF_STEP, (uint32_t)step);
+        put_be32(row + OFF_CHUNK, (uint32_t)(is_exp ? u : u - exp_units));
+        for (Py_ssize_t c = 1; c < copies; c++)
+            memcpy(row + c * row_bytes, row, (size_t)row_bytes);
+        flushed_at[u] = t_flush;
+        /* Deadlines.arm for a retry (flushes > 0) */
+        double backoff = flush_rto_s * (double)(1LL << (f + 1));
+        if (backoff > max_deadline_s)
+            backoff = max_deadline_s;
+        double at = now + backoff * stagger;
+        if (first_flush_at[u] + give_up_s < at)
+            at = first_flush_at[u] + give_up_s;
+        if (resend_max >= 0 && critical[u] && retx_spent[u] < resend_max)
+            at = now + rto_s * (retx[u] > 0 ? 2.0 : 1.0);
+        if (!synced && is_exp && !critical[u]) {
+            const double probe_at = now + rto_s * (double)(1LL << probes[u]);
+            if (probe_at < at)
+                at = probe_at;
+        }
+        deadline[u] = at;
+        flushed++;
+    }
+    result = Py_BuildValue("nnn", flushed, on_timer, gave_up);
+done:
+    for (int i = 0; i < 15; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    if (rows.held)
+        PyBuffer_Release(&rows.view);
+    return result;
+}
+
+/* fast_flush(state, proven_lost, deadline_at, flushes, retx, critical_unit, retx_spent, has_exp, owner, lo, hi,
+ *            exp_units, group_size, group_pos, now, srtt_s, probe_at, resend_max, out) -> n_probe
+ * Deadlines.fast_flush for the units in flight in [lo, hi), the range every worker's frontier has passed: each
+ * is proven lost; the designated worker of its group (unit mod group_size == group_pos) or its owner flushes it
+ * at ``now``, the others one round trip later (``srtt_s``); a critical unit (resend_max >= 0: resent, not
+ * flushed, up to resend_max resends) is resent by every worker at once. A first try moves its deadline only
+ * forward. ``probe_at`` is NaN unless RESULT loss dominates (Deadlines.probing_lost); then the others' first
+ * tries of data units with a GRAD are probed, their deadline ``probe_at``, and listed in out[:n_probe]. */
+static PyObject *engine_fast_flush(PyObject *self, PyObject *args) {
+    PyObject *objs[10];
+    Py_ssize_t lo, hi, exp_units, group_size, group_pos, resend_max;
+    double now, srtt_s, probe_at;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOnnnnndddnO:fast_flush", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6], &objs[7], &objs[8], &lo, &hi, &exp_units, &group_size, &group_pos,
+                          &now, &srtt_s, &probe_at, &resend_max, &objs[9]))
+        return NULL;
+    /* state, proven_lost, deadline_at, flushes, retx, critical_unit, retx_spent, has_exp, owner, out */
+    static const Py_ssize_t itemsize[10] = {1, 1, 8, 8, 8, 1, 8, 1, 8, 8};
+    static const int writable[10] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 1};
+    static const char *names[10] = {"state", "proven_lost", "deadline_at", "flushes", "retx", "critical_unit",
+                                    "retx_spent", "has_exp", "owner", "out"};
+    buf_t b[10] = {{{0}}};
+    PyObject *result = NULL;
+    for (int i = 0; i < 10; i++)
+        if (get_vec(objs[i], &b[i], itemsize[i], 0, writable[i], names[i]) < 0)
+            goto done;
+    const Py_ssize_t units = b[0].view.shape[0];
+    for (int i = 1; i < 7; i++)
+        if (b[i].view.shape[0] < units) {
+            PyErr_Format(PyExc_ValueError, "fast_flush: %s is shorter than state", names[i]);
+            goto done;
+        }
+    if (lo < 0 || hi > units || exp_units < 0 || exp_units > units || group_size < 1 ||
+        b[7].view.shape[0] < units - exp_units || b[8].view.shape[0] < units - exp_units ||
+        b[9].view.shape[0] < (hi > lo ? hi - lo : 0)) {
+        PyErr_SetString(PyExc_ValueError, "fast_flush: lo, hi and the arrays must fit the plan");
+        goto done;
+    }
+    const int8_t *state = (const int8_t *)b[0].view.buf;
+    uint8_t *proven_lost = (uint8_t *)b[1].view.buf;
+    double *deadline = (double *)b[2].view.buf;
+    const int64_t *flushes = (const int64_t *)b[3].view.buf, *retx = (const int64_t *)b[4].view.buf;
+    const uint8_t *critical = (const uint8_t *)b[5].view.buf, *has_exp = (const uint8_t *)b[7].view.buf;
+    const int64_t *retx_spent = (const int64_t *)b[6].view.buf, *owner = (const int64_t *)b[8].view.buf;
+    int64_t *out = (int64_t *)b[9].view.buf;
+    const int probing = probe_at == probe_at;
+    Py_ssize_t n_probe = 0;
+    for (Py_ssize_t u = lo; u < hi; u++) {
+        if (state[u] != ST_IN_FLIGHT)
+            continue;
+        proven_lost[u] = 1;
+        const int data = u >= exp_units;
+        const int designated = u % group_size == group_pos || (data && owner[u - exp_units] >= 0);
+        const int crit = resend_max >= 0 && critical[u] && retx_spent[u] < resend_max;
+        double at = crit || designated ? now : now + srtt_s;
+        const int first_try = crit ? retx[u] == 0 : flushes[u] == 0;
+        if (probing && first_try && !designated && !crit && data && has_exp[u - exp_units]) {
+            at = probe_at;
+            out[n_probe++] = u;
+        }
+        if (first_try && deadline[u] > at)
+            deadline[u] = at;
+    }
+    result = PyLong_FromSsize_t(n_probe);
+done:
+    for (int i = 0; i < 10; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
 static PyMethodDef engine_methods[] = {
+    {"flush", engine_flush, METH_VARARGS, "The FLUSH rule of ReduceEngine._deadline_actions: rows, flushes, deadlines."},
+    {"fast_flush", engine_fast_flush, METH_VARARGS, "Deadlines.fast_flush for the units every frontier passed."},
     {"run", engine_run, METH_VARARGS, "The units of [u0, hi) whose exponent is settled; (u1, all pending)."},
     {"peers_news", engine_peers_news, METH_VARARGS, "SlotReuse.set_presumed_dead, then SlotReuse.saw."},
     {"stall", engine_stall, METH_VARARGS, "Deadlines.stall_flush: bring the newest stalled unit's deadline forward."},

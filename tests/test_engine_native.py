@@ -132,7 +132,10 @@ def _play(
     late: float,
     renormalize: str = "count",
     critical: bool = False,
-) -> tuple[object, list[np.ndarray]]:
+    up_loss: float | None = None,
+) -> tuple[object, list[np.ndarray], int]:
+    """``loss`` drops GRADs and worker 0's RESULTs, ``up_loss`` (when given) GRADs alone. Returns the
+    reference's result, the inputs and how many units worker 0's fast flush probed."""
     rng = np.random.default_rng(seed)
     cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize)
     ref, nat = _engine(cfg, 0, n_workers, False), _engine(cfg, 0, n_workers, True)
@@ -147,6 +150,7 @@ def _play(
             x.copy(), step=0, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock()
         )
     held: list[bytes] = []  # RESULTs for worker 0 delayed to a later delivery
+    probed = 0
     sent_tick: dict[int, int] = {}
     for tick in range(400):
         clock.t += 0.002
@@ -164,7 +168,7 @@ def _play(
         assert [p for p, _ in grads] == nat.io.take(), f"tick {tick}: the two copies sent different packets"
         for e in peers:
             grads += [(pkt, e.worker_id) for pkt in e.io.take()]
-        grads = [g for g in grads if rng.random() >= loss]
+        grads = [g for g in grads if rng.random() >= (loss if up_loss is None else up_loss)]
         grads += [g for g in grads if rng.random() < dup]
         order = rng.permutation(len(grads))
         down: dict[int, list[bytes]] = {w: [] for w in range(n_workers)}
@@ -204,14 +208,18 @@ def _play(
         for e in peers:
             n = e.io.fill(down[e.worker_id])
             e._handle(n, plans[id(e)][0])
+        probes = {}
         for e in [ref, nat, *peers]:
             plan = plans[id(e)][0]
             e.reuse.news(plan.base, plan.frontier, e.deadlines.presumed_dead, e.native)
             if plan.frontier.min() > plan.fast_flushed_to:
-                e.deadlines.fast_flush(plan, clock())
+                probes[id(e)] = e.deadlines.fast_flush(plan, clock(), e.native)
             if plan.own_shown >= 0:  # the window-stall rule, from the newest unit showing this worker's bit
                 e._stall_flush(plan, max(-1, plan.own_shown - e.reuse.span) + e._slots + 1, clock())
         _same(ref, nat, f"seed {seed} tick {tick} (after the deadline rules)")
+        got = [probes.get(id(e), np.zeros(0, np.int64)) for e in (ref, nat)]
+        assert np.array_equal(*got), f"seed {seed} tick {tick}: the fast flush probed other units"
+        probed += len(got[0])
         if not plans[id(ref)][0].unsettled() and not held:
             break
         sent_tick[tick] = int(np.count_nonzero(plans[id(ref)][0].state == IN_FLIGHT))
@@ -237,7 +245,7 @@ def _play(
     # The play reached the steady state and its rare cases: settled units, partial and empty rounds.
     plan = plans[id(ref)][0]
     assert np.count_nonzero(plan.state == DONE) > plan.units // 2
-    return a, xs
+    return a, xs, probed
 
 
 @pytest.fixture
@@ -271,7 +279,7 @@ def test_native_settles_as_the_reference(
     critical: bool,
 ) -> None:
     fake_clock.t = 1000.0
-    result, xs = _play(
+    result, xs, _ = _play(
         fake_clock,
         seed,
         n_workers=n_workers,
@@ -286,6 +294,16 @@ def test_native_settles_as_the_reference(
     if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
         assert (result.count == n_workers).all()
         np.testing.assert_allclose(result.values, np.mean(xs, axis=0), rtol=0, atol=1e-6)
+
+
+def test_native_fast_flush_probes_as_the_reference_under_result_loss(fake_clock: Clock) -> None:
+    """RESULT loss alone (20% of worker 0's RESULTs, no GRAD lost): most units found lost had their round
+    closed, so the fast flush probes them (Deadlines.probing_lost); both copies probe the same units and
+    move the same deadlines."""
+    fake_clock.t = 1000.0
+    _, _, probed = _play(fake_clock, 6, n_workers=3, k=16, n_values=16 * 150 + 7, loss=0.2, dup=0.05,
+                         late=0.05, up_loss=0.0)  # fmt: skip
+    assert probed > 0
 
 
 def test_wire_constants_match_the_protocol() -> None:
@@ -384,3 +402,55 @@ def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster)
     for _ in range(3):  # 300 chunks: 5 exponent units, runs across reduces and slot blocks
         cluster.reduce_all([rng.standard_normal(300 * 64).astype(np.float32) for _ in range(2)])
     assert sum(handed) >= 2 * 3 * 305 and not wrong
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_deadline_actions_as_the_reference(fake_clock: Clock, seed: int) -> None:
+    """ReduceEngine._deadline_actions on the native path (its FLUSH rule, _send_flushes and the retries'
+    deadlines in one call: _flush_native) against the reference, from the same seeded mid-reduce state:
+    units FLUSHed 0..max_flushes times, some past their give-up time, critical ones, exponent units before
+    and after the reduce synced, proven-in ones, a frontier in the middle. The same rows go out (FLUSHes
+    and the rest), and the plans and statistics end the same."""
+    rng = np.random.default_rng(seed)
+    k, n_workers = 8, 3
+    # (a low max_deadline_ms in some seeds: the backoff's cap binds)
+    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, flush_copies=1 + seed % 3,
+                          max_deadline_ms=30.0 if seed % 2 else 500.0)  # fmt: skip
+    x = rng.standard_normal(k * 60 + 3).astype(np.float32)
+    crit = [(0, k * 4)] if seed % 2 else None
+    engines = []
+    for native in (False, True):
+        e = _engine(cfg, 1, n_workers, native)
+        plan, _ = e._begin(x.copy(), step=7, weight=1, critical=crit, owners=None, t0=fake_clock())
+        engines.append((e, plan))
+    now = fake_clock.t = 1000.5
+    draw = np.random.default_rng(seed + 100)
+    for e, plan in engines:  # the same state in both copies
+        g = np.random.default_rng(seed + 100)
+        u = plan.units
+        plan.next_unit = u
+        plan.state[:] = IN_FLIGHT
+        plan.synced = seed % 3 != 0
+        plan.flushes[:] = g.integers(0, cfg.max_flushes + 2, u)
+        plan.first_flush_at[:] = now - g.uniform(0, 2 * e.deadlines.give_up_s(), u)
+        plan.probes[:] = g.integers(0, 3, u)
+        plan.retx[:] = g.integers(0, 2, u)
+        plan.retx_spent[:] = g.integers(0, cfg.critical_max_resends + 2, u)
+        plan.proven_in[:] = g.random(u) < 0.3
+        plan.sent_at[:] = now - g.uniform(0, 0.5, u)
+        plan.sent_at[: plan.exp_units] = now - 10.0  # past the sync wait: FLUSHed, not probed, unsynced
+        e.deadlines.rtt_sample(float(g.uniform(1, 5)), 0.5)
+    due = np.sort(draw.choice(engines[0][1].units, size=engines[0][1].units // 2, replace=False))
+    edge = int(due[len(due) // 2])  # the lowest frontier is a due unit, FLUSHed on a timer's word
+    for _e, plan in engines:
+        plan.frontier[:] = edge + np.arange(n_workers) * 3
+        plan.flushes[edge], plan.proven_in[edge] = 0, False
+    for e, plan in engines:
+        e._deadline_actions(plan, due.copy(), now, 7)
+        e._send_recovery()
+    (ref, ref_plan), (nat, nat_plan) = engines
+    assert ref.io.take() == nat.io.take()
+    _same(ref, nat, f"seed {seed}")
+    assert ref.stats.flushes_sent > 0
+    assert np.count_nonzero(ref_plan.state == GAVE_UP) > 0
+    assert ref.stats.flushes_on_timer > 0

@@ -8,12 +8,14 @@ a timer can be changed without rediscovering a stall.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
 import numpy as np
 
 from hostlib.transport.config import TransportConfig
+from hostlib.transport.native import native_ext
 from hostlib.transport.plan import IN_FLIGHT, ReducePlan
 
 _DEAD_AFTER_RESULTS = 64  # see Deadlines.track_absent
@@ -58,6 +60,12 @@ class Deadlines:
         self._update_rto()
 
     # ---- the RTO -------------------------------------------------------------------------------
+    @property
+    def stagger(self) -> float:
+        """This worker's factor on its deadlines (1 to 1.5 by its place in its flush group), so that the
+        workers of a group do not all time out at once."""
+        return self._stagger
+
     def rto_s(self) -> float:
         """Retransmission timeout from the measured round trips, clamped. Cached: it changes only with
         a new RTT sample or the dead-peer mode."""
@@ -417,7 +425,7 @@ class Deadlines:
             & (now < plan.sent_at[units] + cfg.lag_deadline_ms / 1000.0)
         )
 
-    def fast_flush(self, plan: ReducePlan, now: float) -> np.ndarray:
+    def fast_flush(self, plan: ReducePlan, now: float, native: bool = False) -> np.ndarray:
         """Every worker sends units in order, so once each worker's bit has shown up in some RESULT at
         or beyond unit v (its frontier), all of them have sent every unit before v: an older unit still
         open lost a packet (up or down), and waiting would only add latency. One worker per unit
@@ -430,7 +438,10 @@ class Deadlines:
         others waited one FLUSH round trip for nothing before their own FLUSH; a probe is answered with
         the stored RESULT at once if the round closed, and dropped as a duplicate if it is open (the
         designated FLUSH closes it). In the tail, the unit just past every frontier (the last one, whose
-        RESULT has no later one to show it lost) gets its tail probe one FLUSH round trip from now."""
+        RESULT has no later one to show it lost) gets its tail probe one FLUSH round trip from now.
+
+        ``native``: the range's units in one call into ``hostlib._engine`` (the same deadlines, marks and
+        probes; tests/test_engine_native.py)."""
         lo, hi = max(plan.low, plan.fast_flushed_to), int(plan.frontier.min())
         plan.fast_flushed_to = max(plan.fast_flushed_to, hi)
         none = np.zeros(0, dtype=np.int64)
@@ -442,6 +453,8 @@ class Deadlines:
                 plan.deadline_at[hi + 1] = min(plan.deadline_at[hi + 1], due_at)
         if hi <= lo:
             return none
+        if native:
+            return self._fast_flush_native(plan, lo, hi, now)
         units = np.flatnonzero(plan.state[lo:hi] == IN_FLIGHT) + lo
         if not units.size:
             return none
@@ -474,6 +487,17 @@ class Deadlines:
         sooner = first_try & (plan.deadline_at[units] > at)
         plan.deadline_at[units[sooner]] = at[sooner]
         return units[probe]
+
+    def _fast_flush_native(self, plan: ReducePlan, lo: int, hi: int, now: float) -> np.ndarray:
+        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
+        probe_at = now + self.flush_rto_s() * self._stagger if self.probing_lost() else math.nan
+        resend_max = -1 if self.early_close else self.config.critical_max_resends
+        out = np.empty(hi - lo, dtype=np.int64)
+        n = native_ext.fast_flush(plan.state, plan.proven_lost, plan.deadline_at, plan.flushes, plan.retx,
+                                  plan.critical_unit, plan.retx_spent, plan.has_exp, plan.owner, lo, hi,
+                                  plan.exp_units, self.group_size, self.worker_id - self.group_base, now,
+                                  max(srtt_ms, 1.0) / 1000.0, probe_at, resend_max, out)  # fmt: skip
+        return out[:n]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:
         """:meth:`fast_flush` for units some worker withholds (its exponent proposal was not counted:

@@ -109,6 +109,8 @@ class ReduceEngine:
         self._slots = cfg.data_slots
         self.window = window
         self._flush_batch = empty_batch(0, k)  # FLUSH scratch, grown on demand
+        # The native path's FLUSH row (_flush_native), for the header fields it was made with.
+        self._flush_template: tuple[Any, np.ndarray] = (None, np.zeros(0, dtype=np.uint8))
         # What a wake-up sends to recover units (probes, FLUSHes): gathered, each row's copies side by
         # side, and sent in one call at the end of the wake-up (_send_recovery).
         self._recovery: list[np.ndarray] = []
@@ -546,7 +548,7 @@ class ReduceEngine:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
             if plan.frontier.min() > plan.fast_flushed_to:
-                probe = dl.fast_flush(plan, now)
+                probe = dl.fast_flush(plan, now, self.native)
                 if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
                     self._probe_data(plan, probe)
                     self.stats.lost_probes += len(probe)
@@ -852,20 +854,25 @@ class ReduceEngine:
                 due = due[~crit]
                 if not due.size:
                     return
-        sync_end = plan.sent_at[due] + self.deadlines.sync_wait_s()
-        probe = (due < plan.exp_units) & (not plan.synced) & (now < sync_end)
-        if probe.any():
-            # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
-            # duplicate (or counts it, if the first copies were lost); once the round closed, it
-            # answers with the stored RESULT, so a worker that lost the exponent RESULT recovers in
-            # one RTO instead of sitting out the whole group. No FLUSH yet: others may be late.
-            units = due[probe]
-            plan.probes[units] += 1
-            self.send(plan.exp_rows[units])
-            self.deadlines.arm(plan, units, now)
-        rest = due[~probe]
-        tail = self.deadlines.tail_probing(plan, rest) | self.deadlines.tail_reprobing(plan, rest, now)
-        if tail.any():
+        rest = due
+        if not plan.synced:
+            sync_end = plan.sent_at[due] + self.deadlines.sync_wait_s()
+            probe = (due < plan.exp_units) & (now < sync_end)
+            if probe.any():
+                # Probe: send the exponent GRAD again. While the round is open the switch drops it as a
+                # duplicate (or counts it, if the first copies were lost); once the round closed, it
+                # answers with the stored RESULT, so a worker that lost the exponent RESULT recovers in
+                # one RTO instead of sitting out the whole group. No FLUSH yet: others may be late.
+                units = due[probe]
+                plan.probes[units] += 1
+                self.send(plan.exp_rows[units])
+                self.deadlines.arm(plan, units, now)
+                rest = due[~probe]
+        # (tail_probing and tail_reprobing ask for the reduce's tail, synced: none before it)
+        tail = None
+        if plan.all_sent and plan.synced:
+            tail = self.deadlines.tail_probing(plan, rest) | self.deadlines.tail_reprobing(plan, rest, now)
+        if tail is not None and tail.any():
             # Tail probe: this worker's GRAD again, one RTO into the wait for a possibly late peer (or one
             # FLUSH round trip after every peer was shown past the unit before it), and again with backoff
             # (Deadlines.arm_probed). The FLUSH keeps its time (the lag deadline from the send), or one
@@ -878,6 +885,9 @@ class ReduceEngine:
             rest = rest[~tail]
         # A FLUSHed unit is retried until it has had max_flushes FLUSHes and the give-up time has passed
         # since its first (TransportConfig.min_flush_deadline_ms).
+        if self.native and not self.own_leaf and self.trace is None:
+            self._flush_native(plan, rest, now, step)
+            return
         flushed = plan.flushes[rest]
         more = (flushed < self.config.max_flushes) | (
             (flushed > 0) & (now < plan.first_flush_at[rest] + self.deadlines.give_up_s())
@@ -893,6 +903,32 @@ class ReduceEngine:
             self._send_flushes(plan, units, step)
             self.deadlines.arm(plan, units, now)
         plan.state[rest[~more]] = GAVE_UP  # an exponent unit given up leaves its chunks without has_exp
+
+    def _flush_native(self, plan: ReducePlan, units: np.ndarray, now: float, step: int) -> None:
+        """The FLUSH rule of :meth:`_deadline_actions` with :meth:`_send_flushes` and the retries'
+        ``Deadlines.arm`` in one call into ``hostlib._engine`` (the same rows, deadlines, flushes and
+        statistics; tests/test_engine_native.py)."""
+        if not units.size:
+            return
+        dl, cfg, n = self.deadlines, self.config, len(units)
+        copies = cfg.flush_copies
+        key = tuple(self._header[name] for name in ("version", "job_id", "worker_id"))
+        if self._flush_template[0] != key:
+            self._flush_template = key, batch_rows(self.control_batch(1, Op.FLUSH, 0))[0].copy()
+        template = self._flush_template[1]
+        rows = np.empty((n * copies, len(template)), dtype=np.uint8)
+        flushed, on_timer, _ = native_ext.flush(
+            units, n, plan.state, plan.flushes, plan.first_flush_at, plan.flushed_at, plan.deadline_at,
+            plan.proven_in, plan.critical_unit, plan.retx_spent, plan.retx, plan.probes, plan.slots,
+            plan.seqs, plan.shift, template, rows,
+            (now, time.perf_counter(), step, plan.exp_units, int(plan.frontier.min()), cfg.max_flushes,
+             dl.give_up_s(), dl.flush_rto_s(), cfg.max_deadline_ms / 1e3, dl.stagger, dl.rto_s(),
+             -1 if dl.early_close else cfg.critical_max_resends, plan.synced, copies),
+        )  # fmt: skip
+        self.stats.flushes_on_timer += on_timer
+        if flushed:
+            self._recovery.append(rows[: flushed * copies])
+            self.stats.flushes_sent += flushed
 
     def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
         """Send this worker's GRAD of data ``units`` again, ``flush_copies`` times as a FLUSH is (a lost
