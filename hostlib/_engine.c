@@ -816,6 +816,44 @@ static PyObject *engine_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("ni", u1, pending);
 }
 
+/* reuse_first(settled, excused, excused_to, peers, data_slots) -> first: SlotReuse.limit's first value, the
+ * first global unit this worker may not send yet (the peers' bound: excused_to for an excused peer, its
+ * settled unit + data_slots + 1 otherwise; the largest int64 with no peer). */
+static PyObject *engine_reuse_first(PyObject *self, PyObject *args) {
+    PyObject *objs[4];
+    long long data_slots;
+    if (!PyArg_ParseTuple(args, "OOOOL:reuse_first", &objs[0], &objs[1], &objs[2], &objs[3], &data_slots))
+        return NULL;
+    static const Py_ssize_t itemsize[4] = {8, 1, 8, 1};
+    static const char *names[4] = {"settled", "excused", "excused_to", "peers"};
+    buf_t b[4] = {{{0}}};
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (get_vec(objs[i], &b[i], itemsize[i], 0, 0, names[i]) < 0)
+            goto done;
+    const Py_ssize_t n = b[0].view.shape[0];
+    if (b[1].view.shape[0] != n || b[2].view.shape[0] != n || b[3].view.shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "reuse_first: the arrays must have one entry per worker");
+        goto done;
+    }
+    const int64_t *settled = (const int64_t *)b[0].view.buf, *excused_to = (const int64_t *)b[2].view.buf;
+    const uint8_t *excused = (const uint8_t *)b[1].view.buf, *peers = (const uint8_t *)b[3].view.buf;
+    int64_t first = INT64_MAX;
+    for (Py_ssize_t w = 0; w < n; w++) {
+        if (!peers[w])
+            continue;
+        const int64_t bound = excused[w] ? excused_to[w] : settled[w] + data_slots + 1;
+        if (bound < first)
+            first = bound;
+    }
+    result = PyLong_FromLongLong(first);
+done:
+    for (int i = 0; i < 4; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+    return result;
+}
+
 /* flush(units, n, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
  *       retx, probes, slots, seqs, shift, template, rows, params) -> (flushed, on_timer, gave_up)
  * ReduceEngine._deadline_actions from its FLUSH rule on, for ``units[:n]`` (due, neither resent nor probed), and
@@ -1010,6 +1048,7 @@ done:
 }
 
 static PyMethodDef engine_methods[] = {
+    {"reuse_first", engine_reuse_first, METH_VARARGS, "SlotReuse.limit's first unit, without the holders."},
     {"flush", engine_flush, METH_VARARGS, "The FLUSH rule of ReduceEngine._deadline_actions: rows, flushes, deadlines."},
     {"fast_flush", engine_fast_flush, METH_VARARGS, "Deadlines.fast_flush for the units every frontier passed."},
     {"run", engine_run, METH_VARARGS, "The units of [u0, hi) whose exponent is settled; (u1, all pending)."},

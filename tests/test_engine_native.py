@@ -376,6 +376,8 @@ def test_peers_news_as_the_reference() -> None:
             other = getattr(pair[1], name)
             same = np.array_equal(value, other) if isinstance(value, np.ndarray) else value == other
             assert same, f"trial {trial}: reuse.{name} differs: {value} != {other}"
+        # the first unit the peers hold this worker at, as SlotReuse.limit gives it
+        assert pair[1].first(native=True) == pair[0].limit()[0], f"trial {trial}: SlotReuse.first"
 
 
 @pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built")

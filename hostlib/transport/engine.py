@@ -755,6 +755,10 @@ class ReduceEngine:
         """The first unit of ``plan`` the peers' progress does not let go yet (reuse.py). When it holds
         this worker with nothing of its own in flight, the wait is bounded: after ``Deadlines.peer_hold_s``
         without news, the peers that hold it are excused until their bits show up again."""
+        local = self.reuse.first(self.native) - plan.base
+        if local > plan.next_unit or (in_flight and not plan.any_withheld):  # (the steady state)
+            self._peer_wait_since = math.inf
+            return local
         first, holders = self.reuse.limit()
         local = first - plan.base
         if local <= plan.next_unit and plan.any_withheld and local < plan.units:

@@ -136,6 +136,13 @@ class SlotReuse:
         first = int(bound[self._peers].min())
         return first, self._peers & (bound == first)
 
+    def first(self, native: bool = False) -> int:
+        """:meth:`limit`'s first unit alone (``native``: in one call into ``hostlib._engine``)."""
+        if native:
+            return int(native_ext.reuse_first(self.settled, self._excused, self.excused_to, self._peers,
+                                              self.data_slots))  # fmt: skip
+        return self.limit()[0]
+
     def excuse(self, peers: np.ndarray) -> None:
         """Stop waiting for ``peers`` until they show progress (:meth:`saw`), for one pool of units at most:
         past that this worker waits for them again (and may excuse them again)."""
