@@ -1,5 +1,6 @@
 /*
- * hostlib._engine: the reduce engine's steady state on the receive side, one call per wake-up.
+ * hostlib._engine: the reduce engine's steady state, a few calls per wake-up: settling a received batch (below),
+ * and the scans, sends' quantization, slot-reuse and deadline rules each function's comment describes.
  *
  * hostlib/transport/engine.py is the contract and the Python reference (ReduceEngine._handle,
  * _on_results, _settle, _time_answers, _settle_values); this module is its native path, chosen by
@@ -462,26 +463,38 @@ static PyObject *engine_scan(PyObject *self, PyObject *args) {
     return Py_BuildValue("nin", low, unsettled, in_flight);
 }
 
-/* due(state, deadline_at, low, next_unit, now, out) -> (n_due, next_at): the units in flight in [low,
- * next_unit) whose deadline is at or before ``now``, in order, into out[:n_due] (Deadlines.due), and
- * the earliest deadline of a unit in flight (Deadlines.next_at; inf when none is). */
+/* due(state, deadline_at, low, next_unit, now, out[, proven_lost, flushes, strict]) -> (n_due, next_at): the units
+ * in flight in [low, next_unit) whose deadline is at or before ``now``, in order, into out[:n_due] (Deadlines.due),
+ * and the earliest deadline of a unit in flight (Deadlines.next_at; inf when none is). With ``proven_lost``,
+ * ``flushes`` and ``strict`` (Deadlines.due_or_recovering, ``now`` then being strict + the recovery slack): of
+ * those, the ones due by ``strict`` and the ones being recovered (proven lost, or FLUSHed already). */
 static PyObject *engine_due(PyObject *self, PyObject *args) {
-    PyObject *state_obj, *at_obj, *out_obj;
+    PyObject *state_obj, *at_obj, *out_obj, *lost_obj = NULL, *flushes_obj = NULL;
     Py_ssize_t low, next_unit;
-    double now;
-    if (!PyArg_ParseTuple(args, "OOnndO:due", &state_obj, &at_obj, &low, &next_unit, &now, &out_obj))
+    double now, strict = INFINITY;
+    if (!PyArg_ParseTuple(args, "OOnndO|OOd:due", &state_obj, &at_obj, &low, &next_unit, &now, &out_obj, &lost_obj,
+                          &flushes_obj, &strict))
         return NULL;
-    buf_t st = {0}, at = {0}, out = {0};
+    buf_t st = {0}, at = {0}, out = {0}, lost = {0}, fl = {0};
     PyObject *result = NULL;
     if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0 || get_vec(at_obj, &at, 8, st.view.shape[0], 0, "deadline_at") < 0 ||
         get_vec(out_obj, &out, 8, st.view.shape[0], 1, "out") < 0)
         goto done;
+    const int recovering = lost_obj != NULL;
+    if (recovering && (flushes_obj == NULL || get_vec(lost_obj, &lost, 1, st.view.shape[0], 0, "proven_lost") < 0 ||
+                       get_vec(flushes_obj, &fl, 8, st.view.shape[0], 0, "flushes") < 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "due: proven_lost, flushes and strict go together");
+        goto done;
+    }
     if (low < 0 || next_unit > st.view.shape[0]) {
         PyErr_SetString(PyExc_ValueError, "due: low and next_unit must lie in the plan");
         goto done;
     }
     const int8_t *state = (const int8_t *)st.view.buf;
     const double *deadline = (const double *)at.view.buf;
+    const uint8_t *proven_lost = recovering ? (const uint8_t *)lost.view.buf : NULL;
+    const int64_t *flushes = recovering ? (const int64_t *)fl.view.buf : NULL;
     int64_t *due = (int64_t *)out.view.buf;
     Py_ssize_t n_due = 0;
     double next_at = INFINITY;
@@ -490,7 +503,7 @@ static PyObject *engine_due(PyObject *self, PyObject *args) {
             continue;
         if (deadline[j] < next_at)
             next_at = deadline[j];
-        if (deadline[j] <= now)
+        if (deadline[j] <= now && (!recovering || deadline[j] <= strict || proven_lost[j] || flushes[j] > 0))
             due[n_due++] = j;
     }
     result = Py_BuildValue("nd", n_due, next_at);
@@ -501,6 +514,10 @@ done:
         PyBuffer_Release(&at.view);
     if (out.held)
         PyBuffer_Release(&out.view);
+    if (lost.held)
+        PyBuffer_Release(&lost.view);
+    if (fl.held)
+        PyBuffer_Release(&fl.view);
     return result;
 }
 

@@ -23,6 +23,7 @@ from hostlib.protocol import HEADER_BYTES, HEADER_DTYPE, HEADER_OFFSETS, Flag, O
 from hostlib.transport import TransportConfig
 from hostlib.transport import deadlines as deadlines_module
 from hostlib.transport import engine as engine_module
+from hostlib.transport.deadlines import Deadlines
 from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.native import engine_path, native_ext
 from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT
@@ -304,6 +305,39 @@ def test_native_fast_flush_probes_as_the_reference_under_result_loss(fake_clock:
     _, _, probed = _play(fake_clock, 6, n_workers=3, k=16, n_values=16 * 150 + 7, loss=0.2, dup=0.05,
                          late=0.05, up_loss=0.0)  # fmt: skip
     assert probed > 0
+
+
+def test_native_due_with_recovery_slack_as_the_reference(fake_clock: Clock) -> None:
+    """ReduceEngine._due with a recovery slack (Deadlines.recovery_slack_s) on the native path, in one call,
+    against the reference's Deadlines.due_or_recovering over Deadlines.due: units due by now, units due
+    within the slack that are proven lost or FLUSHed, and not the others; the earliest deadline too."""
+    rng = np.random.default_rng(11)
+    cfg = TransportConfig(elems_per_packet=8, pool_size=48, seed=11)
+    pair = []
+    for native in (False, True):
+        e = _engine(cfg, 0, 2, native)
+        plan, _ = e._begin(np.ones(8 * 90, dtype=np.float32), step=0, weight=1, critical=None, owners=None,
+                           t0=fake_clock())  # fmt: skip
+        pair.append((e, plan))
+    extra = 0
+    for trial in range(200):
+        for _e, plan in pair:  # the same state in both copies
+            g = np.random.default_rng(trial)
+            plan.state[:] = g.choice([0, IN_FLIGHT, DONE, GAVE_UP], plan.units)
+            plan.deadline_at[:] = 1000.0 + g.uniform(-0.01, 0.02, plan.units)
+            plan.proven_lost[:] = g.random(plan.units) < 0.3
+            plan.flushes[:] = g.integers(0, 3, plan.units) * (g.random(plan.units) < 0.3)
+            plan.low, plan.next_unit = int(g.integers(0, 10)), int(g.integers(40, plan.units + 1))
+        slack = float(rng.choice([0.0, 0.004]))
+        (ref, ref_plan), (nat, nat_plan) = pair
+        want = ref._due(ref_plan, 1000.0, slack)
+        got = nat._due(nat_plan, 1000.0, slack)
+        assert want.tolist() == got.tolist(), f"trial {trial}"
+        assert ref._next_deadline(ref_plan) == nat._next_deadline(nat_plan), f"trial {trial}"
+        strict = set(Deadlines.due(ref_plan, 1000.0).tolist())
+        assert set(want.tolist()) >= strict, f"trial {trial}"
+        extra += len(set(want.tolist()) - strict)
+    assert extra > 0  # the slack took units being recovered early in some trials
 
 
 def test_wire_constants_match_the_protocol() -> None:

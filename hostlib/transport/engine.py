@@ -555,11 +555,7 @@ class ReduceEngine:
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
-            slack = dl.recovery_slack_s()
-            if slack:  # units being recovered whose deadline is near go now (Deadlines.recovery_slack_s)
-                due = dl.due_or_recovering(plan, self._due(plan, now + slack), now)
-            else:
-                due = self._due(plan, now)
+            due = self._due(plan, now, dl.recovery_slack_s())
             if due.size:
                 self._on_deadlines(plan, due, now, step)
             self._send_recovery()
@@ -594,17 +590,29 @@ class ReduceEngine:
             return self._native_due(plan, -math.inf)[1]
         return self.deadlines.next_at(plan)
 
-    def _due(self, plan: ReducePlan, now: float) -> np.ndarray:
-        """The units in flight whose deadline passed (Deadlines.due)."""
+    def _due(self, plan: ReducePlan, now: float, slack: float = 0.0) -> np.ndarray:
+        """The units in flight whose deadline passed (Deadlines.due); with a recovery ``slack``
+        (Deadlines.recovery_slack_s), also those being recovered whose deadline is that near
+        (Deadlines.due_or_recovering)."""
         if self.native:
+            if slack:
+                return self._native_due(plan, now + slack, now)[0]
             return self._native_due(plan, now)[0]
+        if slack:
+            return self.deadlines.due_or_recovering(plan, self.deadlines.due(plan, now + slack), now)
         return self.deadlines.due(plan, now)
 
-    def _native_due(self, plan: ReducePlan, now: float) -> tuple[np.ndarray, float]:
+    def _native_due(
+        self, plan: ReducePlan, now: float, strict: float | None = None
+    ) -> tuple[np.ndarray, float]:
         out = self._scratch["due"]
         if len(out) < plan.units:
             out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
-        n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out)
+        if strict is None:
+            n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out)
+        else:
+            n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out,
+                                            plan.proven_lost, plan.flushes, strict)  # fmt: skip
         return out[:n_due].copy(), next_at
 
     def _send_ready(self, plan: ReducePlan, in_flight: int) -> bool:
