@@ -442,7 +442,7 @@ class Deadlines:
 
         ``native``: the range's units in one call into ``hostlib._engine`` (the same deadlines, marks and
         probes; tests/test_engine_native.py)."""
-        lo, hi = max(plan.low, plan.fast_flushed_to), int(plan.frontier.min())
+        lo, hi = max(plan.low, plan.fast_flushed_to), min(plan.frontier.tolist())
         plan.fast_flushed_to = max(plan.fast_flushed_to, hi)
         none = np.zeros(0, dtype=np.int64)
         if plan.all_sent and hi + 1 < plan.units and plan.state[hi + 1] == IN_FLIGHT:

@@ -178,6 +178,7 @@ class ReduceEngine:
         self.trace: EngineTrace | None = None  # told of each step of a reduce (benchmarks; None: nobody)
         # The native path settles received batches in one call (native.py; LTA_ENGINE=python: the reference)
         self.native = engine_path() == "native"
+        self._codec_c = codec.codec_path() == "c"  # (LTA_CODEC, read once: the quantize path of this engine)
         self._renormalize_code = RENORMALIZE_CODES[cfg.renormalize]
         self._headroom = codec.headroom_bits(n_workers)
         cap = len(io.rx.lens)
@@ -547,7 +548,7 @@ class ReduceEngine:
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
                 dl.rearm_shorter(plan, now)
-            if plan.frontier.min() > plan.fast_flushed_to:
+            if min(plan.frontier.tolist()) > plan.fast_flushed_to:  # (a few workers: no numpy reduction)
                 probe = dl.fast_flush(plan, now, self.native)
                 if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
                     self._probe_data(plan, probe)
@@ -586,8 +587,11 @@ class ReduceEngine:
 
     def _next_deadline(self, plan: ReducePlan) -> float:
         """The earliest deadline of a unit in flight (Deadlines.next_at; inf when none is)."""
-        if self.native:
-            return self._native_due(plan, -math.inf)[1]
+        if self.native:  # (no unit is due by -inf: the scratch list is left empty)
+            out = self._scratch["due"]
+            if len(out) < plan.units:
+                out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
+            return native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, -math.inf, out)[1]
         return self.deadlines.next_at(plan)
 
     def _due(self, plan: ReducePlan, now: float, slack: float = 0.0) -> np.ndarray:
@@ -806,7 +810,7 @@ class ReduceEngine:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
         block, so that the numpy passes are large and run while earlier packets are at the switch."""
         block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
-        if self.native and codec.codec_path() == "c":  # the same rows, draws and flags in one call
+        if self.native and self._codec_c:  # the same rows, draws and flags in one call
             todo, saturated = self._scratch["todo"], self._scratch["saturated"]
             if len(todo) < plan.chunks_count:
                 todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
@@ -933,7 +937,7 @@ class ReduceEngine:
             units, n, plan.state, plan.flushes, plan.first_flush_at, plan.flushed_at, plan.deadline_at,
             plan.proven_in, plan.critical_unit, plan.retx_spent, plan.retx, plan.probes, plan.slots,
             plan.seqs, plan.shift, template, rows,
-            (now, time.perf_counter(), step, plan.exp_units, int(plan.frontier.min()), cfg.max_flushes,
+            (now, time.perf_counter(), step, plan.exp_units, min(plan.frontier.tolist()), cfg.max_flushes,
              dl.give_up_s(), dl.flush_rto_s(), cfg.max_deadline_ms / 1e3, dl.stagger, dl.rto_s(),
              -1 if dl.early_close else cfg.critical_max_resends, plan.synced, copies),
         )  # fmt: skip
