@@ -361,10 +361,10 @@ class Deadlines:
     def arm_run(self, plan: ReducePlan, lo: int, hi: int, start: float) -> bool:
         """:meth:`arm` for units ``lo..hi-1`` just sent for the first time, where every one gets the same
         deadline: the reduce is synced and not in its tail, and none of them is critical or was FLUSHed
-        (the steady state; the same deadlines as :meth:`arm`). Returns False, arming nothing, elsewhere."""
+        (the steady state; the same deadlines as :meth:`arm`). Returns False, arming nothing, elsewhere.
+        (A unit sent for the first time was never FLUSHed; without critical chunks and outside exact mode
+        no unit is critical: ReducePlan.reset.)"""
         if not plan.synced or self.early_close or plan.all_sent or plan.any_critical or self.config.exact:
-            return False
-        if plan.critical_unit[lo:hi].any() or plan.flushes[lo:hi].any():
             return False
         plan.deadline_at[lo:hi] = start + self.first_wait_s(plan) * self._stagger
         return True

@@ -695,7 +695,7 @@ class ReduceEngine:
                 state[theirs] = ELSEWHERE
                 units = units[state[units] == IN_FLIGHT]
         plan.sent_at[units] = now
-        rate = self._bottleneck_bps()
+        rate = self._bottleneck_bps() if self.deadlines.adaptive else 0.0  # (only unit_wait_s reads it)
         if rate > 0:  # each unit's frame leaves the bottleneck after those queued before it
             start = max(now, queue_free_at)
             plan.expect_at[units] = start + np.arange(1, len(units) + 1) * (self._frame * 8 / rate)
@@ -744,7 +744,7 @@ class ReduceEngine:
         now = time.perf_counter()
         state[u0:u1] = IN_FLIGHT
         plan.sent_at[u0:u1] = now
-        rate = self._bottleneck_bps()
+        rate = self._bottleneck_bps() if self.deadlines.adaptive else 0.0
         if rate > 0:
             start = max(now, queue_free_at)
             plan.expect_at[u0:u1] = start + np.arange(1, u1 - u0 + 1) * (self._frame * 8 / rate)

@@ -108,8 +108,8 @@ class ReducePlan:
         # ... of which count toward critical_max_resends (not those made waiting for a late peer)
         self.retx_spent = np.zeros(self.units, dtype=np.int64)
         # Adaptive early close: when each unit's RESULT is expected (send time + queue + own frame at the
-        # bottleneck rate, before the round trip; inf where no rate is known), units with every worker
-        # counted, and the close (see earlyclose.py).
+        # bottleneck rate, before the round trip; inf where no rate is known or early close is off), units
+        # with every worker counted, and the close (see earlyclose.py).
         self.expect_at = np.full(self.units, np.inf, dtype=np.float64)
         self.full_units = 0
         self.closing = ""  # "", "theta" (LT passed and enough in) or "deadline" (LT + C passed)
