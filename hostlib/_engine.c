@@ -833,6 +833,65 @@ static PyObject *engine_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("ni", u1, pending);
 }
 
+/* gather_rows(src, units, n, offset, copies, slots, out, out_slots): rows src[units[i] - offset] for i < n, each
+ * ``copies`` times side by side, into out[:n * copies] (ReduceEngine._probe_data's gather and repeat in one
+ * pass), and the units' slots (slots[units[i]]) likewise into out_slots, for the send's GSO train keys. */
+static PyObject *engine_gather_rows(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *units_obj, *slots_obj, *out_obj, *out_slots_obj;
+    Py_ssize_t n, offset, copies;
+    if (!PyArg_ParseTuple(args, "OOnnnOOO:gather_rows", &src_obj, &units_obj, &n, &offset, &copies, &slots_obj,
+                          &out_obj, &out_slots_obj))
+        return NULL;
+    Py_buffer src = {0}, out = {0};
+    int have_src = 0, have_out = 0;
+    buf_t u = {0}, sl = {0}, os = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) < 0)
+        goto done;
+    have_src = 1;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    have_out = 1;
+    if (get_vec(units_obj, &u, 8, n, 0, "units") < 0 || get_vec(slots_obj, &sl, 8, 0, 0, "slots") < 0 ||
+        get_vec(out_slots_obj, &os, 8, 0, 1, "out_slots") < 0)
+        goto done;
+    if (src.ndim != 2 || src.itemsize != 1 || src.strides[1] != 1 || out.ndim != 2 || out.shape[1] != src.shape[1] ||
+        n < 0 || copies < 1 || out.shape[0] < n * copies || os.view.shape[0] < n * copies) {
+        PyErr_SetString(PyExc_ValueError, "gather_rows: src and out must be (rows, width) bytes with room for n x copies");
+        goto done;
+    }
+    const int64_t *unit = (const int64_t *)u.view.buf, *slot = (const int64_t *)sl.view.buf;
+    int64_t *out_slot = (int64_t *)os.view.buf;
+    const Py_ssize_t width = src.shape[1];
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (unit[i] - offset < 0 || unit[i] - offset >= src.shape[0] || unit[i] < 0 || unit[i] >= sl.view.shape[0]) {
+            PyErr_SetString(PyExc_ValueError, "gather_rows: a unit lies outside the rows");
+            goto done;
+        }
+    uint8_t *dst = (uint8_t *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)src.buf + (unit[i] - offset) * src.strides[0];
+        for (Py_ssize_t c = 0; c < copies; c++) {
+            memcpy(dst + (i * copies + c) * width, row, (size_t)width);
+            out_slot[i * copies + c] = slot[unit[i]];
+        }
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    if (have_src)
+        PyBuffer_Release(&src);
+    if (have_out)
+        PyBuffer_Release(&out);
+    if (u.held)
+        PyBuffer_Release(&u.view);
+    if (sl.held)
+        PyBuffer_Release(&sl.view);
+    if (os.held)
+        PyBuffer_Release(&os.view);
+    return result;
+}
+
 /* reuse_first(settled, excused, excused_to, peers, data_slots) -> first: SlotReuse.limit's first value, the
  * first global unit this worker may not send yet (the peers' bound: excused_to for an excused peer, its
  * settled unit + data_slots + 1 otherwise; the largest int64 with no peer). */
@@ -872,13 +931,13 @@ done:
 }
 
 /* flush(units, n, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
- *       retx, probes, slots, seqs, shift, template, rows, params) -> (flushed, on_timer, gave_up)
+ *       retx, probes, slots, seqs, shift, template, rows, out_slots, params) -> (flushed, on_timer, gave_up)
  * ReduceEngine._deadline_actions from its FLUSH rule on, for ``units[:n]`` (due, neither resent nor probed), and
  * _send_flushes and Deadlines.arm for the units it FLUSHes, for a worker that is not its own leaf. A unit is
  * FLUSHed again while it has had fewer than max_flushes FLUSHes, or while the give-up time since its first has
  * not passed; else it is given up. A FLUSHed unit's rows (``template``, a FLUSH packet of this worker with
  * step, slot, seq, flags, exp, chunk and nelem set per unit) go to ``rows``, ``copies`` side by side, in unit
- * order; its deadline is its retry's (the backoff doubling per FLUSH from the FLUSH RTO, capped, never past
+ * order (their slots, for the send's GSO train keys, to ``out_slots``); its deadline is its retry's (the backoff doubling per FLUSH from the FLUSH RTO, capped, never past
  * its give-up time; a critical unit's resend timer; an exponent unit's early probe before the reduce synced).
  * params = (now, t_flush, step, exp_units, frontier_min, max_flushes, give_up_s, flush_rto_s, max_deadline_s,
  * stagger, rto_s, resend_max (-1: none), synced, copies). Returns the units FLUSHed (their rows: flushed x
@@ -889,13 +948,12 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     long long step;
     int synced;
     double now, t_flush, give_up_s, flush_rto_s, max_deadline_s, stagger, rto_s;
-    if (!PyArg_ParseTuple(args, "OnOOOOOOOOOOOOOOO(ddLnnndddddnpn):flush", &objs[0], &n, &objs[1], &objs[2],
+    if (!PyArg_ParseTuple(args, "OnOOOOOOOOOOOOOOOO(ddLnnndddddnpn):flush", &objs[0], &n, &objs[1], &objs[2],
                           &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &objs[9], &objs[10],
-                          &objs[11], &objs[12], &objs[13], &objs[14], &objs[15], &now, &t_flush, &step,
+                          &objs[11], &objs[12], &objs[13], &objs[14], &objs[15], &objs[16], &now, &t_flush, &step,
                           &exp_units, &frontier_min, &max_flushes, &give_up_s, &flush_rto_s, &max_deadline_s,
                           &stagger, &rto_s, &resend_max, &synced, &copies))
         return NULL;
-    (void)objs[16];
     /* units, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
      * retx, probes, slots, seqs, shift, template */
     static const Py_ssize_t itemsize[15] = {8, 1, 8, 8, 8, 8, 1, 1, 8, 8, 8, 8, 8, 4, 1};
@@ -903,7 +961,7 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     static const char *names[15] = {"units", "state", "flushes", "first_flush_at", "flushed_at", "deadline_at",
                                     "proven_in", "critical_unit", "retx_spent", "retx", "probes", "slots",
                                     "seqs", "shift", "template"};
-    buf_t b[15] = {{{0}}}, rows = {0};
+    buf_t b[15] = {{{0}}}, rows = {0}, os = {0};
     PyObject *result = NULL;
     for (int i = 0; i < 15; i++)
         if (get_vec(objs[i], &b[i], itemsize[i], 0, writable[i], names[i]) < 0)
@@ -911,6 +969,8 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(objs[15], &rows.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     rows.held = 1;
+    if (get_vec(objs[16], &os, 8, 0, 1, "out_slots") < 0)
+        goto done;
     const Py_ssize_t units = b[1].view.shape[0], row_bytes = b[14].view.shape[0];
     for (int i = 2; i < 13; i++)
         if (b[i].view.shape[0] < units) {
@@ -919,7 +979,7 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
         }
     if (n < 0 || n > b[0].view.shape[0] || copies < 1 || row_bytes < HEADER_BYTES || exp_units < 0 ||
         exp_units > units || b[13].view.shape[0] < units - exp_units || max_flushes < 0 || max_flushes > 60 ||
-        rows.view.len < n * copies * row_bytes) {
+        rows.view.len < n * copies * row_bytes || os.view.shape[0] < n * copies) {
         PyErr_SetString(PyExc_ValueError, "flush: n, the rows buffer and the plan do not fit");
         goto done;
     }
@@ -940,6 +1000,7 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     const int32_t *shift = (const int32_t *)b[13].view.buf;
     const uint8_t *template = (const uint8_t *)b[14].view.buf;
     uint8_t *out = (uint8_t *)rows.view.buf;
+    int64_t *out_slot = (int64_t *)os.view.buf;
     Py_ssize_t flushed = 0, on_timer = 0, gave_up = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t u = unit[i];
@@ -965,6 +1026,8 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
         put_be32(row + OFF_CHUNK, (uint32_t)(is_exp ? u : u - exp_units));
         for (Py_ssize_t c = 1; c < copies; c++)
             memcpy(row + c * row_bytes, row, (size_t)row_bytes);
+        for (Py_ssize_t c = 0; c < copies; c++)
+            out_slot[flushed * copies + c] = slot[u];
         flushed_at[u] = t_flush;
         /* Deadlines.arm for a retry (flushes > 0) */
         double backoff = flush_rto_s * (double)(1LL << (f + 1));
@@ -990,6 +1053,8 @@ done:
             PyBuffer_Release(&b[i].view);
     if (rows.held)
         PyBuffer_Release(&rows.view);
+    if (os.held)
+        PyBuffer_Release(&os.view);
     return result;
 }
 
@@ -1065,6 +1130,7 @@ done:
 }
 
 static PyMethodDef engine_methods[] = {
+    {"gather_rows", engine_gather_rows, METH_VARARGS, "Rows of units, each copies times, and their slots."},
     {"reuse_first", engine_reuse_first, METH_VARARGS, "SlotReuse.limit's first unit, without the holders."},
     {"flush", engine_flush, METH_VARARGS, "The FLUSH rule of ReduceEngine._deadline_actions: rows, flushes, deadlines."},
     {"fast_flush", engine_fast_flush, METH_VARARGS, "Deadlines.fast_flush for the units every frontier passed."},

@@ -215,6 +215,8 @@ def _play(
             e.reuse.news(plan.base, plan.frontier, e.deadlines.presumed_dead, e.native)
             if plan.frontier.min() > plan.fast_flushed_to:
                 probes[id(e)] = e.deadlines.fast_flush(plan, clock(), e.native)
+                e._probe_data(plan, probes[id(e)])  # (their rows go out, and are compared, next tick)
+                e._send_recovery()
             if plan.own_shown >= 0:  # the window-stall rule, from the newest unit showing this worker's bit
                 e._stall_flush(plan, max(-1, plan.own_shown - e.reuse.span) + e._slots + 1, clock())
         _same(ref, nat, f"seed {seed} tick {tick} (after the deadline rules)")
@@ -340,6 +342,23 @@ def test_native_due_with_recovery_slack_as_the_reference(fake_clock: Clock) -> N
     assert extra > 0  # the slack took units being recovered early in some trials
 
 
+def test_gather_rows_is_a_gather_and_a_repeat() -> None:
+    """hostlib._engine.gather_rows against numpy: rows src[units - offset], each ``copies`` times side by
+    side, and the units' slots likewise (the output starts as a fill pattern, so a byte not written shows)."""
+    rng = np.random.default_rng(3)
+    for copies in (1, 2, 3):
+        src = rng.integers(0, 256, (50, 292), dtype=np.uint8)
+        slots = rng.integers(0, 2048, 60)
+        units = rng.integers(10, 60, 17)
+        out = np.full((17 * copies, 292), 0xAB, dtype=np.uint8)
+        out_slots = np.full(17 * copies, -7, dtype=np.int64)
+        native_ext.gather_rows(src, units, 17, 10, copies, slots, out, out_slots)
+        assert np.array_equal(out, np.repeat(src[units - 10], copies, axis=0))
+        assert np.array_equal(out_slots, np.repeat(slots[units], copies))
+    with pytest.raises(ValueError, match="outside the rows"):
+        native_ext.gather_rows(src, np.array([9]), 1, 10, 1, slots, out, out_slots)
+
+
 def test_wire_constants_match_the_protocol() -> None:
     """The offsets and codes compiled into hostlib/_engine.c are hostlib.protocol's."""
     for name, field in (
@@ -415,12 +434,15 @@ def test_peers_news_as_the_reference() -> None:
 
 
 @pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built")
-def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster) -> None:
+@pytest.mark.parametrize("down", [0.0, 0.2])
+def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster, down: float) -> None:
     """The native path passes each run's slots to WorkerIO.send_rows (GSO trains are cut by slot block
-    from them instead of from the rows): on loopback, every such call's slots equal the slot field of
-    the rows it sends, read from the wire bytes."""
-    cluster = make_cluster(2, elems_per_packet=64, seed=4)
+    from them instead of from the rows), and so do a wake-up's probes and FLUSHes: on loopback, every
+    such call's slots equal the slot field of the rows it sends, read from the wire bytes. With RESULT
+    loss, FLUSHes and probes are among them."""
+    cluster = make_cluster(2, elems_per_packet=64, seed=4, down=down)
     handed: list[int] = []
+    ops: set[int] = set()
     wrong: list[tuple[list[int], list[int]]] = []
     for w in cluster.workers:
         assert w.engine.native
@@ -429,6 +451,7 @@ def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster)
             if slots is not None:
                 hdr = np.ascontiguousarray(rows[:, :HEADER_BYTES]).view(HEADER_DTYPE).reshape(-1)
                 handed.append(len(rows))
+                ops.update(hdr["op"].tolist())
                 if not np.array_equal(slots, hdr["slot"].astype(np.int64)):
                     wrong.append((slots.tolist(), hdr["slot"].tolist()))
             return send(rows, slots)
@@ -438,6 +461,8 @@ def test_slots_the_native_sends_hand_over_are_the_rows_slot_fields(make_cluster)
     for _ in range(3):  # 300 chunks: 5 exponent units, runs across reduces and slot blocks
         cluster.reduce_all([rng.standard_normal(300 * 64).astype(np.float32) for _ in range(2)])
     assert sum(handed) >= 2 * 3 * 305 and not wrong
+    if down:
+        assert int(Op.FLUSH) in ops and sum(w.stats.lost_probes for w in cluster.workers) > 0
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -113,7 +113,7 @@ class ReduceEngine:
         self._flush_template: tuple[Any, np.ndarray] = (None, np.zeros(0, dtype=np.uint8))
         # What a wake-up sends to recover units (probes, FLUSHes): gathered, each row's copies side by
         # side, and sent in one call at the end of the wake-up (_send_recovery).
-        self._recovery: list[np.ndarray] = []
+        self._recovery: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, their slots)
         # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
         self._tail_units = 0 if cfg.exact else cfg.tail_units
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
@@ -933,17 +933,18 @@ class ReduceEngine:
             self._flush_template = key, batch_rows(self.control_batch(1, Op.FLUSH, 0))[0].copy()
         template = self._flush_template[1]
         rows = np.empty((n * copies, len(template)), dtype=np.uint8)
+        slots = np.empty(n * copies, dtype=np.int64)
         flushed, on_timer, _ = native_ext.flush(
             units, n, plan.state, plan.flushes, plan.first_flush_at, plan.flushed_at, plan.deadline_at,
             plan.proven_in, plan.critical_unit, plan.retx_spent, plan.retx, plan.probes, plan.slots,
-            plan.seqs, plan.shift, template, rows,
+            plan.seqs, plan.shift, template, rows, slots,
             (now, time.perf_counter(), step, plan.exp_units, min(plan.frontier.tolist()), cfg.max_flushes,
              dl.give_up_s(), dl.flush_rto_s(), cfg.max_deadline_ms / 1e3, dl.stagger, dl.rto_s(),
              -1 if dl.early_close else cfg.critical_max_resends, plan.synced, copies),
         )  # fmt: skip
         self.stats.flushes_on_timer += on_timer
         if flushed:
-            self._recovery.append(rows[: flushed * copies])
+            self._recovery.append((rows[: flushed * copies], slots[: flushed * copies]))
             self.stats.flushes_sent += flushed
 
     def _probe_data(self, plan: ReducePlan, units: np.ndarray) -> None:
@@ -951,22 +952,35 @@ class ReduceEngine:
         probe or a lost answer costs a deadline), queued for the wake-up's one call (_send_recovery). The
         switch answers a closed round with its stored RESULT (flagged RETX), adds the GRAD to an open round
         that lacks it, and drops it as a duplicate otherwise: a probe never closes a round."""
-        self._queue_recovery(plan.data_rows[units - plan.exp_units])
+        if self.native:  # the gather and the copies in one pass
+            copies = self.config.flush_copies
+            rows = np.empty((len(units) * copies, plan.data_rows.shape[1]), dtype=np.uint8)
+            slots = np.empty(len(units) * copies, dtype=np.int64)
+            native_ext.gather_rows(plan.data_rows, units, len(units), plan.exp_units, copies, plan.slots,
+                                   rows, slots)  # fmt: skip
+            self._recovery.append((rows, slots))
+            return
+        self._queue_recovery(plan.data_rows[units - plan.exp_units], plan.slots[units])
 
-    def _queue_recovery(self, rows: np.ndarray) -> None:
-        """Queue probe or FLUSH ``rows`` for :meth:`_send_recovery`, each ``flush_copies`` times, its
-        copies side by side (a GSO train holds both; a copy in a call of its own was a train, and a
-        system call, of its own). Copied: the rows may be a scratch batch's."""
-        self._recovery.append(np.repeat(rows, self.config.flush_copies, axis=0))
+    def _queue_recovery(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Queue probe or FLUSH ``rows`` (of units in ``slots``) for :meth:`_send_recovery`, each
+        ``flush_copies`` times, its copies side by side (a GSO train holds both; a copy in a call of its
+        own was a train, and a system call, of its own). Copied: the rows may be a scratch batch's."""
+        copies = self.config.flush_copies
+        self._recovery.append((np.repeat(rows, copies, axis=0), np.repeat(slots, copies)))
 
     def _send_recovery(self) -> None:
         """Send the rows queued by :meth:`_queue_recovery` in one call (the probes and FLUSHes of one
         wake-up: at 20% down loss, 4 workers, a 1 MiB reduce at K = 64 sent them in 4 calls a wake-up)."""
         if not self._recovery:
             return
-        rows = self._recovery[0] if len(self._recovery) == 1 else np.concatenate(self._recovery)
+        if len(self._recovery) == 1:
+            rows, slots = self._recovery[0]
+        else:
+            rows = np.concatenate([r for r, _ in self._recovery])
+            slots = np.concatenate([s for _, s in self._recovery])
         self._recovery.clear()
-        self.send(rows)
+        self.send(rows, slots)
 
     def _resend_critical(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Send this worker's GRAD of critical ``units`` again (flagged RETX | CRITICAL): added if the
@@ -1005,7 +1019,7 @@ class ReduceEngine:
         b["nelem"] = 0
         if self.own_leaf:
             self._as_leaf_flushes(plan, units, b, exp, c)
-        self._queue_recovery(batch_rows(self._flush_batch)[:n])
+        self._queue_recovery(batch_rows(self._flush_batch)[:n], plan.slots[units])
         plan.flushed_at[units] = time.perf_counter()
         self.stats.flushes_sent += n
 
