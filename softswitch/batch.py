@@ -268,7 +268,7 @@ class BatchEngine:
         if data.shape[1] < HEADER_BYTES:
             return False
         head = data[:n, :HEADER_BYTES]
-        seq_at, job_at, slot_at, step_at = (HEADER_OFFSETS[f] for f in ("seq", "job_id", "slot", "step"))
+        seq_at, job_at, slot_at, step_at = _SEQ_AT, _JOB_AT, _SLOT_AT, _STEP_AT
         # seq == PROBE_SEQ (all ones): a cheap filter over the batch (one compare per row, on the field read
         # in place as a big-endian u32), the rest per candidate.
         seq = head[:, seq_at : seq_at + 4].view(">u4")[:, 0]
@@ -348,6 +348,9 @@ class BatchEngine:
     def _output(self, m: int, rows: int) -> OutBatch:
         index = self._out_index[:m] if m else None
         return OutBatch(self._out_data[:rows], self._out_lens[:m], self._out_egress[:m], m, index)
+
+
+_SEQ_AT, _JOB_AT, _SLOT_AT, _STEP_AT = (HEADER_OFFSETS[f] for f in ("seq", "job_id", "slot", "step"))
 
 
 def _int64(values: np.ndarray, n: int) -> np.ndarray:

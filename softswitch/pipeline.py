@@ -210,6 +210,9 @@ class SoftSwitch:
         # Called (job id, incarnation) under the lock when a probe starts a new run of a job here; a shard
         # of a sharded switch sets it, and the job's probes go unanswered until release_run.
         self.on_new_run: Callable[[int, int], None] | None = None
+        # The longest payload of any job (None: no job), kept with the jobs: the UDP server sizes its
+        # receive rows by it on every batch.
+        self.longest_payload: int | None = None
 
     # ---- control plane -------------------------------------------------------------------------
     def add_job(self, cfg: JobConfig) -> None:
@@ -219,13 +222,17 @@ class SoftSwitch:
             self.jobs[cfg.job_id] = _Job(cfg, self.seed)
             self._counters[cfg.job_id] = 0
             self._worker_rx[cfg.job_id] = 0
-            self._batch.set_jobs(self.jobs)
+            self._jobs_changed()
 
     def remove_job(self, job_id: int) -> None:
         with self._lock:
             if self.jobs.pop(job_id, None) is None:
                 raise KeyError(f"no job {job_id} on this switch")
-            self._batch.set_jobs(self.jobs)
+            self._jobs_changed()
+
+    def _jobs_changed(self) -> None:
+        self._batch.set_jobs(self.jobs)
+        self.longest_payload = max((job.payload_bytes for job in self.jobs.values()), default=None)
 
     def reset_job(self, job_id: int) -> None:
         """Clear a job's slots, drop-policy state and counters; keep its configuration and policies."""

@@ -122,8 +122,8 @@ class SoftSwitchServer(BackgroundServer):
     def _row_bytes(self) -> int:
         """Receive rows a little longer than the longest packet of any job, so that a longer datagram
         arrives with a wrong length (dropped as malformed) instead of passing for a good one."""
-        longest = max((job.payload_bytes for job in list(self.switch.jobs.values())), default=MAX_DATAGRAM)
-        return min(MAX_DATAGRAM + 1, longest + 64)
+        longest = self.switch.longest_payload
+        return min(MAX_DATAGRAM + 1, (MAX_DATAGRAM if longest is None else longest) + 64)
 
     def serve_forever(self) -> None:
         try:
