@@ -272,6 +272,8 @@ class BatchEngine:
         # seq == PROBE_SEQ (all ones): a cheap filter over the batch (one compare per row, on the field read
         # in place as a big-endian u32), the rest per candidate.
         seq = head[:, seq_at : seq_at + 4].view(">u4")[:, 0]
+        if seq.max() != PROBE_SEQ:  # (the all-ones seq is the largest: one reduction says there is none)
+            return False
         probes = np.flatnonzero((seq == PROBE_SEQ) & (length >= HEADER_BYTES))
         for i in probes.tolist():
             row = head[i].tobytes()
