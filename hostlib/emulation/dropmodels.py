@@ -79,6 +79,9 @@ class DropStream:
         self._pos = 0
         self.bad = False
         self._peeked: np.ndarray | None = None  # GE states of the last peek(), for advance()
+        # Bernoulli: the decisions of the whole buffer, made once per buffer (peek slices them): the
+        # batched switch peeks once per receiver and batch, a few packets at a time under RESULT loss.
+        self._decisions: tuple[np.ndarray, np.ndarray] | None = None  # (the buffer, its decisions)
         self.used = 0  # uniforms consumed so far: with the seed, where the stream stands
 
     def _take(self, k: int) -> np.ndarray:
@@ -124,11 +127,13 @@ class DropStream:
             rest = self._buf[self._pos :]
             self._buf = np.concatenate([rest, *(self._rng.random(_BLOCK) for _ in range(blocks))])
             self._pos = 0
-        u = self._buf[self._pos : self._pos + need]
         pol = self.policy
         if self._per == 1:
             self._peeked = None
-            return (u < pol.p).view(np.uint8)
+            if self._decisions is None or self._decisions[0] is not self._buf:
+                self._decisions = self._buf, (self._buf < pol.p).view(np.uint8)
+            return self._decisions[1][self._pos : self._pos + need]
+        u = self._buf[self._pos : self._pos + need]
         bad = self._ge_states(u.reshape(n, 2)[:, 0], self.bad)
         self._peeked = bad
         return (u.reshape(n, 2)[:, 1] < np.where(bad, pol.loss_bad, pol.loss_good)).view(np.uint8)
