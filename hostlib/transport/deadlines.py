@@ -378,16 +378,19 @@ class Deadlines:
         cfg = self.config
         if not (cfg.tail_probe and plan.synced and plan.all_sent) or cfg.exact or self.early_close:
             return np.zeros(len(units), dtype=bool)
+        return (
+            self._probe_candidates(plan, units)
+            & (units > self.slowest_frontier(plan))
+            & (plan.probes[units] == 0)
+        )
+
+    @staticmethod
+    def _probe_candidates(plan: ReducePlan, units: np.ndarray) -> np.ndarray:
+        """What a tail probe or a repeated one asks of ``units`` alike: data units with a GRAD to send again
+        (not withheld), neither FLUSHed yet nor critical (those are resent, not probed)."""
         data = units >= plan.exp_units
         c = np.where(data, units - plan.exp_units, 0)
-        return (
-            data
-            & plan.has_exp[c]
-            & (units > self.slowest_frontier(plan))
-            & (plan.flushes[units] == 0)
-            & (plan.probes[units] == 0)
-            & ~plan.critical_unit[units]
-        )
+        return data & plan.has_exp[c] & (plan.flushes[units] == 0) & ~plan.critical_unit[units]
 
     def arm_probed(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
         """Deadlines of ``units`` just tail-probed: their FLUSH at the lag deadline from their send (not
@@ -414,14 +417,9 @@ class Deadlines:
         cfg = self.config
         if not (cfg.tail_probe and plan.synced and plan.all_sent and self.probing_lost()) or self.early_close:
             return np.zeros(len(units), dtype=bool)
-        data = units >= plan.exp_units
-        c = np.where(data, units - plan.exp_units, 0)
         return (
-            data
-            & plan.has_exp[c]
-            & (plan.flushes[units] == 0)
+            self._probe_candidates(plan, units)
             & (plan.probes[units] > 0)
-            & ~plan.critical_unit[units]
             & (now < plan.sent_at[units] + cfg.lag_deadline_ms / 1000.0)
         )
 
