@@ -15,7 +15,16 @@ def peers_news(*args: Any) -> None: ...
 def run(state: np.ndarray, exp_units: int, k: int, u0: int, hi: int, /) -> tuple[int, int]: ...
 def scan(state: np.ndarray, low: int, next_unit: int, /) -> tuple[int, int, int]: ...
 def due(
-    state: np.ndarray, deadline_at: np.ndarray, low: int, next_unit: int, now: float, out: np.ndarray, /
+    state: np.ndarray,
+    deadline_at: np.ndarray,
+    low: int,
+    next_unit: int,
+    now: float,
+    out: np.ndarray,
+    proven_lost: np.ndarray = ...,
+    flushes: np.ndarray = ...,
+    strict: float = ...,
+    /,
 ) -> tuple[int, float]: ...
 def settle(
     data: np.ndarray, lens: np.ndarray, n: int, params: tuple[int, ...], now: float, /, *arrays: np.ndarray
