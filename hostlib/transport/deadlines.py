@@ -459,8 +459,7 @@ class Deadlines:
         plan.proven_lost[units] = True
         # The others wait one FLUSH round trip for the designated FLUSH's RESULT, then flush themselves:
         # their copy of it, or of the RESULT that closed the round, may have been lost on the way down.
-        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
-        srtt_s = max(srtt_ms, 1.0) / 1000.0
+        srtt_s = self._others_wait_s()
         # (An owner-only unit is in flight at its owner alone, whose FLUSH is the only one.)
         # Behind leaf switches, one worker of each leaf (config.leaf_sizes): the round may be open at any.
         designated = units % self.group_size == self.worker_id - self.group_base
@@ -486,15 +485,20 @@ class Deadlines:
         plan.deadline_at[units[sooner]] = at[sooner]
         return units[probe]
 
+    def _others_wait_s(self) -> float:
+        """How long the workers not designated to flush a unit found lost wait for the designated FLUSH's
+        answer before flushing it themselves: one FLUSH round trip (the RTT before one was measured, the
+        deadline floor before any), at least 1 ms."""
+        return max(self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
+
     def _fast_flush_native(self, plan: ReducePlan, lo: int, hi: int, now: float) -> np.ndarray:
-        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
         probe_at = now + self.flush_rto_s() * self._stagger if self.probing_lost() else math.nan
         resend_max = -1 if self.early_close else self.config.critical_max_resends
         out = np.empty(hi - lo, dtype=np.int64)
         n = native_ext.fast_flush(plan.state, plan.proven_lost, plan.deadline_at, plan.flushes, plan.retx,
                                   plan.critical_unit, plan.retx_spent, plan.has_exp, plan.owner, lo, hi,
                                   plan.exp_units, self.group_size, self.worker_id - self.group_base, now,
-                                  max(srtt_ms, 1.0) / 1000.0, probe_at, resend_max, out)  # fmt: skip
+                                  self._others_wait_s(), probe_at, resend_max, out)  # fmt: skip
         return out[:n]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:
@@ -517,10 +521,9 @@ class Deadlines:
         if not units.size:
             return
         plan.proven_in[units] = True
-        srtt_ms = self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms
         designated = units % self.group_size == self.worker_id - self.group_base
         designated |= plan.owner_of_unit(units) >= 0
-        at = np.where(designated, now, now + max(srtt_ms, 1.0) / 1000.0)
+        at = np.where(designated, now, now + self._others_wait_s())
         sooner = plan.deadline_at[units] > at
         plan.deadline_at[units[sooner]] = at[sooner]
 

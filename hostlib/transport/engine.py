@@ -588,9 +588,7 @@ class ReduceEngine:
     def _next_deadline(self, plan: ReducePlan) -> float:
         """The earliest deadline of a unit in flight (Deadlines.next_at; inf when none is)."""
         if self.native:  # (no unit is due by -inf: the scratch list is left empty)
-            out = self._scratch["due"]
-            if len(out) < plan.units:
-                out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
+            out = self._due_scratch(plan)
             return native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, -math.inf, out)[1]
         return self.deadlines.next_at(plan)
 
@@ -609,15 +607,18 @@ class ReduceEngine:
     def _native_due(
         self, plan: ReducePlan, now: float, strict: float | None = None
     ) -> tuple[np.ndarray, float]:
+        out = self._due_scratch(plan)
+        recovering = () if strict is None else (plan.proven_lost, plan.flushes, strict)
+        n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out,
+                                        *recovering)  # fmt: skip
+        return out[:n_due].copy(), next_at
+
+    def _due_scratch(self, plan: ReducePlan) -> np.ndarray:
+        """The native due scan's output list, one entry per unit of ``plan`` at least (grown on demand)."""
         out = self._scratch["due"]
         if len(out) < plan.units:
             out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
-        if strict is None:
-            n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out)
-        else:
-            n_due, next_at = native_ext.due(plan.state, plan.deadline_at, plan.low, plan.next_unit, now, out,
-                                            plan.proven_lost, plan.flushes, strict)  # fmt: skip
-        return out[:n_due].copy(), next_at
+        return out
 
     def _send_ready(self, plan: ReducePlan, in_flight: int) -> bool:
         """Send, in one batch, every unit that may go: window room, pacing tokens, its slot's previous
