@@ -116,6 +116,28 @@ static int get_vec(PyObject *obj, buf_t *b, Py_ssize_t itemsize, Py_ssize_t min_
     return 0;
 }
 
+/* What a function expects of each of its 1-D arrays: the item size, whether it writes it, its name. */
+typedef struct {
+    Py_ssize_t item;
+    int writable;
+    const char *name;
+} vec_spec_t;
+
+/* get_vec for objs[0..n-1] by spec[0..n-1], each at least min_len long; -1 (an exception set) at the first that
+ * does not fit. The buffers taken are released by release_vecs, whatever was returned. */
+static int get_vecs(PyObject *const *objs, buf_t *b, const vec_spec_t *spec, int n, Py_ssize_t min_len) {
+    for (int i = 0; i < n; i++)
+        if (get_vec(objs[i], &b[i], spec[i].item, min_len, spec[i].writable, spec[i].name) < 0)
+            return -1;
+    return 0;
+}
+
+static void release_vecs(buf_t *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i].held)
+            PyBuffer_Release(&b[i].view);
+}
+
 /* The reference's np.partition(v, len // 2)[len // 2]: the upper median, by Wirth's selection (v is
  * reordered). A batch of K = 64 RESULTs brings ~500 RTT samples; sorting 550 with qsort and its comparator
  * took 10 us, selecting 0.3 us (-O3, this host). Any selection gives the same value: the (m / 2)-th smallest. */
@@ -423,9 +445,7 @@ done:
     PyBuffer_Release(&data_view);
     if (lens.held)
         PyBuffer_Release(&lens.view);
-    for (int i = 0; i < N_ARRAYS; i++)
-        if (a[i].held)
-            PyBuffer_Release(&a[i].view);
+    release_vecs(a, N_ARRAYS);
     return result;
 }
 
@@ -558,15 +578,11 @@ static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
         goto done;
     }
     const Py_ssize_t c = cv.shape[0], k = cv.shape[1];
-    const struct {
-        Py_ssize_t item;
-        int writable;
-        const char *name;
-    } spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"}, {1, 0, "critical"}, {8, 0, "owner"},
-                 {4, 0, "shift"},     {1, 1, "has_exp"},   {8, 1, "todo"},    {1, 1, "saturated"}};
-    for (int i = 0; i < 9; i++)
-        if (get_vec(objs[i], &b[i], spec[i].item, c, spec[i].writable, spec[i].name) < 0)
-            goto done;
+    static const vec_spec_t spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
+                                       {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
+                                       {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"}};
+    if (get_vecs(objs, b, spec, 9, c) < 0)
+        goto done;
     if (c0 < 0 || c1 < c0 || c1 > c || block < 1) {
         PyErr_SetString(PyExc_ValueError, "quantize_ahead: need 0 <= c0 <= c1 <= chunks and block >= 1");
         goto done;
@@ -643,9 +659,7 @@ done:
         PyBuffer_Release(&cv);
     if (have_rv)
         PyBuffer_Release(&rv);
-    for (int i = 0; i < 9; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 9);
     return result;
 }
 
@@ -699,9 +713,7 @@ static PyObject *engine_stall(PyObject *self, PyObject *args) {
         deadline[newest] = at;
     result = PyLong_FromLongLong(newest);
 done:
-    for (int i = 0; i < 5; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 5);
     return result;
 }
 
@@ -726,15 +738,10 @@ static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "peers_news: at most 64 workers");
         goto done;
     }
-    static const struct {
-        Py_ssize_t item;
-        int writable;
-        const char *name;
-    } spec[7] = {{8, 1, "settled"},       {8, 1, "sent"},          {1, 0, "peers"},   {1, 1, "excused"},
-                 {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
-    for (int i = 1; i < 7; i++)
-        if (get_vec(objs[i], &b[i], spec[i].item, n, spec[i].writable, spec[i].name) < 0)
-            goto done;
+    static const vec_spec_t spec[6] = {{8, 1, "sent"},       {1, 0, "peers"},         {1, 1, "excused"},
+                                       {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
+    if (get_vecs(objs + 1, b + 1, spec, 6, n) < 0)
+        goto done;
     int64_t *settled = (int64_t *)b[0].view.buf, *sent = (int64_t *)b[1].view.buf;
     const uint8_t *peers = (const uint8_t *)b[2].view.buf;
     uint8_t *excused = (uint8_t *)b[3].view.buf, *presumed = (uint8_t *)b[5].view.buf;
@@ -796,9 +803,7 @@ static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
     Py_INCREF(Py_None);
     result = Py_None;
 done:
-    for (int i = 0; i < 7; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 7);
     return result;
 }
 
@@ -900,13 +905,11 @@ static PyObject *engine_reuse_first(PyObject *self, PyObject *args) {
     long long data_slots;
     if (!PyArg_ParseTuple(args, "OOOOL:reuse_first", &objs[0], &objs[1], &objs[2], &objs[3], &data_slots))
         return NULL;
-    static const Py_ssize_t itemsize[4] = {8, 1, 8, 1};
-    static const char *names[4] = {"settled", "excused", "excused_to", "peers"};
+    static const vec_spec_t spec[4] = {{8, 0, "settled"}, {1, 0, "excused"}, {8, 0, "excused_to"}, {1, 0, "peers"}};
     buf_t b[4] = {{{0}}};
     PyObject *result = NULL;
-    for (int i = 0; i < 4; i++)
-        if (get_vec(objs[i], &b[i], itemsize[i], 0, 0, names[i]) < 0)
-            goto done;
+    if (get_vecs(objs, b, spec, 4, 0) < 0)
+        goto done;
     const Py_ssize_t n = b[0].view.shape[0];
     if (b[1].view.shape[0] != n || b[2].view.shape[0] != n || b[3].view.shape[0] != n) {
         PyErr_SetString(PyExc_ValueError, "reuse_first: the arrays must have one entry per worker");
@@ -924,9 +927,7 @@ static PyObject *engine_reuse_first(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromLongLong(first);
 done:
-    for (int i = 0; i < 4; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 4);
     return result;
 }
 
@@ -937,8 +938,9 @@ done:
  * FLUSHed again while it has had fewer than max_flushes FLUSHes, or while the give-up time since its first has
  * not passed; else it is given up. A FLUSHed unit's rows (``template``, a FLUSH packet of this worker with
  * step, slot, seq, flags, exp, chunk and nelem set per unit) go to ``rows``, ``copies`` side by side, in unit
- * order (their slots, for the send's GSO train keys, to ``out_slots``); its deadline is its retry's (the backoff doubling per FLUSH from the FLUSH RTO, capped, never past
- * its give-up time; a critical unit's resend timer; an exponent unit's early probe before the reduce synced).
+ * order (their slots, for the send's GSO train keys, to ``out_slots``); its deadline is its retry's (the
+ * backoff doubling per FLUSH from the FLUSH RTO, capped, never past its give-up time; a critical unit's resend
+ * timer; an exponent unit's early probe before the reduce synced).
  * params = (now, t_flush, step, exp_units, frontier_min, max_flushes, give_up_s, flush_rto_s, max_deadline_s,
  * stagger, rto_s, resend_max (-1: none), synced, copies). Returns the units FLUSHed (their rows: flushed x
  * copies), those flushed on a timer's word (at or past frontier_min, not proven in), and those given up. */
@@ -956,16 +958,15 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
         return NULL;
     /* units, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
      * retx, probes, slots, seqs, shift, template */
-    static const Py_ssize_t itemsize[15] = {8, 1, 8, 8, 8, 8, 1, 1, 8, 8, 8, 8, 8, 4, 1};
-    static const int writable[15] = {0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    static const char *names[15] = {"units", "state", "flushes", "first_flush_at", "flushed_at", "deadline_at",
-                                    "proven_in", "critical_unit", "retx_spent", "retx", "probes", "slots",
-                                    "seqs", "shift", "template"};
+    static const vec_spec_t spec[15] = {
+        {8, 0, "units"},         {1, 1, "state"},      {8, 1, "flushes"},    {8, 1, "first_flush_at"},
+        {8, 1, "flushed_at"},    {8, 1, "deadline_at"}, {1, 0, "proven_in"}, {1, 0, "critical_unit"},
+        {8, 0, "retx_spent"},    {8, 0, "retx"},        {8, 0, "probes"},    {8, 0, "slots"},
+        {8, 0, "seqs"},          {4, 0, "shift"},       {1, 0, "template"}};
     buf_t b[15] = {{{0}}}, rows = {0}, os = {0};
     PyObject *result = NULL;
-    for (int i = 0; i < 15; i++)
-        if (get_vec(objs[i], &b[i], itemsize[i], 0, writable[i], names[i]) < 0)
-            goto done;
+    if (get_vecs(objs, b, spec, 15, 0) < 0)
+        goto done;
     if (PyObject_GetBuffer(objs[15], &rows.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     rows.held = 1;
@@ -974,7 +975,7 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     const Py_ssize_t units = b[1].view.shape[0], row_bytes = b[14].view.shape[0];
     for (int i = 2; i < 13; i++)
         if (b[i].view.shape[0] < units) {
-            PyErr_Format(PyExc_ValueError, "flush: %s is shorter than state", names[i]);
+            PyErr_Format(PyExc_ValueError, "flush: %s is shorter than state", spec[i].name);
             goto done;
         }
     if (n < 0 || n > b[0].view.shape[0] || copies < 1 || row_bytes < HEADER_BYTES || exp_units < 0 ||
@@ -1048,9 +1049,7 @@ static PyObject *engine_flush(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("nnn", flushed, on_timer, gave_up);
 done:
-    for (int i = 0; i < 15; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 15);
     if (rows.held)
         PyBuffer_Release(&rows.view);
     if (os.held)
@@ -1075,19 +1074,18 @@ static PyObject *engine_fast_flush(PyObject *self, PyObject *args) {
                           &now, &srtt_s, &probe_at, &resend_max, &objs[9]))
         return NULL;
     /* state, proven_lost, deadline_at, flushes, retx, critical_unit, retx_spent, has_exp, owner, out */
-    static const Py_ssize_t itemsize[10] = {1, 1, 8, 8, 8, 1, 8, 1, 8, 8};
-    static const int writable[10] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 1};
-    static const char *names[10] = {"state", "proven_lost", "deadline_at", "flushes", "retx", "critical_unit",
-                                    "retx_spent", "has_exp", "owner", "out"};
+    static const vec_spec_t spec[10] = {{1, 0, "state"},        {1, 1, "proven_lost"}, {8, 1, "deadline_at"},
+                                        {8, 0, "flushes"},      {8, 0, "retx"},        {1, 0, "critical_unit"},
+                                        {8, 0, "retx_spent"},   {1, 0, "has_exp"},     {8, 0, "owner"},
+                                        {8, 1, "out"}};
     buf_t b[10] = {{{0}}};
     PyObject *result = NULL;
-    for (int i = 0; i < 10; i++)
-        if (get_vec(objs[i], &b[i], itemsize[i], 0, writable[i], names[i]) < 0)
-            goto done;
+    if (get_vecs(objs, b, spec, 10, 0) < 0)
+        goto done;
     const Py_ssize_t units = b[0].view.shape[0];
     for (int i = 1; i < 7; i++)
         if (b[i].view.shape[0] < units) {
-            PyErr_Format(PyExc_ValueError, "fast_flush: %s is shorter than state", names[i]);
+            PyErr_Format(PyExc_ValueError, "fast_flush: %s is shorter than state", spec[i].name);
             goto done;
         }
     if (lo < 0 || hi > units || exp_units < 0 || exp_units > units || group_size < 1 ||
@@ -1123,9 +1121,7 @@ static PyObject *engine_fast_flush(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromSsize_t(n_probe);
 done:
-    for (int i = 0; i < 10; i++)
-        if (b[i].held)
-            PyBuffer_Release(&b[i].view);
+    release_vecs(b, 10);
     return result;
 }
 
