@@ -65,6 +65,7 @@ IO_MODES = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
 _PREFERENCE = ("gso-c", "mmsg-c", "mmsg-ctypes", "plain")
 ENV_VAR = "LTA_IO"
 MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
+_GRO_BUFFER_BYTES, _GRO_HEADROOM = 65536, 64  # a coalesced receive: one 64 KiB skb, headers included
 DEFAULT_STALL_TIMEOUT_S = 1.0  # send: how long "no room in the socket" is waited out before giving up
 
 _MAX_VLEN = 1024  # UIO_MAXIOV: the kernel clamps recvmmsg/sendmmsg to this many messages per call
@@ -93,6 +94,16 @@ _SLEEP_ERRNOS = frozenset({errno.ENOBUFS, errno.ENOMEM})  # POLLOUT would not wa
 
 # ---------------------------------------------------------------------------------------------------
 # Address keys
+
+
+def gro_coalesces(datagram_bytes: int) -> bool:
+    """Whether two datagrams of ``datagram_bytes`` fit one GRO buffer: a 64 KiB skb, less room for its
+    headers (Linux 6.x on loopback coalesces pairs of up to 32,746 bytes; this says yes up to 32,736).
+    Larger ones arrive one per buffer, so a ``UDP_GRO`` receive of them only adds a copy (the kernel
+    writes a staging buffer that the extension then cuts into rows): a socket that takes only such
+    datagrams is better built with ``gro=False``, which receives straight into the rows. Either way every
+    datagram arrives as sent; this decides speed, not correctness."""
+    return 2 * datagram_bytes + _GRO_HEADROOM <= _GRO_BUFFER_BYTES
 
 
 def addr_key(addr: tuple[str, int]) -> int:

@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hostlib.batchio import gro_coalesces
 from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import LtaError
 from hostlib.lifetime import spawn_context
+from hostlib.protocol import packet_bytes
 from hostlib.transport import LtaWorker, TransportConfig
 from softswitch.hierarchy import leaf_blocks, leaf_job, spine_job
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -175,10 +177,12 @@ class _Fabric:
                         proc.start()
                 self.switches = [proc.switch for proc in procs]
             else:
+                # (datagrams too large to coalesce go straight into the switch's rows: batchio)
+                gro = gro_coalesces(packet_bytes(spec.transport.elems_per_packet))
                 for i in range(n_switches):
                     switch = SoftSwitch(seed=spec.switch_seed + 7919 * i)
                     self.switches.append(switch)
-                    self.servers.append(SoftSwitchServer(switch).start())
+                    self.servers.append(SoftSwitchServer(switch, gro=gro).start())
         except BaseException:
             self.stop()
             raise

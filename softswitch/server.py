@@ -82,7 +82,11 @@ class SoftSwitchServer(BackgroundServer):
         buffer_bytes: int = 32 << 20,
         io: str | None = None,
         sockets: int = 1,
+        gro: bool = True,
     ) -> None:
+        """``gro``: receive with ``UDP_GRO`` (trains of small datagrams as one buffer); False for a switch
+        whose jobs all send datagrams too large to coalesce (``hostlib.batchio.gro_coalesces``), which
+        are then received straight into the rows."""
         program = reuseport.worker_program(sockets) if sockets > 1 else None
         try:
             group = reuseport.bind_group(listen, sockets, program, buffer_bytes, force=True)
@@ -91,7 +95,7 @@ class SoftSwitchServer(BackgroundServer):
                 raise
             log.info("softswitch: no group of %d sockets on %s:%d (%s): one socket", sockets, *listen, exc)
             group = reuseport.bind_group(listen, 1, None, buffer_bytes, force=True)
-        self._serve_on(switch, group, io)
+        self._serve_on(switch, group, io, gro)
 
     def _serve_on(
         self, switch: SoftSwitch, group: list[socket.socket], io: str | None, gro: bool = True

@@ -157,3 +157,36 @@ def test_the_probe_found_the_kernels_segment_limit(udp):
     with pytest.raises(OSError) as info:
         tx.sendmsg([bytes(8 * (segs + 1))], cmsg, 0, dst.getsockname())
     assert info.value.errno == errno.EINVAL
+
+
+@pytest.mark.parametrize("size", [292, 8936, 32736, 32737, batchio.MAX_DATAGRAM // 2 + 1, 16367 * 4 + 28])
+def test_gro_coalesces_only_where_the_kernel_does(udp, size):
+    """gro_coalesces against the kernel: where it says yes, a GSO message of two datagrams of ``size`` to a
+    UDP_GRO socket arrives as one buffer of both; past half the largest datagram the kernel refuses such a
+    message (no two fit one buffer). Between the two it says no where the kernel may still pair them (a
+    little headroom below its limit): harmless, a gro=False socket gets every datagram either way."""
+    assert batchio.gro_coalesces(size) == (size <= 32736)
+    tx, dst = udp(), udp()
+    dst.setsockopt(batchio.SOL_UDP, batchio.UDP_GRO, 1)
+    cmsg = [(batchio.SOL_UDP, batchio.UDP_SEGMENT, size.to_bytes(2, "little" if np.little_endian else "big"))]
+    if batchio.gro_coalesces(size):
+        tx.sendmsg([bytes(2 * size)], cmsg, 0, dst.getsockname())
+        assert len(dst.recv(1 << 17)) == 2 * size
+    elif 2 * size > batchio.MAX_DATAGRAM:
+        with pytest.raises(OSError) as info:
+            tx.sendmsg([bytes(2 * size)], cmsg, 0, dst.getsockname())
+        assert info.value.errno == errno.EMSGSIZE
+
+
+def test_a_socket_without_gro_receives_64k_datagrams_straight_into_the_rows(udp):
+    """gro=False on a gso-c socket: no staging buffer; every 64 KiB datagram lands in its own row, as
+    sent, as it does on a GRO socket."""
+    size = 16367 * 4 + 28
+    data = np.random.default_rng(3).integers(0, 256, (12, size), dtype=np.uint8)
+    got = {}
+    for gro in (False, True):
+        tx, dst = BatchSocket(udp(), "gso-c"), BatchSocket(udp(), "gso-c", gro=gro)
+        assert (dst._gro is None) == (not gro) and dst.io == "gso-c"
+        assert tx.send(data, size, key_of(dst)) == len(data)
+        got[gro] = [d for d, _ in drain(dst, RxBatch(len(data), size + 4), len(data))]
+    assert got[False] == got[True] == [row.tobytes() for row in data]

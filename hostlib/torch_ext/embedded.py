@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from hostlib.batchio import gro_coalesces
 from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.liveness import LivenessMonitor
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -24,12 +25,14 @@ SWITCH_INTERVAL_S = 0.0005
 class EmbeddedSwitch:
     """A softswitch serving UDP on ``listen`` from a background thread, configured in-process."""
 
-    def __init__(self, seed: int, listen: tuple[str, int], sockets: int = 1) -> None:
+    def __init__(self, seed: int, listen: tuple[str, int], sockets: int = 1, packet_bytes: int = 0) -> None:
         # Receive sockets (up to MAX_SOCKETS; softswitch/server.py), join_job gives one per rank: each
         # gets a whole net.core.rmem_max of buffer, so the windows need not shrink where the process
-        # cannot raise it.
+        # cannot raise it. ``packet_bytes``: the job's datagrams; where they are too large to coalesce
+        # (64 KiB on loopback) the switch receives them without GRO, straight into its rows.
         sockets = max(1, min(sockets, MAX_SOCKETS))
-        self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen, sockets=sockets).start()
+        gro = not packet_bytes or gro_coalesces(packet_bytes)
+        self.server = SoftSwitchServer(SoftSwitch(seed=seed), listen, sockets=sockets, gro=gro).start()
         self.address: tuple[str, int] = self.server.address
         self.monitors: list[LivenessMonitor] = []
         self._interval = sys.getswitchinterval()

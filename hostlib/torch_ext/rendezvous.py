@@ -64,6 +64,7 @@ from hostlib.protocol import (
     DEFAULT_ELEMS_PER_PACKET,
     MAX_ELEMS_PER_PACKET,
     MAX_JOBS,
+    packet_bytes,
     parse_address,
 )
 from hostlib.torch_ext.envparse import EnvReader
@@ -355,7 +356,8 @@ def join_job(
             from hostlib.torch_ext.embedded import EmbeddedSwitch  # softswitch only when self-hosting
 
             sockets = options.switch_sockets or world
-            embedded = EmbeddedSwitch(options.seed, options.listen, sockets=sockets)
+            packet = packet_bytes(options.transport.elems_per_packet)
+            embedded = EmbeddedSwitch(options.seed, options.listen, sockets=sockets, packet_bytes=packet)
             host, port = embedded.address
             store.set(_key(options, "switch_rcvbuf"), f"{embedded.rcvbuf_bytes}:{embedded.sockets}")
             store.set(_key(options, "switch"), f"{host}:{port}")

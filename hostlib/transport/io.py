@@ -13,7 +13,7 @@ import socket
 
 import numpy as np
 
-from hostlib.batchio import BatchSocket, RxBatch, addr_key
+from hostlib.batchio import BatchSocket, RxBatch, addr_key, gro_coalesces
 from hostlib.protocol import HEADER_OFFSETS, SLOT_BLOCK_BITS
 
 _RX_BUFFER_BYTES = 4 << 20  # received rows kept per call: 1024 small packets, 64 jumbo ones
@@ -34,7 +34,8 @@ class WorkerIO:
             for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
                 self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
             self.sock.bind(bind)
-            self.batch = BatchSocket(self.sock, io)
+            # Packets too large to share a GRO buffer are received straight into the rows (batchio).
+            self.batch = BatchSocket(self.sock, io, gro=gro_coalesces(packet_bytes))
         except BaseException:
             self.sock.close()
             raise
