@@ -11,6 +11,7 @@ whose source folder is ``p4/build``, so the files stay where p4/README.md and th
 
 from setuptools import Extension, find_packages, setup
 
+_QUANTIZE = ["hostlib/_quantize.h", "hostlib/_hotloop.h"]
 TOP_LEVEL = ["lta", "hostlib", "softswitch", "controlplane", "mininet_topos"]
 PACKAGES = find_packages(include=[name for top in TOP_LEVEL for name in (top, f"{top}.*")])
 
@@ -20,8 +21,15 @@ setup(
     ext_modules=[
         Extension("hostlib._batchio", ["hostlib/_batchio.c"], optional=True),
         # _codec and _engine share the quantize loop (hostlib/_quantize.h)
-        Extension("hostlib._codec", ["hostlib/_codec.c"], depends=["hostlib/_quantize.h"], optional=True),
-        Extension("hostlib._engine", ["hostlib/_engine.c"], depends=["hostlib/_quantize.h"], optional=True),
-        Extension("softswitch._swcore", ["softswitch/_swcore.c"], optional=True),
+        Extension("hostlib._codec", ["hostlib/_codec.c"], depends=_QUANTIZE, optional=True),
+        Extension("hostlib._engine", ["hostlib/_engine.c"], depends=_QUANTIZE, optional=True),
+        # the switch's per-element loops share hostlib/_hotloop.h's vector copies
+        Extension(
+            "softswitch._swcore",
+            ["softswitch/_swcore.c"],
+            include_dirs=["hostlib"],
+            depends=["hostlib/_hotloop.h"],
+            optional=True,
+        ),
     ],
 )

@@ -19,26 +19,15 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-/* GCC and clang build an AVX2 copy of the loops next to the baseline one and pick at load time; GCC adds an
- * x86-64-v4 (AVX-512) copy, whose native 64-bit lane multiply halves the cost of the splitmix64 draws (AVX2
- * has none: it builds each from three 32-bit ones). Every copy gives identical results: the same IEEE
+/* HOT_LOOP (hostlib/_hotloop.h): an AVX2 and, with GCC, an x86-64-v4 (AVX-512) copy of each loop next to the
+ * baseline one; the v4 copy's native 64-bit lane multiply halves the cost of the splitmix64 draws (AVX2 has
+ * none: it builds each from three 32-bit ones). Every copy gives identical results: the same IEEE
  * operations, and no fused multiply-add (x86-64-v4 has FMA; contraction is off below, and the products are
  * exact anyway). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && !defined(__APPLE__)
-#if defined(__GNUC__) && !defined(__clang__)
-#define HOT_LOOP __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define HOT_LOOP __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#endif
-#ifndef HOT_LOOP
-#define HOT_LOOP
-#endif
+#include "_hotloop.h"
 
 static inline uint64_t splitmix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_hotloop.h" /* hostlib/_hotloop.h (setup.py puts hostlib on the include path) */
+
 /* Header fields, in the order of hostlib.protocol.HEADER_FIELDS. */
 enum { F_VERSION, F_OP, F_FLAGS, F_EXP, F_JOB, F_WORKER, F_COUNT, F_SLOT, F_NELEM, F_SEQ, F_STEP, F_CHUNK,
        F_WEIGHT, F_BITMAP, N_FIELDS };
@@ -377,6 +379,13 @@ static int add_replica(run_t *R, Py_ssize_t row, Py_ssize_t len, int64_t egress)
     return 0;
 }
 
+/* A RESULT's payload: the slot's accumulator as big-endian int32. */
+HOT_LOOP
+static void store_payload(uint8_t *p, const int32_t *acc, Py_ssize_t k) {
+    for (Py_ssize_t j = 0; j < k; j++)
+        store_be32(p + 4 * j, (uint32_t)acc[j]);
+}
+
 /* A packet built from slot s into a new output row: op, the round's flags | extra, worker_id `worker`,
  * the round's header fields and acc. Returns the row's number, -1 (exception set) when there is no room. */
 static Py_ssize_t slot_row(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op, int extra, int worker) {
@@ -403,10 +412,7 @@ static Py_ssize_t slot_row(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int
     v[F_BITMAP] = ((const uint64_t *)sl->bitmap.view.buf)[s];
     for (int f = 0; f < N_FIELDS; f++)
         put_be(row + K.off[f], K.size[f], v[f]);
-    const int32_t *acc = (const int32_t *)sl->acc.view.buf + s * k;
-    uint8_t *p = row + K.header_bytes;
-    for (Py_ssize_t j = 0; j < k; j++)
-        store_be32(p + 4 * j, (uint32_t)acc[j]);
+    store_payload(row + K.header_bytes, (const int32_t *)sl->acc.view.buf + s * k, k);
     return R->rows_used - 1;
 }
 
@@ -468,7 +474,9 @@ static int close_round(run_t *R, int64_t job, slots_t *sl, Py_ssize_t s, int op)
     return emit(R, job, sl, s, -1, 0);
 }
 
-/* acc = the packet's payload (zero for an empty partial: it carries no values). */
+/* acc = the packet's payload (zero for an empty partial: it carries no values). The per-element loops below
+ * are HOT_LOOPs: byte swaps and adds over 32-bit lanes, K of them a packet. */
+HOT_LOOP
 static void store_acc(int32_t *acc, const uint8_t *payload, int64_t k, int64_t hcount) {
     if (!hcount) {
         memset(acc, 0, (size_t)k * sizeof(*acc));
@@ -479,6 +487,7 @@ static void store_acc(int32_t *acc, const uint8_t *payload, int64_t k, int64_t h
 }
 
 /* acc += payload (int32 wrap-around, as the switch's registers), or max with the MAX flag. */
+HOT_LOOP
 static void combine_acc(int32_t *acc, const uint8_t *payload, int64_t k, int is_max) {
     if (is_max) {
         for (int64_t j = 0; j < k; j++) {
