@@ -12,7 +12,9 @@ Four interchangeable paths (``IO_MODES``), all with the same results:
     segmentation offload, through the C extension: equal-size datagrams to one destination leave as one
     ``sendmmsg`` message carrying ``UDP_SEGMENT`` (up to 64 or 128 datagrams, probed), which the kernel or
     the NIC cuts into datagrams; the socket has ``UDP_GRO`` set, so the kernel hands a train of datagrams
-    from one source over as one buffer, which the extension cuts back into rows by its segment size. On
+    from one source over as one buffer, which the extension cuts back into rows by its segment size
+    (``gro=False``: one datagram per message, straight into the rows, for datagrams too large for two to
+    share a buffer: ``gro_coalesces``). On
     loopback a train stays one buffer from sender to receiver. Where the kernel refuses (no ``UDP_GRO``:
     the socket starts as ``mmsg-c``; a GSO send refused with EINVAL/EIO: the socket sends ``mmsg-c`` from
     then on), ``io`` names the path taken and ``io_note`` says why.
