@@ -495,27 +495,28 @@ static PyObject *engine_due(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOnndO|OOd:due", &state_obj, &at_obj, &low, &next_unit, &now, &out_obj, &lost_obj,
                           &flushes_obj, &strict))
         return NULL;
-    buf_t st = {0}, at = {0}, out = {0}, lost = {0}, fl = {0};
+    buf_t b[5] = {{{0}}};
+    buf_t *const st = &b[0], *const at = &b[1], *const out = &b[2], *const lost = &b[3], *const fl = &b[4];
     PyObject *result = NULL;
-    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0 || get_vec(at_obj, &at, 8, st.view.shape[0], 0, "deadline_at") < 0 ||
-        get_vec(out_obj, &out, 8, st.view.shape[0], 1, "out") < 0)
+    if (get_vec(state_obj, st, 1, 0, 0, "state") < 0 || get_vec(at_obj, at, 8, st->view.shape[0], 0, "deadline_at") < 0 ||
+        get_vec(out_obj, out, 8, st->view.shape[0], 1, "out") < 0)
         goto done;
     const int recovering = lost_obj != NULL;
-    if (recovering && (flushes_obj == NULL || get_vec(lost_obj, &lost, 1, st.view.shape[0], 0, "proven_lost") < 0 ||
-                       get_vec(flushes_obj, &fl, 8, st.view.shape[0], 0, "flushes") < 0)) {
+    if (recovering && (flushes_obj == NULL || get_vec(lost_obj, lost, 1, st->view.shape[0], 0, "proven_lost") < 0 ||
+                       get_vec(flushes_obj, fl, 8, st->view.shape[0], 0, "flushes") < 0)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "due: proven_lost, flushes and strict go together");
         goto done;
     }
-    if (low < 0 || next_unit > st.view.shape[0]) {
+    if (low < 0 || next_unit > st->view.shape[0]) {
         PyErr_SetString(PyExc_ValueError, "due: low and next_unit must lie in the plan");
         goto done;
     }
-    const int8_t *state = (const int8_t *)st.view.buf;
-    const double *deadline = (const double *)at.view.buf;
-    const uint8_t *proven_lost = recovering ? (const uint8_t *)lost.view.buf : NULL;
-    const int64_t *flushes = recovering ? (const int64_t *)fl.view.buf : NULL;
-    int64_t *due = (int64_t *)out.view.buf;
+    const int8_t *state = (const int8_t *)st->view.buf;
+    const double *deadline = (const double *)at->view.buf;
+    const uint8_t *proven_lost = recovering ? (const uint8_t *)lost->view.buf : NULL;
+    const int64_t *flushes = recovering ? (const int64_t *)fl->view.buf : NULL;
+    int64_t *due = (int64_t *)out->view.buf;
     Py_ssize_t n_due = 0;
     double next_at = INFINITY;
     for (Py_ssize_t j = low; j < next_unit; j++) {
@@ -528,16 +529,7 @@ static PyObject *engine_due(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("nd", n_due, next_at);
 done:
-    if (st.held)
-        PyBuffer_Release(&st.view);
-    if (at.held)
-        PyBuffer_Release(&at.view);
-    if (out.held)
-        PyBuffer_Release(&out.view);
-    if (lost.held)
-        PyBuffer_Release(&lost.view);
-    if (fl.held)
-        PyBuffer_Release(&fl.view);
+    release_vecs(b, 5);
     return result;
 }
 
@@ -847,35 +839,36 @@ static PyObject *engine_gather_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOnnnOOO:gather_rows", &src_obj, &units_obj, &n, &offset, &copies, &slots_obj,
                           &out_obj, &out_slots_obj))
         return NULL;
-    Py_buffer src = {0}, out = {0};
-    int have_src = 0, have_out = 0;
-    buf_t u = {0}, sl = {0}, os = {0};
+    buf_t b[5] = {{{0}}}; /* src and out, (rows, width) byte matrices; units, slots, out_slots */
+    Py_buffer *const src = &b[0].view, *const out = &b[1].view;
+    buf_t *const u = &b[2], *const sl = &b[3], *const os = &b[4];
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDES) < 0)
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_STRIDES) < 0)
         goto done;
-    have_src = 1;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    b[0].held = 1;
+    if (PyObject_GetBuffer(out_obj, out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
-    have_out = 1;
-    if (get_vec(units_obj, &u, 8, n, 0, "units") < 0 || get_vec(slots_obj, &sl, 8, 0, 0, "slots") < 0 ||
-        get_vec(out_slots_obj, &os, 8, 0, 1, "out_slots") < 0)
+    b[1].held = 1;
+    if (get_vec(units_obj, u, 8, n, 0, "units") < 0 || get_vec(slots_obj, sl, 8, 0, 0, "slots") < 0 ||
+        get_vec(out_slots_obj, os, 8, 0, 1, "out_slots") < 0)
         goto done;
-    if (src.ndim != 2 || src.itemsize != 1 || src.strides[1] != 1 || out.ndim != 2 || out.shape[1] != src.shape[1] ||
-        n < 0 || copies < 1 || out.shape[0] < n * copies || os.view.shape[0] < n * copies) {
+    if (src->ndim != 2 || src->itemsize != 1 || src->strides[1] != 1 || out->ndim != 2 ||
+        out->shape[1] != src->shape[1] || n < 0 || copies < 1 || out->shape[0] < n * copies ||
+        os->view.shape[0] < n * copies) {
         PyErr_SetString(PyExc_ValueError, "gather_rows: src and out must be (rows, width) bytes with room for n x copies");
         goto done;
     }
-    const int64_t *unit = (const int64_t *)u.view.buf, *slot = (const int64_t *)sl.view.buf;
-    int64_t *out_slot = (int64_t *)os.view.buf;
-    const Py_ssize_t width = src.shape[1];
+    const int64_t *unit = (const int64_t *)u->view.buf, *slot = (const int64_t *)sl->view.buf;
+    int64_t *out_slot = (int64_t *)os->view.buf;
+    const Py_ssize_t width = src->shape[1];
     for (Py_ssize_t i = 0; i < n; i++)
-        if (unit[i] - offset < 0 || unit[i] - offset >= src.shape[0] || unit[i] < 0 || unit[i] >= sl.view.shape[0]) {
+        if (unit[i] - offset < 0 || unit[i] - offset >= src->shape[0] || unit[i] < 0 || unit[i] >= sl->view.shape[0]) {
             PyErr_SetString(PyExc_ValueError, "gather_rows: a unit lies outside the rows");
             goto done;
         }
-    uint8_t *dst = (uint8_t *)out.buf;
+    uint8_t *dst = (uint8_t *)out->buf;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const uint8_t *row = (const uint8_t *)src.buf + (unit[i] - offset) * src.strides[0];
+        const uint8_t *row = (const uint8_t *)src->buf + (unit[i] - offset) * src->strides[0];
         for (Py_ssize_t c = 0; c < copies; c++) {
             memcpy(dst + (i * copies + c) * width, row, (size_t)width);
             out_slot[i * copies + c] = slot[unit[i]];
@@ -884,16 +877,7 @@ static PyObject *engine_gather_rows(PyObject *self, PyObject *args) {
     Py_INCREF(Py_None);
     result = Py_None;
 done:
-    if (have_src)
-        PyBuffer_Release(&src);
-    if (have_out)
-        PyBuffer_Release(&out);
-    if (u.held)
-        PyBuffer_Release(&u.view);
-    if (sl.held)
-        PyBuffer_Release(&sl.view);
-    if (os.held)
-        PyBuffer_Release(&os.view);
+    release_vecs(b, 5);
     return result;
 }
 
