@@ -23,10 +23,14 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Self
+
+import numpy as np
 
 from hostlib.batchio import MAX_DATAGRAM, BatchSocket, RxBatch
 from softswitch import reuseport
+from softswitch.batch import OutBatch
 from softswitch.pipeline import SoftSwitch
 from softswitch.reuseport import MAX_GROUP
 
@@ -114,6 +118,10 @@ class SoftSwitchServer(BackgroundServer):
         self.address: tuple[str, int] = self.sock.getsockname()
         self.send_errors = 0
         self.rx_datagrams = [0] * self.sockets  # datagrams received, per socket
+        self.local_datagrams = 0  # datagrams a worker of this process handed in (local_port)
+        # One batch through the pipeline and its replies out at a time: the serving thread's, or one that
+        # a worker of this process handed in (the OutBatch lives in buffers the next batch reuses).
+        self._pipeline = threading.Lock()
         # CPU seconds the serving thread used (receiving, the pipeline, sending), set when it ends: what a
         # switch costs per reduce (lta bench scaling) without a clock read per batch.
         self.cpu_s = 0.0
@@ -169,13 +177,45 @@ class SoftSwitchServer(BackgroundServer):
         if not n:
             return
         self.rx_datagrams[i] += n
-        out = self.switch.process_batch(rx.data, rx.lens, rx.keys, n)
-        if out.m:
-            m = out.m
-            if out.index is None:
-                sent = batch.send(out.data[:m], out.lens[:m], out.egress[:m])
-            else:  # replicas share their RESULT's row
-                sent = batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
-            # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
-            # as on a wire; the worker's deadlines recover it.
-            self.send_errors += m - sent
+        with self._pipeline:
+            self._send_out(batch, self.switch.process_batch(rx.data, rx.lens, rx.keys, n))
+
+    def _send_out(self, batch: BatchSocket, out: OutBatch) -> None:
+        if not out.m:
+            return
+        m = out.m
+        if out.index is None:
+            sent = batch.send(out.data[:m], out.lens[:m], out.egress[:m])
+        else:  # replicas share their RESULT's row
+            sent = batch.send(out.data, out.lens[:m], out.egress[:m], out.index[:m])
+        # A replica that found no room or a worker that went away (ICMP unreachable) is lost,
+        # as on a wire; the worker's deadlines recover it.
+        self.send_errors += m - sent
+
+    def local_port(self, key: int) -> Callable[[np.ndarray], int]:
+        """For a worker in this process whose UDP address is ``key`` (:func:`hostlib.batchio.addr_key`, as
+        its job lists it): a function that takes its packets (rows of a uint8 matrix, each a datagram of
+        the row's width), runs them through the pipeline in the caller's thread as if they had arrived
+        from that address, sends the replies out of the switch's socket and returns how many it took (0
+        once the server stopped). The datagrams skip the kernel's two copies (the worker's send and the
+        switch's receive) and the serving thread's wake-up; the replies still travel as datagrams."""
+        # Its own send state: the serving thread receives on the socket meanwhile.
+        tx = BatchSocket(self.sock, self.io, gro=False)
+        lens = np.zeros(0, dtype=np.int64)
+        ports = np.zeros(0, dtype=np.int64)
+
+        def deliver(rows: np.ndarray) -> int:
+            nonlocal lens, ports
+            n = len(rows)
+            if not n or self._stop.is_set():
+                return 0
+            if len(lens) < n:
+                lens = np.zeros(max(n, 2 * len(lens)), dtype=np.int64)
+                ports = np.full(len(lens), key, dtype=np.int64)
+            lens[:n] = rows.shape[1]
+            with self._pipeline:
+                self.local_datagrams += n
+                self._send_out(tx, self.switch.process_batch(rows, lens, ports, n))
+            return n
+
+        return deliver

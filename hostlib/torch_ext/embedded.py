@@ -8,8 +8,11 @@ daemon never loads it, and the rest of the torch layer depends only on the host 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
-from hostlib.batchio import gro_coalesces
+import numpy as np
+
+from hostlib.batchio import addr_key, gro_coalesces
 from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.liveness import LivenessMonitor
 from softswitch.pipeline import JobConfig, SoftSwitch
@@ -85,6 +88,11 @@ class EmbeddedSwitch:
                     poll_s=min(0.25, liveness_timeout_s / 4),
                 ).start()
             )
+
+    def uplink(self, worker: tuple[str, int]) -> Callable[[np.ndarray], int]:
+        """For the worker of this process at address ``worker`` (as the job lists it): a function that
+        hands its packets to the switch in the caller's thread (``SoftSwitchServer.local_port``)."""
+        return self.server.local_port(addr_key(worker))
 
     def stop(self) -> None:
         for monitor in self.monitors:

@@ -27,6 +27,7 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_STALE_BOUND`` | S: no all-gather copy older than S calls of its key (then a resync) | 8 |
 | ``LTA_LIVENESS_TIMEOUT`` | self-hosted: silent seconds until a worker is offline (0: off) | 3 |
 | ``LTA_SWITCH_SOCKETS`` | self-hosted: switch receive sockets (rank w: socket w mod n) | one a rank, ≤ 64 |
+| ``LTA_LOCAL_UPLINK`` | self-hosted: rank 0's packets enter its switch by a call (1) or loopback (0) | 1 |
 
 ``LTA_EXACT_MS=W`` (self-hosted, emulated loss): no round is closed by a timer, only by the softswitch's
 seeded drop decisions (``TransportConfig.exact``); every transport deadline is W ms, a safety net. Runs
@@ -153,6 +154,9 @@ class LtaOptions:
     # Self-hosted switch: receive sockets, each with its own kernel buffer (softswitch/server.py). None:
     # one per rank (up to 64), so no rank's window shrinks to share net.core.rmem_max with the others.
     switch_sockets: int | None = None
+    # Self-hosted switch: rank 0's packets to the switch it hosts go in by a call in its own thread, not
+    # through the kernel (SoftSwitchServer.local_port); the replies still come on its socket.
+    local_uplink: bool = True
 
     def __post_init__(self) -> None:
         self.lossy_ops = frozenset(self.lossy_ops)
@@ -234,6 +238,7 @@ class LtaOptions:
             stale_bound=read.integer("LTA_STALE_BOUND", 8, 1),
             liveness_timeout_s=read.real("LTA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_TIMEOUT_S, 0.0),
             switch_sockets=read.integer("LTA_SWITCH_SOCKETS", 0, 0, 64) or None,
+            local_uplink=bool(read.integer("LTA_LOCAL_UPLINK", 1, 0, 1)),
         )
 
 
@@ -412,6 +417,8 @@ def join_job(
                 # that a loaded host descheduled past the liveness timeout.
                 liveness_timeout_s=0.0 if transport.exact else options.liveness_timeout_s,
             )
+            if options.local_uplink:
+                worker.send_by_call(embedded.uplink(worker.address))
         elif options.register_job is not None:
             options.register_job(job)
         store.set(_key(options, "ready"), "1")

@@ -10,6 +10,7 @@ one).
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import numpy as np
 
@@ -42,12 +43,15 @@ class WorkerIO:
         self.switch_key = addr_key(switch_addr)
         # A few bytes more than a packet, so a longer datagram shows up as a wrong length (ignored).
         self.rx = RxBatch.within(_RX_BUFFER_BYTES, packet_bytes + 4)
+        # Set where the switch runs in this process (a self-hosted rank 0): packets go to it by this call
+        # (rows in, how many it took out), not through the kernel. Its replies still come on the socket.
+        self.uplink: Callable[[np.ndarray], int] | None = None
 
     @property
     def mode(self) -> str:
         """The packet I/O path in use (it can change once: a kernel that refuses GSO turns gso-c into
-        mmsg-c, and ``batch.io_note`` says why)."""
-        return self.batch.io
+        mmsg-c, and ``batch.io_note`` says why); "local+" before it where sends go by the uplink."""
+        return self.batch.io if self.uplink is None else f"local+{self.batch.io}"
 
     def send_rows(self, rows: np.ndarray, slots: np.ndarray | None = None) -> int:
         """Send each row (a whole packet) to the switch; returns how many went out. GSO trains never span
@@ -56,6 +60,8 @@ class WorkerIO:
         out of the rows (a strided gather per send)."""
         if not len(rows):
             return 0
+        if self.uplink is not None:
+            return self.uplink(rows)
         trains = None
         if self.batch.io == "gso-c":
             if slots is not None:

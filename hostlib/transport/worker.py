@@ -7,6 +7,7 @@ the one owner of a reduce's state."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -174,6 +175,13 @@ class LtaWorker:
         return self.engine._plan_for(n)
 
     # ---- public API ----------------------------------------------------------------------------
+    def send_by_call(self, uplink: Callable[[np.ndarray], int]) -> None:
+        """Send to a switch that runs in this process by calling ``uplink`` (packet rows in, how many it
+        took out; ``SoftSwitchServer.local_port``) instead of through the socket. Replies still come on
+        the socket, and the heartbeat keeps it."""
+        self.io.uplink = uplink
+        self.engine.stats.io = self.io.mode
+
     def close(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
