@@ -116,3 +116,33 @@ def test_a_bad_out_buffer_is_refused_before_anything_is_sent(make_cluster, bad):
     with pytest.raises(ValueError, match="out must be"):
         w.allreduce(np.ones(LENGTH, dtype=np.float32), out=bad)
     assert w.stats.packets_sent == 0
+
+
+@pytest.mark.parametrize("into", ["fresh", "buffer"])
+def test_scaled_result_is_the_float32_product_and_prev_keeps_the_mean(make_cluster, into: str) -> None:
+    """``scale=3``: every value is numpy's float32 product of the unscaled result (from a cluster with the
+    same seed and loss pattern) and 3; when every GRAD is then lost, the ``prev`` fallback is the previous
+    mean times 3, not times 9 (the fallback keeps the mean, the scale is applied on the way out)."""
+    n, scale = 3, 3.0
+    plain = make_cluster(n, up=0.2, elems_per_packet=K, seed=4, exact=True, job_id=7)
+    scaled = make_cluster(n, up=0.2, elems_per_packet=K, seed=4, exact=True, job_id=7)
+    buffers = [np.empty(LENGTH, dtype=np.float32) for _ in range(n)]
+    inputs = _inputs(n, 5)
+    first = run_workers(plain.workers, lambda w, i: w.allreduce(inputs[i], step=0))
+    assert any(np.any((r.count > 0) & (r.count < n)) for r in first)  # renormalized chunks are scaled too
+    means = [r.values.copy() for r in first]
+
+    def scaled_body(w, i, step=0):
+        out = buffers[i] if into == "buffer" else None
+        return w.allreduce(inputs[i], step=step, out=out, scale=scale).values.copy()
+
+    got = run_workers(scaled.workers, scaled_body)
+    for mean, values in zip(means, got, strict=True):
+        np.testing.assert_array_equal(values, mean * np.float32(scale))
+    scaled.switch.set_drop_policy(scaled.job_id, "up", DropPolicy(p=1.0))
+    lost = run_workers(
+        scaled.workers, lambda w, i: w.allreduce(inputs[i], step=1, out=buffers[i], scale=scale)
+    )
+    for r, mean in zip(lost, means, strict=True):
+        assert np.all(r.fallback == Fallback.PREV)
+        np.testing.assert_array_equal(r.values, mean * np.float32(scale))

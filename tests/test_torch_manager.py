@@ -50,8 +50,8 @@ def _worker(counts: list[np.ndarray], rank: int = 0) -> mock.MagicMock:
     worker.heal_requests, worker.heal_inbox = set(), {}  # no peer asks, none sent a state
     replies = iter(counts)
 
-    def allreduce(x, *, step=0, key=None, weight=1, critical=None, out=None, owners=None):  # noqa: ANN001, ANN202
-        values = np.asarray(x, dtype=np.float32).reshape(-1).copy()
+    def allreduce(x, *, step=0, key=None, weight=1, critical=None, out=None, owners=None, scale=1.0):  # noqa: ANN001, ANN202
+        values = np.asarray(x, dtype=np.float32).reshape(-1) * np.float32(scale)
         if out is not None:
             out[...] = values
         mask = np.zeros(-(-values.size // K), dtype=bool)

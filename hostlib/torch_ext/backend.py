@@ -219,9 +219,7 @@ class ProcessGroupLta(dist.ProcessGroup):
         mirror = self.manager.mirror(key, flat, transient=True)
         # The key names the tensor for the `prev` fallback: DDP reuses its bucket buffers every step.
         host = mirror.pull()  # reduced in place: pull() left no copy in flight that reads it
-        self.manager.allreduce(host, stream="allreduce", key=("pg", *key), out=host)
-        if scale != 1.0:
-            host *= scale
+        self.manager.allreduce(host, stream="allreduce", key=("pg", *key), out=host, scale=scale)
         mirror.push()
         if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
             tensor.copy_(flat.view_as(tensor))

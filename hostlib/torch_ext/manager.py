@@ -196,11 +196,13 @@ class LtaManager:
         out: np.ndarray | None = None,
         mine: tuple[int, int] | np.ndarray | None = None,
         owners: np.ndarray | None = None,
+        scale: float = 1.0,
     ) -> ReduceResult:
         """``LtaWorker.allreduce`` (renormalized mean over the workers whose packets arrived), counted in
         ``stream``'s row over the chunks this rank uses: ``mine = (first, last)`` or an index array
         (default: all). ``step`` is the transport's step number (default: the manager's ``reduces``);
-        ``owners``: per chunk, the one rank its result goes to (``LtaWorker.allreduce``)."""
+        ``owners``: per chunk, the one rank its result goes to; ``scale``: the values times it
+        (``LtaWorker.allreduce``)."""
         worker = self.worker
         t0 = time.perf_counter()
         result = worker.allreduce(
@@ -210,6 +212,7 @@ class LtaManager:
             critical=critical,
             out=out,
             owners=owners,
+            scale=scale,
         )
         self.reduces += 1
         self.last_reduce = result

@@ -207,6 +207,7 @@ class ReduceEngine:
         critical: Any,
         out: np.ndarray | None,
         owners: np.ndarray | None,
+        scale: float = 1.0,
     ) -> tuple[ReduceResult, ReduceOutcome]:
         """One allreduce of the float32 vector ``local`` (see ``LtaWorker.allreduce`` for the arguments
         and the guarantee); returns the result and what the health checks need."""
@@ -215,7 +216,7 @@ class ReduceEngine:
         self._run_units(plan, step, t0)
         self._count_held(time.perf_counter(), "")
         self._learn(plan, time.perf_counter() - t0)
-        result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0)
+        result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0, scale)
         if self.trace is not None:
             self.trace.on_reduce_end(self, plan, result)
         return result, outcome
@@ -303,10 +304,17 @@ class ReduceEngine:
         return owners
 
     def _finish(
-        self, plan: ReducePlan, n: int, n_chunks: int, key: Any, out: np.ndarray | None, t0: float
+        self,
+        plan: ReducePlan,
+        n: int,
+        n_chunks: int,
+        key: Any,
+        out: np.ndarray | None,
+        t0: float,
+        scale: float = 1.0,
     ) -> tuple[ReduceResult, ReduceOutcome]:
-        """The reduce's values (renormalized where a RESULT came, the fallback elsewhere), its result
-        and its statistics."""
+        """The reduce's values (renormalized where a RESULT came, the fallback elsewhere) times
+        ``scale``, its result and its statistics. The ``prev`` fallback keeps the values unscaled."""
         arrived = (plan.state[plan.exp_units :] == DONE) & (plan.count > 0)
         got, fallback = fallback_codes(
             arrived, plan.count, self.n_workers, self.config.renormalize, self._fallback, plan.elsewhere
@@ -320,11 +328,14 @@ class ReduceEngine:
         if out is None:
             values = rows.reshape(-1)[:n].copy()
             if self._fallback == Fallback.PREV:  # a NaN chunk is not kept: its rows hold the ~0 sums
-                self._prev[key] = values.copy() if nonfinite.any() else values
+                self._prev[key] = values.copy() if nonfinite.any() or scale != 1.0 else values
                 self._prev_rows.pop(key, None)
+            if scale != 1.0:
+                values *= np.float32(scale)
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
-            _copy_rows(rows, values, n, None if not plan.any_owned else ~plan.elsewhere[:n_chunks])
+            which = None if not plan.any_owned else ~plan.elsewhere[:n_chunks]
+            _copy_rows(rows, values, n, which, scale)
             if self._fallback == Fallback.PREV:
                 self._keep_prev(plan, key, n, n_chunks)
         if nonfinite.any():
@@ -1390,11 +1401,13 @@ class ReduceEngine:
         plan.nonfinite[chunks] = codec.nonfinite_agreed(agreed)
 
 
-def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None) -> None:
-    """``dst[:n]`` = the first ``n`` values of ``rows`` (chunks of K), only in the chunks ``which`` (a bool
-    mask over the chunks; None: all)."""
+def _copy_rows(
+    rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | None, scale: float = 1.0
+) -> None:
+    """``dst[:n]`` = the first ``n`` values of ``rows`` (chunks of K) times ``scale`` (in the one pass that
+    copies them), only in the chunks ``which`` (a bool mask over the chunks; None: all)."""
     if which is None or which.all():
-        dst[:n] = rows.reshape(-1)[:n]
+        _put(dst[:n], rows.reshape(-1)[:n], scale)
         return
     k = rows.shape[1]
     full = n // k
@@ -1402,6 +1415,17 @@ def _copy_rows(rows: np.ndarray, dst: np.ndarray, n: int, which: np.ndarray | No
     sel: slice | np.ndarray = idx
     if len(idx) > 1 and np.all(np.diff(idx) == idx[1] - idx[0]):  # every N-th (a reduce-scatter's)
         sel = slice(int(idx[0]), int(idx[-1]) + 1, int(idx[1] - idx[0]))  # one strided pass, no gather
-    dst[: full * k].reshape(full, k)[sel] = rows[sel]
+    if isinstance(sel, slice):
+        _put(dst[: full * k].reshape(full, k)[sel], rows[sel], scale)
+    else:
+        dst[: full * k].reshape(full, k)[sel] = rows[sel] if scale == 1.0 else rows[sel] * np.float32(scale)
     if full * k < n and which[full]:
-        dst[full * k : n] = rows[full, : n - full * k]
+        _put(dst[full * k : n], rows[full, : n - full * k], scale)
+
+
+def _put(dst: np.ndarray, src: np.ndarray, scale: float) -> None:
+    """``dst[...] = src * scale`` in float32, one pass."""
+    if scale == 1.0:
+        dst[...] = src
+    else:
+        np.multiply(src, np.float32(scale), out=dst)

@@ -239,6 +239,7 @@ class LtaWorker:
         critical: Any = None,
         out: np.ndarray | None = None,
         owners: np.ndarray | None = None,
+        scale: float = 1.0,
     ) -> ReduceResult:
         """Mean of ``x`` over the workers whose packets arrived, renormalized per chunk.
 
@@ -272,12 +273,15 @@ class LtaWorker:
         sends their RESULT to the owner alone; a worker sends the chunks others own and waits for none of
         them, except the last chunk, which is always every worker's (its RESULT proves who passed the
         whole reduce). In the result, a chunk another worker owns has count 0, no fallback, and unspecified
-        values; stats and the health check count only the chunks this worker waits for."""
+        values; stats and the health check count only the chunks this worker waits for.
+
+        ``scale``: the values come back times this (the world size turns the mean into the estimate of a
+        SUM), multiplied in the pass that writes them; the ``prev`` fallback keeps the mean."""
         local = _as_float32(x)
         if out is not None:
             _check_out(out, local.size)
         result, outcome = self.engine.reduce(
-            local, step=step, key=key, weight=weight, critical=critical, out=out, owners=owners
+            local, step=step, key=key, weight=weight, critical=critical, out=out, owners=owners, scale=scale
         )
         self.health.check(outcome.got_nothing, outcome.chunks, outcome.passed)
         return result
