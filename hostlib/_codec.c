@@ -210,8 +210,8 @@ static PyObject *codec_quantize(PyObject *self, PyObject *args) {
     }
     Py_ssize_t bad_row;
     Py_BEGIN_ALLOW_THREADS;
-    bad_row = quantize_rows(chunks.base, chunks.stride, out.base, out.stride, k, idx, n, shifts, (float)limit, swap,
-                            seed, bits, sat);
+    bad_row = quantize_rows(NULL, 0, chunks.base, chunks.stride, out.base, out.stride, k, idx, n, shifts,
+                            (float)limit, swap, seed, bits, sat);
     Py_END_ALLOW_THREADS;
     PyMem_RawFree(bits);
     if (bad_row >= 0)
@@ -364,14 +364,31 @@ static uint32_t stage_row(const char *src, char *dst, Py_ssize_t len, Py_ssize_t
     return m;
 }
 
+/* max|x| over a row of ``len`` values as stage_row gives it, reading only. */
+HOT_LOOP
+static uint32_t peek_row(const char *src, Py_ssize_t len) {
+    uint32_t m = 0;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        uint32_t bits;
+        memcpy(&bits, src + 4 * j, 4);
+        bits &= 0x7fffffffu;
+        m = bits > m ? bits : m;
+    }
+    return m;
+}
+
 static PyObject *codec_stage(PyObject *self, PyObject *args) {
     PyObject *local_obj, *chunks_obj, *prop_obj;
-    Py_ssize_t n;
+    Py_ssize_t n, skip = 0;
     float scale;
     int empty_exp, nonfinite_exp;
-    if (!PyArg_ParseTuple(args, "OOnfOii:stage", &local_obj, &chunks_obj, &n, &scale, &prop_obj, &empty_exp,
-                          &nonfinite_exp))
+    if (!PyArg_ParseTuple(args, "OOnfOii|n:stage", &local_obj, &chunks_obj, &n, &scale, &prop_obj, &empty_exp,
+                          &nonfinite_exp, &skip))
         return NULL;
+    if (skip < 0 || (skip > 0 && scale != 1.0f)) {
+        PyErr_SetString(PyExc_ValueError, "stage: skip must be >= 0, and 0 unless scale is 1 (rows read, not staged)");
+        return NULL;
+    }
     rows_t chunks;
     Py_buffer local_view, prop_view;
     int has_local = local_obj != Py_None;
@@ -401,10 +418,14 @@ static PyObject *codec_stage(PyObject *self, PyObject *args) {
         const Py_ssize_t start = r * k;
         const Py_ssize_t len = n - start < 0 ? 0 : (n - start > k ? k : n - start);
         char *dst = chunks.base + r * chunks.stride;
-        const uint32_t m = stage_row(src + 4 * start, dst, len, k, scale);
+        /* rows below ``skip`` (whole chunks of ``local``, scale 1) are read, not staged: the reduce quantizes
+         * them where they lie */
+        const int peek = r < skip && len == k && has_local;
+        const uint32_t m = peek ? peek_row(src + 4 * start, len) : stage_row(src + 4 * start, dst, len, k, scale);
         if (m >= 0x7f800000u) { /* NaN or Inf: the row proposes the non-finite exponent and sends zeros */
             prop[r] = nonfinite_exp;
-            memset(dst, 0, (size_t)(4 * k));
+            if (!peek)
+                memset(dst, 0, (size_t)(4 * k));
             nonfinite++;
         } else if (m == 0) {
             prop[r] = empty_exp;
@@ -431,7 +452,8 @@ static PyMethodDef codec_methods[] = {
      "dequantize(sums, rows, shifts, divisors, out, out_rows): int32 rows times 2^-shift / divisor."},
     {"maxabs", codec_maxabs, METH_VARARGS, "maxabs(chunks, out): out[r] = max|chunks[r]| (NaN if any)."},
     {"stage", codec_stage, METH_VARARGS,
-     "stage(local, chunks, n, scale, proposals, empty, nonfinite): stage rows, propose exponents."},
+     "stage(local, chunks, n, scale, proposals, empty, nonfinite[, skip]): stage rows (those below skip only "
+     "read), propose exponents."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -534,27 +534,29 @@ done:
 }
 
 /* quantize_ahead(chunks, rows, exp_known, quantized, own_exp, critical, owner, shift, has_exp, todo,
- *                saturated, c0, c1, block, limit, flags, bit_generator) -> quantized rows
+ *                saturated, c0, c1, block, limit, flags, bit_generator[, direct]) -> quantized rows
  * ReduceEngine._quantize_ahead in one call: the chunks of [c0, c1) not quantized yet whose exponent is known,
  * and the known ones after them up to ``block`` chunks from c0, quantized straight into the payload of their
  * packet rows (``rows``: the plan's data rows, big-endian) with their shifts; each row's exp byte and flags
  * (flags = (CRITICAL, SATURATED, OWNER) bits: critical chunk, clamped while its proposal was counted, owner
  * set) written, has_exp = own_exp and quantized set. The random bits: one draw of ``bit_generator``'s
  * random_raw() per call that quantizes anything, then the rows in order, as hostlib.codec.quantize_into's C
- * path: the same integers. ``todo`` and ``saturated`` are scratch, one entry per chunk. */
+ * path: the same integers. ``todo`` and ``saturated`` are scratch, one entry per chunk. ``direct`` (or
+ * None): the reduce's input where the caller holds it, whole chunks only; chunk j below their number is
+ * read from it instead of chunks[j] (ReduceEngine._begin did not stage it). */
 static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
-    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen;
+    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen, *direct_obj = Py_None;
     Py_ssize_t c0, c1, block;
     long long limit;
     int f_critical, f_saturated, f_owner;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|O:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
                           &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &block,
-                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen))
+                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen, &direct_obj))
         return NULL;
-    Py_buffer cv, rv;
+    Py_buffer cv, rv, dv;
     buf_t b[9];
     memset(b, 0, sizeof(b));
-    int have_cv = 0, have_rv = 0;
+    int have_cv = 0, have_rv = 0, have_dv = 0;
     PyObject *result = NULL;
     uint64_t *bits = NULL;
     if (PyObject_GetBuffer(chunks_obj, &cv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
@@ -570,6 +572,19 @@ static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
         goto done;
     }
     const Py_ssize_t c = cv.shape[0], k = cv.shape[1];
+    /* direct: the caller's first ``split`` chunks where they lie (C-contiguous float32, split * K values),
+     * read instead of their staged rows */
+    Py_ssize_t split = 0;
+    if (direct_obj != Py_None) {
+        if (PyObject_GetBuffer(direct_obj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        have_dv = 1;
+        split = dv.itemsize == 4 ? dv.len / (4 * k) : -1;
+        if (split < 0 || split * 4 * k != dv.len || split > c) {
+            PyErr_SetString(PyExc_ValueError, "quantize_ahead: direct must hold whole chunks of K float32, at most C");
+            goto done;
+        }
+    }
     static const vec_spec_t spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
                                        {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
                                        {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"}};
@@ -627,8 +642,8 @@ static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
     const Py_ssize_t stride = rv.strides[0];
     Py_ssize_t bad;
     Py_BEGIN_ALLOW_THREADS;
-    bad = quantize_rows((const char *)cv.buf, 4 * k, rows + HEADER_BYTES, stride, k, todo, n, shifts, (float)limit,
-                        1, (uint64_t)seed, bits, saturated);
+    bad = quantize_rows(have_dv ? (const char *)dv.buf : NULL, split, (const char *)cv.buf, 4 * k, rows + HEADER_BYTES,
+                        stride, k, todo, n, shifts, (float)limit, 1, (uint64_t)seed, bits, saturated);
     if (bad < 0)
         for (Py_ssize_t i = 0; i < n; i++) {
             const int64_t j = todo[i];
@@ -651,6 +666,8 @@ done:
         PyBuffer_Release(&cv);
     if (have_rv)
         PyBuffer_Release(&rv);
+    if (have_dv)
+        PyBuffer_Release(&dv);
     release_vecs(b, 9);
     return result;
 }

@@ -112,12 +112,16 @@ static void dequantize_row(const char *src, char *dst, Py_ssize_t k, double scal
         dequantize_body(src, dst, k, scale, 0);
 }
 
-/* Rows rows[i] (i < n; rows None: row i) of ``src`` quantized into the same rows of ``dst`` with shift
+/* Rows rows[i] (i < n; rows None: row i) of the source quantized into the same rows of ``dst`` with shift
  * shifts[i], the random bits of row i drawn from the splitmix64 stream at seed + i * words * GAMMA (words
- * = k / 2 + 1, held in ``bits``); saturated[i] set. Returns the first row holding NaN or Inf, or -1. */
-static Py_ssize_t quantize_rows(const char *src, Py_ssize_t src_stride, char *dst, Py_ssize_t dst_stride,
-                                Py_ssize_t k, const int64_t *rows, Py_ssize_t n, const int32_t *shifts,
-                                float limit, int swap, uint64_t seed, uint64_t *bits, uint8_t *saturated) {
+ * = k / 2 + 1, held in ``bits``); saturated[i] set. Returns the first row holding NaN or Inf, or -1. The
+ * source: row r lies at src + r * src_stride below row ``split``, at tail + r * src_stride from it on (a
+ * reduce quantizes the caller's full chunks where they lie and only its last rows from staging; split 0:
+ * every row from tail). The random bits depend on i alone, wherever the row is read from. */
+static Py_ssize_t quantize_rows(const char *src, Py_ssize_t split, const char *tail, Py_ssize_t src_stride,
+                                char *dst, Py_ssize_t dst_stride, Py_ssize_t k, const int64_t *rows, Py_ssize_t n,
+                                const int32_t *shifts, float limit, int swap, uint64_t seed, uint64_t *bits,
+                                uint8_t *saturated) {
     const Py_ssize_t words = k / 2 + 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t r = rows ? (Py_ssize_t)rows[i] : i;
@@ -125,7 +129,7 @@ static Py_ssize_t quantize_rows(const char *src, Py_ssize_t src_stride, char *ds
         int bad, s;
         /* Row i takes the next stretch of one splitmix64 sequence: rows never share random bits. */
         draw_bits(bits, words, seed + (uint64_t)i * (uint64_t)words * GOLDEN_GAMMA);
-        quantize_row(src + r * src_stride, dst + r * dst_stride, k, ldexpf(1.0f, shift), limit, swap,
+        quantize_row((r < split ? src : tail) + r * src_stride, dst + r * dst_stride, k, ldexpf(1.0f, shift), limit, swap,
                      (const uint32_t *)bits, &bad, &s);
         if (bad)
             return r;

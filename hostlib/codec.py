@@ -75,17 +75,24 @@ def exponent_proposals(chunks: np.ndarray, *, mark_nonfinite: bool = False) -> n
     return exponent
 
 
-def stage(local: np.ndarray | None, chunks: np.ndarray, n: int, scale: float = 1.0) -> tuple[np.ndarray, int]:
+def stage(
+    local: np.ndarray | None, chunks: np.ndarray, n: int, scale: float = 1.0, skip: int = 0
+) -> tuple[np.ndarray, int]:
     """A reduce's input staged into its (C, K) float32 rows ``chunks`` and its exponent proposals, as
     :func:`exponent_proposals` with ``mark_nonfinite``: the ``n`` values of ``local`` (None: already in
     ``chunks``) times ``scale`` (float32 products), zeros after them; a chunk holding NaN or Inf proposes
     :data:`NONFINITE_EXPONENT` and is zeroed (it sends zeros: docs/protocol.md, "Non-finite values").
     Returns the proposals and how many chunks were not finite. One pass over the data on the ``c`` path
-    (the same values and proposals as the numpy passes)."""
+    (the same values and proposals as the numpy passes).
+
+    ``skip`` (scale 1, ``local`` given, the ``c`` path): the whole chunks below it are only read, for their
+    proposals, and their rows of ``chunks`` left as they were (the caller quantizes them from ``local``);
+    a non-finite one among them is counted, not zeroed. Elsewhere every chunk is staged."""
     if codec_path() == "c" and chunks.dtype == np.float32 and chunks.ndim == 2 and chunks.flags.c_contiguous:
         proposals = np.empty(len(chunks), dtype=np.int32)
         src = None if local is None else np.ascontiguousarray(local, dtype=np.float32).reshape(-1)
-        bad = _cext.stage(src, chunks, n, scale, proposals, EMPTY_EXPONENT, NONFINITE_EXPONENT)
+        skip = skip if src is not None and scale == 1.0 else 0
+        bad = _cext.stage(src, chunks, n, scale, proposals, EMPTY_EXPONENT, NONFINITE_EXPONENT, skip)
         return proposals, int(bad)
     staged = chunks.reshape(-1)
     if local is not None:

@@ -146,3 +146,17 @@ def test_scaled_result_is_the_float32_product_and_prev_keeps_the_mean(make_clust
     for r, mean in zip(lost, means, strict=True):
         assert np.all(r.fallback == Fallback.PREV)
         np.testing.assert_array_equal(r.values, mean * np.float32(scale))
+
+
+def test_local_fallback_is_the_workers_own_input(make_cluster) -> None:
+    """``fallback="local"`` with every GRAD lost: each worker gets its own input back, bit for bit, in the
+    whole chunks (quantized where the caller holds them, never staged) and in the partial last one."""
+    n = 2
+    cluster = make_cluster(n, elems_per_packet=K, seed=6, exact=True, fallback="local")
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0))
+    inputs = _inputs(n, 7)
+    buffers = [np.full(LENGTH, np.nan, dtype=np.float32) for _ in range(n)]
+    got = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=0, out=buffers[i]))
+    for r, x in zip(got, inputs, strict=True):
+        assert np.all(r.fallback == Fallback.LOCAL)
+        np.testing.assert_array_equal(r.values, x)

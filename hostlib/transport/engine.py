@@ -249,7 +249,13 @@ class ReduceEngine:
         # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
         # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
         scale = float(weight) if self.config.renormalize == "weight" else 1.0
-        proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale)
+        # The native engine quantizes whole chunks where the caller holds them (``direct``): staged are only
+        # the last, partial chunk and what follows, so the input is read once before quantizing, not copied.
+        k_full = n // k if self.native and self._codec_c and not in_place and scale == 1.0 else 0
+        proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale, k_full)
+        if own_nonfinite and k_full:  # staged whole after all: a non-finite chunk sends zeros
+            proposals, own_nonfinite = codec.stage(local, chunks, n, scale)
+            k_full = 0
         if own_nonfinite:
             log.warning(
                 "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
@@ -270,6 +276,7 @@ class ReduceEngine:
             owners=owners,
             worker_id=self.worker_id,
         )
+        plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
         if self.own_leaf:  # partials of one: this worker's count and bit
             for batch in (plan.exp_batch, plan.data_batch):
                 batch["count"], batch["bitmap"] = 1, np.uint64(1) << np.uint64(self.worker_id)
@@ -323,6 +330,9 @@ class ReduceEngine:
         missing = ~got & ~plan.elsewhere
         key = n if key is None else key
         if missing.any():
+            if plan.direct is not None and self._fallback == Fallback.LOCAL:  # own values, never staged
+                split = len(plan.direct)
+                plan.chunks[:split][missing[:split]] = plan.direct[missing[:split]]
             rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, plan.chunks)
         nonfinite = plan.nonfinite[:n_chunks] & ~plan.elsewhere[:n_chunks]
         if out is None:
@@ -831,7 +841,7 @@ class ReduceEngine:
             native_ext.quantize_ahead(
                 plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
                 plan.owner, plan.shift, plan.has_exp, todo, saturated, c0, c1, block, limit,
-                self._quantize_flags, self._rng.bit_generator,
+                self._quantize_flags, self._rng.bit_generator, plan.direct,
             )  # fmt: skip
             return
         hi = min(plan.chunks_count, max(c1, c0 + block))

@@ -55,6 +55,9 @@ class ReducePlan:
         self.exp_units = math.ceil(c / k)
         self.units = self.exp_units + c
         self.chunks = np.zeros((c, k), dtype=np.float32)
+        # This reduce's whole chunks where the caller holds them, quantized from there (not staged in
+        # ``chunks``; ReduceEngine._begin), or None.
+        self.direct: np.ndarray | None = None
         self.exp_batch = empty_batch(self.exp_units, k)
         self.data_batch = empty_batch(c, k)
         self.exp_rows = batch_rows(self.exp_batch)
