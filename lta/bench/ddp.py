@@ -2,7 +2,8 @@
 4.1M parameters, torch's DistributedDataParallel with its default buckets) on N ranks on loopback, once
 with ``init_process_group("gloo")`` and once with ``init_process_group("lta")`` with the defaults (no
 ``LTA_*`` variables: rank 0 hosts the softswitch, packet size from the path), in the same run. Reports
-step-time percentiles and their ratio."""
+step-time percentiles, each rank's process CPU per step (rank 0's includes the softswitch it hosts) and
+the lta/gloo ratios of both."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
         gen = torch.Generator().manual_seed(rank)
         x, y = torch.randn(32, IN_FEATURES, generator=gen), torch.randint(0, 10, (32,), generator=gen)
         times, losses = [], []
+        cpu0 = os.times()
         for i in range(warmup + steps):
+            if i == warmup:
+                cpu0 = os.times()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -57,10 +61,21 @@ def ddp_worker(backend: str, rank: int, world: int, port: int, steps: int, warmu
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
             losses.append(loss.item())
+        cpu1 = os.times()  # the process's CPU: every thread, rank 0's softswitch thread included
+        cpu_ms = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / steps * 1e3
         params = sum(p.numel() for p in model.parameters())
         dist.destroy_process_group()
         queue.put(
-            (rank, {"times_s": times, "first_loss": losses[0], "last_loss": losses[-1], "params": params})
+            (
+                rank,
+                {
+                    "times_s": times,
+                    "cpu_ms_per_step": cpu_ms,
+                    "first_loss": losses[0],
+                    "last_loss": losses[-1],
+                    "params": params,
+                },
+            )
         )
     except LtaError as exc:  # a user error (e.g. a health check): the parent says it in one line
         queue.put((rank, {"error": str(exc), "user_error": True}))
@@ -76,6 +91,8 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
     step = slowest_rank([results[r]["times_s"] for r in range(world)])
     return {
         **time_stats(step),
+        # CPU seconds of each rank's process per timed step (os.times(), 10 ms ticks: read it over 50+ steps)
+        "cpu_ms_per_step": [results[r]["cpu_ms_per_step"] for r in range(world)],
         "first_loss": results[0]["first_loss"],
         "last_loss": results[0]["last_loss"],
         "params": results[0]["params"],
@@ -104,15 +121,21 @@ def _run(args: argparse.Namespace) -> int:
             status.update(f"{backend}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
             out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
     out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
+    out["ratio_lta_over_gloo_cpu"] = ratio(
+        sum(out["lta"]["cpu_ms_per_step"]), sum(out["gloo"]["cpu_ms_per_step"])
+    )
 
     def table() -> Iterator[str]:
         yield f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
         for backend in ("gloo", "lta"):
             r = out[backend]
+            cpu = ", ".join(f"{c:.1f}" for c in r["cpu_ms_per_step"])
             yield (
                 f"  {backend:5s} step p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
-                f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
+                f"CPU/step per rank {cpu} ms  loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
             )
-        yield f"  lta/gloo step p50: {out['ratio_lta_over_gloo_p50']:.2f}"
+        p50, cpu = out["ratio_lta_over_gloo_p50"], out["ratio_lta_over_gloo_cpu"]
+        yield f"  lta/gloo step p50: {p50:.2f}" if p50 is not None else "  lta/gloo step p50: n/a"
+        yield f"  lta/gloo CPU per step, all ranks: {cpu:.2f}" if cpu is not None else "  lta/gloo CPU: n/a"
 
     return report(args.json, SCHEMA, out, table)
