@@ -664,3 +664,16 @@ def test_without_torchft_the_torchft_door_is_refused_before_any_run(tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "torchft_lighthouse" in err[0] and "--doors" in err[0]
     assert not (tmp_path / "out" / "run6").exists()
+
+
+@pytest.mark.chaos
+def test_a_run_kept_in_the_folder_of_an_earlier_run_starts_from_an_empty_folder(tmp_path):
+    """``lta chaos --keep`` run twice writes each seed into the same folder: the second run must not meet
+    the first one's FileStore (its worker addresses and "ready" key sent the sharded door's ranks to
+    dead ports: JoinTimeout, a loud verdict on seed 2) nor count its start and progress files."""
+    spec = RunSpec(19, "hook", 2, 30, [])
+    for _ in range(2):
+        out = run_one(spec, base_bound_s=300.0, keep=tmp_path)
+        assert out.verdict == "ok", out.as_dict()
+        for rank in range(2):  # this run's one start of each rank, not the earlier run's too
+            assert len((tmp_path / f"rank{rank}.starts").read_text().splitlines()) == 1

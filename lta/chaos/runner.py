@@ -215,9 +215,14 @@ def _lighthouse(spec: RunSpec, prefix: list[str], out: Path) -> tuple[Any, str]:
 
 
 def run_one(spec: RunSpec, base_bound_s: float = 120.0, keep: Path | None = None) -> Outcome:
-    """Run ``spec`` to its verdict. ``keep``: a folder for the run's files (default: a temporary one)."""
+    """Run ``spec`` to its verdict. ``keep``: a folder for the run's files (default: a temporary one);
+    what an earlier run left there is removed first."""
     with tempfile.TemporaryDirectory(prefix="lta-chaos-") as tmp:
         out = keep or Path(tmp)
+        if keep is not None and keep.exists():
+            # An earlier run's FileStore would hand this run's ranks its worker addresses and "ready" key,
+            # and its progress and start files would pass for this run's.
+            shutil.rmtree(keep)
         out.mkdir(parents=True, exist_ok=True)
         wspec = _worker_spec(spec, out)
         (out / "spec.json").write_text(json.dumps(wspec))
