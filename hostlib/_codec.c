@@ -301,12 +301,13 @@ fail_sums:
     Py_RETURN_NONE;
 }
 
-/* max|x| of one float32 row; NaN when the row holds one (as numpy's max would), +inf for an infinity.
+/* max|x| of one float32 row as its bit pattern (maxabs_bits; stage reads whole chunks with it), and as a
+ * float (maxabs_row): NaN when the row holds one (as numpy's max would), +inf for an infinity.
  * On the bit patterns with the sign cleared: for floats that are not NaN their order as unsigned integers
  * is the order of the magnitudes, and every NaN lies above +inf (0x7f800000), so one integer max (which
  * the compiler vectorizes, unlike a float max with NaN semantics) gives all three answers. */
 HOT_LOOP
-static float maxabs_row(const char *src, Py_ssize_t width) {
+static uint32_t maxabs_bits(const char *src, Py_ssize_t width) {
     uint32_t m = 0;
     for (Py_ssize_t j = 0; j < width; j++) {
         uint32_t bits;
@@ -314,6 +315,11 @@ static float maxabs_row(const char *src, Py_ssize_t width) {
         bits &= 0x7fffffffu;
         m = bits > m ? bits : m;
     }
+    return m;
+}
+
+static float maxabs_row(const char *src, Py_ssize_t width) {
+    const uint32_t m = maxabs_bits(src, width);
     if (m > 0x7f800000u)
         return NAN;
     float out;
@@ -364,19 +370,6 @@ static uint32_t stage_row(const char *src, char *dst, Py_ssize_t len, Py_ssize_t
     return m;
 }
 
-/* max|x| over a row of ``len`` values as stage_row gives it, reading only. */
-HOT_LOOP
-static uint32_t peek_row(const char *src, Py_ssize_t len) {
-    uint32_t m = 0;
-    for (Py_ssize_t j = 0; j < len; j++) {
-        uint32_t bits;
-        memcpy(&bits, src + 4 * j, 4);
-        bits &= 0x7fffffffu;
-        m = bits > m ? bits : m;
-    }
-    return m;
-}
-
 static PyObject *codec_stage(PyObject *self, PyObject *args) {
     PyObject *local_obj, *chunks_obj, *prop_obj;
     Py_ssize_t n, skip = 0;
@@ -421,7 +414,7 @@ static PyObject *codec_stage(PyObject *self, PyObject *args) {
         /* rows below ``skip`` (whole chunks of ``local``, scale 1) are read, not staged: the reduce quantizes
          * them where they lie */
         const int peek = r < skip && len == k && has_local;
-        const uint32_t m = peek ? peek_row(src + 4 * start, len) : stage_row(src + 4 * start, dst, len, k, scale);
+        const uint32_t m = peek ? maxabs_bits(src + 4 * start, len) : stage_row(src + 4 * start, dst, len, k, scale);
         if (m >= 0x7f800000u) { /* NaN or Inf: the row proposes the non-finite exponent and sends zeros */
             prop[r] = nonfinite_exp;
             if (!peek)
