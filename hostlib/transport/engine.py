@@ -336,12 +336,11 @@ class ReduceEngine:
             rows[missing] = fallback_rows(self._fallback, self._prev.get(key), n, missing, plan.chunks)
         nonfinite = plan.nonfinite[:n_chunks] & ~plan.elsewhere[:n_chunks]
         if out is None:
-            values = rows.reshape(-1)[:n].copy()
-            if self._fallback == Fallback.PREV:  # a NaN chunk is not kept: its rows hold the ~0 sums
-                self._prev[key] = values.copy() if nonfinite.any() or scale != 1.0 else values
+            flat = rows.reshape(-1)[:n]
+            values = flat.copy() if scale == 1.0 else flat * np.float32(scale)
+            if self._fallback == Fallback.PREV:  # the mean (a NaN chunk is not kept: its rows hold ~0 sums)
+                self._prev[key] = flat.copy() if nonfinite.any() or scale != 1.0 else values
                 self._prev_rows.pop(key, None)
-            if scale != 1.0:
-                values *= np.float32(scale)
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             which = None if not plan.any_owned else ~plan.elsewhere[:n_chunks]
