@@ -194,11 +194,20 @@ def test_link_limits_and_deadline_floor_at_1_gbit():
     assert lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2) == 1_075_100
     # gloo, 2 ranks: 1,048,576 bytes in 118 segments (66 bytes of headers each) + 59 ACKs of 66 bytes
     # = 1,060,258 bytes = 8.482064 ms
-    ranks = [{"times_s": [0.010, 0.012, 0.011]}, {"times_s": [0.011, 0.010, 0.013]}]
+    # An allreduce runs from its last rank's entry to its last rank's exit. In the first, rank 0 entered
+    # 4 ms before rank 1 and waited for it (its own 15 ms): the allreduce took 11 ms, not 15.
+    ranks = [
+        {"times_s": [0.015, 0.012, 0.011], "starts_s": [100.0, 101.0, 102.0]},
+        {"times_s": [0.011, 0.010, 0.013], "starts_s": [100.004, 101.0, 102.003]},
+    ]
     gloo = summarize_system("gloo", cfg, ranks)
     assert gloo["wire_bytes_per_worker"] == 1_060_258
     assert gloo["link_limit_ms"] == pytest.approx(8.482064)
+    # 11, 12 (both entered at once: the slower rank's 12), 13 (2.016 - 2.003)
     assert gloo["p50_ms"] == pytest.approx(12.0) and gloo["max_ms"] == pytest.approx(13.0)
+    assert gloo["mean_ms"] == pytest.approx(12.0)
+    # each by its slowest rank, as runs before 29 Nov 2026 reported it: 15, 12, 13
+    assert gloo["slowest_rank_p50_ms"] == pytest.approx(13.0)
     assert link_limit_ms(1_075_100, cfg.rate_mbit) == pytest.approx(8.6008)
     # the window: a frame of 8270 bytes takes 66.16 us at 1 Gbit/s; 2 ms hold 30.2 of them -> 31, + 1
     assert cfg.units_in_flight == 32

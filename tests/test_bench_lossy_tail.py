@@ -57,3 +57,25 @@ def test_slowest_allreduces_are_taken_by_the_slowest_rank_and_their_events_count
     # the top bucket (the 2 slowest) averages their send phase: (40 + 25) / 2
     assert report["buckets"]["99.5-100%"]["send_ms"] == pytest.approx(32.5)
     assert report["correlation_with_time"]["send_ms"] > 0.9
+
+
+def test_with_start_times_an_allreduce_is_timed_from_its_last_entry():
+    n = 200  # 0.5%: the slowest one
+    rank0 = {
+        "times_s": [0.010] * n,
+        "starts_s": [float(i) for i in range(n)],
+        "trace": [_rec() for _ in range(n)],
+    }
+    rank1 = {
+        "times_s": [0.010] * n,
+        "starts_s": [float(i) for i in range(n)],
+        "trace": [_rec() for _ in range(n)],
+    }
+    # allreduce 3: rank 0 entered 20 ms early and waited (its own 30 ms); the allreduce itself took 10 ms
+    rank0["starts_s"][3], rank0["times_s"][3] = 2.980, 0.030
+    # allreduce 9: both entered together and it took 25 ms
+    rank0["times_s"][9] = rank1["times_s"][9] = 0.025
+    report = analyse([rank0, rank1], limit_ms=8.0)
+    assert report["max_ms"] == pytest.approx(25.0)
+    assert report["slowest"][0]["ms"] == pytest.approx(25.0)
+    assert report["p50_ms"] == pytest.approx(10.0)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lta.bench.summary import ratio, report, slowest_rank, time_stats
+from lta.bench.summary import collective_times, ratio, report, slowest_rank, time_stats
 
 
 def test_time_stats_are_in_ms_in_the_order_asked_with_linear_interpolation():
@@ -32,6 +32,16 @@ def test_an_unknown_statistic_is_one_line_naming_it():
 def test_slowest_rank_is_the_per_iteration_max_over_ranks():
     ranks = [[0.010, 0.030, 0.020], [0.015, 0.005, 0.025]]
     assert slowest_rank(ranks).tolist() == [0.015, 0.030, 0.025]
+
+
+def test_a_collective_runs_from_its_last_entry_to_its_last_exit():
+    # iteration 0: rank 0 enters at 5.000 and waits 7 ms for rank 1, which enters at 5.004 and takes 3 ms;
+    # iteration 1: both enter at 6.000, rank 1 leaves last after 4 ms;
+    # iteration 2: rank 1 enters 1 ms late and leaves first; rank 0 leaves 2 ms after rank 1 entered
+    starts = [[5.000, 6.000, 7.000], [5.004, 6.000, 7.001]]
+    times = [[0.007, 0.002, 0.003], [0.003, 0.004, 0.0005]]
+    assert collective_times(starts, times) == pytest.approx([0.003, 0.004, 0.002])
+    assert slowest_rank(times) == pytest.approx([0.007, 0.004, 0.003])  # the skew counted in
 
 
 def test_ratio_is_none_where_the_divisor_measured_nothing():

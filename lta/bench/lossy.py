@@ -10,7 +10,11 @@ of TCP/UDP packets in each direction). Over the same links, one after the other:
   :class:`~hostlib.transport.LtaWorker` process per worker namespace (UDP: a GRAD crosses its
   worker's up link, a RESULT its worker's down link).
 
-Each system's times are reported against its **link limit** (the bytes one worker must put on its
+An allreduce's time runs from the last rank's entry to the last rank's exit
+(:func:`lta.bench.summary.collective_times`): lta's workers check every result against numpy between
+allreduces and gloo's do not, and timing each by its slowest rank counted the skew that check leaves
+between the ranks' entries as lta's (``slowest_rank_p50_ms`` keeps that figure). Each system's times are
+reported against its **link limit** (the bytes one worker must put on its
 link in one direction ÷ the link rate); how that is counted, how ``--rate`` shapes the links, and
 how the window and the FLUSH deadline floor follow the rate are told in
 :mod:`lta.bench.netns_harness`.
@@ -77,7 +81,7 @@ from lta.bench.netns_harness import softswitch_in as softswitch_in
 from lta.bench.netns_harness import tbf_burst_bytes as tbf_burst_bytes
 from lta.bench.netns_harness import window_for_rate as window_for_rate
 from lta.bench.netns_harness import worker_argv as _worker_argv  # noqa: F401
-from lta.bench.summary import report, slowest_rank
+from lta.bench.summary import collective_times, report, slowest_rank, time_stats
 from lta.progress import Status
 
 log = logging.getLogger(__name__)
@@ -116,12 +120,20 @@ def run_point(
 
 
 def summarize_system(system: str, cfg: LossyConfig, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    times = slowest_rank([r["times_s"] for r in ranks])
+    """One system's point: its allreduces' times (:func:`lta.bench.summary.collective_times`: from the
+    last rank's entry to the last rank's exit, so the skew left by a rank's own work between allreduces
+    is not counted; lta's workers check each result, gloo's do not) against its link limit, and the
+    slowest rank's own p50 as earlier runs reported it (``slowest_rank_p50_ms``)."""
+    times = collective_times([r["starts_s"] for r in ranks], [r["times_s"] for r in ranks])
+    skewed = time_stats(slowest_rank([r["times_s"] for r in ranks]), ("p50",), prefix="slowest_rank_")
     if system == "gloo":
         wire = gloo_wire_bytes(4 * cfg.n_values, cfg.workers, cfg.mtu)
-        return summarize_times(times, link_limit_ms(wire, cfg.rate_mbit)) | {"wire_bytes_per_worker": wire}
+        limit = link_limit_ms(wire, cfg.rate_mbit)
+        return summarize_times(times, limit) | skewed | {"wire_bytes_per_worker": wire}
     wire = lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2)
-    out = summarize_times(times, link_limit_ms(wire, cfg.rate_mbit)) | {"wire_bytes_per_worker": wire}
+    out = (
+        summarize_times(times, link_limit_ms(wire, cfg.rate_mbit)) | skewed | {"wire_bytes_per_worker": wire}
+    )
     chunks = {key: sum(r["chunks"][key] for r in ranks) for key in ("full", "partial", "fallback")}
     transport = {key: sum(r["transport"][key] for r in ranks) for key in ("flushes_sent", "results_retx")}
     return out | {

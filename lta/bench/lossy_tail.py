@@ -35,7 +35,7 @@ from hostlib.transport.result import ReduceResult
 from hostlib.transport.trace import EngineTrace
 from lta.bench import netns_harness as harness
 from lta.bench.flags import add_workers
-from lta.bench.summary import slowest_rank, time_stats
+from lta.bench.summary import collective_times, slowest_rank, time_stats
 
 _STAT_KEYS = ("flushes_sent", "flushes_on_timer", "results_retx", "units_overtaken", "packets_sent")
 
@@ -178,8 +178,13 @@ def run_traced(cfg: harness.LossyConfig, loss: float) -> list[dict[str, Any]]:
 
 
 def analyse(ranks: list[dict[str, Any]], limit_ms: float, slow_share: float = 0.005) -> dict[str, Any]:
-    """Slowest ``slow_share`` of allreduces (max over ranks) against the rest: what happened in them."""
-    times = slowest_rank([r["times_s"] for r in ranks]) * 1e3
+    """Slowest ``slow_share`` of allreduces against the rest: what happened in them. An allreduce's time
+    is the lossy bench's (:func:`lta.bench.summary.collective_times`); a run saved before workers wrote
+    their start times (no ``starts_s``) is timed by its slowest rank, as then."""
+    if all("starts_s" in r for r in ranks):
+        times = collective_times([r["starts_s"] for r in ranks], [r["times_s"] for r in ranks]) * 1e3
+    else:
+        times = slowest_rank([r["times_s"] for r in ranks]) * 1e3
     n = len(times)
     order = np.argsort(times)[::-1]
     slow = set(order[: max(1, math.ceil(slow_share * n))].tolist())

@@ -286,7 +286,7 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     bounds = [input_bound(x, args.elems_per_packet) for x in inputs]  # the codec's, per chunk
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
-    times, worst, checked = [], 0.0, 0
+    times, starts, worst, checked = [], [], 0.0, 0
     chunks = {"full": 0, "partial": 0, "fallback": 0, "critical": 0, "critical_full": 0}
     n_chunks = math.ceil(args.values / args.elems_per_packet)
     every = getattr(args, "critical_every", 0)
@@ -304,11 +304,12 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
                 report_event(args.rank, "timed-start")
                 window_s[0] = time.time()
                 stats_before = worker.stats.as_dict()
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             result = worker.allreduce(x[args.rank], step=i, critical=critical)
-            elapsed = time.perf_counter() - t0
+            elapsed = time.monotonic() - t0
             if i < args.warmup:
                 continue
+            starts.append(t0)
             times.append(elapsed)
             report_progress(args.rank, len(times), args.iters)
             n_checked, err = check_result(
@@ -333,6 +334,7 @@ def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rank": args.rank,
         "times_s": times,
+        "starts_s": starts,
         "chunks": chunks,
         "chunks_checked": checked,
         "worst_error_over_tolerance": worst,
@@ -365,18 +367,19 @@ def gloo_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     inputs = torch.from_numpy(worker_inputs(args.seed, args.workers, args.values)[:, args.rank].copy())
     wait_for_go()
     dist.barrier()
-    times = []
+    times, starts = [], []
     for i in range(args.warmup + args.iters):
         y = inputs[i % INPUT_ROUNDS].clone()
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         dist.all_reduce(y)
-        elapsed = time.perf_counter() - t0
+        elapsed = time.monotonic() - t0
         if i >= args.warmup:
+            starts.append(t0)
             times.append(elapsed)
             report_progress(args.rank, len(times), args.iters)
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": args.rank, "times_s": times}
+    return {"rank": args.rank, "times_s": times, "starts_s": starts}
 
 
 def add_worker_process_flags(

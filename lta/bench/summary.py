@@ -1,5 +1,6 @@
 """What every benchmark reports about its times, written once: percentiles of a run's times, the
-slowest rank per iteration, ratios between systems, and the JSON-or-table ending of a run.
+slowest rank per iteration, a collective's time from its last rank's entry, ratios between systems,
+and the JSON-or-table ending of a run.
 
 Percentiles are numpy's default (linear interpolation between the two nearest samples), taken of the
 times in ms. A statistic is named as it appears in the JSON: ``mean``, ``max`` or ``pQ`` for the Q-th
@@ -46,6 +47,20 @@ def time_stats(
 def slowest_rank(per_rank_times: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     """An iteration is over when its slowest rank is done: the per-iteration max over ranks (rows)."""
     return np.max(np.asarray(per_rank_times, dtype=np.float64), axis=0)
+
+
+def collective_times(
+    per_rank_starts: Sequence[Sequence[float]] | np.ndarray,
+    per_rank_times: Sequence[Sequence[float]] | np.ndarray,
+) -> np.ndarray:
+    """Each iteration's time from the last rank's entry to the last rank's exit (ranks are rows; starts
+    on one clock, ``time.monotonic``, which every process of a host shares). No collective can end
+    before its last rank enters, so this is the collective's own time: what :func:`slowest_rank` adds
+    to it is the skew between the ranks' entries, which work a rank does between iterations (a check
+    of each result, say) puts there."""
+    starts = np.asarray(per_rank_starts, dtype=np.float64)
+    ends = starts + np.asarray(per_rank_times, dtype=np.float64)
+    return ends.max(axis=0) - starts.max(axis=0)
 
 
 def ratio(a: float, b: float) -> float | None:
