@@ -44,6 +44,25 @@ def test_a_seed_replays_its_run_and_seeds_cover_every_door_and_fault():
     assert not {k for s in range(60) for k in draw(s, netns=False).kinds} & {"reorder", "duplicate"}
 
 
+def test_the_shortest_run_draws_its_timed_faults_in_range_and_a_shorter_one_is_refused(capsys):
+    """At 19 steps every kill, restart, stop, clock and switch-restart lands at step 10 (the one step in
+    [10, 19 - 8)); with 18 steps or 1 rank there is no such step or rank: a ValueError from draw, a one-line
+    error from the command (not numpy's traceback)."""
+    from lta import cli
+
+    timed = [f for s in range(200) for f in draw(s, steps=19, world=2).faults if "step" in f]
+    assert timed and all(f["step"] == 10 for f in timed)
+    assert all(f["rank"] == 1 for f in timed if "rank" in f)
+    with pytest.raises(ValueError, match=">= 19 steps"):
+        draw(5, steps=18)
+    with pytest.raises(ValueError, match=">= 2 ranks"):
+        draw(5, world=1)
+    for flag, value in (("--steps", "12"), ("--workers", "1")):
+        assert cli.main(["chaos", "--seeds", "5", flag, value]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and flag in err[0], err
+
+
 _PROBE = """
 import socket, sys
 r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

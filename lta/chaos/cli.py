@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hostlib import argtypes
 from hostlib.errors import LtaError
+from hostlib.protocol import MAX_WORKERS
 from lta.chaos import netns
 from lta.chaos.report import markdown, rich_table, summary
 from lta.chaos.runner import lighthouse_binary, run_one
-from lta.chaos.schedule import draw
+from lta.chaos.schedule import FAULT_TAIL_STEPS, FIRST_FAULT_STEP, MIN_STEPS, MIN_WORLD, draw
 from lta.chaos.worker import DOORS
 from lta.jsonout import emit
 from lta.progress import Status
@@ -65,8 +67,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--doors", type=_doors, default=DOORS, help=f"front doors, comma separated ({','.join(DOORS)})"
     )
-    p.add_argument("--workers", type=int, default=4, help="ranks per run (default 4)")
-    p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    p.add_argument(
+        "--workers",
+        type=argtypes.int_range(MIN_WORLD, MAX_WORKERS, "--workers"),
+        default=4,
+        help=f"ranks per run, {MIN_WORLD}..{MAX_WORKERS} (default 4)",
+    )
+    p.add_argument(
+        "--steps",
+        type=argtypes.int_range(MIN_STEPS, what="--steps"),
+        default=40,
+        help=f"training steps per run, >= {MIN_STEPS}: faults land between step {FIRST_FAULT_STEP} and "
+        f"{FAULT_TAIL_STEPS} steps before the end (default 40)",
+    )
     p.add_argument(
         "--step-ms",
         type=float,

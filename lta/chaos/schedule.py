@@ -48,6 +48,12 @@ NETNS_KINDS = ("reorder", "duplicate")
 _PS_SKIP = ("loss-param", "switch-restart", "small-pool")
 _DIRECTION = {"loss-up": "up", "loss-down": "down", "loss-param": "param"}
 BURST = 4.0  # Gilbert-Elliott: mean burst length in packets
+# A kill, restart, stop, clock or switch-restart fault lands at a step in [FIRST_FAULT_STEP, steps -
+# FAULT_TAIL_STEPS): after the run has trained a while, and early enough to see it recover.
+FIRST_FAULT_STEP = 10
+FAULT_TAIL_STEPS = 8
+MIN_STEPS = FIRST_FAULT_STEP + FAULT_TAIL_STEPS + 1  # the fewest steps a run may have
+MIN_WORLD = 2  # a faulted rank is never rank 0 (it hosts the switch), so a run has another
 
 
 @dataclass
@@ -95,7 +101,11 @@ def draw(
 ) -> RunSpec:
     """The run of ``seed``: a door (round robin over ``doors``, so a batch of seeds covers them all) and
     one to three faults (``netns=False``: none of ``NETNS_KINDS``). ``step_s`` does not change what is
-    drawn."""
+    drawn. Raises ValueError below ``MIN_STEPS`` steps or ``MIN_WORLD`` ranks."""
+    if steps < MIN_STEPS or world < MIN_WORLD:
+        raise ValueError(
+            f"a chaos run needs >= {MIN_STEPS} steps and >= {MIN_WORLD} ranks, got {steps} and {world}"
+        )
     rng = np.random.default_rng(seed)
     door = doors[seed % len(doors)]
     # The parameter server has no PARAM direction, embedded switch or clock-driven rounds; its server
@@ -113,7 +123,10 @@ def draw(
                 rate=round(float(rng.uniform(0.1, 0.4)), 3),
             )
         elif kind in ("kill", "restart", "stop", "clock"):
-            fault.update(rank=int(rng.integers(1, world)), step=int(rng.integers(10, steps - 8)))
+            fault.update(
+                rank=int(rng.integers(1, world)),
+                step=int(rng.integers(FIRST_FAULT_STEP, steps - FAULT_TAIL_STEPS)),
+            )
             if kind == "restart":
                 fault["delay_s"] = round(float(rng.uniform(0.5, 3.0)), 2)
             if kind == "stop":
@@ -121,7 +134,7 @@ def draw(
             if kind == "clock":
                 fault["offset_s"] = round(float(rng.choice([-1, 1]) * rng.uniform(1.0, 30.0)), 2)
         elif kind == "switch-restart":
-            fault["step"] = int(rng.integers(10, steps - 8))
+            fault["step"] = int(rng.integers(FIRST_FAULT_STEP, steps - FAULT_TAIL_STEPS))
         elif kind == "small-pool":
             fault["pool_size"] = 64
         elif kind == "reorder":
