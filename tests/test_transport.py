@@ -390,7 +390,8 @@ def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
     """A reduce-scatter's chunks (``owners``, interleaved as the process group sends them): each worker's
     own chunks equal numpy's mean over the workers in their bitmap, the others' chunks never reach it (no
     RESULT received, no FLUSH sent for them) and count nothing in its stats; the last chunk is every
-    worker's (its RESULT shows who passed the whole reduce)."""
+    worker's (its RESULT shows who passed the whole reduce), and so is every M-th chunk, M = 1/8 of the
+    units the slot-reuse rule lets a worker run ahead (docs/protocol.md, "Owner-only units")."""
     if loss == 0.0:  # late is not lost here (see test_every_chunk_is_the_mean_over_its_bitmap)
         deadlines = {f"{name}_deadline_ms": 5000 for name in ("sync", "lag", "min", "max")}
     else:
@@ -400,7 +401,11 @@ def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
     chunks = 40 * n
     owners = np.arange(chunks) % n
     last = np.arange(chunks) == chunks - 1
-    waited = [(owners == w) | last for w in range(n)]  # worker w's own chunks and the last
+    # the pool's data slots D = P - 1, A = D // 2, M = A // 8: 2047, 1023, 127 at the default pool of K = 64
+    every = max(1, (cluster.workers[0].config.pool_size - 1) // 2 // 8)
+    news = (np.arange(chunks) % every == every - 1) & ~last
+    assert news.any() == (chunks > every)
+    waited = [(owners == w) | last | news for w in range(n)]  # worker w's own chunks, the last, every M-th
     rng = np.random.default_rng(n)
     prev = None
     for step in range(3):
@@ -436,4 +441,31 @@ def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):
     counters = cluster.switch.read_counters(cluster.job_id)
     if loss == 0.0:  # every data RESULT left once, to its owner (the last to all); exponent RESULTs to all
         resent = counters["grad_late_resend"] + counters["flush_resend"]
-        assert counters["tx_packets"] - resent == 3 * (exp_units * n + chunks - 1 + n)
+        every_workers = 1 + int(news.sum())  # the last chunk and every M-th: n RESULTs each
+        assert counters["tx_packets"] - resent == 3 * (
+            exp_units * n + chunks - every_workers + every_workers * n
+        )
+
+
+@pytest.mark.parametrize("pool_size", [64, 2048])
+def test_contiguous_shards_reach_their_owners_in_full_without_loss(make_cluster, pool_size):
+    """Shards one after the other (worker w owns the w-th quarter of the chunks, not every 4th), longer
+    than the slot pool: without loss every worker gets every chunk it owns with all 4 workers counted, as
+    numpy's mean, and no FLUSH goes. Every M-th chunk is every worker's, so a worker that owns none of a
+    long run still hears its peers there; before, it heard nothing, was held, excused them and drifted a
+    pool apart (90-100% of each worker's chunks without an aggregate, an UnhealthyTraining)."""
+    n = 4
+    deadlines = {f"{name}_deadline_ms": 5000 for name in ("sync", "lag", "min", "max")}
+    cluster = make_cluster(n, seed=3, heartbeat_interval_s=0, pool_size=pool_size, **deadlines)
+    chunks = 4 * pool_size + 10 if pool_size < 1024 else 3000  # 266 or 3000 chunks: past every pool
+    owners = np.arange(chunks) * n // chunks
+    rng = np.random.default_rng(5)
+    for step in range(2):
+        inputs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step, owners=owners)
+        mean = np.mean(inputs, axis=0).reshape(chunks, K)
+        for w, r in enumerate(results):
+            mine = owners == w
+            assert np.all(r.count[mine] == n), np.flatnonzero(r.count[mine] != n)
+            np.testing.assert_allclose(r.values.reshape(chunks, K)[mine], mean[mine], rtol=0, atol=1e-5)
+    assert all(w.stats.flushes_sent == 0 for w in cluster.workers)

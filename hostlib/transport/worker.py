@@ -271,9 +271,10 @@ class LtaWorker:
         ``owners``: one int per chunk, the only worker that needs that chunk's result (-1: every worker),
         the same on every worker (a reduce-scatter). Those chunks go owner-only (Flag.OWNER): the switch
         sends their RESULT to the owner alone; a worker sends the chunks others own and waits for none of
-        them, except the last chunk, which is always every worker's (its RESULT proves who passed the
-        whole reduce). In the result, a chunk another worker owns has count 0, no fallback, and unspecified
-        values; stats and the health check count only the chunks this worker waits for.
+        them, except the last chunk and every ``engine.news_every``-th, which are always every worker's
+        (their RESULTs show each worker how far its peers got: docs/protocol.md, "Owner-only units"). In
+        the result, a chunk another worker owns has count 0, no fallback, and unspecified values; stats
+        and the health check count only the chunks this worker waits for.
 
         ``scale``: the values come back times this (the world size turns the mean into the estimate of a
         SUM), multiplied in the pass that writes them; the ``prev`` fallback keeps the mean."""
