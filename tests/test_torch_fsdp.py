@@ -270,6 +270,37 @@ def test_lossy_reduce_scatter_is_the_counted_sum_over_count_per_chunk(fsdp_runs)
     assert partial > 10  # loss happened, and the partial chunks were renormalized
 
 
+def _small_pool_rank(rank: int, world: int, tmp: str) -> list:
+    _init("lta", rank, world, f"{tmp}/store")
+    try:
+        return _reduce_scatters(dist.group.WORLD, 2, world * 40 * K)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reduce_scatter_in_a_small_pool_waits_for_its_chunks_and_the_news_chunks(tmp_path):
+    """A pool of 64 slots (M = 3: docs/protocol.md, "Owner-only units"), 2 ranks, 80 chunks a call, no
+    loss: each rank's shard is the exact sum; it waited for its own chunks and every third chunk, whoever
+    owns it (``chunks_received``), and those third chunks came back counted on every rank."""
+    world, calls, numel = 2, 2, 2 * 40 * K
+    env = {"LTA_ELEMS_PER_PACKET": str(K), "LTA_POOL_SIZE": "64", "LTA_LOSSY_OPS": "reduce_scatter", **EXACT}
+    results = spawn(_small_pool_rank, world, tmp_path, env)
+    chunks = numel // K
+    every = (64 - 1) // 2 // 8  # D = P - 1 = 63 data slots, A = 31, M = 3
+    news = np.arange(chunks) % every == every - 1
+    for rank, res in enumerate(results):
+        owned = np.arange(chunks) % world == rank  # interleaved: chunk j of rank r's shard is j * world + r
+        stats = res[-1]
+        assert stats["chunks"] == calls * int(owned.sum())
+        assert stats["chunks_received"] == calls * int((owned | news).sum())
+        for call, (y, count, _, fallback, _) in enumerate(res[:-1]):
+            assert np.all(count[owned | news] == world) and np.all(fallback == 0)
+            assert np.all(count[~owned & ~news] == 0)
+            inputs = np.stack([_rs_inputs(w, call, numel) for w in range(world)]).astype(np.float64)
+            m = numel // world
+            np.testing.assert_allclose(y, inputs[:, rank * m : (rank + 1) * m].sum(axis=0), rtol=0, atol=1e-4)
+
+
 # ---- lossy all-gather: the previous copy for a lost shard, never older than S -----------------------------
 
 

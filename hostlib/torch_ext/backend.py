@@ -247,13 +247,13 @@ class ProcessGroupLta(dist.ProcessGroup):
         if tail:
             lanes[full, :, :tail] = src[:, full * k :]
             lanes[full, :, tail:] = 0.0
-        self.manager.allreduce(
+        reduced = self.manager.allreduce(
             staged, stream="reduce_scatter", key=key, out=result, owners=owners, mine=mine_chunks
         )  # writes this rank's chunks of ``result`` alone
-        # the RESULTs waited for: this rank's chunks, and the last chunk, which is every rank's (in exact
-        # mode the fence after it is)
-        last = int(owners[-1] != self._rank and not worker.config.exact)
-        self.manager.stream("reduce_scatter").chunks_received += len(mine_chunks) + last
+        # The RESULTs waited for: this rank's chunks and those the transport makes every rank's (the last,
+        # every news_every-th; docs/protocol.md, "Owner-only units"), each with a count or a fallback.
+        waited = (reduced.count > 0) | (reduced.fallback != 0)
+        self.manager.stream("reduce_scatter").chunks_received += int(np.count_nonzero(waited))
         mine = result.reshape(per, world, k)[:, rank, :]
         scale = np.float32(world if op == dist.ReduceOp.SUM else 1)
         cpu32 = output.device.type == "cpu" and output.dtype == torch.float32 and not output.requires_grad

@@ -67,8 +67,8 @@ class ReduceStats:
     chunks_critical_full: int = 0  # ... that came back with every worker counted
     resyncs: int = 0  # all-gather: calls made reliable because some rank's copy would be older than S
     # reduce-scatter: chunks whose RESULT this rank waited for, against ``chunks``, the ones it keeps
-    # (RESULTs are owner-only but for each call's last chunk: chunks plus one per call on all but its
-    # owner, equal in exact runs; docs/protocol.md)
+    # (RESULTs are owner-only but for each call's last chunk and every news_every-th: docs/protocol.md,
+    # "Owner-only units")
     chunks_received: int = 0
     lossy_s: float = 0.0
 
