@@ -297,28 +297,29 @@ class ReduceEngine:
         if owners is None:
             return None
         owners = np.asarray(owners, dtype=np.int64).reshape(-1)
-        if len(owners) != n_chunks or owners.max(initial=-1) >= self.n_workers:
+        top = int(owners.max(initial=-1))
+        if len(owners) != n_chunks or top >= self.n_workers:
             raise ValueError(
                 f"owners must hold one worker id (< {self.n_workers}) or -1 per chunk: {n_chunks} "
-                f"values, got {len(owners)} (max {owners.max(initial=-1)})"
+                f"values, got {len(owners)} (max {top})"
             )
-        if owners.max(initial=-1) >= 0:
+        if top >= 0:
+            owners = owners.copy()
             # Every news_every-th chunk is every worker's: its RESULT shows each worker which peers
             # sent that far, the news the slot-reuse rule waits for (reuse.py). With RESULTs of its own
             # chunks alone, a worker that owns none of a long run of chunks heard nothing of its peers
             # there, was held, then excused them and drifted a pool apart: 4 workers, contiguous
             # shards, no loss, 90-100% of every worker's chunks came back without an aggregate.
-            owners = owners.copy()
             owners[self.news_every - 1 :: self.news_every] = -1
-        if self.config.exact:  # the fence is every worker's
-            return np.append(owners, -1)
-        if owners.max(initial=-1) >= 0:
-            # The last chunk is every worker's: its RESULT shows each worker who passed the whole
-            # reduce (units go in order), so an owner flushes its own last units at once, and a
-            # GRAD of the last unit lost is probed by its sender (docs/protocol.md, "Owner-only
-            # units"). Without it an owner's last unit waited the lag deadline for a peer's lost GRAD.
-            owners[-1] = -1
-        return owners
+            if not self.config.exact:
+                # The last chunk is every worker's: its RESULT shows each worker who passed the whole
+                # reduce (units go in order), so an owner flushes its own last units at once, and a
+                # GRAD of the last unit lost is probed by its sender (docs/protocol.md, "Owner-only
+                # units"). Without it an owner's last unit waited the lag deadline for a peer's lost
+                # GRAD.
+                owners[-1] = -1
+        # In exact mode the fence is every worker's (and the last chunk keeps its owner).
+        return np.append(owners, -1) if self.config.exact else owners
 
     def _finish(
         self,
