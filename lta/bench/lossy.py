@@ -128,12 +128,13 @@ def summarize_system(system: str, cfg: LossyConfig, ranks: list[dict[str, Any]])
     skewed = time_stats(slowest_rank([r["times_s"] for r in ranks]), ("p50",), prefix="slowest_rank_")
     if system == "gloo":
         wire = gloo_wire_bytes(4 * cfg.n_values, cfg.workers, cfg.mtu)
-        limit = link_limit_ms(wire, cfg.rate_mbit)
-        return summarize_times(times, limit) | skewed | {"wire_bytes_per_worker": wire}
-    wire = lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2)
+    else:
+        wire = lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2)
     out = (
         summarize_times(times, link_limit_ms(wire, cfg.rate_mbit)) | skewed | {"wire_bytes_per_worker": wire}
     )
+    if system == "gloo":
+        return out
     chunks = {key: sum(r["chunks"][key] for r in ranks) for key in ("full", "partial", "fallback")}
     transport = {key: sum(r["transport"][key] for r in ranks) for key in ("flushes_sent", "results_retx")}
     return out | {
