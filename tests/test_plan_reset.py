@@ -46,3 +46,24 @@ def test_every_row_carries_the_reduce_s_header_after_each_reset():
         for c, h in enumerate(data):
             assert h["chunk"] == c and h["nelem"] == min(K, n - K * c) and h["weight"] == weight
         assert data[-1]["nelem"] == 3
+
+
+def test_owners_come_and_go_with_the_reduce_that_names_them():
+    """A reduce with owners stamps each data row's count with its owner (docs/protocol.md, "Owner-only
+    RESULT") and marks another worker's chunks; the next reduce without owners clears both (reset skips
+    the rewrite only when neither reduce had owners)."""
+    n = 5 * K
+    plan = ReducePlan(n, K)
+    proposals = np.zeros(plan.chunks_count, dtype=np.int32)
+    header = {"version": VERSION, "job_id": 5, "worker_id": 1, "step": 0}
+    owners = np.array([0, 1, -1, 2, 1])
+    for base, given in enumerate([None, owners, None, None, owners, owners[::-1].copy(), None]):
+        plan.reset(base * plan.units, POOL, header, 1, proposals, 3, owners=given, worker_id=1)
+        counts = [h["count"] for h in _decoded(plan.data_rows)]
+        if given is None:
+            assert counts == [0] * 5 and not plan.any_owned and not plan.elsewhere.any()
+        else:
+            assert counts == [max(o, 0) for o in given]
+            assert plan.elsewhere.tolist() == [o >= 0 and o != 1 for o in given] and plan.any_owned
+        g = base * plan.units + np.arange(plan.units)
+        assert plan.slots.tolist() == (g % POOL).tolist() and plan.seqs.tolist() == (g // POOL + 1).tolist()

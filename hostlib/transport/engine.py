@@ -703,9 +703,7 @@ class ReduceEngine:
         queue_free_at = self._queue_free_at
         exp_units = units[units < plan.exp_units]
         if exp_units.size:
-            rows = plan.exp_rows[exp_units]
-            for _ in range(self.config.exp_copies):
-                self.send(rows)
+            self._send_copies(plan.exp_rows[exp_units], plan.slots[exp_units], self.config.exp_copies)
         c = units[units >= plan.exp_units] - plan.exp_units
         if c.size:
             self._quantize_ahead(plan, int(c[0]), int(c[-1]) + 1)
@@ -752,9 +750,8 @@ class ReduceEngine:
         plan.next_unit = u1
         queue_free_at = self._queue_free_at
         if u0 < e:
-            rows, slots = plan.exp_rows[u0 : min(u1, e)], plan.slots[u0 : min(u1, e)]
-            for _ in range(self.config.exp_copies):
-                self.send(rows, slots)
+            e1 = min(u1, e)
+            self._send_copies(plan.exp_rows[u0:e1], plan.slots[u0:e1], self.config.exp_copies)
         if u1 > e:
             c0, c1 = d0 - e, u1 - e
             self._quantize_ahead(plan, c0, c1)
@@ -783,6 +780,13 @@ class ReduceEngine:
         if not self.deadlines.arm_run(plan, u0, u1, now):
             self.deadlines.arm(plan, np.arange(u0, u1), now)
         return False
+
+    def _send_copies(self, rows: np.ndarray, slots: np.ndarray, copies: int) -> None:
+        """Send ``rows`` ``copies`` times, one copy after the other, in one call (one system call where
+        the rows fit one send): the exponent units, a handful of rows a reduce."""
+        if copies > 1:
+            rows, slots = np.tile(rows, (copies, 1)), np.tile(slots, copies)
+        self.send(rows, slots)
 
     def _count_held(self, now: float, held: str) -> None:
         """Add the time since the last call to what held sending then (``stats.held_by_span_s``: this

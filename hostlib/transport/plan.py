@@ -123,6 +123,8 @@ class ReducePlan:
         self.frame_s = 0.0  # a frame's time at the pacing rate (0: unpaced), set by the worker
         self.slots = np.zeros(self.units, dtype=np.int64)
         self.seqs = np.zeros(self.units, dtype=np.int64)
+        self._cycle_d = 0  # the pool the tables below were built for (reset)
+        self._cycle_mod = self._cycle_div = np.zeros(0, dtype=np.int64)
         self.base = 0  # global index of this reduce's first unit
         self.synced = False  # a RESULT of this reduce arrived: every worker is in it
         self.low = 0  # every unit below this index is done or given up
@@ -155,8 +157,15 @@ class ReducePlan:
         worker its RESULT goes to (-1: every worker), or None; ``worker_id``: this worker."""
         k = self.k
         self.base = base
-        g = base + np.arange(self.units, dtype=np.int64)
-        self.slots, self.seqs = g % pool_size, g // pool_size + 1
+        # Unit i's slot and round: (base + i) mod D and (base + i) div D + 1, read from tables of
+        # j mod D and j div D over j < units + D (views, no division per unit; built once per pool).
+        if self._cycle_d != pool_size:
+            j = np.arange(self.units + pool_size, dtype=np.int64)
+            self._cycle_mod, self._cycle_div = j % pool_size, j // pool_size
+            self._cycle_d = pool_size
+        r = base % pool_size
+        self.slots = self._cycle_mod[r : r + self.units]
+        self.seqs = self._cycle_div[r : r + self.units] + (base // pool_size + 1)
         changed = [(name, value) for name, value in header.items() if self._stamped.get(name) != value]
         for batch, sl in (
             (self.exp_batch, slice(0, self.exp_units)),
@@ -191,13 +200,14 @@ class ReducePlan:
         if self._stamped.get("weight") != weight:
             d["weight"] = weight
             self._stamped["weight"] = weight
-        if owners is None:
-            self.owner[:] = -1
-        else:
-            self.owner[:] = owners
-        self.any_owned = bool((self.owner >= 0).any())
-        self.elsewhere[:] = (self.owner >= 0) & (self.owner != worker_id)
-        d["count"] = np.maximum(self.owner, 0)  # a worker's GRAD names the owner in count
+        if owners is not None or self.any_owned:  # (no owners now nor before: nothing to rewrite)
+            if owners is None:
+                self.owner[:] = -1
+            else:
+                self.owner[:] = owners
+            self.any_owned = bool((self.owner >= 0).any())
+            self.elsewhere[:] = (self.owner >= 0) & (self.owner != worker_id)
+            d["count"] = np.maximum(self.owner, 0)  # a worker's GRAD names the owner in count
         for arr in (self.count, self.bitmap, self.weight, self.shift, self.result_flags, self.flushes):
             arr[:] = 0
         self.probes[:] = 0

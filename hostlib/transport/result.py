@@ -11,6 +11,8 @@ from hostlib.protocol import MAX_WORKERS, Flag
 from hostlib.transport.config import Fallback
 from hostlib.transport.plan import DONE, ReducePlan
 
+_SATURATED = int(Flag.SATURATED)
+
 
 @dataclass
 class ReduceResult:
@@ -111,19 +113,26 @@ class TransportStats:
     def account(self, plan: ReducePlan, fallback: np.ndarray, n_workers: int, elapsed: float) -> int:
         """Add one reduce to the totals; returns how many of its chunks got no aggregate (no RESULT, or
         a RESULT with count 0), what the worker's health check looks at."""
-        mine = ~plan.elsewhere  # another worker's owner-only chunks: no RESULT was due here (one that
-        # came all the same, from a switch that multicasts them, is not counted either)
-        done = (plan.state[plan.exp_units :] == DONE) & mine
-        empty, no_result = int(np.sum(done & (plan.count == 0))), int(np.sum(~done & mine))
+        # Another worker's owner-only chunks are left out: no RESULT was due here (one that came all the
+        # same, from a switch that multicasts them, is not counted either).
+        done = plan.state[plan.exp_units :] == DONE
+        if plan.any_owned:
+            done &= ~plan.elsewhere
+        count = plan.count
+        settled = int(np.count_nonzero(done))
+        empty = int(np.count_nonzero(done & (count == 0)))
+        full = int(np.count_nonzero(done & (count == n_workers)))
+        over = int(np.count_nonzero(done & (count > n_workers)))
+        mine = len(done) - (int(np.count_nonzero(plan.elsewhere)) if plan.any_owned else 0)
         self.reduces += 1
-        self.chunks += int(mine.sum())
-        self.chunks_full += int(np.sum(done & (plan.count == n_workers)))
-        self.chunks_partial += int(np.sum(done & (plan.count > 0) & (plan.count < n_workers)))
+        self.chunks += mine
+        self.chunks_full += full
+        self.chunks_partial += settled - empty - full - over
         self.chunks_empty += empty
-        self.chunks_no_result += no_result
-        self.chunks_no_exponent += int(np.sum(~plan.exp_known))
-        self.withheld_chunks += int(plan.withheld.sum())
-        self.saturated_results += int(np.sum(done & (plan.result_flags & Flag.SATURATED > 0)))
+        self.chunks_no_result += mine - settled
+        self.chunks_no_exponent += len(plan.exp_known) - int(np.count_nonzero(plan.exp_known))
+        self.withheld_chunks += int(np.count_nonzero(plan.withheld))
+        self.saturated_results += int(np.count_nonzero(done & ((plan.result_flags & _SATURATED) != 0)))
         if plan.any_critical:
             crit = plan.critical
             self.critical_chunks += int(crit.sum())
@@ -136,13 +145,14 @@ class TransportStats:
             else:
                 self.early_closes_deadline += 1
             self.units_closed_early += plan.closed_early
-        used = np.bincount(fallback, minlength=len(Fallback))
-        self.fallback_prev += int(used[Fallback.PREV])
-        self.fallback_zero += int(used[Fallback.ZERO])
-        self.fallback_local += int(used[Fallback.LOCAL])
+        if np.any(fallback):  # (Fallback.NONE is 0)
+            used = np.bincount(fallback, minlength=len(Fallback))
+            self.fallback_prev += int(used[Fallback.PREV])
+            self.fallback_zero += int(used[Fallback.ZERO])
+            self.fallback_local += int(used[Fallback.LOCAL])
         self.elapsed_s += elapsed
         self.reduce_ms.append(elapsed * 1000.0)
-        return empty + no_result
+        return empty + mine - settled
 
 
 def fallback_codes(
