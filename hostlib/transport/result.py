@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,9 @@ from hostlib.transport.config import Fallback
 from hostlib.transport.plan import DONE, ReducePlan
 
 _SATURATED = int(Flag.SATURATED)
+# TransportStats keeps the times of this many most recent reduces (a worker runs for days: one entry per
+# reduce forever grew without bound, and every stats call read them all).
+REDUCE_MS_WINDOW = 10_000
 
 
 @dataclass
@@ -98,15 +102,18 @@ class TransportStats:
     units_closed_early: int = 0
     early_close_deadline_cut_ms: float = 0.0
     elapsed_s: float = 0.0
-    reduce_ms: list[float] = field(default_factory=list)
+    # The last REDUCE_MS_WINDOW reduces' times, and the longest of all.
+    reduce_ms: deque[float] = field(default_factory=lambda: deque(maxlen=REDUCE_MS_WINDOW))
+    reduce_ms_max: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        times = np.array(self.reduce_ms) if self.reduce_ms else np.zeros(1)
+        """Every total, and ``reduce_ms``: p50 and p99 of the last REDUCE_MS_WINDOW reduces, max of all."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("reduce_ms")}
+        times = np.fromiter(self.reduce_ms, dtype=np.float64) if self.reduce_ms else np.zeros(1)
         out["reduce_ms"] = {
             "p50": float(np.percentile(times, 50)),
             "p99": float(np.percentile(times, 99)),
-            "max": float(times.max()),
+            "max": self.reduce_ms_max,
         }
         return out
 
@@ -152,6 +159,7 @@ class TransportStats:
             self.fallback_local += int(used[Fallback.LOCAL])
         self.elapsed_s += elapsed
         self.reduce_ms.append(elapsed * 1000.0)
+        self.reduce_ms_max = max(self.reduce_ms_max, elapsed * 1000.0)
         return empty + mine - settled
 
 
