@@ -16,12 +16,13 @@ from lta.chaos.runner import (
     Outcome,
     Signal,
     _drain,
+    _mark_finished,
     _recovery,
     judge,
     run_one,
 )
 from lta.chaos.schedule import FAULT_KINDS, RunSpec, draw, drop_policy
-from lta.chaos.worker import DOORS, chunk_sums
+from lta.chaos.worker import DOORS, FINISHED_MARK, chunk_sums
 
 
 def test_a_seed_replays_its_run_and_seeds_cover_every_door_and_fault():
@@ -696,3 +697,22 @@ def test_a_run_kept_in_the_folder_of_an_earlier_run_starts_from_an_empty_folder(
         assert out.verdict == "ok", out.as_dict()
         for rank in range(2):  # this run's one start of each rank, not the earlier run's too
             assert len((tmp_path / f"rank{rank}.starts").read_text().splitlines()) == 1
+
+
+def test_the_finished_mark_waits_for_every_rank_that_will_step_again(tmp_path):
+    """The parent tells lingering ranks the run is over (``FINISHED_MARK``) only once each rank saved its
+    result or was killed for good: not while a restart or a fault is still due, nor while a rank (a stopped
+    one) has yet to finish."""
+    codes = {0: 0, 1: None, 2: -9}
+    (tmp_path / "rank0.npz").touch()
+    _mark_finished(tmp_path, codes, killed={2: 1.0}, restart=[], pending=[])
+    assert not (tmp_path / FINISHED_MARK).exists()  # rank 1 is still running (stopped, or behind)
+    (tmp_path / "rank1.npz").touch()
+    _mark_finished(tmp_path, codes, killed={2: 1.0}, restart=[(5.0, 2)], pending=[])
+    assert not (tmp_path / FINISHED_MARK).exists()  # rank 2 starts again: it may need a peer's state
+    _mark_finished(tmp_path, codes, killed={2: 1.0}, restart=[], pending=[{"kind": "stop", "rank": 0}])
+    assert not (tmp_path / FINISHED_MARK).exists()
+    _mark_finished(tmp_path, codes, killed={}, restart=[], pending=[])
+    assert not (tmp_path / FINISHED_MARK).exists()  # rank 2 not killed and no result: still to come
+    _mark_finished(tmp_path, codes, killed={2: 1.0}, restart=[], pending=[])
+    assert (tmp_path / FINISHED_MARK).exists()

@@ -331,6 +331,25 @@ def test_a_restarted_rank_rejoins_takes_its_peers_state_and_ends_identical(make_
         done[N - 1][1].close()
 
 
+def test_lingering_ends_when_the_caller_says_no_rank_will_step_again(make_cluster):
+    """A finished rank lingers while a peer is silent (stopped or dead: nobody can tell), up to ``max_s``;
+    ``until`` (a launcher that saw every rank finish or die for good, as ``lta chaos`` does) ends it at
+    once, and without ``until`` the same silence keeps it the whole ``max_s``."""
+    from hostlib.torch_ext.heal import Healer
+
+    cluster = make_cluster(2, elems_per_packet=16, heartbeat_interval_s=0.1, peer_alive_s=0.5)
+    done, gone = cluster.workers[0], cluster.workers[1]
+    done.poll(0.3)
+    gone.close()
+    done.poll(0.4)  # two heartbeat intervals without it: silent
+    healer = Healer(done, lambda: (0, 0, [], np.zeros(1, np.float32)), lambda *a: None)
+    t0 = time.perf_counter()
+    told = t0 + 0.5
+    spent = healer.linger(max_s=20.0, until=lambda: time.perf_counter() >= told)
+    assert 0.5 <= spent < 2.0, spent
+    assert 1.5 <= healer.linger(max_s=1.5) < 3.0  # the silent peer alone: max_s
+
+
 def test_a_rank_behind_whose_peers_are_gone_fails_loud_naming_that(make_cluster):
     """Its peers finished (here: closed, their heartbeats stopped) while it was stopped: nobody can give
     it their state. It raises UnhealthyTraining saying that no peer has been heard, once their relayed

@@ -54,7 +54,7 @@ from hostlib.lifetime import die_with_parent
 from hostlib.liveness import DEFAULT_TIMEOUT_S as DEFAULT_LIVENESS_TIMEOUT_S
 from lta.chaos import netns
 from lta.chaos.schedule import NETNS_KINDS, RunSpec, drop_policy
-from lta.chaos.worker import TORCHRUN_DOORS
+from lta.chaos.worker import FINISHED_MARK, TORCHRUN_DOORS
 
 TRAINED_RATIO = 0.5
 EXACT_TOL = 1e-5
@@ -389,6 +389,7 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
                     procs[r] = _start(out, env, r, prefix, restarted=True)
                     del killed[r]
             codes = {r: p.poll() for r, (p, _) in procs.items()}
+            _mark_finished(out, codes, killed, restart, pending)
             waiting = _late(codes, killed) if spec.door == "torchft" else []
             peers_done = (peers_done or now) if waiting else None
             if peers_done is not None and now - peers_done >= LATE_GRACE_S:
@@ -447,6 +448,19 @@ def _watch(spec: RunSpec, out: Path, env: dict[str, str], limit_s: float, prefix
         return outcome
     # torchrun starts every rank again from the same checkpoint: their step histories stay aligned.
     return judge(outcome, out, killed, interrupted=() if torchrun else set(kill_times))
+
+
+def _mark_finished(
+    out: Path, codes: dict[int, int | None], killed: Collection[int], restart: list[Any], pending: list[Any]
+) -> None:
+    """Write ``FINISHED_MARK`` once no rank will step again: each has saved its result or was killed for
+    good (no restart due, no fault pending). The ranks lingering for a silent peer (``Healer.linger``)
+    then exit: the peer they waited for is dead, or done."""
+    mark = out / FINISHED_MARK
+    if restart or pending or mark.exists():
+        return
+    if all(r in killed or (out / f"rank{r}.npz").exists() for r in codes):
+        mark.touch()
 
 
 def _late(codes: dict[int, int | None], killed: Collection[int]) -> list[int]:

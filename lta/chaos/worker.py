@@ -33,6 +33,9 @@ How each door survives a process that dies:
   optimizer state and step), then trains on at the current step;
 - the other doors: the rank started again runs ``run`` from the start, as a new process of its door.
 
+A rank that finished lingers (``Healer.linger``) while a peer is silent, so that one stopped past its
+last step can still heal, until the parent's ``finished`` file says no rank will step again.
+
 Every start of a process appends ``monotonic-seconds restart-count`` to ``rank{R}.starts`` and writes
 its pid to ``rank{R}.pid`` (the parent's handle on a rank torchrun started); every finished step appends
 ``step perf-counter health...`` to ``rank{R}.progress``, ``step`` being the training step it completed
@@ -59,6 +62,9 @@ from hostlib.lifetime import die_with_parent
 
 DOORS = ("ddp", "hook", "sharded", "sharded-critical", "ps", "fsdp2", "torchft")
 TORCHRUN_DOORS = ("ddp", "fsdp2")  # started by torchrun, resumed from a distributed checkpoint
+# The parent writes this file in the run's folder once every rank that will step again has finished
+# (written its npz; a rank killed for good never will): a finished rank stops lingering for a peer then.
+FINISHED_MARK = "finished"
 CHECKPOINT_EVERY = 5  # steps between two distributed checkpoints of a TORCHRUN_DOORS run
 _IN, _HIDDEN, _OUT = 32, 128, 8
 _BATCH = 32
@@ -463,7 +469,9 @@ def run(spec: dict[str, Any], rank: int, who: str = "", restarted: bool = False)
     }
     np.savez(out / f"rank{rank}.npz", **result)  # type: ignore[arg-type]
     if built.healer is not None:  # a peer stopped past this rank's last step can still take its state
-        built.healer.linger(max_s=30.0)  # a restarted rank's start (importing torch) took 10-20 s at load 10
+        # a restarted rank's start (importing torch) took 10-20 s at load 10; no longer than the parent
+        # says some rank may still need it
+        built.healer.linger(max_s=30.0, until=(out / FINISHED_MARK).exists)
     if built.manager is not None:
         built.manager.shutdown(wait=False)
     elif door != "ps":
