@@ -301,6 +301,79 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
     assert check_reduces(results, inputs, k, full=(1, None), partial=(1, None), fallback=(1, None))
 
 
+def test_a_worker_stopped_past_every_result_it_could_keep_learns_from_the_relayed_heartbeats(make_cluster):
+    """A rank stopped while its peers ran on and finished (chaos: SIGSTOP 4 s at step 14 of 30) finds its
+    socket holding none of their later RESULTs (a kernel buffer keeps a few hundred datagrams; here: drained
+    on resume). Its units' slots moved on at the switch, which drops their GRADs and FLUSHes as stale:
+    nothing ever answers. Each reduce waited for its FLUSHes to give up (here ~15 s; the chaos run hit its
+    20 s reduce timeout, then healed), and three of them raised "got no aggregate" (46 s) instead of the
+    catch-up error. The peers' relayed heartbeats carry how far they settled (docs/protocol.md, "The relayed
+    heartbeat"): its units a pool below that are given up at once, its reduces count as passed, and after
+    ``catch_up_reduces`` of them it raises the catch-up error, within a few heartbeat intervals instead
+    of timeouts. Independent expectation: the peers' own units per reduce and the pool say which units
+    are a pool behind; the resumed reduces each end well within the timeout."""
+    from hostlib.errors import UnhealthyTraining
+    from hostlib.liveness import LivenessMonitor
+
+    n, reduces, stop_at, k = 3, 12, 2, 16
+    timeout_s = 30.0
+    cluster = make_cluster(
+        n, seed=2, elems_per_packet=k, pool_size=16, heartbeat_interval_s=0.1, reduce_timeout_s=timeout_s
+    )
+    monitor = LivenessMonitor(cluster.switch, cluster.job_id, n, timeout_s=0.5, poll_s=0.05).start()
+    done = [0] * n
+    progress = threading.Condition()
+    late = cluster.workers[2]
+    send = late.io.send_rows
+    armed = threading.Event()
+    resumed_at = [0.0]
+
+    def stopped_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
+        if armed.is_set():
+            armed.clear()
+            with progress:  # stopped until the peers have finished every reduce
+                assert progress.wait_for(lambda: min(done[:2]) >= reduces, timeout=60)
+            while late.io.recv(0.0):  # what its socket held is lost (a full kernel buffer)
+                pass
+            resumed_at[0] = time.perf_counter()
+        return send(rows, slots)
+
+    late.io.send_rows = stopped_send  # type: ignore[method-assign]
+    x = np.ones(60 * k, dtype=np.float32)
+
+    def body(w: LtaWorker, i: int) -> tuple[list, str, float]:
+        out: list = []
+        try:
+            for step in range(reduces):
+                if i == 2 and step == stop_at:
+                    assert late.heartbeat is not None
+                    late.heartbeat.stop()  # SIGSTOP stops every thread of the process
+                    armed.set()
+                out.append(w.allreduce(x, step=step))
+                with progress:
+                    done[i] = step + 1
+                    progress.notify_all()
+        except UnhealthyTraining as exc:
+            return out, str(exc), time.perf_counter()
+        return out, "", time.perf_counter()
+
+    try:
+        ran = run_workers(cluster.workers, body)
+    finally:
+        monitor.stop()
+    assert [e for _, e, _ in ran[:2]] == ["", ""]
+    results, error, ended = ran[2]
+    assert "6 reduces in a row were over before it started them" in error, error
+    assert ended - resumed_at[0] < 5.0, ended - resumed_at[0]  # before: a timeout of 30 s per reduce
+    assert len(results) == stop_at + 5
+    for r in results[stop_at:]:  # (the first of them holds the stop itself)
+        assert np.all(r.fallback != Fallback.NONE)
+    assert max(r.elapsed_s for r in results[stop_at + 1 :]) < 2.0
+    # what the peers' heartbeats announced (the first heard was enough): all their units, 60 chunks and
+    # 4 exponent units a reduce
+    assert late.engine.peers_settled[:2].max() == reduces * (60 + 4)
+
+
 def test_a_reduce_starts_by_waiting_as_long_as_a_live_peer_may_finish_the_one_before():
     """Until the first RESULT of a reduce, units wait the sync deadline, but at least one RTO plus the
     time a peer takes to give a unit up (each of its max_flushes + 1 FLUSHes unanswered, staggered by

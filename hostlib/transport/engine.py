@@ -135,6 +135,13 @@ class ReduceEngine:
         # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
         # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
         self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
+        # Every unit below this one is settled here (the end of the last reduce), what this worker's
+        # relayed heartbeat announces; and what each peer's announced (-1: nothing yet). A unit one pool
+        # below a peer's is overtaken: that peer settled the unit a pool after it, in the same slot
+        # (_drop_overtaken; docs/protocol.md, "The relayed heartbeat").
+        self.settled_to = 0
+        self.peers_settled = np.full(n_workers, -1, dtype=np.int64)
+        self._peer_news = False
         # Since when only the peers' progress holds this worker's next unit, nothing of its own in flight
         # (_peer_limit); inf while it is not so held. Kept across reduces: a worker held at every reduce
         # by a dead peer must not start its wait afresh each time.
@@ -220,6 +227,7 @@ class ReduceEngine:
         self._count_held(time.perf_counter(), "")
         self._learn(plan, time.perf_counter() - t0)
         result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0, scale)
+        self.settled_to = max(self.settled_to, plan.base + plan.units)
         if self.trace is not None:
             self.trace.on_reduce_end(self, plan, result)
         return result, outcome
@@ -367,7 +375,7 @@ class ReduceEngine:
         # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
         # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
         last = plan.base + plan.units - 1
-        passed = bool(self._slot_newest[last % self._slots] > last)
+        passed = bool(self._slot_newest[last % self._slots] > last) or int(self.peers_settled.max()) > last
         waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
         done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
@@ -508,6 +516,8 @@ class ReduceEngine:
         self._next_unit = int(state["next_unit"])
         self.reuse.restart_at(self._next_unit)
         self._slot_newest[:] = -1  # units numbered afresh from the checkpoint's
+        self.settled_to = self._next_unit
+        self.peers_settled[:] = -1
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
         self._prev_rows = {}
 
@@ -573,6 +583,9 @@ class ReduceEngine:
             was_synced = plan.synced
             result_batches = len(plan.rx_batches)
             self._receive(max(0.0, wait), plan)
+            if self._peer_news:  # a relayed heartbeat: a peer settled further (_drop_overtaken)
+                self._peer_news = False
+                self._drop_overtaken(plan)
             now = time.perf_counter()
             if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
                 self.reuse.news(plan.base, plan.frontier, dl.presumed_dead, self.native)
@@ -1211,6 +1224,13 @@ class ReduceEngine:
         if alive.any():  # a peer's relayed heartbeat: news for the deadlines, no parameter
             senders = hdr["worker_id"][rows[alive]].astype(np.int64)
             self.deadlines.heard(senders[senders < self.n_workers], time.perf_counter())
+            # ... and how far it settled (its bitmap field: "The relayed heartbeat" in docs/protocol.md)
+            peer = (senders < self.n_workers) & (senders != self.worker_id)
+            if peer.any():
+                before = int(self.peers_settled.max())
+                reach = hdr["bitmap"][rows[alive]].astype(np.int64)
+                np.maximum.at(self.peers_settled, senders[peer], reach[peer])
+                self._peer_news |= int(self.peers_settled.max()) > before
             self.stats.heartbeats_relayed += int(alive.sum())
             rows = rows[~alive]
             if not rows.size:
@@ -1404,14 +1424,19 @@ class ReduceEngine:
         GRADs and FLUSHes as stale). Give them up now instead of waiting through every deadline: the
         worker that fell behind falls back for those chunks and catches up. The newest round of each
         slot is remembered across reduces, so a worker that starts a reduce its peers left skips at once
-        to where they are (before, its own span held it on stale units until their FLUSHes gave up)."""
+        to where they are (before, its own span held it on stale units until their FLUSHes gave up).
+        A peer's relayed heartbeat says the same of every unit one pool below what it settled (the unit a
+        pool later, in the same slot, was settled there): a worker stopped past its peers' last RESULT it
+        could still buffer learns it there (before, its GRADs and FLUSHes went to stale rounds unanswered
+        until the reduce timed out, 20-60 s)."""
         d, base = self._slots, plan.base
-        hi = min(plan.units, int(self._slot_newest.max()) - base - d + 1)
+        ahead = int(self.peers_settled.max()) - d  # units below this are overtaken
+        hi = min(plan.units, max(int(self._slot_newest.max()) - d + 1, ahead) - base)
         if hi <= plan.low:
             return
         v = np.arange(plan.low, hi)
         v = v[plan.state[v] < DONE]
-        over = v[base + v < self._slot_newest[(base + v) % d]]
+        over = v[(base + v < self._slot_newest[(base + v) % d]) | (base + v < ahead)]
         if over.size:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)

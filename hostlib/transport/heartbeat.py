@@ -11,18 +11,25 @@ that is its own leaf (``TransportConfig.own_leaf``) sends no relay: the spine wo
 leaves, which relay nothing across levels anyway, under its leaf id, which its peers would take for a
 worker's.
 
-The packet is built once; each beat is one ``sendto`` on the worker's own socket (a UDP send is atomic,
-so it interleaves safely with the transport's sends from the training thread). It carries the job's K
-payload values (all zero) because a switch accepts only packets of the job's size.
+The relayed PARAM's ``bitmap`` field carries ``progress()``, the worker's settled unit counter (every unit
+below it answered or given up; the switch relays a PARAM unchanged): a peer stopped past this worker's
+last RESULT it could buffer learns from it that its stale units' slots moved on (docs/protocol.md, "The
+relayed heartbeat").
+
+The packets are built once; each beat is one ``sendto`` each on the worker's own socket (a UDP send is
+atomic, so it interleaves safely with the transport's sends from the training thread). They carry the
+job's K payload values (all zero) because a switch accepts only packets of the job's size.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import struct
 import threading
+from collections.abc import Callable
 
-from hostlib.protocol import ALIVE_CHUNK, Flag, Op, make_packet
+from hostlib.protocol import ALIVE_CHUNK, HEADER_OFFSETS, Flag, Op, make_packet
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,7 @@ class Heartbeat:
         elems_per_packet: int,
         interval_s: float,
         relay: bool = True,
+        progress: Callable[[], int] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {interval_s}")
@@ -45,15 +53,18 @@ class Heartbeat:
         self.packet = make_packet(
             Op.HEARTBEAT, job_id=job_id, worker_id=worker_id, elems_per_packet=elems_per_packet, nelem=0
         )
+        self.progress = progress
         self.relay = (
-            make_packet(
-                Op.PARAM,
-                job_id=job_id,
-                worker_id=worker_id,
-                elems_per_packet=elems_per_packet,
-                nelem=0,
-                chunk=ALIVE_CHUNK,
-                flags=int(Flag.CRITICAL),
+            bytearray(
+                make_packet(
+                    Op.PARAM,
+                    job_id=job_id,
+                    worker_id=worker_id,
+                    elems_per_packet=elems_per_packet,
+                    nelem=0,
+                    chunk=ALIVE_CHUNK,
+                    flags=int(Flag.CRITICAL),
+                )
             )
             if relay
             else None
@@ -71,6 +82,8 @@ class Heartbeat:
             try:
                 self.sock.sendto(self.packet, self.switch_addr)
                 if self.relay is not None:
+                    if self.progress is not None:
+                        struct.pack_into(">Q", self.relay, HEADER_OFFSETS["bitmap"], self.progress())
                     self.sock.sendto(self.relay, self.switch_addr)
                 self.sent += 1
             except OSError as exc:  # closed socket (shutting down) or a transient send error

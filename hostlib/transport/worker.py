@@ -79,6 +79,7 @@ class LtaWorker:
                 elems_per_packet=cfg.elems_per_packet,
                 interval_s=cfg.heartbeat_interval_s,
                 relay=not self.engine.own_leaf,
+                progress=lambda: self.engine.settled_to,
             ).start()
 
     # ---- what the engine owns, seen through the front --------------------------------------------
