@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 
 import numpy as np
 
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             outcomes["full"] += int((result.count == args.workers).sum())
             outcomes["partial"] += int(((result.count > 0) & (result.count < args.workers)).sum())
             outcomes["fallback"] += int((result.fallback != 0).sum())
-        stats = asdict(worker.stats)
+        stats = worker.stats.as_dict()
     t = np.array(times_ms)
     report = {
         "worker": args.worker,

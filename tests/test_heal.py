@@ -372,7 +372,8 @@ def test_a_rank_behind_whose_peers_are_gone_fails_loud_naming_that(make_cluster)
 @pytest.mark.parametrize("critical", [None, "default"], ids=["sharded", "sharded-critical"])
 def test_a_rank_stopped_past_its_peers_last_step_takes_their_final_state(make_cluster, critical):
     """Rank ``N - 1`` stops at step ``STOP_AT`` and comes back only after its peers have ended their run;
-    they linger (``Healer.linger``) while it is silent, so it still takes their final state and ends
+    they linger (``Healer.linger``) while it is silent, until it has finished (as a launcher tells them;
+    without that, 10 s past its return), so it still takes their final state and ends
     with exactly their replica: its own shard as they froze it (the reduces it skipped on its way back
     did not step it), every other copy theirs. On dd81131 it raised UnhealthyTraining."""
     cluster = _cluster(make_cluster)
@@ -380,6 +381,7 @@ def test_a_rank_stopped_past_its_peers_last_step_takes_their_final_state(make_cl
     models = [copy.deepcopy(base) for _ in range(N)]
     inputs = [torch.randn(16, 12, generator=torch.Generator().manual_seed(i)) for i in range(N)]
     finished = threading.Semaphore(0)
+    behind_done = threading.Event()  # what a launcher knows (lta chaos: its ``finished`` file)
     lingered = [0.0] * N
 
     def train(worker, i):
@@ -410,7 +412,9 @@ def test_a_rank_stopped_past_its_peers_last_step_takes_their_final_state(make_cl
             opt.zero_grad()
         if i != N - 1:
             finished.release()
-            lingered[i] = opt.healer.linger(max_s=30.0)
+            lingered[i] = opt.healer.linger(max_s=30.0, until=behind_done.is_set)
+        else:
+            behind_done.set()
         return opt
 
     with LivenessMonitor(cluster.switch, cluster.job_id, N, timeout_s=LIVENESS_S, poll_s=0.05):
