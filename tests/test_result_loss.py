@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,6 +227,65 @@ def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_clust
     assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
 
 
+def _stop_worker_two(
+    cluster: Any,
+    inputs: list[list[np.ndarray]],
+    stop_at: int,
+    until: int,
+    compute_s: float = 0.0,
+    on_resume: Callable[[], None] | None = None,
+) -> tuple[list[tuple[list, str, float]], float]:
+    """Workers 0-2 reduce ``inputs[step][worker]``; worker 2 stops in reduce ``stop_at`` as a SIGSTOP
+    would (its heartbeat off, its next send held) until its peers have finished ``until`` reduces, then
+    ``on_resume()`` and goes on. Returns per worker (its results, the UnhealthyTraining it raised or "",
+    when it ended) and when worker 2 resumed (``time.perf_counter``)."""
+    from hostlib.errors import UnhealthyTraining
+    from hostlib.liveness import LivenessMonitor
+
+    n = len(cluster.workers)
+    monitor = LivenessMonitor(cluster.switch, cluster.job_id, n, timeout_s=0.5, poll_s=0.05).start()
+    done = [0] * n
+    progress = threading.Condition()
+    late = cluster.workers[2]
+    send = late.io.send_rows
+    armed = threading.Event()
+    resumed_at = [0.0]
+
+    def stopped_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
+        if armed.is_set():
+            armed.clear()
+            with progress:  # stopped mid-reduce until the peers have finished reduce `until`
+                assert progress.wait_for(lambda: min(done[:2]) >= until, timeout=60)
+            if on_resume is not None:
+                on_resume()
+            resumed_at[0] = time.perf_counter()
+        return send(rows, slots)
+
+    late.io.send_rows = stopped_send  # type: ignore[method-assign]
+
+    def body(w: LtaWorker, i: int) -> tuple[list, str, float]:
+        out: list = []
+        try:
+            for step in range(len(inputs)):
+                if i == 2 and step == stop_at:
+                    assert late.heartbeat is not None
+                    late.heartbeat.stop()  # SIGSTOP stops every thread of the process
+                    armed.set()
+                out.append(w.allreduce(inputs[step][i], step=step))
+                with progress:
+                    done[i] = step + 1
+                    progress.notify_all()
+                time.sleep(compute_s)
+        except UnhealthyTraining as exc:
+            return out, str(exc), time.perf_counter()
+        return out, "", time.perf_counter()
+
+    try:
+        return run_workers(cluster.workers, body), resumed_at[0]
+    finally:
+        monitor.stop()
+
+
 @pytest.mark.parametrize("ahead", [3, None])
 def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoins(make_cluster, ahead):
     """Chaos seed 87 (a rank SIGSTOPped for 2.3 s): the liveness monitor lowered the quorum, the peers
@@ -238,53 +298,15 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
     Independent expectations: with 3 it raises nothing, its bit is in every chunk of the last reduces
     again, and every chunk of every worker is numpy's mean over its bitmap; with the peers gone (18
     reduces to skip) it raises, naming the reduces it could not catch up with, after 6 of them."""
-    from hostlib.errors import UnhealthyTraining
-    from hostlib.liveness import LivenessMonitor
 
     n, reduces, stop_at, k = 3, 24, 5, 16
-    until = reduces if ahead is None else stop_at + ahead
     cluster = make_cluster(n, seed=1, elems_per_packet=k, pool_size=16, heartbeat_interval_s=0.1)
-    monitor = LivenessMonitor(cluster.switch, cluster.job_id, n, timeout_s=0.5, poll_s=0.05).start()
-    done = [0] * n
-    progress = threading.Condition()
-    late = cluster.workers[2]
-    send = late.io.send_rows
-    armed = threading.Event()
-
-    def stopped_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
-        if armed.is_set():
-            armed.clear()
-            with progress:  # stopped mid-reduce until the peers have finished reduce `until`
-                assert progress.wait_for(lambda: min(done[:2]) >= until, timeout=60)
-        return send(rows, slots)
-
-    late.io.send_rows = stopped_send  # type: ignore[method-assign]
     rng = np.random.default_rng(0)
     inputs = [[rng.standard_normal(60 * k).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
-
-    def body(w: LtaWorker, i: int) -> tuple[list, str]:
-        out: list = []
-        try:
-            for step in range(reduces):
-                if i == 2 and step == stop_at:
-                    assert late.heartbeat is not None
-                    late.heartbeat.stop()  # SIGSTOP stops every thread of the process
-                    armed.set()
-                out.append(w.allreduce(inputs[step][i], step=step))
-                with progress:
-                    done[i] = step + 1
-                    progress.notify_all()
-                time.sleep(0.05)  # compute
-        except UnhealthyTraining as exc:
-            return out, str(exc)
-        return out, ""
-
-    try:
-        ran = run_workers(cluster.workers, body)
-    finally:
-        monitor.stop()
-    results = [r for r, _ in ran]
-    errors = [e for _, e in ran]
+    until = reduces if ahead is None else stop_at + ahead
+    ran, _ = _stop_worker_two(cluster, inputs, stop_at, until, compute_s=0.05)
+    results = [r for r, _, _ in ran]
+    errors = [e for _, e, _ in ran]
     assert errors[:2] == ["", ""]
     # Reduces worker 2 came back to after its peers had left most of their rounds (a unit of the last
     # one can still be open when the peers wait for it at their next reduce's reuse rules).
@@ -312,59 +334,25 @@ def test_a_worker_stopped_past_every_result_it_could_keep_learns_from_the_relaye
     ``catch_up_reduces`` of them it raises the catch-up error, within a few heartbeat intervals instead
     of timeouts. Independent expectation: the peers' own units per reduce and the pool say which units
     are a pool behind; the resumed reduces each end well within the timeout."""
-    from hostlib.errors import UnhealthyTraining
-    from hostlib.liveness import LivenessMonitor
 
     n, reduces, stop_at, k = 3, 12, 2, 16
-    timeout_s = 30.0
     cluster = make_cluster(
-        n, seed=2, elems_per_packet=k, pool_size=16, heartbeat_interval_s=0.1, reduce_timeout_s=timeout_s
+        n, seed=2, elems_per_packet=k, pool_size=16, heartbeat_interval_s=0.1, reduce_timeout_s=30.0
     )
-    monitor = LivenessMonitor(cluster.switch, cluster.job_id, n, timeout_s=0.5, poll_s=0.05).start()
-    done = [0] * n
-    progress = threading.Condition()
     late = cluster.workers[2]
-    send = late.io.send_rows
-    armed = threading.Event()
-    resumed_at = [0.0]
-
-    def stopped_send(rows: np.ndarray, slots: np.ndarray | None = None) -> int:
-        if armed.is_set():
-            armed.clear()
-            with progress:  # stopped until the peers have finished every reduce
-                assert progress.wait_for(lambda: min(done[:2]) >= reduces, timeout=60)
-            while late.io.recv(0.0):  # what its socket held is lost (a full kernel buffer)
-                pass
-            resumed_at[0] = time.perf_counter()
-        return send(rows, slots)
-
-    late.io.send_rows = stopped_send  # type: ignore[method-assign]
     x = np.ones(60 * k, dtype=np.float32)
 
-    def body(w: LtaWorker, i: int) -> tuple[list, str, float]:
-        out: list = []
-        try:
-            for step in range(reduces):
-                if i == 2 and step == stop_at:
-                    assert late.heartbeat is not None
-                    late.heartbeat.stop()  # SIGSTOP stops every thread of the process
-                    armed.set()
-                out.append(w.allreduce(x, step=step))
-                with progress:
-                    done[i] = step + 1
-                    progress.notify_all()
-        except UnhealthyTraining as exc:
-            return out, str(exc), time.perf_counter()
-        return out, "", time.perf_counter()
+    def lose_what_it_held() -> None:  # what its socket held is lost (a full kernel buffer)
+        while late.io.recv(0.0):
+            pass
 
-    try:
-        ran = run_workers(cluster.workers, body)
-    finally:
-        monitor.stop()
+    ran, resumed_at = _stop_worker_two(
+        cluster, [[x] * n] * reduces, stop_at, reduces, on_resume=lose_what_it_held
+    )
     assert [e for _, e, _ in ran[:2]] == ["", ""]
     results, error, ended = ran[2]
     assert "6 reduces in a row were over before it started them" in error, error
-    assert ended - resumed_at[0] < 5.0, ended - resumed_at[0]  # before: a timeout of 30 s per reduce
+    assert ended - resumed_at < 5.0, ended - resumed_at  # before: 15 s or more per reduce
     assert len(results) == stop_at + 5
     for r in results[stop_at:]:  # (the first of them holds the stop itself)
         assert np.all(r.fallback != Fallback.NONE)
