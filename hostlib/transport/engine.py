@@ -136,9 +136,8 @@ class ReduceEngine:
         # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
         self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
         # Every unit below this one is settled here (the end of the last reduce), what this worker's
-        # relayed heartbeat announces; and what each peer's announced (-1: nothing yet). A unit one pool
-        # below a peer's is overtaken: that peer settled the unit a pool after it, in the same slot
-        # (_drop_overtaken; docs/protocol.md, "The relayed heartbeat").
+        # relayed heartbeat announces; and what each peer's announced (-1: nothing yet), which feeds
+        # _slot_newest (_peer_settled; docs/protocol.md, "The relayed heartbeat").
         self.settled_to = 0
         self.peers_settled = np.full(n_workers, -1, dtype=np.int64)
         self._peer_news = False
@@ -375,7 +374,7 @@ class ReduceEngine:
         # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
         # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
         last = plan.base + plan.units - 1
-        passed = bool(self._slot_newest[last % self._slots] > last) or int(self.peers_settled.max()) > last
+        passed = bool(self._slot_newest[last % self._slots] > last)
         waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
         done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
@@ -1230,7 +1229,8 @@ class ReduceEngine:
                 before = int(self.peers_settled.max())
                 reach = hdr["bitmap"][rows[alive]].astype(np.int64)
                 np.maximum.at(self.peers_settled, senders[peer], reach[peer])
-                self._peer_news |= int(self.peers_settled.max()) > before
+                if int(self.peers_settled.max()) > before:
+                    self._peer_settled(int(self.peers_settled.max()))
             self.stats.heartbeats_relayed += int(alive.sum())
             rows = rows[~alive]
             if not rows.size:
@@ -1418,6 +1418,19 @@ class ReduceEngine:
                 payload, shift[got], divisor[got], plan.out, rows=rows[data][got], out_rows=c[got]
             )
 
+    def _peer_settled(self, settled: int) -> None:
+        """A peer settled every unit below ``settled`` (its relayed heartbeat), so each slot has seen the
+        newest of those units that uses it: the slot-newest table every overtaken test reads (the
+        native settle's, _drop_overtaken, the passed reduce) learns it as from a RESULT. A worker stopped
+        past the last RESULT its socket could keep finds its stale units here; before, their GRADs and
+        FLUSHes went to rounds the switch had moved past, unanswered, 15-20 s a reduce. (A unit a peer
+        gave up with every copy lost did not move its slot: this worker then falls back for a chunk
+        it could have had.)"""
+        top = settled - 1
+        newest = top - (top - np.arange(self._slots, dtype=np.int64)) % self._slots
+        np.maximum(self._slot_newest, newest, out=self._slot_newest)
+        self._peer_news = True
+
     def _drop_overtaken(self, plan: ReducePlan) -> None:
         """A RESULT for global unit ``g`` means slot ``g mod D`` (D data slots) has moved past every older
         round: units g-D, g-2D, ... that are still open can never be answered (the switch drops their
@@ -1425,18 +1438,14 @@ class ReduceEngine:
         worker that fell behind falls back for those chunks and catches up. The newest round of each
         slot is remembered across reduces, so a worker that starts a reduce its peers left skips at once
         to where they are (before, its own span held it on stale units until their FLUSHes gave up).
-        A peer's relayed heartbeat says the same of every unit one pool below what it settled (the unit a
-        pool later, in the same slot, was settled there): a worker stopped past its peers' last RESULT it
-        could still buffer learns it there (before, its GRADs and FLUSHes went to stale rounds unanswered
-        until the reduce timed out, 20-60 s)."""
+        The newest rounds come from RESULTs and from the peers' relayed heartbeats (_peer_settled)."""
         d, base = self._slots, plan.base
-        ahead = int(self.peers_settled.max()) - d  # units below this are overtaken
-        hi = min(plan.units, max(int(self._slot_newest.max()) - d + 1, ahead) - base)
+        hi = min(plan.units, int(self._slot_newest.max()) - base - d + 1)
         if hi <= plan.low:
             return
         v = np.arange(plan.low, hi)
         v = v[plan.state[v] < DONE]
-        over = v[(base + v < self._slot_newest[(base + v) % d]) | (base + v < ahead)]
+        over = v[base + v < self._slot_newest[(base + v) % d]]
         if over.size:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)
