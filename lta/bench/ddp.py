@@ -3,16 +3,25 @@
 with ``init_process_group("gloo")`` and once with ``init_process_group("lta")`` with the defaults (no
 ``LTA_*`` variables: rank 0 hosts the softswitch, packet size from the path), in the same run. Reports
 step-time percentiles, each rank's process CPU per step (rank 0's includes the softswitch it hosts) and
-the lta/gloo ratios of both."""
+the lta/gloo ratios of both.
+
+``--rounds R`` runs the pair R times, gloo first in odd rounds and lta first in even ones, fresh processes
+each time: this machine's speed drifts by 10% and more between runs a minute apart, so one pair's ratio
+moved between 1.2 and 1.45 for the same code. Each round's ratio is reported, with their median
+(``ratio_lta_over_gloo_p50_median``: two runs seconds apart see the same machine); the per-backend figures
+pool every round's steps."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
+from hostlib import argtypes
 from hostlib.errors import LtaError
 from lta.bench.flags import add_steps, add_warmup, add_workers, bench_command
 from lta.bench.ranks import raise_rank_errors, run_ranks
@@ -96,7 +105,37 @@ def run_backend(backend: str, world: int, steps: int, warmup: int, timeout_s: fl
         "first_loss": results[0]["first_loss"],
         "last_loss": results[0]["last_loss"],
         "params": results[0]["params"],
+        "steps_s": step.tolist(),  # (pooled over rounds by combine_rounds, then dropped)
     }
+
+
+def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
+    """The report of R rounds (each ``{backend: run_backend's dict}``): per backend, the step-time stats of
+    every round's steps pooled and each rank's CPU per step averaged over the rounds (losses: the first
+    round's); per round, both p50s and their ratio; the median of those ratios."""
+    out: dict[str, Any] = {}
+    for backend in ("gloo", "lta"):
+        runs = [r[backend] for r in rounds]
+        out[backend] = {
+            **time_stats(np.concatenate([run["steps_s"] for run in runs])),
+            "cpu_ms_per_step": np.mean([run["cpu_ms_per_step"] for run in runs], axis=0).tolist(),
+            "first_loss": runs[0]["first_loss"],
+            "last_loss": runs[0]["last_loss"],
+            "params": runs[0]["params"],
+        }
+    per_round = [
+        {"gloo_p50_ms": r["gloo"]["p50_ms"], "lta_p50_ms": r["lta"]["p50_ms"],
+         "ratio_p50": ratio(r["lta"]["p50_ms"], r["gloo"]["p50_ms"])}
+        for r in rounds
+    ]  # fmt: skip
+    out["rounds"] = per_round
+    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
+    known = [r["ratio_p50"] for r in per_round if r["ratio_p50"] is not None]
+    out["ratio_lta_over_gloo_p50_median"] = float(np.median(known)) if known else None
+    out["ratio_lta_over_gloo_cpu"] = ratio(
+        sum(out["lta"]["cpu_ms_per_step"]), sum(out["gloo"]["cpu_ms_per_step"])
+    )
+    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,25 +147,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_workers(p, 2, "ranks (processes), 1..64")
-    add_steps(p, 50, "timed training steps per backend")
+    add_steps(p, 50, "timed training steps per backend and round")
     add_warmup(p, 5, "untimed steps first")
+    p.add_argument(
+        "--rounds",
+        type=argtypes.positive_int,
+        default=3,
+        help="runs of the pair, gloo first in odd rounds, lta first in even ones (the machine drifts)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = {"workers": args.workers, "steps": args.steps, "warmup": args.warmup}
-    out: dict[str, Any] = {"config": config}
-    title = f"lta bench ddp: {args.workers} ranks, {args.steps} timed steps with gloo, then with lta"
+    config = {"workers": args.workers, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
+    title = f"lta bench ddp: {args.workers} ranks, {args.rounds} rounds of {args.steps} timed steps a backend"
+    rounds = []
     with Status(title) as status:
-        for backend in ("gloo", "lta"):
-            status.update(f"{backend}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
-            out[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
-    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
-    out["ratio_lta_over_gloo_cpu"] = ratio(
-        sum(out["lta"]["cpu_ms_per_step"]), sum(out["gloo"]["cpu_ms_per_step"])
-    )
+        for i in range(args.rounds):
+            got = {}
+            for backend in ("gloo", "lta") if i % 2 == 0 else ("lta", "gloo"):
+                status.update(f"round {i + 1}/{args.rounds}, {backend}: {args.warmup} + {args.steps} steps")
+                got[backend] = run_backend(backend, args.workers, args.steps, args.warmup)
+            rounds.append(got)
+    out: dict[str, Any] = {"config": config, **combine_rounds(rounds)}
 
     def table() -> Iterator[str]:
-        yield f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
+        yield (
+            f"stock DDP, {args.workers} ranks, {out['gloo']['params']:,} parameters, "
+            f"{args.rounds} x {args.steps} steps a backend"
+        )
         for backend in ("gloo", "lta"):
             r = out[backend]
             cpu = ", ".join(f"{c:.1f}" for c in r["cpu_ms_per_step"])
@@ -135,7 +183,10 @@ def _run(args: argparse.Namespace) -> int:
                 f"CPU/step per rank {cpu} ms  loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}"
             )
         p50, cpu = out["ratio_lta_over_gloo_p50"], out["ratio_lta_over_gloo_cpu"]
-        yield f"  lta/gloo step p50: {p50:.2f}" if p50 is not None else "  lta/gloo step p50: n/a"
+        yield f"  lta/gloo step p50, every round's steps: {p50:.2f}" if p50 is not None else "  lta/gloo: n/a"
+        each = ", ".join("n/a" if r["ratio_p50"] is None else f"{r['ratio_p50']:.2f}" for r in out["rounds"])
+        median = out["ratio_lta_over_gloo_p50_median"]
+        yield f"  lta/gloo step p50 by round: {each}" + ("" if median is None else f" (median {median:.2f})")
         yield f"  lta/gloo CPU per step, all ranks: {cpu:.2f}" if cpu is not None else "  lta/gloo CPU: n/a"
 
     return report(args.json, SCHEMA, out, table)
