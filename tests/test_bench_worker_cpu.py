@@ -31,3 +31,20 @@ def test_a_short_run_reports_the_reduces_cpu_and_the_refill_apart() -> None:
     assert all(c > 0 for c in doc["cpu_ms_per_reduce"])
     assert all(r < c for r, c in zip(doc["refresh_ms"], doc["cpu_ms_per_reduce"], strict=True))
     assert doc["wall_p50_ms"] > 0
+
+
+def test_the_refill_is_counted_apart_from_the_reduce() -> None:
+    """A stand-in worker whose reduce does nothing, refilling 32 MiB before each: all the CPU is the
+    refill's (memory copies of milliseconds), none of it the reduce's (a call that returns at once)."""
+    import numpy as np
+
+    from lta.bench.worker_cpu import _cpu_worker
+
+    class Idle:
+        def allreduce(self, y: np.ndarray, step: int, out: np.ndarray) -> None:
+            pass
+
+    out = _cpu_worker(Idle(), 0, 8 << 20, reduces=5, warmup=1, profile=False)  # type: ignore[arg-type]
+    assert out["refresh_ms"] > 1.0  # 32 MiB: several ms on this machine
+    assert out["cpu_ms"] < out["refresh_ms"] / 10  # (counted with the reduce, it would be more than it)
+    assert len(out["walls_ms"]) == 5
