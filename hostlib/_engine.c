@@ -534,7 +534,7 @@ done:
 }
 
 /* quantize_ahead(chunks, rows, exp_known, quantized, own_exp, critical, owner, shift, has_exp, todo,
- *                saturated, c0, c1, block, limit, flags, bit_generator[, direct]) -> quantized rows
+ *                saturated, c0, c1, block, limit, flags, bit_generator[, direct[, stamp]]) -> quantized rows
  * ReduceEngine._quantize_ahead in one call: the chunks of [c0, c1) not quantized yet whose exponent is known,
  * and the known ones after them up to ``block`` chunks from c0, quantized straight into the payload of their
  * packet rows (``rows``: the plan's data rows, big-endian) with their shifts; each row's exp byte and flags
@@ -543,16 +543,26 @@ done:
  * random_raw() per call that quantizes anything, then the rows in order, as hostlib.codec.quantize_into's C
  * path: the same integers. ``todo`` and ``saturated`` are scratch, one entry per chunk. ``direct`` (or
  * None): the reduce's input where the caller holds it, whole chunks only; chunk j below their number is
- * read from it instead of chunks[j] (ReduceEngine._begin did not stage it). */
+ * read from it instead of chunks[j] (ReduceEngine._begin did not stage it). ``stamp`` (or None): (g0, D, step),
+ * the global unit of chunk 0, the pool and the step; each quantized row then also gets its slot (g mod D),
+ * seq (g div D + 1) and step, g = g0 + j, written here where the row is being written anyway, instead of
+ * by ReducePlan.reset's strided pass over every row (``stamp_data=False``). */
 static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
-    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen, *direct_obj = Py_None;
+    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen, *direct_obj = Py_None, *stamp_obj = Py_None;
     Py_ssize_t c0, c1, block;
-    long long limit;
+    long long limit, g0 = 0, pool = 0, step = 0;
     int f_critical, f_saturated, f_owner;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|O:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|OO:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
                           &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &block,
-                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen, &direct_obj))
+                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen, &direct_obj, &stamp_obj))
         return NULL;
+    const int stamp = stamp_obj != Py_None;
+    if (stamp && !PyArg_ParseTuple(stamp_obj, "LLL:quantize_ahead stamp", &g0, &pool, &step))
+        return NULL;
+    if (stamp && (g0 < 0 || pool < 1 || step < 0 || step > 0xffffffffLL)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: stamp must be (g0 >= 0, pool >= 1, 0 <= step < 2**32)");
+        return NULL;
+    }
     Py_buffer cv, rv, dv;
     buf_t b[9];
     memset(b, 0, sizeof(b));
@@ -648,6 +658,12 @@ static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const int64_t j = todo[i];
             char *h = rows + j * stride;
+            if (stamp) {
+                const long long g = g0 + j;
+                put_be16((uint8_t *)h + OFF_SLOT, (uint16_t)(g % pool));
+                put_be32((uint8_t *)h + OFF_SEQ, (uint32_t)(g / pool + 1));
+                put_be32((uint8_t *)h + OFF_STEP, (uint32_t)step);
+            }
             h[OFF_EXP] = (char)(int8_t)shifts[i];
             h[OFF_FLAGS] = (char)((critical[j] ? f_critical : 0) | (saturated[i] && own_exp[j] ? f_saturated : 0) |
                                   (owner[j] >= 0 ? f_owner : 0));

@@ -104,6 +104,10 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
                 continue
             if name == "chunks":
                 va, vb = _rows_read(pa[key]), _rows_read(pb[key])
+            if name in ("data_batch", "data_rows"):
+                # A data row's slot, seq and step are written when it is quantized (the native engine
+                # writes them then, the reference at the reset): rows not quantized yet are no packet.
+                va, vb = va[pa[key].quantized], vb[pb[key].quantized]
             if isinstance(va, np.ndarray):
                 assert va.dtype == vb.dtype and np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), (
                     f"{where}: plan.{name} differs"
@@ -161,7 +165,7 @@ def _play(
     plans = {}
     for e, x in zip([ref, nat, *peers], [xs[0], xs[0], *xs[1:]], strict=True):
         plans[id(e)] = e._begin(
-            x.copy(), step=0, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock()
+            x.copy(), step=11, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock()
         )
     # the native copy quantizes worker 0's whole chunks from its input, the reference from staged rows
     assert (plans[id(nat)][0].direct is not None) == nat._codec_c and plans[id(ref)][0].direct is None

@@ -285,6 +285,8 @@ class ReduceEngine:
             exponents_critical=exact,
             owners=owners,
             worker_id=self.worker_id,
+            # the native quantize writes each data row's slot, seq and step with its payload
+            stamp_data=not (self.native and self._codec_c),
         )
         plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
         if self.own_leaf:  # partials of one: this worker's count and bit
@@ -868,6 +870,7 @@ class ReduceEngine:
                 plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
                 plan.owner, plan.shift, plan.has_exp, todo, saturated, c0, c1, block, limit,
                 self._quantize_flags, self._rng.bit_generator, plan.direct,
+                (plan.base + plan.exp_units, self._slots, self._header["step"]),
             )  # fmt: skip
             return
         hi = min(plan.chunks_count, max(c1, c0 + block))

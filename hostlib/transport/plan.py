@@ -149,12 +149,16 @@ class ReducePlan:
         exponents_critical: bool = False,
         owners: np.ndarray | None = None,
         worker_id: int = 0,
+        stamp_data: bool = True,
     ) -> None:
         """Start a reduce whose first unit is global unit ``base``; ``header`` holds the fields every
         packet of this worker carries (version, job_id, worker_id, step); ``critical``: the critical
         chunk mask (:func:`critical_chunks`), or None; ``exponents_critical``: every exponent unit is
         critical, whatever its chunks (exact mode: TransportConfig.exact); ``owners``: per chunk, the one
-        worker its RESULT goes to (-1: every worker), or None; ``worker_id``: this worker."""
+        worker its RESULT goes to (-1: every worker), or None; ``worker_id``: this worker;
+        ``stamp_data=False``: the data rows' slot, seq and step are left to whoever quantizes them (the
+        native engine writes them with each row's payload: ``hostlib._engine.quantize_ahead``'s ``stamp``),
+        sparing a strided pass over every packet row per reduce."""
         k = self.k
         self.base = base
         # Unit i's slot and round: (base + i) mod D and (base + i) div D + 1, read from tables of
@@ -167,14 +171,16 @@ class ReducePlan:
         self.slots = self._cycle_mod[r : r + self.units]
         self.seqs = self._cycle_div[r : r + self.units] + (base // pool_size + 1)
         changed = [(name, value) for name, value in header.items() if self._stamped.get(name) != value]
-        for batch, sl in (
-            (self.exp_batch, slice(0, self.exp_units)),
-            (self.data_batch, slice(self.exp_units, None)),
+        for batch, sl, every in (
+            (self.exp_batch, slice(0, self.exp_units), True),
+            (self.data_batch, slice(self.exp_units, None), stamp_data),
         ):
             for name, value in changed:
-                batch[name] = value
-            batch["slot"] = self.slots[sl]
-            batch["seq"] = self.seqs[sl]
+                if every or name != "step":
+                    batch[name] = value
+            if every:
+                batch["slot"] = self.slots[sl]
+                batch["seq"] = self.seqs[sl]
         self._stamped.update(changed)
         if critical is None:
             self.critical[:] = False
