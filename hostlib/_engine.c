@@ -202,12 +202,18 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     long long base;
     Py_ssize_t units, exp_units, chunks_count, headroom, low;
     double now;
-    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOO:settle", &data_obj, &lens_obj, &n,
+    PyObject *deliver_obj = Py_None, *user_out_obj = NULL, *quantized_obj = NULL, *delivered_obj = NULL;
+    double user_scale = 1.0;
+    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOO|O:settle", &data_obj, &lens_obj, &n,
                           &packet_bytes, &version, &job_id, &probe_slot, &slots, &n_workers, &worker_id,
                           &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &low, &now,
                           &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
                           &objs[8], &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
-                          &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23]))
+                          &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23],
+                          &deliver_obj))
+        return NULL;
+    if (deliver_obj != Py_None && !PyArg_ParseTuple(deliver_obj, "OdOO:settle deliver", &user_out_obj, &user_scale,
+                                                    &quantized_obj, &delivered_obj))
         return NULL;
     if (n_workers < 1 || n_workers > 64 || worker_id < 0 || worker_id >= n_workers || k < 1 || slots < 1 ||
         units < 1 || exp_units < 0 || exp_units > units || chunks_count != units - exp_units || n < 0 || low < 0 ||
@@ -216,7 +222,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer data_view;
-    buf_t lens = {0}, a[N_ARRAYS];
+    buf_t lens = {0}, a[N_ARRAYS], user_out_b = {0}, quantized_b = {0}, delivered_b = {0};
     memset(a, 0, sizeof(a));
     PyObject *result = NULL;
     if (PyObject_GetBuffer(data_obj, &data_view, PyBUF_STRIDES) < 0)
@@ -257,6 +263,31 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         if (get_vec(objs[i], &a[i], spec[i].item, spec[i].len, spec[i].writable, spec[i].name) < 0)
             goto done;
     }
+    /* deliver = (user_out, scale, quantized, delivered): the caller's output (float32, at most the chunks'
+     * values) gets each data chunk's values times scale as it is settled with a count > 0, once the chunk
+     * was quantized (its input is never read again then: user_out may be the input itself), and
+     * delivered[c] is set; ReduceEngine._finish writes the rest (ReducePlan.deliver_to). */
+    Py_ssize_t user_n = 0;
+    float *user_out = NULL;
+    const uint8_t *quantized = NULL;
+    uint8_t *delivered = NULL;
+    if (deliver_obj != Py_None) {
+        if (PyObject_GetBuffer(user_out_obj, &user_out_b.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+            goto done;
+        user_out_b.held = 1;
+        user_n = user_out_b.view.len / 4;
+        if (user_out_b.view.itemsize != 4 || user_n > c_count * k) {
+            PyErr_SetString(PyExc_ValueError, "settle: deliver's out must be float32, at most chunks * K values");
+            goto done;
+        }
+        if (get_vec(quantized_obj, &quantized_b, 1, c_count, 0, "quantized") < 0 ||
+            get_vec(delivered_obj, &delivered_b, 1, c_count, 1, "delivered") < 0)
+            goto done;
+        user_out = (float *)user_out_b.view.buf;
+        quantized = (const uint8_t *)quantized_b.view.buf;
+        delivered = (uint8_t *)delivered_b.view.buf;
+    }
+    const float user_scale_f = (float)user_scale;
 
     const uint8_t *data = (const uint8_t *)data_view.buf;
     const Py_ssize_t row_stride = data_view.strides[0];
@@ -413,6 +444,17 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             const double scale = ldexp(1.0, -s) / divisor;
             /* (the payload is big-endian: swapped on a little-endian host) */
             dequantize_row((const char *)payload, (char *)(out + c * k), k, scale, !host_big_endian);
+            if (user_out != NULL && quantized[c] && c * k < user_n) {
+                const float *src = out + c * k;
+                float *dst = user_out + c * k;
+                const Py_ssize_t m = user_n - c * k < k ? user_n - c * k : k;
+                if (user_scale_f == 1.0f)
+                    memcpy(dst, src, (size_t)m * 4);
+                else
+                    for (Py_ssize_t e = 0; e < m; e++)
+                        dst[e] = src[e] * user_scale_f;
+                delivered[c] = 1;
+            }
         }
     }
 
@@ -446,6 +488,9 @@ done:
     if (lens.held)
         PyBuffer_Release(&lens.view);
     release_vecs(a, N_ARRAYS);
+    release_vecs(&user_out_b, 1);
+    release_vecs(&quantized_b, 1);
+    release_vecs(&delivered_b, 1);
     return result;
 }
 

@@ -102,8 +102,9 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
             vb = getattr(pb[key], name)
             if name == "direct":  # where the rows are read from: compared as the rows read, below
                 continue
-            if name == "chunks":
-                va, vb = _rows_read(pa[key]), _rows_read(pb[key])
+            if name == "chunks":  # (what a chunk's values went out over, once delivered, is not read again)
+                kept = ~(pa[key].delivered | pb[key].delivered)
+                va, vb = _rows_read(pa[key])[kept], _rows_read(pb[key])[kept]
             if name in ("data_batch", "data_rows"):
                 # A data row's slot, seq and step are written when it is quantized (the native engine
                 # writes them then, the reference at the reset): rows not quantized yet are no packet.
@@ -162,11 +163,15 @@ def _play(
     switch.add_job(JobConfig(job_id=JOB, workers=list(range(n_workers)), pool_size=48, elems_per_packet=k))
     xs = [rng.standard_normal(n_values).astype(np.float32) * (w + 1) for w in range(n_workers)]
     crit = [(0, k * 3)] if critical else None
-    plans = {}
+    plans, outs = {}, {}
     for e, x in zip([ref, nat, *peers], [xs[0], xs[0], *xs[1:]], strict=True):
+        # Worker 0 reduces in place (out is its input), times 2: each chunk's values go out as it settles,
+        # once quantized (ReducePlan.deliver_to), and the native copy reads its whole chunks from there.
+        local = outs[id(e)] = x.copy()
         plans[id(e)] = e._begin(
-            x.copy(), step=11, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock()
-        )
+            local, step=11, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock(),
+            out=local if e in (ref, nat) else None, out_scale=2.0,
+        )  # fmt: skip
     # the native copy quantizes worker 0's whole chunks from its input, the reference from staged rows
     assert (plans[id(nat)][0].direct is not None) == nat._codec_c and plans[id(ref)][0].direct is None
     held: list[bytes] = []  # RESULTs for worker 0 delayed to a later delivery
@@ -245,10 +250,11 @@ def _play(
         if not plans[id(ref)][0].unsettled() and not held:
             break
         sent_tick[tick] = int(np.count_nonzero(plans[id(ref)][0].state == IN_FLIGHT))
+    _same(ref, nat, f"seed {seed} at the end")  # (before _finish: the prev fallback takes plan.out over)
     results = []
     for e in (ref, nat):
         plan, n_chunks = plans[id(e)]
-        results.append(e._finish(plan, n_values, n_chunks, None, None, 0.0)[0])
+        results.append(e._finish(plan, n_values, n_chunks, None, outs[id(e)], 0.0, 2.0)[0])
     a, b = results
     for name in (
         "values",
@@ -263,7 +269,6 @@ def _play(
     ):
         va, vb = getattr(a, name), getattr(b, name)
         assert np.array_equal(va, vb, equal_nan=True), f"seed {seed}: result.{name} differs"
-    _same(ref, nat, f"seed {seed} at the end")
     # The play reached the steady state and its rare cases: settled units, partial and empty rounds.
     plan = plans[id(ref)][0]
     assert np.count_nonzero(plan.state == DONE) > plan.units // 2
@@ -314,8 +319,8 @@ def test_native_settles_as_the_reference(
         critical=critical,
     )
     if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
-        assert (result.count == n_workers).all()
-        np.testing.assert_allclose(result.values, np.mean(xs, axis=0), rtol=0, atol=1e-6)
+        assert (result.count == n_workers).all()  # (times the reduce's out_scale, 2)
+        np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
 
 
 def test_native_fast_flush_probes_as_the_reference_under_result_loss(fake_clock: Clock) -> None:
@@ -534,3 +539,41 @@ def test_native_deadline_actions_as_the_reference(fake_clock: Clock, seed: int) 
     assert ref.stats.flushes_sent > 0
     assert np.count_nonzero(ref_plan.state == GAVE_UP) > 0
     assert ref.stats.flushes_on_timer > 0
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_chunk_settled_before_it_was_quantized_goes_out_only_at_the_end(
+    fake_clock: Clock, native: bool
+) -> None:
+    """A reduce in place (``out`` is the input) delivers each chunk's values to ``out`` as its RESULT is
+    settled, but only once the chunk was quantized: a RESULT that comes first (a peer's FLUSH closed the
+    round) leaves the input there, for the quantize that may still read it, and the values go out at the
+    end, times the scale. Both paths: the reference's settle and the native one."""
+    k, n_workers = 8, 2
+    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=3)
+    e = _engine(cfg, 0, n_workers, native)
+    x = np.random.default_rng(3).standard_normal(k * 20 + 5).astype(np.float32)
+    local = x.copy()
+    plan, n_chunks = e._begin(local, step=1, weight=1, critical=None, owners=None, t0=fake_clock(),
+                              out=local, out_scale=2.0)  # fmt: skip
+    c = n_chunks - 1  # the partial last chunk: nothing of this worker was sent, let alone quantized
+    u = plan.exp_units + c
+    shift = 20
+    ints = np.arange(1, k + 1, dtype=np.int64) * 1000 - 3500
+    pkt = np.zeros(protocol.packet_bytes(k), dtype=np.uint8)
+    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 1
+    hdr["count"], hdr["bitmap"], hdr["exp"], hdr["chunk"], hdr["nelem"] = 2, 3, shift, c, 5
+    hdr["slot"], hdr["seq"] = (plan.base + u) % e._slots, (plan.base + u) // e._slots + 1
+    pkt[HEADER_BYTES:].view(">i4")[:] = ints
+    n = e.io.fill([pkt.tobytes()])
+    e._handle(n, plan)
+    assert plan.state[u] == DONE and not plan.quantized[c]
+    assert not plan.delivered[c]
+    np.testing.assert_array_equal(local, x)  # the input is whole: nothing went out over it yet
+    result, _ = e._finish(plan, x.size, n_chunks, None, local, 0.0, 2.0)
+    assert result.values is local or np.shares_memory(result.values, local)
+    # sum * 2^-shift / count, times the scale: the five values of the last chunk
+    expected = (ints[:5] * 2.0**-shift / 2 * 2).astype(np.float32)
+    np.testing.assert_array_equal(local[c * k :], expected)
+    assert result.count[c] == 2

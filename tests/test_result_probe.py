@@ -158,7 +158,11 @@ def test_a_wake_ups_probes_and_flushes_go_in_one_call_each_rows_copies_side_by_s
         np.ones(32 * K, dtype=np.float32), step=3, weight=1, critical=None, owners=None, t0=0.0
     )
     plan.synced = True
-    plan.has_exp[:] = True
+    # every exponent agreed with this worker's proposal counted, and every chunk quantized into its packet
+    # row (the row gets its slot, seq and step then: the native engine writes them with the payload)
+    plan.exp_known[:], plan.own_exp[:], plan.shift[:] = True, True, 10
+    engine._quantize_ahead(plan, 0, plan.chunks_count)
+    assert plan.has_exp.all()
     dl = engine.deadlines
     dl.rtt_sample(10.0)
     dl.flush_sample(2.0)

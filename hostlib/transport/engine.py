@@ -221,7 +221,9 @@ class ReduceEngine:
         """One allreduce of the float32 vector ``local`` (see ``LtaWorker.allreduce`` for the arguments
         and the guarantee); returns the result and what the health checks need."""
         t0 = time.perf_counter()
-        plan, n_chunks = self._begin(local, step=step, weight=weight, critical=critical, owners=owners, t0=t0)
+        plan, n_chunks = self._begin(
+            local, step=step, weight=weight, critical=critical, owners=owners, t0=t0, out=out, out_scale=scale
+        )
         self._run_units(plan, step, t0)
         self._count_held(time.perf_counter(), "")
         self._learn(plan, time.perf_counter() - t0)
@@ -240,9 +242,13 @@ class ReduceEngine:
         critical: Any,
         owners: np.ndarray | None,
         t0: float,
+        out: np.ndarray | None = None,
+        out_scale: float = 1.0,
     ) -> tuple[ReducePlan, int]:
         """Stage ``local``, take its exponent proposals and reset the plan of its length: the reduce is
-        ready to send. Returns the plan and the chunk count (without exact mode's fence)."""
+        ready to send. Returns the plan and the chunk count (without exact mode's fence). ``out`` and
+        ``out_scale``: where the values go (``reduce``'s), given here so that each chunk's values go there as
+        its RESULT is settled (ReducePlan.deliver_to)."""
         n = local.size
         k, exact = self.config.elems_per_packet, self.config.exact
         n_chunks = max(1, -(-n // k))
@@ -289,6 +295,12 @@ class ReduceEngine:
             stamp_data=not (self.native and self._codec_c),
         )
         plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
+        # Each chunk's values go to ``out`` as its RESULT is settled, while the reduce waits for the others,
+        # instead of in a pass over every value after the last: not where chunks are owned elsewhere (their
+        # rows are not written), nor with renormalize "none" (a partial chunk there takes the fallback, and
+        # the `local` one reads the input, which ``out`` may be).
+        deliver = out is not None and not plan.any_owned and self.config.renormalize != "none"
+        plan.deliver_to(out.reshape(-1) if deliver and out is not None else None, out_scale)
         if self.own_leaf:  # partials of one: this worker's count and bit
             for batch in (plan.exp_batch, plan.data_batch):
                 batch["count"], batch["bitmap"] = 1, np.uint64(1) << np.uint64(self.worker_id)
@@ -364,7 +376,10 @@ class ReduceEngine:
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             which = None if not plan.any_owned else ~plan.elsewhere[:n_chunks]
-            _copy_rows(rows, values, n, which, scale)
+            if plan.user_out is not None:  # the chunks settled with values are there already
+                which = ~plan.delivered[:n_chunks] | missing[:n_chunks]
+            if which is None or which.any():
+                _copy_rows(rows, values, n, which, scale)
             if self._fallback == Fallback.PREV:
                 self._keep_prev(plan, key, n, n_chunks)
         if nonfinite.any():
@@ -1178,6 +1193,9 @@ class ReduceEngine:
                 self.worker_id, self._closer_id, self.config.elems_per_packet, self._renormalize_code,
                 plan.base, plan.units, plan.exp_units, plan.chunks_count, self._headroom,
             )  # fmt: skip
+        deliver = None  # (ReducePlan.deliver_to)
+        if plan.user_out is not None:
+            deliver = plan.user_out, plan.user_scale, plan.quantized, plan.delivered
         now = time.perf_counter()
         (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
          rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx) = native_ext.settle(
@@ -1185,7 +1203,7 @@ class ReduceEngine:
             plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
             plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
             plan.nonfinite, plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"],
-            s["rtt"], s["flush"])  # fmt: skip
+            s["rtt"], s["flush"], deliver)  # fmt: skip
         if side:
             data = rx.data
             hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
@@ -1420,6 +1438,14 @@ class ReduceEngine:
             codec.dequantize_into(
                 payload, shift[got], divisor[got], plan.out, rows=rows[data][got], out_rows=c[got]
             )
+        if plan.user_out is not None:  # (ReducePlan.deliver_to) once quantized, a chunk's input is not read
+            done = c[got]
+            done = done[plan.quantized[done]]
+            if done.size:
+                which = np.zeros(plan.chunks_count, dtype=bool)
+                which[done] = True
+                _copy_rows(plan.out, plan.user_out, plan.user_out.size, which, plan.user_scale)
+                plan.delivered[done] = True
 
     def _peer_settled(self, settled: int) -> None:
         """A peer settled every unit below ``settled`` (its relayed heartbeat), so each slot has seen the

@@ -86,6 +86,11 @@ class ReducePlan:
         self.exp_bitmap = np.zeros(c, dtype=np.uint64)
         self.any_withheld = False  # some worker withholds some chunk of this reduce
         self.quantized = np.zeros(c, dtype=bool)
+        # The caller's output, where each chunk's values go as its RESULT is settled (deliver_to), and the
+        # chunks whose values went there that way.
+        self.user_out: np.ndarray | None = None
+        self.user_scale = 1.0
+        self.delivered = np.zeros(c, dtype=bool)
         self.result_flags = np.zeros(c, dtype=np.int64)
         self.state = np.zeros(self.units, dtype=np.int8)
         self.sent_at = np.zeros(self.units, dtype=np.float64)
@@ -230,6 +235,7 @@ class ReducePlan:
         self.rx_batches = []
         for flags in (self.has_exp, self.exp_known, self.nonfinite, self.own_exp, self.quantized):
             flags[:] = False
+        self.delivered[:] = False
         self.exp_bitmap[:] = 0
         self.any_withheld = False
         self.state[:] = PENDING
@@ -240,6 +246,14 @@ class ReducePlan:
         self.own_shown = -1
         self.fast_flushed_to = 0
         self.all_sent = False
+
+    def deliver_to(self, out: np.ndarray | None, scale: float = 1.0) -> None:
+        """Settling a data chunk with values (a RESULT of count > 0) also writes them, times ``scale``, to
+        the flat float32 ``out`` (its first ``out.size`` values are the reduce's), once the chunk has been
+        quantized, and marks it ``delivered``: from then on its input is never read again, so ``out`` may be
+        the input itself. ReduceEngine._finish writes the rest. None: nothing is written while settling.
+        Called after :meth:`reset`."""
+        self.user_out, self.user_scale = out, scale
 
     @property
     def withheld(self) -> np.ndarray:

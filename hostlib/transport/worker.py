@@ -265,9 +265,11 @@ class LtaWorker:
         what happened to them.
 
         ``out``: a C-contiguous float32 array of ``x``'s size to write the result into (it may be ``x``'s
-        own memory: the input is read before anything is written); ``ReduceResult.values`` is then
-        ``out`` itself, flattened. Without it every call returns a new array. Reusing one buffer saves a
-        fresh allocation (and its page faults) per reduce.
+        own memory: a chunk's input is read before its values are written); ``ReduceResult.values`` is
+        then ``out`` itself, flattened. Each chunk's values go there as its RESULT arrives, while the
+        reduce waits for the others (the rest at the end), so an exception out of the reduce can leave
+        ``out`` part written. Without it every call returns a new array. Reusing one buffer saves a fresh
+        allocation (and its page faults) per reduce.
 
         ``owners``: one int per chunk, the only worker that needs that chunk's result (-1: every worker),
         the same on every worker (a reduce-scatter). Those chunks go owner-only (Flag.OWNER): the switch
