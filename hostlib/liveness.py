@@ -102,7 +102,12 @@ class LivenessMonitor:
 
     @property
     def offline(self) -> list[int]:
-        return [w for w in range(self.n_workers) if not self.online[w]]
+        """The workers marked offline now. Read under the poll's lock, so a change seen here comes with its
+        event in ``events`` and the quorum it set (a poll marks a worker, sets the quorum, then records the
+        event: read between the two, a returned worker showed online while its event was not recorded
+        yet)."""
+        with self._lock:
+            return [w for w in range(self.n_workers) if not self.online[w]]
 
     def poll(self) -> list[LivenessEvent]:
         """Read the counters once; mark workers offline / online; set the quorum if it changes."""
