@@ -380,6 +380,7 @@ class ReduceEngine:
                 which = ~plan.delivered[:n_chunks] | missing[:n_chunks]
             if which is None or which.any():
                 _copy_rows(rows, values, n, which, scale)
+            plan.deliver_to(None)  # (the plan keeps no hold on the caller's buffer)
             if self._fallback == Fallback.PREV:
                 self._keep_prev(plan, key, n, n_chunks)
         if nonfinite.any():
