@@ -86,8 +86,10 @@ print(len(got), len(set(got)), sum(b < a for a, b in zip(got, got[1:])))
 @pytest.mark.parametrize("kind", ["reorder", "duplicate"])
 def test_netns_fault_reorders_or_duplicates_udp(kind):
     """2000 UDP datagrams over the namespace's loopback at a 20% fault: with ``duplicate`` about 400
-    extra copies (binomial: 3 sigma is 54) and every datagram once at least, in order; with ``reorder``
-    every one once, some arriving after a later one."""
+    extra copies and every datagram once at least, in order; with ``reorder`` every one once, some
+    arriving after a later one. The extra copies spread wider than a binomial's (3 sigma would be 54): 40
+    runs gave 354-436, and CI once 331 on a busy host (the kernel's dup skips a copy now and then), so the
+    band is 300-500: a duplicate rule that did not fire, or fired twice as often, still fails."""
     import subprocess
     import sys
 
@@ -107,7 +109,7 @@ def test_netns_fault_reorders_or_duplicates_udp(kind):
     received, unique, descents = map(int, out.stdout.split())
     assert unique == 2000
     if kind == "duplicate":
-        assert 400 - 60 <= received - unique <= 400 + 60 and descents == 0
+        assert 300 <= received - unique <= 500 and descents == 0
     else:
         assert received == 2000 and descents > 0
 
