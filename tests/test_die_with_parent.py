@@ -131,11 +131,14 @@ def test_a_child_whose_parent_is_already_gone_exits(tmp_path):
 
 
 def _launch(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    # TMPDIR: what the launcher keeps in a temporary folder (lta chaos: its run's files) is left behind by
+    # a SIGKILL, which runs no cleanup; under tmp_path pytest removes it (in /tmp, one folder a CI run).
     return subprocess.Popen(
         [*LTA, *args],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "launcher.err", "w"),  # noqa: SIM115 (closed with the process)
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
 
 
