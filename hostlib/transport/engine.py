@@ -267,7 +267,7 @@ class ReduceEngine:
         scale = float(weight) if self.config.renormalize == "weight" else 1.0
         # The native engine quantizes whole chunks where the caller holds them (``direct``): staged are only
         # the last, partial chunk and what follows, so the input is read once before quantizing, not copied.
-        k_full = n // k if self.native and self._codec_c and not in_place and scale == 1.0 else 0
+        k_full = n // k if self._native_quantize and not in_place and scale == 1.0 else 0
         proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale, k_full)
         if own_nonfinite and k_full:  # staged whole after all: a non-finite chunk sends zeros
             proposals, own_nonfinite = codec.stage(local, chunks, n, scale)
@@ -292,7 +292,7 @@ class ReduceEngine:
             owners=owners,
             worker_id=self.worker_id,
             # the native quantize writes each data row's slot, seq and step with its payload
-            stamp_data=not (self.native and self._codec_c),
+            stamp_data=not self._native_quantize,
         )
         plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
         # Each chunk's values go to ``out`` as its RESULT is settled, while the reduce waits for the others,
@@ -311,6 +311,14 @@ class ReduceEngine:
         if self.trace is not None:
             self.trace.on_reduce_start(self, plan)
         return plan, n_chunks
+
+    @property
+    def _native_quantize(self) -> bool:
+        """Whether chunks are quantized by the native engine (``hostlib._engine.quantize_ahead``): it can
+        read whole chunks from the caller's input (``plan.direct``, not staged by ``_begin``) and it writes
+        each data row's slot, seq and step (not stamped by the reset). One predicate for the three places
+        that depend on it, so that they can never disagree."""
+        return self.native and self._codec_c
 
     def _owners_rule(self, owners: np.ndarray | None, n_chunks: int) -> np.ndarray | None:
         """``owners`` checked, with the chunks that are every worker's whatever it says (see
@@ -876,7 +884,7 @@ class ReduceEngine:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
         block, so that the numpy passes are large and run while earlier packets are at the switch."""
         block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
-        if self.native and self._codec_c:  # the same rows, draws and flags in one call
+        if self._native_quantize:  # the same rows, draws and flags in one call
             todo, saturated = self._scratch["todo"], self._scratch["saturated"]
             if len(todo) < plan.chunks_count:
                 todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
