@@ -139,6 +139,15 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
         assert b.param_inbox[chunk][0] == step and np.array_equal(b.param_inbox[chunk][1], values), where
 
 
+def _at_offset(x: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``x`` whose first value lies ``offset`` floats past a 64-byte boundary."""
+    room = np.empty(x.size + offset + 16, dtype=np.float32)
+    start = (-room.ctypes.data % 64) // 4 + offset
+    y = room[start : start + x.size]
+    y[:] = x
+    return y
+
+
 def _play(
     clock: Clock,
     seed: int,
@@ -152,9 +161,11 @@ def _play(
     renormalize: str = "count",
     critical: bool = False,
     up_loss: float | None = None,
+    offset: int = 0,
 ) -> tuple[object, list[np.ndarray], int]:
-    """``loss`` drops GRADs and worker 0's RESULTs, ``up_loss`` (when given) GRADs alone. Returns the
-    reference's result, the inputs and how many units worker 0's fast flush probed."""
+    """``loss`` drops GRADs and worker 0's RESULTs, ``up_loss`` (when given) GRADs alone. Worker 0's
+    input (its ``out`` too) starts ``offset`` floats past a 64-byte boundary. Returns the reference's
+    result, the inputs and how many units worker 0's fast flush probed."""
     rng = np.random.default_rng(seed)
     cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize)
     ref, nat = _engine(cfg, 0, n_workers, False), _engine(cfg, 0, n_workers, True)
@@ -167,7 +178,7 @@ def _play(
     for e, x in zip([ref, nat, *peers], [xs[0], xs[0], *xs[1:]], strict=True):
         # Worker 0 reduces in place (out is its input), times 2: each chunk's values go out as it settles,
         # once quantized (ReducePlan.deliver_to), and the native copy reads its whole chunks from there.
-        local = outs[id(e)] = x.copy()
+        local = outs[id(e)] = _at_offset(x, offset if e in (ref, nat) else 0)
         plans[id(e)] = e._begin(
             local, step=11, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock(),
             out=local if e in (ref, nat) else None, out_scale=2.0,
@@ -285,13 +296,17 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 @pytest.mark.parametrize(
-    ("seed", "n_workers", "k", "loss", "dup", "late", "renormalize", "critical"),
+    ("seed", "n_workers", "k", "loss", "dup", "late", "renormalize", "critical", "offset"),
     [
-        (1, 2, 64, 0.0, 0.0, 0.0, "count", False),  # lossless: every round complete
-        (2, 2, 64, 0.05, 0.05, 0.05, "count", False),
-        (3, 3, 16, 0.15, 0.1, 0.1, "weight", False),
-        (4, 4, 8, 0.25, 0.2, 0.2, "none", True),
-        (5, 3, 5, 0.1, 0.3, 0.3, "count", True),
+        (1, 2, 64, 0.0, 0.0, 0.0, "count", False, 0),  # lossless: every round complete
+        (2, 2, 64, 0.05, 0.05, 0.05, "count", False, 0),
+        (3, 3, 16, 0.15, 0.1, 0.1, "weight", False, 0),
+        (4, 4, 8, 0.25, 0.2, 0.2, "none", True, 0),
+        (5, 3, 5, 0.1, 0.3, 0.3, "count", True, 0),
+        # rows of 100 values start anywhere in a cache line (the native copy out streams whole lines and
+        # writes the rest plainly), and out is 4 bytes off the plan's rows' alignment
+        (6, 2, 100, 0.05, 0.05, 0.05, "count", False, 1),
+        (7, 3, 100, 0.1, 0.0, 0.0, "count", False, 4),
     ],
 )
 def test_native_settles_as_the_reference(
@@ -304,6 +319,7 @@ def test_native_settles_as_the_reference(
     late: float,
     renormalize: str,
     critical: bool,
+    offset: int,
 ) -> None:
     fake_clock.t = 1000.0
     result, xs, _ = _play(
@@ -317,6 +333,7 @@ def test_native_settles_as_the_reference(
         late=late,
         renormalize=renormalize,
         critical=critical,
+        offset=offset,
     )
     if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
         assert (result.count == n_workers).all()  # (times the reduce's out_scale, 2)
