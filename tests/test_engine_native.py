@@ -241,6 +241,10 @@ def _play(
                 e.stats.packets_received += n
                 e._handle(n, plans[id(e)][0])
             _same(ref, nat, f"seed {seed} tick {tick}")
+            # out gets a chunk's values as it is delivered, and nothing before: the rest is still the input
+            plan = plans[id(nat)][0]
+            kept = np.repeat(~plan.delivered, k)[:n_values]
+            assert np.array_equal(outs[id(nat)][kept], xs[0][kept]), f"seed {seed} tick {tick}: out too early"
         for e in peers:
             n = e.io.fill(down[e.worker_id])
             e._handle(n, plans[id(e)][0])
@@ -303,10 +307,11 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
         (3, 3, 16, 0.15, 0.1, 0.1, "weight", False, 0),
         (4, 4, 8, 0.25, 0.2, 0.2, "none", True, 0),
         (5, 3, 5, 0.1, 0.3, 0.3, "count", True, 0),
-        # rows of 100 values start anywhere in a cache line (the native copy out streams whole lines and
-        # writes the rest plainly), and out is 4 bytes off the plan's rows' alignment
-        (6, 2, 100, 0.05, 0.05, 0.05, "count", False, 1),
-        (7, 3, 100, 0.1, 0.0, 0.0, "count", False, 4),
+        # rows of 1030 values, long enough for the native copy out to stream them around the cache: they
+        # start anywhere in a cache line (whole lines go streamed, the rest plainly), and out is 4 bytes
+        # off the plan's rows' alignment
+        (6, 2, 1030, 0.05, 0.05, 0.05, "count", False, 1),
+        (7, 3, 1030, 0.1, 0.0, 0.0, "count", False, 4),
     ],
 )
 def test_native_settles_as_the_reference(
