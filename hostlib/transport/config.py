@@ -143,7 +143,9 @@ class TransportConfig:
     # A late peer is not a lost packet: while some live peer has not shown (by the bitmaps) that it sent a
     # critical unit, the unit's resends do not count toward critical_max_resends, for up to this long after
     # its first send. Without it a peer descheduled for 15 RTOs (300 ms at the 20 ms floor) had the
-    # critical units it had not sent yet closed short without it. Longer than the liveness timeout (3 s):
+    # critical units it had not sent yet closed short without it. Nor do those in the first two
+    # max_deadline_ms, the longest a live peer whose GRAD was lost takes to resend it
+    # (Deadlines.waiting_for_peers). Longer than the liveness timeout (3 s):
     # a dead peer's rounds close by the quorum the liveness monitor lowers, at a survivor's next resend
     # (a duplicate at the lowered quorum closes the round: docs/protocol.md, "Switch contract"; every
     # target applies it). 0: every resend counts.

@@ -280,17 +280,24 @@ class Deadlines:
     def resending(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """Which of ``units`` are resent rather than flushed at their deadline: the critical ones, unless
         a peer looks dead or they were resent ``critical_max_resends`` times already, not counting the
-        resends made while a live peer was late (see :meth:`waiting_for_late_peer` and the config)."""
+        resends made while a live peer may still send (see :meth:`waiting_for_peers` and the config)."""
         if self.early_close:
             return np.zeros(len(units), dtype=bool)
         return plan.critical_unit[units] & (plan.retx_spent[units] < self.config.critical_max_resends)
 
-    def waiting_for_late_peer(self, plan: ReducePlan, units: np.ndarray, now: float) -> np.ndarray:
-        """Which of ``units`` some live peer may not have sent yet (past its frontier), within
-        ``critical_wait_ms`` of their first send: a critical resend of one of them waits for that peer
-        and does not spend the unit's resend budget."""
+    def waiting_for_peers(self, plan: ReducePlan, units: np.ndarray, now: float) -> np.ndarray:
+        """Which of ``units`` a live peer may still send: a critical resend of one of them waits for that
+        peer and does not spend the unit's resend budget, within ``critical_wait_ms`` of the first send.
+        Two cases:
+        - the unit is past some peer's frontier: that peer may not have sent it yet (late, descheduled);
+        - the unit went less than two ``max_deadline_ms`` ago: a peer whose GRAD was lost resends it at its
+          own RTO, then every two, and its RTO may be far longer than this worker's (a loaded host: at
+          20 ms here against 90-165 ms there, 8 resends ran out in 0.33 s, before the peers had resent
+          once or twice, and the round closed short; tests/test_critical.py)."""
+        age = now - plan.sent_at[units]
         beyond = units > self.slowest_frontier(plan)
-        return beyond & (now - plan.sent_at[units] < self.config.critical_wait_ms / 1000.0)
+        resend_s = 2 * self.config.max_deadline_ms / 1000.0
+        return (beyond | (age < resend_s)) & (age < self.config.critical_wait_ms / 1000.0)
 
     def peer_lag_s(self, plan: ReducePlan, units: np.ndarray) -> np.ndarray:
         """How much later than this worker the slowest peer may send ``units``, when the frame rate is
@@ -311,8 +318,9 @@ class Deadlines:
         it if the first copy was lost, or answers a closed round with its stored RESULT), one RTO after
         the first send, then every two: LTP's losses are random, not congestion, and the critical units
         are few, so doubling (which made the p99 step 2.7x at 5% kernel loss) buys nothing. Past
-        ``critical_max_resends`` resends (those made while a live peer was late do not count, for up to
-        ``critical_wait_ms``), or while a peer looks dead, it is flushed like the rest."""
+        ``critical_max_resends`` resends (those made while a live peer may still send do not count, for up to
+        ``critical_wait_ms``: :meth:`waiting_for_peers`), or while a peer looks dead, it is flushed like
+        the rest."""
         if not units.size:
             return
         flushes = plan.flushes[units]

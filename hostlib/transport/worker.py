@@ -260,9 +260,9 @@ class LtaWorker:
         FLUSHes them, so every worker of the job must mark the same chunks (as it passes the same
         lengths). They are flushed like the rest only when a peer looks dead, or after
         ``config.critical_max_resends`` resends (the slot may have moved on: see the config; resends
-        made while a live peer had not reached the unit yet do not count, for up to
-        ``config.critical_wait_ms``), and given up at ``reduce_timeout_s``; ``stats.critical_*`` counts
-        what happened to them.
+        made while a live peer had not reached the unit yet, or in the first two ``max_deadline_ms``, do
+        not count, for up to ``config.critical_wait_ms``), and given up at ``reduce_timeout_s``;
+        ``stats.critical_*`` counts what happened to them.
 
         ``out``: a C-contiguous float32 array of ``x``'s size to write the result into (it may be ``x``'s
         own memory: a chunk's input is read before its values are written); ``ReduceResult.values`` is
