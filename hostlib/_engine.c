@@ -523,7 +523,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             if (user_out != NULL && quantized[c] && c * k < user_n) {
                 const float *src = out + c * k;
                 float *dst = user_out + c * k;
-                const Py_ssize_t m = user_n - c * k < k ? user_n - c * k : k; /* (the last chunk: part) */
+                const Py_ssize_t m = user_n - c * k < k ? user_n - c * k : k; /* (less in the caller's last chunk) */
                 if (user_scale_f == 1.0f)
                     memcpy(dst, src, (size_t)m * 4);
                 else

@@ -223,9 +223,10 @@ def test_a_late_peer_is_not_a_lost_packet_for_critical_units(make_cluster):
 def test_resends_before_a_slow_peer_could_resend_do_not_spend_the_budget():
     """A peer whose GRAD was lost resends it at its own RTO (then every two), up to max_deadline_ms: on a
     loaded host 90-165 ms against this worker's 20 ms. Counted from the first send, 8 resends ran out in
-    0.33 s, before the peers had resent once or twice, and the round closed short (1 CI run in ~15 of
-    the sharded optimizer test below). Resends in the first two max_deadline_ms are not counted now,
-    as those made while a peer is late; past critical_wait_ms nothing is exempt."""
+    0.33 s, before the peers had resent once or twice, and the round closed short (the sharded optimizer
+    test below failed so once in CI, and 4 times in 107 runs beside three CPU hogs). Resends in the first
+    two max_deadline_ms are not counted now, as those made while a peer is late; past critical_wait_ms
+    nothing is exempt."""
     cfg = TransportConfig(min_deadline_ms=20, max_deadline_ms=200, critical_wait_ms=1000)
     dl = Deadlines(cfg, worker_id=0, n_workers=3)
     plan = ReducePlan(16 * K, K)

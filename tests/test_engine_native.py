@@ -308,8 +308,8 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
         (4, 4, 8, 0.25, 0.2, 0.2, "none", True, 0),
         (5, 3, 5, 0.1, 0.3, 0.3, "count", True, 0),
         # rows of 1030 values, long enough for the native copy out to stream them around the cache: they
-        # start anywhere in a cache line (whole lines go streamed, the rest plainly), and out is 4 bytes
-        # off the plan's rows' alignment
+        # start anywhere in a cache line (whole lines go streamed, the rest plainly), and out starts 4 or
+        # 16 bytes past one
         (6, 2, 1030, 0.05, 0.05, 0.05, "count", False, 1),
         (7, 3, 1030, 0.1, 0.0, 0.0, "count", False, 4),
     ],
