@@ -148,6 +148,22 @@ static void release_vecs(buf_t *b, int n) {
  * short those shared lines are most of them (at K = 64 streaming made the settle 4x slower: 1.6-1.9 ->
  * 6.7-7.2 ms a 4 MiB reduce, the rows landing in arrival order, their lines part streamed, part not). */
 #define STREAM_MIN_VALUES 1024
+
+/* The plain way: values [lo, hi) of a row dequantized into ``out``, and those below ``m`` (the caller's
+ * share of the row) times the scale into ``user``. */
+static void deliver_plain(const char *src, float *out, float *user, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t m,
+                          double scale, float user_scale, int swap) {
+    dequantize_row(src + 4 * lo, (char *)(out + lo), hi - lo, scale, swap);
+    const Py_ssize_t top = hi < m ? hi : m;
+    if (top <= lo)
+        return;
+    if (user_scale == 1.0f)
+        memcpy(user + lo, out + lo, (size_t)(top - lo) * 4);
+    else
+        for (Py_ssize_t e = lo; e < top; e++)
+            user[e] = out[e] * user_scale;
+}
+
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <emmintrin.h>
 #define STREAM_GROUP 16
@@ -161,14 +177,11 @@ static inline __attribute__((always_inline)) void put_group(float *dst, __m128 v
 HOT_LOOP
 static void deliver_row(const char *src, float *out, float *user, Py_ssize_t k, double scale, float user_scale,
                         int swap) {
-    Py_ssize_t j = 0;
-    float t[STREAM_GROUP];
     /* up to out's first cache line boundary the plain way, then whole lines around the cache */
-    for (; j < k && ((uintptr_t)(out + j) & 63); j++) {
-        dequantize_row(src + 4 * j, (char *)t, 1, scale, swap);
-        out[j] = t[0];
-        user[j] = user_scale == 1.0f ? t[0] : t[0] * user_scale;
-    }
+    Py_ssize_t j = (Py_ssize_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    j = j < k ? j : k;
+    deliver_plain(src, out, user, 0, j, k, scale, user_scale, swap);
+    float t[STREAM_GROUP];
     const int user_aligned = ((uintptr_t)(user + j) & 15) == 0, scaled = user_scale != 1.0f;
     const __m128 s = _mm_set1_ps(user_scale);
     for (; j + STREAM_GROUP <= k; j += STREAM_GROUP) {
@@ -182,11 +195,7 @@ static void deliver_row(const char *src, float *out, float *user, Py_ssize_t k, 
             put_group(user + j + q, scaled ? _mm_mul_ps(v, s) : v, user_aligned);
         }
     }
-    for (; j < k; j++) {
-        dequantize_row(src + 4 * j, (char *)t, 1, scale, swap);
-        out[j] = t[0];
-        user[j] = user_scale == 1.0f ? t[0] : t[0] * user_scale;
-    }
+    deliver_plain(src, out, user, j, k, k, scale, user_scale, swap);
 }
 
 /* Streamed stores are weakly ordered: one fence before the values are handed on. */
@@ -197,9 +206,7 @@ static inline void stream_fence(int streamed) {
 #else
 static void deliver_row(const char *src, float *out, float *user, Py_ssize_t k, double scale, float user_scale,
                         int swap) {
-    dequantize_row(src, (char *)out, k, scale, swap);
-    for (Py_ssize_t e = 0; e < k; e++)
-        user[e] = user_scale == 1.0f ? out[e] : out[e] * user_scale;
+    deliver_plain(src, out, user, 0, k, k, scale, user_scale, swap);
 }
 
 static inline void stream_fence(int streamed) { (void)streamed; }
@@ -511,26 +518,20 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             const double divisor = renorm == 0 ? (double)cnt : renorm == 1 ? (double)(w > 0 ? w : cnt) : (double)n_workers;
             const double scale = ldexp(1.0, -s) / divisor;
             /* (the payload is big-endian: swapped on a little-endian host) */
-            if (k >= STREAM_MIN_VALUES && user_out != NULL && quantized[c] && (c + 1) * k <= user_n) {
-                /* a whole long chunk for the caller: one pass writes both (64 KiB datagrams) */
+            if (user_out == NULL || !quantized[c] || c * k >= user_n) {
+                dequantize_row((const char *)payload, (char *)(out + c * k), k, scale, !host_big_endian);
+                continue;
+            }
+            const Py_ssize_t m = user_n - c * k < k ? user_n - c * k : k; /* (less in the caller's last chunk) */
+            if (k >= STREAM_MIN_VALUES && m == k) { /* a whole long chunk: around the cache (64 KiB datagrams) */
                 deliver_row((const char *)payload, out + c * k, user_out + c * k, k, scale, user_scale_f,
                             !host_big_endian);
                 streamed = 1;
-                delivered[c] = 1;
-                continue;
+            } else {
+                deliver_plain((const char *)payload, out + c * k, user_out + c * k, 0, k, m, scale, user_scale_f,
+                              !host_big_endian);
             }
-            dequantize_row((const char *)payload, (char *)(out + c * k), k, scale, !host_big_endian);
-            if (user_out != NULL && quantized[c] && c * k < user_n) {
-                const float *src = out + c * k;
-                float *dst = user_out + c * k;
-                const Py_ssize_t m = user_n - c * k < k ? user_n - c * k : k; /* (less in the caller's last chunk) */
-                if (user_scale_f == 1.0f)
-                    memcpy(dst, src, (size_t)m * 4);
-                else
-                    for (Py_ssize_t e = 0; e < m; e++)
-                        dst[e] = src[e] * user_scale_f;
-                delivered[c] = 1;
-            }
+            delivered[c] = 1;
         }
     }
 
