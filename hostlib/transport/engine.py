@@ -1070,8 +1070,8 @@ class ReduceEngine:
             plan.data_batch["flags"][c] |= _RETX
             self.send(plan.data_rows[c])
         plan.retx[units] += 1
-        late = self.deadlines.waiting_for_peers(plan, units, now)
-        plan.retx_spent[units[~late]] += 1
+        waiting = self.deadlines.waiting_for_peers(plan, units, now)
+        plan.retx_spent[units[~waiting]] += 1
         self.stats.critical_resends += len(units)
         self.deadlines.arm(plan, units, now)
 
