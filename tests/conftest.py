@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -182,6 +183,18 @@ def run_workers(workers: list[LtaWorker], fn: Callable[[LtaWorker, int], object]
     if errors:
         raise errors[0]
     return results
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging() -> Iterator[None]:
+    """``lta.cli.main`` run in-process configures the root logger as a command does (``-q`` sets it to
+    ERROR); put it back after every test, so a later test's caplog sees its warnings whichever test ran
+    before it in the same process (``make test`` runs the files in two processes, in any order)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

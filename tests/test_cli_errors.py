@@ -112,16 +112,6 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """cli.main configures the root logger, as a command does; put it back for the tests after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 @pytest.fixture
 def nothing_starts(monkeypatch):
     """Any process start (multiprocessing or subprocess) fails the test."""

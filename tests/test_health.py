@@ -178,7 +178,7 @@ def test_reduces_that_get_nothing_raise_after_the_configured_run(make_cluster):
 def test_warn_mode_logs_once_and_keeps_going(make_cluster, caplog):
     cluster = _starved(make_cluster, "warn")
     x = [np.ones(16 * K, np.float32)] * 2
-    with caplog.at_level(logging.WARNING, logger="hostlib.transport.worker"):
+    with caplog.at_level(logging.WARNING, logger="hostlib.transport.health"):
         for step in range(5):
             cluster.reduce_all(x, step=step)
     warnings = [r for r in caplog.records if "training is running on fallbacks" in r.getMessage()]
