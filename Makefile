@@ -11,8 +11,7 @@ STAMP := $(VENV)/.installed
 # The full table (every drop rate, method and mechanism): README.md, "The full table".
 MAIN_JOB ?= train --drops 0,0.1,0.4 --methods renorm,prev
 # pytest-xdist: one process per core (4 at most), a test file's tests together (its module fixtures run
-# once).
-# About 9 minutes on 2 cores against 13 serially; PYTEST_PARALLEL= runs them in one process.
+# once). About 9 minutes on 2 cores against 13 in one process; PYTEST_PARALLEL= runs them in one process.
 PYTEST_PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: run test setup lint clean-venv

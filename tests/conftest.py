@@ -189,7 +189,7 @@ def run_workers(workers: list[LtaWorker], fn: Callable[[LtaWorker, int], object]
 def restore_root_logging() -> Iterator[None]:
     """``lta.cli.main`` run in-process configures the root logger as a command does (``-q`` sets it to
     ERROR); put it back after every test, so a later test's caplog sees its warnings whichever test ran
-    before it in the same process (``make test`` runs the files in two processes, in any order)."""
+    before it in the same process (``make test`` runs the files in one process per core, in any order)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield

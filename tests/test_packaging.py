@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from hostlib.p4 import schema as p4schema
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 P4_BUILD_FILES = ("lta.json", "lta.p4info.txtpb")
@@ -128,8 +130,6 @@ def test_every_requirement_is_pinned_in_constraints() -> None:
 
 
 def test_p4schema_finds_the_checkouts_build() -> None:
-    from hostlib.p4 import schema as p4schema
-
     assert p4schema.BUILD_DIR == ROOT / "p4" / "build"
     assert p4schema.P4INFO_PATH.is_file() and p4schema.BMV2_JSON_PATH.is_file()
 
@@ -275,9 +275,8 @@ def test_fresh_venv_has_no_extras(fresh_venv: Path) -> None:
 
 @pytest.mark.slow
 def test_fresh_venv_reads_the_compiled_program_from_the_wheel(fresh_venv: Path) -> None:
-    from hostlib.p4 import schema  # named from the module itself: a move of it fails here, not in the venv
-
-    code = f"import {schema.__name__} as s; print(s.P4INFO_PATH); print(s.BMV2_JSON_PATH)"
+    # named from the module imported above: a move of it fails this file's import in the default run
+    code = f"import {p4schema.__name__} as s; print(s.P4INFO_PATH); print(s.BMV2_JSON_PATH)"
     out = _venv_run(fresh_venv, "python", "-c", code)
     assert out.returncode == 0, out.stderr
     for line, name in zip(out.stdout.split(), ("lta.p4info.txtpb", "lta.json"), strict=True):
