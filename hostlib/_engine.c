@@ -1,6 +1,8 @@
 /*
  * hostlib._engine: the reduce engine's steady state, a few calls per wake-up: settling a received batch (below),
- * and the scans, sends' quantization, slot-reuse and deadline rules each function's comment describes.
+ * the send half of a steady wake-up (Wake: the scan, the window and slot-reuse rules, quantizing and committing
+ * the units that go), and the scans, quantization, slot-reuse and deadline rules each function's comment
+ * describes.
  *
  * hostlib/transport/engine.py is the contract and the Python reference (ReduceEngine._handle,
  * _on_results, _settle, _time_answers, _settle_values); this module is its native path, chosen by
@@ -670,144 +672,205 @@ done:
  * the global unit of chunk 0, the pool and the step; each quantized row then also gets its slot (g mod D),
  * seq (g div D + 1) and step, g = g0 + j, written here where the row is being written anyway, instead of
  * by ReducePlan.reset's strided pass over every row (``stamp_data=False``). */
-static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
-    PyObject *chunks_obj, *rows_obj, *objs[9], *bitgen, *direct_obj = Py_None, *stamp_obj = Py_None;
-    Py_ssize_t c0, c1, block;
-    long long limit, g0 = 0, pool = 0, step = 0;
+/* What quantize_core reads and writes: the plan's arrays (C chunks of K values) and the call's constants. */
+typedef struct {
+    const char *chunks; /* staged rows, (C, K) float32 */
+    Py_ssize_t c, k;
+    char *rows; /* the data rows, (C, 36 + 4K) bytes, row stride below */
+    Py_ssize_t stride;
+    const char *direct; /* the caller's first ``split`` whole chunks, or NULL */
+    Py_ssize_t split;
+    const uint8_t *exp_known, *own_exp, *critical;
+    uint8_t *quantized, *has_exp, *saturated;
+    const int64_t *owner;
+    const int32_t *shift;
+    int64_t *todo;
+    Py_ssize_t block;
+    long long limit;
     int f_critical, f_saturated, f_owner;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|OO:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
-                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &block,
-                          &limit, &f_critical, &f_saturated, &f_owner, &bitgen, &direct_obj, &stamp_obj))
-        return NULL;
-    const int stamp = stamp_obj != Py_None;
-    if (stamp && !PyArg_ParseTuple(stamp_obj, "LLL:quantize_ahead stamp", &g0, &pool, &step))
-        return NULL;
-    if (stamp && (g0 < 0 || pool < 1 || step < 0 || step > 0xffffffffLL)) {
-        PyErr_SetString(PyExc_ValueError, "quantize_ahead: stamp must be (g0 >= 0, pool >= 1, 0 <= step < 2**32)");
-        return NULL;
-    }
-    Py_buffer cv, rv, dv;
-    buf_t b[9];
-    memset(b, 0, sizeof(b));
-    int have_cv = 0, have_rv = 0, have_dv = 0;
-    PyObject *result = NULL;
-    uint64_t *bits = NULL;
-    if (PyObject_GetBuffer(chunks_obj, &cv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        goto done;
-    have_cv = 1;
-    if (PyObject_GetBuffer(rows_obj, &rv, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
-        goto done;
-    have_rv = 1;
-    if (cv.ndim != 2 || cv.itemsize != 4 || rv.ndim != 2 || rv.itemsize != 1 || rv.strides[1] != 1 ||
-        rv.shape[0] != cv.shape[0] || rv.shape[1] != HEADER_BYTES + 4 * cv.shape[1] || limit < 1 ||
-        limit > (1LL << 30)) {
-        PyErr_SetString(PyExc_ValueError, "quantize_ahead: chunks must be (C, K) float32 and rows (C, 36 + 4K) uint8");
-        goto done;
-    }
-    const Py_ssize_t c = cv.shape[0], k = cv.shape[1];
-    /* direct: the caller's first ``split`` chunks where they lie (C-contiguous float32, split * K values),
-     * read instead of their staged rows */
-    Py_ssize_t split = 0;
-    if (direct_obj != Py_None) {
-        if (PyObject_GetBuffer(direct_obj, &dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-            goto done;
-        have_dv = 1;
-        split = dv.itemsize == 4 ? dv.len / (4 * k) : -1;
-        if (split < 0 || split * 4 * k != dv.len || split > c) {
-            PyErr_SetString(PyExc_ValueError, "quantize_ahead: direct must hold whole chunks of K float32, at most C");
-            goto done;
-        }
-    }
-    static const vec_spec_t spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
-                                       {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
-                                       {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"}};
-    if (get_vecs(objs, b, spec, 9, c) < 0)
-        goto done;
-    if (c0 < 0 || c1 < c0 || c1 > c || block < 1) {
-        PyErr_SetString(PyExc_ValueError, "quantize_ahead: need 0 <= c0 <= c1 <= chunks and block >= 1");
-        goto done;
-    }
-    const uint8_t *exp_known = (const uint8_t *)b[0].view.buf, *own_exp = (const uint8_t *)b[2].view.buf;
-    const uint8_t *critical = (const uint8_t *)b[3].view.buf;
-    const int64_t *owner = (const int64_t *)b[4].view.buf;
-    const int32_t *shift = (const int32_t *)b[5].view.buf;
-    uint8_t *quantized = (uint8_t *)b[1].view.buf, *has_exp = (uint8_t *)b[6].view.buf;
-    int64_t *todo = (int64_t *)b[7].view.buf;
-    uint8_t *saturated = (uint8_t *)b[8].view.buf;
+    PyObject *bitgen;
+    int stamp;
+    long long g0, pool, step;
+} qa_t;
+
+/* quantize_ahead's work once its arguments are checked: the rows quantized, or -1 with an exception set. */
+static Py_ssize_t quantize_core(const qa_t *q, Py_ssize_t c0, Py_ssize_t c1) {
+    const Py_ssize_t c = q->c, k = q->k;
     /* (reference: hi = min(C, max(c1, c0 + block)), cut at the first unknown exponent from c1 on) */
-    Py_ssize_t hi = c0 + block > c1 ? c0 + block : c1;
+    Py_ssize_t hi = c0 + q->block > c1 ? c0 + q->block : c1;
     if (hi > c)
         hi = c;
     for (Py_ssize_t j = c1; j < hi; j++)
-        if (!exp_known[j]) {
+        if (!q->exp_known[j]) {
             hi = j;
             break;
         }
     Py_ssize_t n = 0;
     for (Py_ssize_t j = c0; j < hi; j++)
-        if (exp_known[j] && !quantized[j])
-            todo[n++] = j;
-    if (n == 0) {
-        result = PyLong_FromSsize_t(0);
-        goto done;
-    }
-    PyObject *raw = PyObject_CallMethod(bitgen, "random_raw", NULL);
+        if (q->exp_known[j] && !q->quantized[j])
+            q->todo[n++] = j;
+    if (n == 0)
+        return 0;
+    PyObject *raw = PyObject_CallMethod(q->bitgen, "random_raw", NULL);
     if (raw == NULL)
-        goto done;
+        return -1;
     const unsigned long long seed = PyLong_AsUnsignedLongLong(raw);
     Py_DECREF(raw);
     if (PyErr_Occurred())
-        goto done;
-    bits = PyMem_RawMalloc((size_t)(k / 2 + 1) * sizeof(uint64_t));
-    if (bits == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+        return -1;
+    uint64_t *bits = PyMem_RawMalloc((size_t)(k / 2 + 1) * sizeof(uint64_t));
     /* the shifts of the rows in order, as the reference passes plan.shift[sel] */
     int32_t *shifts = PyMem_RawMalloc((size_t)n * sizeof(int32_t));
-    if (shifts == NULL) {
+    if (bits == NULL || shifts == NULL) {
+        PyMem_RawFree(bits);
+        PyMem_RawFree(shifts);
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        shifts[i] = shift[todo[i]];
-    char *rows = (char *)rv.buf;
-    const Py_ssize_t stride = rv.strides[0];
+        shifts[i] = q->shift[q->todo[i]];
+    char *rows = q->rows;
+    const Py_ssize_t stride = q->stride;
     Py_ssize_t bad;
     Py_BEGIN_ALLOW_THREADS;
-    bad = quantize_rows(have_dv ? (const char *)dv.buf : NULL, split, (const char *)cv.buf, 4 * k, rows + HEADER_BYTES,
-                        stride, k, todo, n, shifts, (float)limit, 1, (uint64_t)seed, bits, saturated);
+    bad = quantize_rows(q->direct, q->split, q->chunks, 4 * k, rows + HEADER_BYTES, stride, k, q->todo, n, shifts,
+                        (float)q->limit, 1, (uint64_t)seed, bits, q->saturated);
     if (bad < 0)
         for (Py_ssize_t i = 0; i < n; i++) {
-            const int64_t j = todo[i];
+            const int64_t j = q->todo[i];
             char *h = rows + j * stride;
-            if (stamp) {
-                const long long g = g0 + j;
-                put_be16((uint8_t *)h + OFF_SLOT, (uint16_t)(g % pool));
-                put_be32((uint8_t *)h + OFF_SEQ, (uint32_t)(g / pool + 1));
-                put_be32((uint8_t *)h + OFF_STEP, (uint32_t)step);
+            if (q->stamp) {
+                const long long g = q->g0 + j;
+                put_be16((uint8_t *)h + OFF_SLOT, (uint16_t)(g % q->pool));
+                put_be32((uint8_t *)h + OFF_SEQ, (uint32_t)(g / q->pool + 1));
+                put_be32((uint8_t *)h + OFF_STEP, (uint32_t)q->step);
             }
             h[OFF_EXP] = (char)(int8_t)shifts[i];
-            h[OFF_FLAGS] = (char)((critical[j] ? f_critical : 0) | (saturated[i] && own_exp[j] ? f_saturated : 0) |
-                                  (owner[j] >= 0 ? f_owner : 0));
-            has_exp[j] = own_exp[j];
-            quantized[j] = 1;
+            h[OFF_FLAGS] = (char)((q->critical[j] ? q->f_critical : 0) |
+                                  (q->saturated[i] && q->own_exp[j] ? q->f_saturated : 0) |
+                                  (q->owner[j] >= 0 ? q->f_owner : 0));
+            q->has_exp[j] = q->own_exp[j];
+            q->quantized[j] = 1;
         }
     Py_END_ALLOW_THREADS;
     PyMem_RawFree(shifts);
-    if (bad >= 0)
+    PyMem_RawFree(bits);
+    if (bad >= 0) {
         PyErr_Format(PyExc_ValueError, "tensor holds NaN or Inf (first in chunk %zd); refusing to send it", bad);
-    else
+        return -1;
+    }
+    return n;
+}
+
+/* The buffers of quantize_ahead's arrays (chunks, rows, direct, then the nine below), taken and checked into ``q``;
+ * -1 with an exception set. Released by qa_release whatever was returned. */
+typedef struct {
+    Py_buffer cv, rv, dv;
+    int have_cv, have_rv, have_dv;
+    buf_t b[9];
+} qa_bufs_t;
+
+static void qa_release(qa_bufs_t *u) {
+    if (u->have_cv)
+        PyBuffer_Release(&u->cv);
+    if (u->have_rv)
+        PyBuffer_Release(&u->rv);
+    if (u->have_dv)
+        PyBuffer_Release(&u->dv);
+    u->have_cv = u->have_rv = u->have_dv = 0;
+    release_vecs(u->b, 9);
+    memset(u->b, 0, sizeof(u->b));
+}
+
+static int qa_take(qa_bufs_t *u, qa_t *q, PyObject *chunks_obj, PyObject *rows_obj, PyObject *const *objs,
+                   PyObject *direct_obj) {
+    memset(u, 0, sizeof(*u));
+    if (PyObject_GetBuffer(chunks_obj, &u->cv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    u->have_cv = 1;
+    if (PyObject_GetBuffer(rows_obj, &u->rv, PyBUF_STRIDES | PyBUF_WRITABLE) < 0)
+        return -1;
+    u->have_rv = 1;
+    if (u->cv.ndim != 2 || u->cv.itemsize != 4 || u->rv.ndim != 2 || u->rv.itemsize != 1 || u->rv.strides[1] != 1 ||
+        u->rv.shape[0] != u->cv.shape[0] || u->rv.shape[1] != HEADER_BYTES + 4 * u->cv.shape[1] || q->limit < 1 ||
+        q->limit > (1LL << 30)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: chunks must be (C, K) float32 and rows (C, 36 + 4K) uint8");
+        return -1;
+    }
+    const Py_ssize_t c = u->cv.shape[0], k = u->cv.shape[1];
+    /* direct: the caller's first ``split`` chunks where they lie (C-contiguous float32, split * K values),
+     * read instead of their staged rows */
+    Py_ssize_t split = 0;
+    if (direct_obj != Py_None) {
+        if (PyObject_GetBuffer(direct_obj, &u->dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            return -1;
+        u->have_dv = 1;
+        split = u->dv.itemsize == 4 ? u->dv.len / (4 * k) : -1;
+        if (split < 0 || split * 4 * k != u->dv.len || split > c) {
+            PyErr_SetString(PyExc_ValueError, "quantize_ahead: direct must hold whole chunks of K float32, at most C");
+            return -1;
+        }
+    }
+    static const vec_spec_t spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
+                                       {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
+                                       {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"}};
+    if (get_vecs(objs, u->b, spec, 9, c) < 0)
+        return -1;
+    q->chunks = (const char *)u->cv.buf;
+    q->c = c;
+    q->k = k;
+    q->rows = (char *)u->rv.buf;
+    q->stride = u->rv.strides[0];
+    q->direct = u->have_dv ? (const char *)u->dv.buf : NULL;
+    q->split = split;
+    q->exp_known = (const uint8_t *)u->b[0].view.buf;
+    q->quantized = (uint8_t *)u->b[1].view.buf;
+    q->own_exp = (const uint8_t *)u->b[2].view.buf;
+    q->critical = (const uint8_t *)u->b[3].view.buf;
+    q->owner = (const int64_t *)u->b[4].view.buf;
+    q->shift = (const int32_t *)u->b[5].view.buf;
+    q->has_exp = (uint8_t *)u->b[6].view.buf;
+    q->todo = (int64_t *)u->b[7].view.buf;
+    q->saturated = (uint8_t *)u->b[8].view.buf;
+    return 0;
+}
+
+static int qa_stamp(qa_t *q, PyObject *stamp_obj) {
+    q->stamp = stamp_obj != Py_None;
+    q->g0 = q->pool = q->step = 0;
+    if (q->stamp && !PyArg_ParseTuple(stamp_obj, "LLL:quantize_ahead stamp", &q->g0, &q->pool, &q->step))
+        return -1;
+    if (q->stamp && (q->g0 < 0 || q->pool < 1 || q->step < 0 || q->step > 0xffffffffLL)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: stamp must be (g0 >= 0, pool >= 1, 0 <= step < 2**32)");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
+    PyObject *chunks_obj, *rows_obj, *objs[9], *direct_obj = Py_None, *stamp_obj = Py_None;
+    Py_ssize_t c0, c1;
+    qa_t q;
+    memset(&q, 0, sizeof(q));
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|OO:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
+                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &q.block,
+                          &q.limit, &q.f_critical, &q.f_saturated, &q.f_owner, &q.bitgen, &direct_obj, &stamp_obj))
+        return NULL;
+    if (qa_stamp(&q, stamp_obj) < 0)
+        return NULL;
+    qa_bufs_t u;
+    PyObject *result = NULL;
+    if (qa_take(&u, &q, chunks_obj, rows_obj, objs, direct_obj) < 0)
+        goto done;
+    if (c0 < 0 || c1 < c0 || c1 > q.c || q.block < 1) {
+        PyErr_SetString(PyExc_ValueError, "quantize_ahead: need 0 <= c0 <= c1 <= chunks and block >= 1");
+        goto done;
+    }
+    const Py_ssize_t n = quantize_core(&q, c0, c1);
+    if (n >= 0)
         result = PyLong_FromSsize_t(n);
 done:
-    PyMem_RawFree(bits);
-    if (have_cv)
-        PyBuffer_Release(&cv);
-    if (have_rv)
-        PyBuffer_Release(&rv);
-    if (have_dv)
-        PyBuffer_Release(&dv);
-    release_vecs(b, 9);
+    qa_release(&u);
     return result;
 }
 
@@ -1071,6 +1134,207 @@ done:
     return result;
 }
 
+/* Wake: the send half of a steady wake-up in one call, for the reduce it was made for (ReduceEngine._wake_send).
+ *
+ *   wake(state, sent_at, deadline_at, settled, excused, excused_to, peers, chunks, rows, exp_known, quantized,
+ *        own_exp, critical, owner, shift, has_exp, todo, saturated,
+ *        (exp_units, span, data_slots, base, block, limit, (f_critical, f_saturated, f_owner)),
+ *        bit_generator, direct, stamp) -> Wake
+ *
+ * holds the plan's arrays (the first three and the quantize_ahead ones, as quantize_ahead takes them) and the
+ * slot-reuse arrays (reuse.py) for the reduce. Its one method,
+ *
+ *   send(low, next_unit, room, any_withheld, tail_from, arm_at, now) -> (code, low, in_flight, u1, held, checked)
+ *
+ * is ReduceEngine._advance, then _send_ready for a reduce in its steady state (synced, not in its tail, no peer
+ * presumed dead; no pacing, owners, critical units, exact mode or trace: the caller makes a Wake only then):
+ * scan's low and units in flight; the window (``room`` units in flight at most), the own span and the peers'
+ * bound (reuse_first: _peer_limit's first branch); run's units, quantize_ahead's rows, and the units committed
+ * (state IN_FLIGHT, sent_at ``now``, deadline ``arm_at``: Deadlines.arm_run). ``code``: 0 nothing is left to
+ * settle; 1 nothing to send; 2 units [next_unit, u1) committed, their rows for the caller to send; 4 the pending
+ * ones of [next_unit, u1) committed (the others were settled before they went, by a peer's FLUSH), and the
+ * rows to send are those committed whose chunk has this worker's exponent (has_exp: the rest are withheld);
+ * 3 the reference must decide (_peer_limit's other branches, exponent units, tail copies: chunks past
+ * ``tail_from``): nothing was changed. ``held``: what holds sending from now on
+ * (0 nothing, 1 the own span, 2 the peers), as _send_ready's _count_held calls leave it; ``checked``: the
+ * peers' bound was taken (the caller's peer-wait clock stops, as in _peer_limit). */
+enum { WAKE_DONE = 0, WAKE_IDLE = 1, WAKE_SENT = 2, WAKE_BAIL = 3, WAKE_SENT_SOME = 4 };
+enum { HELD_NONE = 0, HELD_SPAN = 1, HELD_PEERS = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    qa_bufs_t qb;
+    qa_t q;
+    buf_t v[7]; /* state, sent_at, deadline_at, settled, excused, excused_to, peers */
+    Py_ssize_t units, exp_units, span, workers;
+    long long data_slots, base;
+    int ready;
+} WakeObject;
+
+static void wake_dealloc(WakeObject *w) {
+    if (w->ready) {
+        qa_release(&w->qb);
+        release_vecs(w->v, 7);
+        Py_XDECREF(w->q.bitgen);
+    }
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyObject *wake_send(WakeObject *w, PyObject *args) {
+    Py_ssize_t low, next_unit, room, tail_from;
+    int any_withheld;
+    double arm_at, now;
+    if (!PyArg_ParseTuple(args, "nnnpndd:send", &low, &next_unit, &room, &any_withheld, &tail_from, &arm_at, &now))
+        return NULL;
+    const Py_ssize_t units = w->units, e = w->exp_units, k = w->q.k;
+    if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
+        PyErr_SetString(PyExc_ValueError, "Wake.send: low and next_unit must lie in the plan");
+        return NULL;
+    }
+    int8_t *state = (int8_t *)w->v[0].view.buf;
+    /* scan */
+    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
+    while (i < top && state[i] >= ST_DONE)
+        i++;
+    low = i;
+    int unsettled = low < next_unit;
+    for (Py_ssize_t j = low; !unsettled && j < units; j++)
+        unsettled = state[j] < ST_DONE;
+    Py_ssize_t in_flight = 0;
+    for (Py_ssize_t j = low; j < next_unit; j++)
+        in_flight += state[j] == ST_IN_FLIGHT;
+    const Py_ssize_t u0 = next_unit;
+    if (!unsettled)
+        return Py_BuildValue("innnii", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0);
+    const Py_ssize_t left = room - in_flight;
+    if (left <= 0 || u0 >= units)
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 0);
+    /* the own span and the peers' bound (reuse_first), local to the plan */
+    const int64_t *settled = (const int64_t *)w->v[3].view.buf, *excused_to = (const int64_t *)w->v[5].view.buf;
+    const uint8_t *excused = (const uint8_t *)w->v[4].view.buf, *peers = (const uint8_t *)w->v[6].view.buf;
+    int64_t first = INT64_MAX;
+    for (Py_ssize_t p = 0; p < w->workers; p++) {
+        if (!peers[p])
+            continue;
+        const int64_t bound = excused[p] ? excused_to[p] : settled[p] + w->data_slots + 1;
+        if (bound < first)
+            first = bound;
+    }
+    const int64_t local = first - w->base, own = (int64_t)low + w->span;
+    if (!(local > u0 || (in_flight && !any_withheld)))
+        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
+    const int64_t cap = units < u0 + left ? units : u0 + left;
+    int64_t hi = cap < own ? cap : own;
+    hi = hi < local ? hi : local;
+    const int held = (own < local ? own : local) < cap ? (own <= local ? HELD_SPAN : HELD_PEERS) : HELD_NONE;
+    if (hi <= u0)
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, held, 1);
+    /* run: the units that may go before the first data unit whose exponent is not settled */
+    Py_ssize_t u1 = u0;
+    for (; u1 < hi; u1++)
+        if (u1 >= e && state[(u1 - e) / k] < ST_DONE)
+            break;
+    if (u1 <= u0)
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
+    if (u0 < e || u1 - e > tail_from)
+        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
+    /* The pending ones go (the others were settled before they went: a peer's FLUSH); their chunks are
+     * quantized from the first to the last, as _send_units asks */
+    Py_ssize_t first_pending = -1, last_pending = -1;
+    for (Py_ssize_t u = u0; u < u1; u++)
+        if (state[u] == 0) {
+            if (first_pending < 0)
+                first_pending = u;
+            last_pending = u;
+        }
+    const int held_now = u1 >= hi ? held : HELD_NONE;
+    if (first_pending < 0)
+        return Py_BuildValue("innnii", WAKE_SENT_SOME, low, in_flight, u1, held_now, 1);
+    if (quantize_core(&w->q, first_pending - e, last_pending + 1 - e) < 0)
+        return NULL;
+    int code = first_pending == u0 && last_pending == u1 - 1 ? WAKE_SENT : WAKE_SENT_SOME;
+    double *sent_at = (double *)w->v[1].view.buf, *deadline_at = (double *)w->v[2].view.buf;
+    for (Py_ssize_t u = u0; u < u1; u++) {
+        if (state[u] != 0) {
+            code = WAKE_SENT_SOME;
+            continue;
+        }
+        if (!w->q.has_exp[u - e])
+            code = WAKE_SENT_SOME;
+        state[u] = ST_IN_FLIGHT;
+        sent_at[u] = now;
+        deadline_at[u] = arm_at;
+    }
+    return Py_BuildValue("innnii", code, low, in_flight, u1, held_now, 1);
+}
+
+static PyMethodDef wake_methods[] = {
+    {"send", (PyCFunction)wake_send, METH_VARARGS, "The send half of a steady wake-up (see hostlib/_engine.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WakeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostlib._engine.Wake",
+    .tp_basicsize = sizeof(WakeObject),
+    .tp_dealloc = (destructor)wake_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The send half of a steady wake-up, for one reduce (hostlib/_engine.c).",
+    .tp_methods = wake_methods,
+};
+
+static PyObject *engine_wake(PyObject *self, PyObject *args) {
+    PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[9], *bitgen, *direct_obj, *stamp_obj;
+    Py_ssize_t exp_units, span;
+    long long data_slots, base;
+    qa_t q;
+    memset(&q, 0, sizeof(q));
+    /* the quantize_ahead arrays come in its order: exp_known, quantized, own_exp, critical, owner, shift, has_exp,
+     * todo, saturated */
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO:wake", &vobjs[0], &vobjs[1], &vobjs[2],
+                          &vobjs[3], &vobjs[4], &vobjs[5], &vobjs[6], &chunks_obj, &rows_obj, &qobjs[0], &qobjs[1],
+                          &qobjs[2], &qobjs[3], &qobjs[4], &qobjs[5], &qobjs[6], &qobjs[7], &qobjs[8], &exp_units,
+                          &span, &data_slots, &base, &q.block, &q.limit, &q.f_critical, &q.f_saturated, &q.f_owner,
+                          &bitgen, &direct_obj, &stamp_obj))
+        return NULL;
+    if (qa_stamp(&q, stamp_obj) < 0)
+        return NULL;
+    WakeObject *w = PyObject_New(WakeObject, &WakeType);
+    if (w == NULL)
+        return NULL;
+    w->ready = 0;
+    memset(w->v, 0, sizeof(w->v));
+    if (qa_take(&w->qb, &q, chunks_obj, rows_obj, qobjs, direct_obj) < 0)
+        goto fail;
+    static const vec_spec_t spec[7] = {{1, 1, "state"},    {8, 1, "sent_at"},    {8, 1, "deadline_at"},
+                                       {8, 0, "settled"},  {1, 0, "excused"},    {8, 0, "excused_to"},
+                                       {1, 0, "peers"}};
+    if (get_vecs(vobjs, w->v, spec, 3, 0) < 0 || get_vecs(vobjs + 3, w->v + 3, spec + 3, 4, 0) < 0)
+        goto fail;
+    const Py_ssize_t units = w->v[0].view.shape[0], workers = w->v[3].view.shape[0];
+    if (w->v[1].view.shape[0] < units || w->v[2].view.shape[0] < units || w->v[4].view.shape[0] != workers ||
+        w->v[5].view.shape[0] != workers || w->v[6].view.shape[0] != workers || exp_units < 0 || span < 1 ||
+        data_slots < 1 || base < 0 || q.block < 1 || units - exp_units > q.c) {
+        PyErr_SetString(PyExc_ValueError, "wake: the plan's arrays, the reuse arrays or the constants do not fit");
+        goto fail;
+    }
+    w->q = q;
+    Py_INCREF(bitgen);
+    w->q.bitgen = bitgen;
+    w->units = units;
+    w->exp_units = exp_units;
+    w->span = span;
+    w->workers = workers;
+    w->data_slots = data_slots;
+    w->base = base;
+    w->ready = 1;
+    return (PyObject *)w;
+fail:
+    qa_release(&w->qb);
+    release_vecs(w->v, 7);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+    return NULL;
+}
+
 /* flush(units, n, state, flushes, first_flush_at, flushed_at, deadline_at, proven_in, critical_unit, retx_spent,
  *       retx, probes, slots, seqs, shift, template, rows, out_slots, params) -> (flushed, on_timer, gave_up)
  * ReduceEngine._deadline_actions from its FLUSH rule on, for ``units[:n]`` (due, neither resent nor probed), and
@@ -1277,6 +1541,7 @@ static PyMethodDef engine_methods[] = {
     {"settle", engine_settle, METH_VARARGS, "Route and settle one received batch of RESULTs (see hostlib/_engine.c)."},
     {"scan", engine_scan, METH_VARARGS, "Advance low past the settled prefix; (low, unsettled, in_flight)."},
     {"due", engine_due, METH_VARARGS, "Units in flight past their deadline; (n_due, next_at)."},
+    {"wake", engine_wake, METH_VARARGS, "A Wake for one reduce: the send half of a steady wake-up in one call."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1285,9 +1550,17 @@ static struct PyModuleDef engine_module = {
 };
 
 PyMODINIT_FUNC PyInit__engine(void) {
+    if (PyType_Ready(&WakeType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&engine_module);
     if (m == NULL)
         return NULL;
+    Py_INCREF(&WakeType);
+    if (PyModule_AddObject(m, "Wake", (PyObject *)&WakeType) < 0) {
+        Py_DECREF(&WakeType);
+        Py_DECREF(m);
+        return NULL;
+    }
     /* The wire constants compiled in, for the test that checks them against hostlib.protocol. */
     const struct {
         const char *name;

@@ -29,3 +29,20 @@ def due(
 def settle(
     data: np.ndarray, lens: np.ndarray, n: int, params: tuple[int, ...], now: float, /, *arrays: np.ndarray
 ) -> tuple[Any, ...]: ...
+
+class Wake:
+    """The send half of a steady wake-up, for one reduce (see hostlib/_engine.c)."""
+
+    def send(
+        self,
+        low: int,
+        next_unit: int,
+        room: int,
+        any_withheld: bool,
+        tail_from: int,
+        arm_at: float,
+        now: float,
+        /,
+    ) -> tuple[int, int, int, int, int, int]: ...
+
+def wake(*args: Any) -> Wake: ...

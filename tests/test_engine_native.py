@@ -117,6 +117,8 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
                 assert va == vb, f"{where}: plan.{name} differs: {va!r} != {vb!r}"
     assert np.array_equal(a._slot_newest, b._slot_newest), where
     assert a.stats.as_dict() == b.stats.as_dict(), where
+    for name in ("_held", "_held_since", "_peer_wait_since"):  # what holds sending, and since when
+        assert getattr(a, name) == getattr(b, name), f"{where}: engine.{name}"
     for name in (
         "srtt_ms",
         "rttvar_ms",
@@ -162,10 +164,12 @@ def _play(
     critical: bool = False,
     up_loss: float | None = None,
     offset: int = 0,
+    wake: bool = False,
 ) -> tuple[object, list[np.ndarray], int]:
     """``loss`` drops GRADs and worker 0's RESULTs, ``up_loss`` (when given) GRADs alone. Worker 0's
-    input (its ``out`` too) starts ``offset`` floats past a 64-byte boundary. Returns the reference's
-    result, the inputs and how many units worker 0's fast flush probed."""
+    input (its ``out`` too) starts ``offset`` floats past a 64-byte boundary. ``wake``: the native copy
+    sends as ReduceEngine._run_units does, through its Wake (_wake_send) where the reduce is steady.
+    Returns the reference's result, the inputs and how many units worker 0's fast flush probed."""
     rng = np.random.default_rng(seed)
     cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize)
     ref, nat = _engine(cfg, 0, n_workers, False), _engine(cfg, 0, n_workers, True)
@@ -188,13 +192,26 @@ def _play(
     held: list[bytes] = []  # RESULTs for worker 0 delayed to a later delivery
     probed = 0
     sent_tick: dict[int, int] = {}
+    nat_wake = nat._wake_for(plans[id(nat)][0]) if wake else None
+    assert (nat_wake is not None) == (wake and not critical)
+    woke = 0  # ticks whose units the native copy sent through its Wake
     for tick in range(400):
         clock.t += 0.002
         now = clock()
         for e in [ref, nat, *peers]:
             plan = plans[id(e)][0]
-            in_flight = e._advance(plan)
-            e._send_ready(plan, max(in_flight, 0))
+            dl = e.deadlines
+            if e is nat and nat_wake is not None and plan.synced and not plan.all_sent and not dl.early_close:
+                before, reference = plan.next_unit, nat._send_ready
+                asked = []
+                nat._send_ready = lambda *a, _n=asked, _r=reference: _n.append(1) or _r(*a)  # type: ignore[method-assign]
+                e._wake_send(plan, nat_wake)
+                del nat._send_ready
+                woke += plan.next_unit > before and not asked
+            else:
+                in_flight = e._advance(plan)
+                if in_flight >= 0:  # (as _run_units: a reduce with nothing left to settle sends nothing)
+                    e._send_ready(plan, in_flight)
             plan.frontier[e.worker_id] = plan.next_unit - 1
             due = e._due(plan, now)  # the engine's own deadline rules: probes, resends, FLUSHes
             assert e._next_deadline(plan) == e.deadlines.next_at(plan)
@@ -287,6 +304,9 @@ def _play(
     # The play reached the steady state and its rare cases: settled units, partial and empty rounds.
     plan = plans[id(ref)][0]
     assert np.count_nonzero(plan.state == DONE) > plan.units // 2
+    assert woke > 0 or nat_wake is None, "the Wake never sent: the play did not test it"
+    if nat_wake is not None and plans[id(ref)][0].units > 1000:  # a long reduce: the steady state's sends
+        assert woke >= 20, f"seed {seed}: the Wake sent in {woke} ticks only"
     return a, xs, probed
 
 
@@ -299,6 +319,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return clock
 
 
+@pytest.mark.parametrize("wake", [False, True], ids=["steps", "wake"])
 @pytest.mark.parametrize(
     ("seed", "n_workers", "k", "loss", "dup", "late", "renormalize", "critical", "offset"),
     [
@@ -325,6 +346,7 @@ def test_native_settles_as_the_reference(
     renormalize: str,
     critical: bool,
     offset: int,
+    wake: bool,
 ) -> None:
     fake_clock.t = 1000.0
     result, xs, _ = _play(
@@ -339,9 +361,43 @@ def test_native_settles_as_the_reference(
         renormalize=renormalize,
         critical=critical,
         offset=offset,
+        wake=wake,
     )
     if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
         assert (result.count == n_workers).all()  # (times the reduce's out_scale, 2)
+        np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("seed", "n_workers", "k", "loss", "dup", "late"),
+    [
+        (11, 2, 8, 0.0, 0.0, 0.0),
+        (12, 2, 8, 0.03, 0.03, 0.03),
+        (13, 3, 4, 0.1, 0.05, 0.1),
+        (14, 4, 8, 0.2, 0.1, 0.0),
+    ],
+)
+def test_the_wake_sends_as_the_reference(
+    fake_clock: Clock, seed: int, n_workers: int, k: int, loss: float, dup: float, late: float
+) -> None:
+    """A reduce of 1200 chunks through a pool of 48: most of its units go out in the steady state, where
+    the native copy sends through its Wake (one call for _advance and _send_ready), held by its own span
+    and by its peers in turn, and under loss with the reference deciding the wake-ups the Wake leaves to
+    it. Every packet, plan array and statistic as the reference's (_play compares them at every step)."""
+    fake_clock.t = 1000.0
+    result, xs, _ = _play(
+        fake_clock,
+        seed,
+        n_workers=n_workers,
+        k=k,
+        n_values=k * 1200 + 3,
+        loss=loss,
+        dup=dup,
+        late=late,
+        wake=True,
+    )
+    if loss == dup == late == 0.0:
+        assert (result.count == n_workers).all()
         np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
 
 

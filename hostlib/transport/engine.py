@@ -70,6 +70,10 @@ _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
 _RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL), int(Flag.OWNER)
 _SATURATED = int(Flag.SATURATED)
+# Wake.send's codes and held values (hostlib/_engine.c), and a tail that starts past any chunk
+_WAKE_DONE, _WAKE_IDLE, _WAKE_SENT, _WAKE_BAIL, _WAKE_SENT_SOME = 0, 1, 2, 3, 4
+_HELD = ("", "span", "peers")
+_NO_TAIL = 1 << 62
 
 log = logging.getLogger(__name__)
 
@@ -580,11 +584,17 @@ class ReduceEngine:
         give_up_at = t0 + self.config.reduce_timeout_s
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
         self._recovery.clear()  # (rows a reduce left by an exception are no unit's of this one)
+        wake = self._wake_for(plan)
         while True:
-            in_flight = self._advance(plan)
-            if in_flight < 0:
-                return
-            paced_out = self._send_ready(plan, in_flight)
+            if wake is not None and plan.synced and not plan.all_sent and not dl.early_close:
+                paced_out = self._wake_send(plan, wake)
+                if paced_out is None:
+                    return
+            else:
+                in_flight = self._advance(plan)
+                if in_flight < 0:
+                    return
+                paced_out = self._send_ready(plan, in_flight)
             if self.trace is not None:
                 self.trace.on_sent(self, plan)
             plan.frontier[self.worker_id] = plan.next_unit - 1
@@ -632,6 +642,61 @@ class ReduceEngine:
             if now >= give_up_at:
                 plan.state[plan.state < DONE] = GAVE_UP
                 return
+
+    def _wake_for(self, plan: ReducePlan) -> Any:
+        """The native send half of this reduce's steady wake-ups (``hostlib._engine.Wake``: _advance and
+        _send_ready in one call, :meth:`_wake_send`), or None where the reference decides every wake-up:
+        the Python path, and reduces with pacing, owners, critical units, exact mode, per-unit deadlines
+        or a trace (their sends take branches the Wake leaves to the reference)."""
+        if not (self.native and self._native_quantize) or self.trace is not None or self.pacer.paced:
+            return None
+        if plan.any_owned or plan.any_critical or self.config.exact or self.deadlines.adaptive:
+            return None
+        todo, saturated = self._quantize_scratch(plan)
+        reuse = self.reuse
+        return native_ext.wake(
+            plan.state, plan.sent_at, plan.deadline_at, reuse.settled, reuse._excused, reuse.excused_to,
+            reuse._peers, plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp,
+            plan.critical, plan.owner, plan.shift, plan.has_exp, todo, saturated,
+            (plan.exp_units, reuse.span, self._slots, plan.base, self._quantize_block,
+             codec.contribution_limit(self.n_workers), self._quantize_flags),
+            self._rng.bit_generator, plan.direct,
+            (plan.base + plan.exp_units, self._slots, self._header["step"]),
+        )  # fmt: skip
+
+    def _wake_send(self, plan: ReducePlan, wake: Any) -> bool | None:
+        """:meth:`_advance`, then :meth:`_send_ready`, for a synced reduce not in its tail with no peer
+        presumed dead: one call into ``wake`` (:meth:`_wake_for`), the same units, rows, states and
+        deadlines (tests/test_engine_native.py), and the rows sent here; where the Wake leaves the
+        decision to the reference, :meth:`_send_ready` takes it. None when nothing is left to settle,
+        else whether the pacer held units back (never: a Wake is made only without pacing)."""
+        now = time.perf_counter()
+        dl = self.deadlines
+        tail_from = plan.chunks_count - self._tail_units if self._tail_units else _NO_TAIL
+        code, plan.low, in_flight, u1, held, checked = wake.send(
+            plan.low, plan.next_unit, min(self.window, self._loss_window), plan.any_withheld, tail_from,
+            now + dl.first_wait_s(plan) * dl.stagger, now,
+        )  # fmt: skip
+        if code == _WAKE_DONE:
+            return None
+        if code == _WAKE_BAIL:
+            return self._send_ready(plan, in_flight)
+        if checked:  # (_peer_limit's first branch)
+            self._peer_wait_since = math.inf
+        if code == _WAKE_SENT:
+            u0, e = plan.next_unit, plan.exp_units
+            plan.next_unit = u1
+            self.send(plan.data_rows[u0 - e : u1 - e], plan.slots[u0:u1])
+        elif code == _WAKE_SENT_SOME:  # the units committed now whose chunk is not withheld
+            u0, e = plan.next_unit, plan.exp_units
+            plan.next_unit = u1
+            c = np.flatnonzero((plan.state[u0:u1] == IN_FLIGHT) & plan.has_exp[u0 - e : u1 - e]) + (u0 - e)
+            if c.size and c[-1] - c[0] + 1 == c.size:
+                self.send(plan.data_rows[c[0] : c[-1] + 1])
+            elif c.size:
+                self.send(plan.data_rows[c])
+        self._count_held(now, _HELD[held])
+        return False
 
     def _advance(self, plan: ReducePlan) -> int:
         """Move ``plan.low`` past the settled prefix; the units in flight, or -1 when none is left to
@@ -883,12 +948,9 @@ class ReduceEngine:
     def _quantize_ahead(self, plan: ReducePlan, c0: int, c1: int) -> None:
         """Quantize chunks [c0, c1) that are not yet, plus the known-exponent chunks after them up to a
         block, so that the numpy passes are large and run while earlier packets are at the switch."""
-        block = max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+        block = self._quantize_block
         if self._native_quantize:  # the same rows, draws and flags in one call
-            todo, saturated = self._scratch["todo"], self._scratch["saturated"]
-            if len(todo) < plan.chunks_count:
-                todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
-                saturated = self._scratch["saturated"] = np.zeros(plan.chunks_count, dtype=bool)
+            todo, saturated = self._quantize_scratch(plan)
             limit = codec.contribution_limit(self.n_workers)
             native_ext.quantize_ahead(
                 plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
@@ -925,6 +987,19 @@ class ReduceEngine:
         )
         plan.has_exp[sel] = counted  # the others are withheld (ReducePlan.withheld)
         plan.quantized[sel] = True
+
+    @property
+    def _quantize_block(self) -> int:
+        """How many chunks a native quantize covers at least (the values of _QUANTIZE_BLOCK_VALUES)."""
+        return max(1, _QUANTIZE_BLOCK_VALUES // self.config.elems_per_packet)
+
+    def _quantize_scratch(self, plan: ReducePlan) -> tuple[np.ndarray, np.ndarray]:
+        """The native quantize's scratch lists (todo, saturated), one entry per chunk of ``plan`` at least."""
+        todo, saturated = self._scratch["todo"], self._scratch["saturated"]
+        if len(todo) < plan.chunks_count:
+            todo = self._scratch["todo"] = np.zeros(plan.chunks_count, dtype=np.int64)
+            saturated = self._scratch["saturated"] = np.zeros(plan.chunks_count, dtype=bool)
+        return todo, saturated
 
     def _on_deadlines(self, plan: ReducePlan, due: np.ndarray, now: float, step: int) -> None:
         """Units whose deadline passed: resend (critical), probe, FLUSH, or give up. The probes and FLUSHes
