@@ -608,6 +608,25 @@ static PyObject *engine_scan(PyObject *self, PyObject *args) {
     return Py_BuildValue("nin", low, unsettled, in_flight);
 }
 
+/* due's work on its arrays: the units due listed in out, their number returned, the earliest deadline in *next. */
+static Py_ssize_t due_core(const int8_t *state, const double *deadline, Py_ssize_t low, Py_ssize_t next_unit, double now,
+                           int64_t *due, const uint8_t *proven_lost, const int64_t *flushes, double strict,
+                           double *next) {
+    const int recovering = proven_lost != NULL;
+    Py_ssize_t n_due = 0;
+    double next_at = INFINITY;
+    for (Py_ssize_t j = low; j < next_unit; j++) {
+        if (state[j] != ST_IN_FLIGHT)
+            continue;
+        if (deadline[j] < next_at)
+            next_at = deadline[j];
+        if (deadline[j] <= now && (!recovering || deadline[j] <= strict || proven_lost[j] || flushes[j] > 0))
+            due[n_due++] = j;
+    }
+    *next = next_at;
+    return n_due;
+}
+
 /* due(state, deadline_at, low, next_unit, now, out[, proven_lost, flushes, strict]) -> (n_due, next_at): the units
  * in flight in [low, next_unit) whose deadline is at or before ``now``, in order, into out[:n_due] (Deadlines.due),
  * and the earliest deadline of a unit in flight (Deadlines.next_at; inf when none is). With ``proven_lost``,
@@ -642,16 +661,8 @@ static PyObject *engine_due(PyObject *self, PyObject *args) {
     const uint8_t *proven_lost = recovering ? (const uint8_t *)lost->view.buf : NULL;
     const int64_t *flushes = recovering ? (const int64_t *)fl->view.buf : NULL;
     int64_t *due = (int64_t *)out->view.buf;
-    Py_ssize_t n_due = 0;
-    double next_at = INFINITY;
-    for (Py_ssize_t j = low; j < next_unit; j++) {
-        if (state[j] != ST_IN_FLIGHT)
-            continue;
-        if (deadline[j] < next_at)
-            next_at = deadline[j];
-        if (deadline[j] <= now && (!recovering || deadline[j] <= strict || proven_lost[j] || flushes[j] > 0))
-            due[n_due++] = j;
-    }
+    double next_at;
+    const Py_ssize_t n_due = due_core(state, deadline, low, next_unit, now, due, proven_lost, flushes, strict, &next_at);
     result = Py_BuildValue("nd", n_due, next_at);
 done:
     release_vecs(b, 5);
@@ -928,36 +939,10 @@ done:
     return result;
 }
 
-/* peers_news(settled, sent, peers, excused, excused_to, presumed_dead, frontier, dead_bits, base, span,
- *            data_slots) -> None: SlotReuse.set_presumed_dead (bit w of dead_bits: peer w presumed dead),
- * then SlotReuse.saw(base, frontier), on the slot-reuse state's arrays (int64, the masks bool; one entry
- * per worker), as ReduceEngine._run_units calls them after a wake-up that brought RESULTs. */
-static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
-    PyObject *objs[7];
-    unsigned long long dead_bits;
-    long long base, span, d;
-    if (!PyArg_ParseTuple(args, "OOOOOOOKLLL:peers_news", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
-                          &objs[6], &dead_bits, &base, &span, &d))
-        return NULL;
-    buf_t b[7];
-    memset(b, 0, sizeof(b));
-    PyObject *result = NULL;
-    if (get_vec(objs[0], &b[0], 8, 1, 1, "settled") < 0)
-        goto done;
-    const Py_ssize_t n = b[0].view.shape[0];
-    if (n > 64) {
-        PyErr_SetString(PyExc_ValueError, "peers_news: at most 64 workers");
-        goto done;
-    }
-    static const vec_spec_t spec[6] = {{8, 1, "sent"},       {1, 0, "peers"},         {1, 1, "excused"},
-                                       {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
-    if (get_vecs(objs + 1, b + 1, spec, 6, n) < 0)
-        goto done;
-    int64_t *settled = (int64_t *)b[0].view.buf, *sent = (int64_t *)b[1].view.buf;
-    const uint8_t *peers = (const uint8_t *)b[2].view.buf;
-    uint8_t *excused = (uint8_t *)b[3].view.buf, *presumed = (uint8_t *)b[5].view.buf;
-    int64_t *excused_to = (int64_t *)b[4].view.buf;
-    const int64_t *frontier = (const int64_t *)b[6].view.buf;
+/* peers_news's work on its arrays (n <= 64 workers). */
+static void peers_news_core(int64_t *settled, int64_t *sent, const uint8_t *peers, uint8_t *excused,
+                            int64_t *excused_to, uint8_t *presumed, const int64_t *frontier, Py_ssize_t n,
+                            unsigned long long dead_bits, long long base, long long span, long long d) {
     /* set_presumed_dead */
     for (Py_ssize_t w = 0; w < n; w++) {
         const int dead = (dead_bits >> w) & 1;
@@ -969,11 +954,8 @@ static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
     int any_seen = 0, any_excused = 0;
     for (Py_ssize_t w = 0; w < n; w++)
         any_seen |= frontier[w] >= 0, any_excused |= excused[w] != 0;
-    if (!any_seen) {
-        Py_INCREF(Py_None);
-        result = Py_None;
-        goto done;
-    }
+    if (!any_seen)
+        return;
     for (Py_ssize_t w = 0; w < n; w++) {
         const int seen = frontier[w] >= 0;
         const int64_t s = seen ? base + frontier[w] : -1;
@@ -1011,6 +993,39 @@ static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
             excused_to[w] = reach;
         excused[w] = 1;
     }
+}
+
+/* peers_news(settled, sent, peers, excused, excused_to, presumed_dead, frontier, dead_bits, base, span,
+ *            data_slots) -> None: SlotReuse.set_presumed_dead (bit w of dead_bits: peer w presumed dead),
+ * then SlotReuse.saw(base, frontier), on the slot-reuse state's arrays (int64, the masks bool; one entry
+ * per worker), as ReduceEngine._run_units calls them after a wake-up that brought RESULTs. */
+static PyObject *engine_peers_news(PyObject *self, PyObject *args) {
+    PyObject *objs[7];
+    unsigned long long dead_bits;
+    long long base, span, d;
+    if (!PyArg_ParseTuple(args, "OOOOOOOKLLL:peers_news", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &dead_bits, &base, &span, &d))
+        return NULL;
+    buf_t b[7];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    if (get_vec(objs[0], &b[0], 8, 1, 1, "settled") < 0)
+        goto done;
+    const Py_ssize_t n = b[0].view.shape[0];
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "peers_news: at most 64 workers");
+        goto done;
+    }
+    static const vec_spec_t spec[6] = {{8, 1, "sent"},       {1, 0, "peers"},         {1, 1, "excused"},
+                                       {8, 1, "excused_to"}, {1, 1, "presumed_dead"}, {8, 0, "frontier"}};
+    if (get_vecs(objs + 1, b + 1, spec, 6, n) < 0)
+        goto done;
+    int64_t *settled = (int64_t *)b[0].view.buf, *sent = (int64_t *)b[1].view.buf;
+    const uint8_t *peers = (const uint8_t *)b[2].view.buf;
+    uint8_t *excused = (uint8_t *)b[3].view.buf, *presumed = (uint8_t *)b[5].view.buf;
+    int64_t *excused_to = (int64_t *)b[4].view.buf;
+    const int64_t *frontier = (const int64_t *)b[6].view.buf;
+    peers_news_core(settled, sent, peers, excused, excused_to, presumed, frontier, n, dead_bits, base, span, d);
     Py_INCREF(Py_None);
     result = Py_None;
 done:
@@ -1134,6 +1149,33 @@ done:
     return result;
 }
 
+/* fast_flush's work on its arrays: the units probed, listed in out. */
+static Py_ssize_t fast_flush_core(const int8_t *state, uint8_t *proven_lost, double *deadline, const int64_t *flushes,
+                                  const int64_t *retx, const uint8_t *critical, const int64_t *retx_spent,
+                                  const uint8_t *has_exp, const int64_t *owner, Py_ssize_t lo, Py_ssize_t hi,
+                                  Py_ssize_t exp_units, Py_ssize_t group_size, Py_ssize_t group_pos, double now,
+                                  double srtt_s, double probe_at, Py_ssize_t resend_max, int64_t *out) {
+    const int probing = probe_at == probe_at;
+    Py_ssize_t n_probe = 0;
+    for (Py_ssize_t u = lo; u < hi; u++) {
+        if (state[u] != ST_IN_FLIGHT)
+            continue;
+        proven_lost[u] = 1;
+        const int data = u >= exp_units;
+        const int designated = u % group_size == group_pos || (data && owner[u - exp_units] >= 0);
+        const int crit = resend_max >= 0 && critical[u] && retx_spent[u] < resend_max;
+        double at = crit || designated ? now : now + srtt_s;
+        const int first_try = crit ? retx[u] == 0 : flushes[u] == 0;
+        if (probing && first_try && !designated && !crit && data && has_exp[u - exp_units]) {
+            at = probe_at;
+            out[n_probe++] = u;
+        }
+        if (first_try && deadline[u] > at)
+            deadline[u] = at;
+    }
+    return n_probe;
+}
+
 /* Wake: the send half of a steady wake-up in one call, for the reduce it was made for (ReduceEngine._wake_send).
  *
  *   wake(state, sent_at, deadline_at, settled, excused, excused_to, peers, chunks, rows, exp_known, quantized,
@@ -1166,7 +1208,10 @@ typedef struct {
     qa_bufs_t qb;
     qa_t q;
     buf_t v[7]; /* state, sent_at, deadline_at, settled, excused, excused_to, peers */
-    Py_ssize_t units, exp_units, span, workers;
+    /* after's: frontier, sent, presumed_dead (reuse), proven_lost, flushes, retx, critical_unit, retx_spent,
+     * probe_out, due_out */
+    buf_t a[10];
+    Py_ssize_t units, exp_units, span, workers, group_size, group_pos;
     long long data_slots, base;
     int ready;
 } WakeObject;
@@ -1175,9 +1220,73 @@ static void wake_dealloc(WakeObject *w) {
     if (w->ready) {
         qa_release(&w->qb);
         release_vecs(w->v, 7);
+        release_vecs(w->a, 10);
         Py_XDECREF(w->q.bitgen);
     }
     Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* after(results, dead_bits, fast_flushed_to, low, next_unit, any_withheld, now, others_wait_s, probe_at,
+ *       resend_max, slack) -> (code, fast_flushed_to, n_probe, n_due)
+ * What ReduceEngine._run_units does after a wake-up's receive, for a reduce synced before it and still steady
+ * (not in its tail, no peer presumed dead, no early close): SlotReuse.news where RESULTs came (``results``;
+ * peers_news), Deadlines.fast_flush (fast_flush: its units to probe in probe_out[:n_probe]), then, unless a
+ * worker withholds units (``any_withheld``: Deadlines.flush_withheld is the reference's), the due scan
+ * (ReduceEngine._due with the recovery ``slack``: due; its units in due_out[:n_due]). ``code`` 0: all of it
+ * done; 1: done up to the fast flush, the reference goes on from flush_withheld. ``probe_at``, ``resend_max``
+ * and ``others_wait_s`` as fast_flush takes them. */
+static PyObject *wake_after(WakeObject *w, PyObject *args) {
+    int results, any_withheld;
+    unsigned long long dead_bits;
+    Py_ssize_t ff, low, next_unit, resend_max;
+    double now, others_wait_s, probe_at, slack;
+    if (!PyArg_ParseTuple(args, "pKnnnpdddnd:after", &results, &dead_bits, &ff, &low, &next_unit, &any_withheld, &now,
+                          &others_wait_s, &probe_at, &resend_max, &slack))
+        return NULL;
+    const Py_ssize_t units = w->units, e = w->exp_units;
+    if (low < 0 || next_unit < low || next_unit > units) {
+        PyErr_SetString(PyExc_ValueError, "Wake.after: low and next_unit must lie in the plan");
+        return NULL;
+    }
+    const int64_t *frontier = (const int64_t *)w->a[0].view.buf;
+    if (results)
+        peers_news_core((int64_t *)w->v[3].view.buf, (int64_t *)w->a[1].view.buf, (const uint8_t *)w->v[6].view.buf,
+                        (uint8_t *)w->v[4].view.buf, (int64_t *)w->v[5].view.buf, (uint8_t *)w->a[2].view.buf,
+                        frontier, w->workers, dead_bits, w->base, w->span, w->data_slots);
+    int8_t *state = (int8_t *)w->v[0].view.buf;
+    double *deadline = (double *)w->v[2].view.buf;
+    const int64_t *flushes = (const int64_t *)w->a[4].view.buf;
+    const uint8_t *proven_lost = (const uint8_t *)w->a[3].view.buf;
+    int64_t slowest = INT64_MAX;
+    for (Py_ssize_t p = 0; p < w->workers; p++)
+        if (frontier[p] < slowest)
+            slowest = frontier[p];
+    Py_ssize_t n_probe = 0, n_due = 0;
+    if (slowest > ff) {
+        const Py_ssize_t lo = low > ff ? low : ff, hi = (Py_ssize_t)slowest;
+        ff = hi;
+        if (hi > lo) {
+            if (hi > units) {
+                PyErr_SetString(PyExc_ValueError, "Wake.after: a frontier lies past the plan");
+                return NULL;
+            }
+            n_probe = fast_flush_core(state, (uint8_t *)w->a[3].view.buf, deadline, flushes,
+                                      (const int64_t *)w->a[5].view.buf, (const uint8_t *)w->a[6].view.buf,
+                                      (const int64_t *)w->a[7].view.buf, w->q.has_exp, w->q.owner, lo, hi, e,
+                                      w->group_size, w->group_pos, now, others_wait_s, probe_at, resend_max,
+                                      (int64_t *)w->a[8].view.buf);
+        }
+    }
+    if (any_withheld)
+        return Py_BuildValue("innn", 1, ff, n_probe, (Py_ssize_t)0);
+    double next_at;
+    if (slack)
+        n_due = due_core(state, deadline, low, next_unit, now + slack, (int64_t *)w->a[9].view.buf, proven_lost,
+                         flushes, now, &next_at);
+    else
+        n_due = due_core(state, deadline, low, next_unit, now, (int64_t *)w->a[9].view.buf, NULL, NULL, INFINITY,
+                         &next_at);
+    return Py_BuildValue("innn", 0, ff, n_probe, n_due);
 }
 
 static PyObject *wake_send(WakeObject *w, PyObject *args) {
@@ -1270,6 +1379,7 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
 
 static PyMethodDef wake_methods[] = {
     {"send", (PyCFunction)wake_send, METH_VARARGS, "The send half of a steady wake-up (see hostlib/_engine.c)."},
+    {"after", (PyCFunction)wake_after, METH_VARARGS, "What a steady wake-up does after its receive (hostlib/_engine.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1283,18 +1393,19 @@ static PyTypeObject WakeType = {
 };
 
 static PyObject *engine_wake(PyObject *self, PyObject *args) {
-    PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[9], *bitgen, *direct_obj, *stamp_obj;
-    Py_ssize_t exp_units, span;
+    PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[9], *bitgen, *direct_obj, *stamp_obj, *aobjs[10];
+    Py_ssize_t exp_units, span, group_size, group_pos;
     long long data_slots, base;
     qa_t q;
     memset(&q, 0, sizeof(q));
     /* the quantize_ahead arrays come in its order: exp_known, quantized, own_exp, critical, owner, shift, has_exp,
      * todo, saturated */
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO:wake", &vobjs[0], &vobjs[1], &vobjs[2],
-                          &vobjs[3], &vobjs[4], &vobjs[5], &vobjs[6], &chunks_obj, &rows_obj, &qobjs[0], &qobjs[1],
-                          &qobjs[2], &qobjs[3], &qobjs[4], &qobjs[5], &qobjs[6], &qobjs[7], &qobjs[8], &exp_units,
-                          &span, &data_slots, &base, &q.block, &q.limit, &q.f_critical, &q.f_saturated, &q.f_owner,
-                          &bitgen, &direct_obj, &stamp_obj))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO(OOOOOOOOOO)(nn):wake", &vobjs[0], &vobjs[1],
+                          &vobjs[2], &vobjs[3], &vobjs[4], &vobjs[5], &vobjs[6], &chunks_obj, &rows_obj, &qobjs[0],
+                          &qobjs[1], &qobjs[2], &qobjs[3], &qobjs[4], &qobjs[5], &qobjs[6], &qobjs[7], &qobjs[8],
+                          &exp_units, &span, &data_slots, &base, &q.block, &q.limit, &q.f_critical, &q.f_saturated,
+                          &q.f_owner, &bitgen, &direct_obj, &stamp_obj, &aobjs[0], &aobjs[1], &aobjs[2], &aobjs[3],
+                          &aobjs[4], &aobjs[5], &aobjs[6], &aobjs[7], &aobjs[8], &aobjs[9], &group_size, &group_pos))
         return NULL;
     if (qa_stamp(&q, stamp_obj) < 0)
         return NULL;
@@ -1303,6 +1414,7 @@ static PyObject *engine_wake(PyObject *self, PyObject *args) {
         return NULL;
     w->ready = 0;
     memset(w->v, 0, sizeof(w->v));
+    memset(w->a, 0, sizeof(w->a));
     if (qa_take(&w->qb, &q, chunks_obj, rows_obj, qobjs, direct_obj) < 0)
         goto fail;
     static const vec_spec_t spec[7] = {{1, 1, "state"},    {8, 1, "sent_at"},    {8, 1, "deadline_at"},
@@ -1311,9 +1423,16 @@ static PyObject *engine_wake(PyObject *self, PyObject *args) {
     if (get_vecs(vobjs, w->v, spec, 3, 0) < 0 || get_vecs(vobjs + 3, w->v + 3, spec + 3, 4, 0) < 0)
         goto fail;
     const Py_ssize_t units = w->v[0].view.shape[0], workers = w->v[3].view.shape[0];
+    static const vec_spec_t aspec[10] = {{8, 0, "frontier"},   {8, 1, "sent"},  {1, 1, "presumed_dead"},
+                                         {1, 1, "proven_lost"}, {8, 0, "flushes"}, {8, 0, "retx"},
+                                         {1, 0, "critical_unit"}, {8, 0, "retx_spent"}, {8, 1, "probe_out"},
+                                         {8, 1, "due_out"}};
+    if (get_vecs(aobjs, w->a, aspec, 3, workers) < 0 || get_vecs(aobjs + 3, w->a + 3, aspec + 3, 7, units) < 0)
+        goto fail;
     if (w->v[1].view.shape[0] < units || w->v[2].view.shape[0] < units || w->v[4].view.shape[0] != workers ||
-        w->v[5].view.shape[0] != workers || w->v[6].view.shape[0] != workers || exp_units < 0 || span < 1 ||
-        data_slots < 1 || base < 0 || q.block < 1 || units - exp_units > q.c) {
+        w->v[5].view.shape[0] != workers || w->v[6].view.shape[0] != workers || w->a[0].view.shape[0] != workers ||
+        workers > 64 || exp_units < 0 || span < 1 || data_slots < 1 || base < 0 || q.block < 1 ||
+        units - exp_units > q.c || group_size < 1 || group_pos < 0) {
         PyErr_SetString(PyExc_ValueError, "wake: the plan's arrays, the reuse arrays or the constants do not fit");
         goto fail;
     }
@@ -1326,11 +1445,14 @@ static PyObject *engine_wake(PyObject *self, PyObject *args) {
     w->workers = workers;
     w->data_slots = data_slots;
     w->base = base;
+    w->group_size = group_size;
+    w->group_pos = group_pos;
     w->ready = 1;
     return (PyObject *)w;
 fail:
     qa_release(&w->qb);
     release_vecs(w->v, 7);
+    release_vecs(w->a, 10);
     Py_TYPE(w)->tp_free((PyObject *)w);
     return NULL;
 }
@@ -1505,24 +1627,9 @@ static PyObject *engine_fast_flush(PyObject *self, PyObject *args) {
     const uint8_t *critical = (const uint8_t *)b[5].view.buf, *has_exp = (const uint8_t *)b[7].view.buf;
     const int64_t *retx_spent = (const int64_t *)b[6].view.buf, *owner = (const int64_t *)b[8].view.buf;
     int64_t *out = (int64_t *)b[9].view.buf;
-    const int probing = probe_at == probe_at;
-    Py_ssize_t n_probe = 0;
-    for (Py_ssize_t u = lo; u < hi; u++) {
-        if (state[u] != ST_IN_FLIGHT)
-            continue;
-        proven_lost[u] = 1;
-        const int data = u >= exp_units;
-        const int designated = u % group_size == group_pos || (data && owner[u - exp_units] >= 0);
-        const int crit = resend_max >= 0 && critical[u] && retx_spent[u] < resend_max;
-        double at = crit || designated ? now : now + srtt_s;
-        const int first_try = crit ? retx[u] == 0 : flushes[u] == 0;
-        if (probing && first_try && !designated && !crit && data && has_exp[u - exp_units]) {
-            at = probe_at;
-            out[n_probe++] = u;
-        }
-        if (first_try && deadline[u] > at)
-            deadline[u] = at;
-    }
+    const Py_ssize_t n_probe = fast_flush_core(state, proven_lost, deadline, flushes, retx, critical, retx_spent,
+                                               has_exp, owner, lo, hi, exp_units, group_size, group_pos, now, srtt_s,
+                                               probe_at, resend_max, out);
     result = PyLong_FromSsize_t(n_probe);
 done:
     release_vecs(b, 10);

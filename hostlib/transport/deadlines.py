@@ -499,14 +499,22 @@ class Deadlines:
         deadline floor before any), at least 1 ms."""
         return max(self.flush_srtt_ms or self.srtt_ms or self.config.min_deadline_ms, 1.0) / 1000.0
 
-    def _fast_flush_native(self, plan: ReducePlan, lo: int, hi: int, now: float) -> np.ndarray:
+    def fast_flush_params(self, now: float) -> tuple[float, float, int]:
+        """The native fast flush's constants at ``now`` (hostlib/_engine.c, fast_flush): how long the
+        workers not designated wait (:meth:`_others_wait_s`), when a probed unit's FLUSH is due (NaN
+        unless RESULT loss dominates: no probes), and the resends a critical unit gets (-1: none, a peer
+        looks dead)."""
         probe_at = now + self.flush_rto_s() * self._stagger if self.probing_lost() else math.nan
         resend_max = -1 if self.early_close else self.config.critical_max_resends
+        return self._others_wait_s(), probe_at, resend_max
+
+    def _fast_flush_native(self, plan: ReducePlan, lo: int, hi: int, now: float) -> np.ndarray:
+        others_wait_s, probe_at, resend_max = self.fast_flush_params(now)
         out = np.empty(hi - lo, dtype=np.int64)
         n = native_ext.fast_flush(plan.state, plan.proven_lost, plan.deadline_at, plan.flushes, plan.retx,
                                   plan.critical_unit, plan.retx_spent, plan.has_exp, plan.owner, lo, hi,
                                   plan.exp_units, self.group_size, self.worker_id - self.group_base, now,
-                                  self._others_wait_s(), probe_at, resend_max, out)  # fmt: skip
+                                  others_wait_s, probe_at, resend_max, out)  # fmt: skip
         return out[:n]
 
     def flush_withheld(self, plan: ReducePlan, now: float) -> None:

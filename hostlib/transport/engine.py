@@ -202,6 +202,7 @@ class ReduceEngine:
             "rtt": np.zeros(cap, dtype=np.float64),
             "flush": np.zeros(cap, dtype=np.float64),
             "due": np.zeros(0, dtype=np.int64),  # grown to the plan's units
+            "probe": np.zeros(0, dtype=np.int64),  # ... the Wake's fast flush's probes too
             "todo": np.zeros(0, dtype=np.int64),  # ... and chunks
             "saturated": np.zeros(0, dtype=bool),
         }
@@ -622,7 +623,26 @@ class ReduceEngine:
                 self._peer_news = False
                 self._drop_overtaken(plan)
             now = time.perf_counter()
-            if len(plan.rx_batches) != result_batches:  # RESULTs came: the peers' frontiers may have moved
+            results = len(plan.rx_batches) != result_batches
+            self._after_receive(plan, wake, now, step, results, was_synced)
+            if now >= give_up_at:
+                plan.state[plan.state < DONE] = GAVE_UP
+                return
+
+    def _after_receive(
+        self, plan: ReducePlan, wake: Any, now: float, step: int, results: bool, was_synced: bool
+    ) -> None:
+        """What a wake-up does once its batch is handled: the slot-reuse news where RESULTs came
+        (``results``), the fast flush and its probes, the withheld units' flush, early close, and the units
+        due (probed, resent, FLUSHed or given up), the wake-up's recovery packets sent in one call. For a
+        reduce synced before the batch and still steady, the reduce's Wake does the news, the fast flush
+        and the due scan in one call (:meth:`_wake_after`)."""
+        dl = self.deadlines
+        due = None
+        if wake is not None and was_synced and not plan.all_sent and not dl.early_close:
+            due = self._wake_after(plan, wake, now, results)
+        else:
+            if results:  # RESULTs came: the peers' frontiers may have moved
                 self.reuse.news(plan.base, plan.frontier, dl.presumed_dead, self.native)
             if plan.synced and not was_synced:
                 # Everyone is in this reduce now: units waiting on the sync deadline get the normal one.
@@ -632,16 +652,29 @@ class ReduceEngine:
                 if probe.size:  # RESULTs lost on the way down: ask the switch for its stored copy now
                     self._probe_data(plan, probe)
                     self.stats.lost_probes += len(probe)
+        if due is None:
             dl.flush_withheld(plan, now)
             if self.early is not None:
                 self._early_close(plan, now, step)
             due = self._due(plan, now, dl.recovery_slack_s())
-            if due.size:
-                self._on_deadlines(plan, due, now, step)
-            self._send_recovery()
-            if now >= give_up_at:
-                plan.state[plan.state < DONE] = GAVE_UP
-                return
+        if due.size:
+            self._on_deadlines(plan, due, now, step)
+        self._send_recovery()
+
+    def _wake_after(self, plan: ReducePlan, wake: Any, now: float, results: bool) -> np.ndarray | None:
+        """:meth:`_after_receive`'s news, fast flush (its probes queued here) and due scan in one call
+        (Wake.after), the same units, deadlines and marks (tests/test_engine_native.py). Returns the units
+        due, or None where a worker withholds units: the reference goes on from Deadlines.flush_withheld."""
+        dl = self.deadlines
+        others_wait_s, probe_at, resend_max = dl.fast_flush_params(now)
+        code, plan.fast_flushed_to, n_probe, n_due = wake.after(
+            results, dl.presumed_dead, plan.fast_flushed_to, plan.low, plan.next_unit, plan.any_withheld, now,
+            others_wait_s, probe_at, resend_max, dl.recovery_slack_s(),
+        )  # fmt: skip
+        if n_probe:  # RESULTs lost on the way down: ask the switch for its stored copy now
+            self._probe_data(plan, self._scratch["probe"][:n_probe])
+            self.stats.lost_probes += n_probe
+        return None if code else self._scratch["due"][:n_due].copy()
 
     def _wake_for(self, plan: ReducePlan) -> Any:
         """The native send half of this reduce's steady wake-ups (``hostlib._engine.Wake``: _advance and
@@ -652,8 +685,13 @@ class ReduceEngine:
             return None
         if plan.any_owned or plan.any_critical or self.config.exact or self.deadlines.adaptive:
             return None
+        if self.early is not None:
+            return None
         todo, saturated = self._quantize_scratch(plan)
-        reuse = self.reuse
+        due = self._due_scratch(plan)
+        if len(self._scratch["probe"]) < plan.units:
+            self._scratch["probe"] = np.zeros(plan.units, dtype=np.int64)
+        reuse, dl = self.reuse, self.deadlines
         return native_ext.wake(
             plan.state, plan.sent_at, plan.deadline_at, reuse.settled, reuse._excused, reuse.excused_to,
             reuse._peers, plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp,
@@ -662,6 +700,9 @@ class ReduceEngine:
              codec.contribution_limit(self.n_workers), self._quantize_flags),
             self._rng.bit_generator, plan.direct,
             (plan.base + plan.exp_units, self._slots, self._header["step"]),
+            (plan.frontier, reuse.sent, reuse.presumed_dead, plan.proven_lost, plan.flushes, plan.retx,
+             plan.critical_unit, plan.retx_spent, self._scratch["probe"], due),
+            (dl.group_size, self.worker_id - dl.group_base),
         )  # fmt: skip
 
     def _wake_send(self, plan: ReducePlan, wake: Any) -> bool | None:
