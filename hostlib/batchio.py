@@ -794,25 +794,8 @@ class BatchSocket:
             if rows.ndim != 1:
                 raise ValueError(f"index must be a 1-D array of row numbers, got shape {rows.shape}")
         if self.io == "gso-c":
-            sent, refused = _cext.send_gso(
-                self._fd,
-                data,
-                lens,
-                keys,
-                m,
-                self.stall_timeout_s * 1000.0,
-                self.stats.counts,
-                rows,
-                self._gso_segs,
-                None if trains is None else _as_ints(trains, m, "trains", int32_ok=False),
-            )
-            if refused:
-                self.io = "mmsg-c"
-                self.io_note = (
-                    f"GSO refused by the kernel ({os.strerror(refused)}): sending mmsg-c, receiving GRO"
-                )
-                log.warning("BatchSocket fd=%d: %s", self._fd, self.io_note)
-            return int(sent)
+            trains = None if trains is None else _as_ints(trains, m, "trains", int32_ok=False)
+            return self._send_gso(data, lens, keys, m, rows, trains)
         if self.io == "mmsg-c":
             return _cext.send_batch(
                 self._fd, data, lens, keys, m, self.stall_timeout_s * 1000.0, self.stats.counts, rows
@@ -825,6 +808,45 @@ class BatchSocket:
         if self.io == "mmsg-ctypes":
             return self._send_ctypes(data, lens, keys, m, rows)
         return self._send_plain(data, lens, keys, m, rows)
+
+    def send_rows(self, data: np.ndarray, key: int, trains: np.ndarray | None = None) -> int:
+        """:meth:`send` of every whole row of ``data``, a (m, width) uint8 array with contiguous rows, to
+        ``key``, without :meth:`send`'s normalisation of its arguments (the C call checks that each row
+        lies in ``data``): the reduce engine's packet rows, a few dozen calls a reduce. ``trains`` as
+        :meth:`send` takes them, int64."""
+        m = data.shape[0]
+        if m == 0:
+            return 0
+        if self.io == "gso-c":
+            return self._send_gso(data, data.shape[1], key, m, None, trains)
+        return self.send(data, data.shape[1], key)
+
+    def _send_gso(
+        self,
+        data: np.ndarray,
+        lens: np.ndarray | int,
+        keys: np.ndarray | int,
+        m: int,
+        rows: np.ndarray | None,
+        trains: np.ndarray | None,
+    ) -> int:
+        sent, refused = _cext.send_gso(
+            self._fd,
+            data,
+            lens,
+            keys,
+            m,
+            self.stall_timeout_s * 1000.0,
+            self.stats.counts,
+            rows,
+            self._gso_segs,
+            trains,
+        )
+        if refused:
+            self.io = "mmsg-c"
+            self.io_note = f"GSO refused by the kernel ({os.strerror(refused)}): sending mmsg-c, receiving GRO"
+            log.warning("BatchSocket fd=%d: %s", self._fd, self.io_note)
+        return int(sent)
 
     def _send_ctypes(
         self,

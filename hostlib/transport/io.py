@@ -69,7 +69,7 @@ class WorkerIO:
             else:
                 hi = rows[:, _SLOT].astype(np.int64)
                 trains = (hi << 8 | rows[:, _SLOT + 1]) >> SLOT_BLOCK_BITS
-        return self.batch.send(rows, rows.shape[1], self.switch_key, trains=trains)
+        return self.batch.send_rows(rows, self.switch_key, trains)
 
     def recv(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for packets, then take what is queued (rows 0..n-1 of ``rx``)."""
