@@ -620,7 +620,8 @@ static Py_ssize_t due_core(const int8_t *state, const double *deadline, Py_ssize
             continue;
         if (deadline[j] < next_at)
             next_at = deadline[j];
-        if (deadline[j] <= now && (!recovering || deadline[j] <= strict || proven_lost[j] || flushes[j] > 0))
+        if (due != NULL && deadline[j] <= now &&
+            (!recovering || deadline[j] <= strict || proven_lost[j] || flushes[j] > 0))
             due[n_due++] = j;
     }
     *next = next_at;
@@ -885,6 +886,34 @@ done:
     return result;
 }
 
+/* stall's work on its arrays: the unit whose deadline was brought forward, or -1. */
+static int64_t stall_core(const int8_t *state, const int64_t *flushes, const uint8_t *critical_unit, double *deadline,
+                          const int64_t *frontier, Py_ssize_t n_workers, Py_ssize_t units, unsigned long long dead,
+                          Py_ssize_t low, Py_ssize_t permitted, Py_ssize_t next_unit, double at) {
+    int64_t slowest = INT64_MAX, top = INT64_MIN;
+    for (Py_ssize_t w = 0; w < n_workers; w++) {
+        if (frontier[w] > top)
+            top = frontier[w];
+        if (!(w < 64 && (dead >> w) & 1) && frontier[w] < slowest)
+            slowest = frontier[w];
+    }
+    if (slowest == INT64_MAX)
+        slowest = top;
+    int64_t lo = slowest + 1 > low ? slowest + 1 : low;
+    int64_t hi = permitted < next_unit ? permitted : next_unit;
+    if (hi > units)
+        hi = units;
+    int64_t newest = -1;
+    for (int64_t u = hi - 1; u >= lo && u >= 0; u--)
+        if (state[u] == ST_IN_FLIGHT && flushes[u] == 0 && !critical_unit[u]) {
+            newest = u;
+            break;
+        }
+    if (newest >= 0 && at < deadline[newest])
+        deadline[newest] = at;
+    return newest;
+}
+
 /* stall(state, flushes, critical_unit, deadline_at, frontier, presumed_dead, low, permitted, next_unit, at)
  * -> the unit whose deadline was brought forward, or -1: Deadlines.stall_flush. The newest unit in flight in
  * [max(low, slowest live frontier + 1), min(permitted, next_unit)) that was not FLUSHed and is not critical
@@ -912,27 +941,8 @@ static PyObject *engine_stall(PyObject *self, PyObject *args) {
     const uint8_t *critical_unit = (const uint8_t *)b[2].view.buf;
     double *deadline = (double *)b[3].view.buf;
     const Py_ssize_t n_workers = b[4].view.shape[0];
-    int64_t slowest = INT64_MAX, top = INT64_MIN;
-    for (Py_ssize_t w = 0; w < n_workers; w++) {
-        if (frontier[w] > top)
-            top = frontier[w];
-        if (!(w < 64 && (dead >> w) & 1) && frontier[w] < slowest)
-            slowest = frontier[w];
-    }
-    if (slowest == INT64_MAX)
-        slowest = top;
-    int64_t lo = slowest + 1 > low ? slowest + 1 : low;
-    int64_t hi = permitted < next_unit ? permitted : next_unit;
-    if (hi > units)
-        hi = units;
-    int64_t newest = -1;
-    for (int64_t u = hi - 1; u >= lo && u >= 0; u--)
-        if (state[u] == ST_IN_FLIGHT && flushes[u] == 0 && !critical_unit[u]) {
-            newest = u;
-            break;
-        }
-    if (newest >= 0 && at < deadline[newest])
-        deadline[newest] = at;
+    const int64_t newest = stall_core(state, flushes, critical_unit, deadline, frontier, n_workers, units, dead, low,
+                                      permitted, next_unit, at);
     result = PyLong_FromLongLong(newest);
 done:
     release_vecs(b, 5);
@@ -1211,7 +1221,7 @@ typedef struct {
     /* after's: frontier, sent, presumed_dead (reuse), proven_lost, flushes, retx, critical_unit, retx_spent,
      * probe_out, due_out */
     buf_t a[10];
-    Py_ssize_t units, exp_units, span, workers, group_size, group_pos;
+    Py_ssize_t units, exp_units, span, workers, group_size, group_pos, worker;
     long long data_slots, base;
     int ready;
 } WakeObject;
@@ -1290,10 +1300,12 @@ static PyObject *wake_after(WakeObject *w, PyObject *args) {
 }
 
 static PyObject *wake_send(WakeObject *w, PyObject *args) {
-    Py_ssize_t low, next_unit, room, tail_from;
-    int any_withheld;
-    double arm_at, now;
-    if (!PyArg_ParseTuple(args, "nnnpndd:send", &low, &next_unit, &room, &any_withheld, &tail_from, &arm_at, &now))
+    Py_ssize_t low, next_unit, room, tail_from, own_shown;
+    int any_withheld, all_sent;
+    unsigned long long dead_bits;
+    double arm_at, now, stall_at;
+    if (!PyArg_ParseTuple(args, "nnnpndd(nKdp):send", &low, &next_unit, &room, &any_withheld, &tail_from, &arm_at,
+                          &now, &own_shown, &dead_bits, &stall_at, &all_sent))
         return NULL;
     const Py_ssize_t units = w->units, e = w->exp_units, k = w->q.k;
     if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
@@ -1313,11 +1325,13 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     for (Py_ssize_t j = low; j < next_unit; j++)
         in_flight += state[j] == ST_IN_FLIGHT;
     const Py_ssize_t u0 = next_unit;
+    Py_ssize_t u1 = u0;
+    int code = WAKE_IDLE, held_now = HELD_NONE, checked = 0;
     if (!unsettled)
-        return Py_BuildValue("innnii", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0);
+        return Py_BuildValue("innniid", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0, NAN);
     const Py_ssize_t left = room - in_flight;
     if (left <= 0 || u0 >= units)
-        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 0);
+        goto out;
     /* the own span and the peers' bound (reuse_first), local to the plan */
     const int64_t *settled = (const int64_t *)w->v[3].view.buf, *excused_to = (const int64_t *)w->v[5].view.buf;
     const uint8_t *excused = (const uint8_t *)w->v[4].view.buf, *peers = (const uint8_t *)w->v[6].view.buf;
@@ -1331,24 +1345,28 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     }
     const int64_t local = first - w->base, own = (int64_t)low + w->span;
     if (!(local > u0 || (in_flight && !any_withheld)))
-        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
+        return Py_BuildValue("innniid", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0, NAN);
+    checked = 1;
     const int64_t cap = units < u0 + left ? units : u0 + left;
     int64_t hi = cap < own ? cap : own;
     hi = hi < local ? hi : local;
     const int held = (own < local ? own : local) < cap ? (own <= local ? HELD_SPAN : HELD_PEERS) : HELD_NONE;
-    if (hi <= u0)
-        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, held, 1);
+    if (hi <= u0) {
+        held_now = held;
+        goto out;
+    }
     /* run: the units that may go before the first data unit whose exponent is not settled */
-    Py_ssize_t u1 = u0;
     for (; u1 < hi; u1++)
         if (u1 >= e && state[(u1 - e) / k] < ST_DONE)
             break;
     if (u1 <= u0)
-        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
+        goto out;
     if (u0 < e || u1 - e > tail_from)
-        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
+        return Py_BuildValue("innniid", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0, NAN);
     /* The pending ones go (the others were settled before they went: a peer's FLUSH); their chunks are
      * quantized from the first to the last, as _send_units asks */
+    held_now = u1 >= hi ? held : HELD_NONE;
+    code = WAKE_SENT_SOME;
     Py_ssize_t first_pending = -1, last_pending = -1;
     for (Py_ssize_t u = u0; u < u1; u++)
         if (state[u] == 0) {
@@ -1356,12 +1374,12 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
                 first_pending = u;
             last_pending = u;
         }
-    const int held_now = u1 >= hi ? held : HELD_NONE;
     if (first_pending < 0)
-        return Py_BuildValue("innnii", WAKE_SENT_SOME, low, in_flight, u1, held_now, 1);
+        goto out;
     if (quantize_core(&w->q, first_pending - e, last_pending + 1 - e) < 0)
         return NULL;
-    int code = first_pending == u0 && last_pending == u1 - 1 ? WAKE_SENT : WAKE_SENT_SOME;
+    if (first_pending == u0 && last_pending == u1 - 1)
+        code = WAKE_SENT;
     double *sent_at = (double *)w->v[1].view.buf, *deadline_at = (double *)w->v[2].view.buf;
     for (Py_ssize_t u = u0; u < u1; u++) {
         if (state[u] != 0) {
@@ -1374,7 +1392,23 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
         sent_at[u] = now;
         deadline_at[u] = arm_at;
     }
-    return Py_BuildValue("innnii", code, low, in_flight, u1, held_now, 1);
+out:;
+    /* _run_units after the send: this worker's frontier, the stall rule while the peers hold it, and (unless the
+     * tail starts here: the caller re-arms first) the earliest deadline in flight */
+    const Py_ssize_t sent_to = u1;
+    int64_t *frontier = (int64_t *)w->a[0].view.buf;
+    frontier[w->worker] = (int64_t)sent_to - 1;
+    double *deadline = (double *)w->v[2].view.buf;
+    const int64_t *flushes = (const int64_t *)w->a[4].view.buf;
+    if (held_now == HELD_PEERS && own_shown >= 0) {
+        const Py_ssize_t shown = own_shown - w->span > -1 ? own_shown - w->span : -1;
+        stall_core(state, flushes, (const uint8_t *)w->a[6].view.buf, deadline, frontier, w->workers, units, dead_bits,
+                   low, shown + (Py_ssize_t)w->data_slots + 1, sent_to, stall_at);
+    }
+    double next_at = NAN;
+    if (!(sent_to == units && !all_sent))
+        due_core(state, deadline, low, sent_to, -INFINITY, NULL, NULL, NULL, INFINITY, &next_at);
+    return Py_BuildValue("innniid", code, low, in_flight, u1, held_now, checked, next_at);
 }
 
 static PyMethodDef wake_methods[] = {
@@ -1394,18 +1428,19 @@ static PyTypeObject WakeType = {
 
 static PyObject *engine_wake(PyObject *self, PyObject *args) {
     PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[9], *bitgen, *direct_obj, *stamp_obj, *aobjs[10];
-    Py_ssize_t exp_units, span, group_size, group_pos;
+    Py_ssize_t exp_units, span, group_size, group_pos, worker;
     long long data_slots, base;
     qa_t q;
     memset(&q, 0, sizeof(q));
     /* the quantize_ahead arrays come in its order: exp_known, quantized, own_exp, critical, owner, shift, has_exp,
      * todo, saturated */
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO(OOOOOOOOOO)(nn):wake", &vobjs[0], &vobjs[1],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO(OOOOOOOOOO)(nnn):wake", &vobjs[0], &vobjs[1],
                           &vobjs[2], &vobjs[3], &vobjs[4], &vobjs[5], &vobjs[6], &chunks_obj, &rows_obj, &qobjs[0],
                           &qobjs[1], &qobjs[2], &qobjs[3], &qobjs[4], &qobjs[5], &qobjs[6], &qobjs[7], &qobjs[8],
                           &exp_units, &span, &data_slots, &base, &q.block, &q.limit, &q.f_critical, &q.f_saturated,
                           &q.f_owner, &bitgen, &direct_obj, &stamp_obj, &aobjs[0], &aobjs[1], &aobjs[2], &aobjs[3],
-                          &aobjs[4], &aobjs[5], &aobjs[6], &aobjs[7], &aobjs[8], &aobjs[9], &group_size, &group_pos))
+                          &aobjs[4], &aobjs[5], &aobjs[6], &aobjs[7], &aobjs[8], &aobjs[9], &group_size, &group_pos,
+                          &worker))
         return NULL;
     if (qa_stamp(&q, stamp_obj) < 0)
         return NULL;
@@ -1432,7 +1467,7 @@ static PyObject *engine_wake(PyObject *self, PyObject *args) {
     if (w->v[1].view.shape[0] < units || w->v[2].view.shape[0] < units || w->v[4].view.shape[0] != workers ||
         w->v[5].view.shape[0] != workers || w->v[6].view.shape[0] != workers || w->a[0].view.shape[0] != workers ||
         workers > 64 || exp_units < 0 || span < 1 || data_slots < 1 || base < 0 || q.block < 1 ||
-        units - exp_units > q.c || group_size < 1 || group_pos < 0) {
+        units - exp_units > q.c || group_size < 1 || group_pos < 0 || worker < 0 || worker >= workers) {
         PyErr_SetString(PyExc_ValueError, "wake: the plan's arrays, the reuse arrays or the constants do not fit");
         goto fail;
     }
@@ -1447,6 +1482,7 @@ static PyObject *engine_wake(PyObject *self, PyObject *args) {
     w->base = base;
     w->group_size = group_size;
     w->group_pos = group_pos;
+    w->worker = worker;
     w->ready = 1;
     return (PyObject *)w;
 fail:

@@ -794,8 +794,8 @@ class BatchSocket:
             if rows.ndim != 1:
                 raise ValueError(f"index must be a 1-D array of row numbers, got shape {rows.shape}")
         if self.io == "gso-c":
-            trains = None if trains is None else _as_ints(trains, m, "trains", int32_ok=False)
-            return self._send_gso(data, lens, keys, m, rows, trains)
+            train_keys = None if trains is None else _as_ints(trains, m, "trains", int32_ok=False)
+            return self._send_gso(data, lens, keys, m, rows, train_keys)
         if self.io == "mmsg-c":
             return _cext.send_batch(
                 self._fd, data, lens, keys, m, self.stall_timeout_s * 1000.0, self.stats.counts, rows
@@ -828,7 +828,7 @@ class BatchSocket:
         keys: np.ndarray | int,
         m: int,
         rows: np.ndarray | None,
-        trains: np.ndarray | None,
+        trains: np.ndarray | int | None,
     ) -> int:
         sent, refused = _cext.send_gso(
             self._fd,
@@ -844,7 +844,9 @@ class BatchSocket:
         )
         if refused:
             self.io = "mmsg-c"
-            self.io_note = f"GSO refused by the kernel ({os.strerror(refused)}): sending mmsg-c, receiving GRO"
+            self.io_note = (
+                f"GSO refused by the kernel ({os.strerror(refused)}): sending mmsg-c, receiving GRO"
+            )
             log.warning("BatchSocket fd=%d: %s", self._fd, self.io_note)
         return int(sent)
 

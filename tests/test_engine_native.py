@@ -12,6 +12,7 @@ frontiers, RTT estimates, slot news and statistics; at the end the same ReduceRe
 
 from __future__ import annotations
 
+import math
 import types
 
 import numpy as np
@@ -201,6 +202,7 @@ def _play(
     looped = (ref, nat) if wake else ()
     was_synced: dict[int, bool] = {}
     batches: dict[int, int] = {}
+    next_ats: dict[int, float | None] = {}
     for tick in range(400):
         clock.t += 0.002
         now = clock()
@@ -212,25 +214,26 @@ def _play(
                 before, reference = plan.next_unit, nat._send_ready
                 asked = []
                 nat._send_ready = lambda *a, _n=asked, _r=reference: _n.append(1) or _r(*a)  # type: ignore[method-assign]
-                e._wake_send(plan, nat_wake)
+                next_at = e._wake_send(plan, nat_wake)
                 del nat._send_ready
                 woke += plan.next_unit > before and not asked
             else:
                 in_flight = e._advance(plan)
+                next_at = None if in_flight < 0 else math.nan
                 if in_flight >= 0:  # (as _run_units: a reduce with nothing left to settle sends nothing)
                     e._send_ready(plan, in_flight)
-            plan.frontier[e.worker_id] = plan.next_unit - 1
-            if e in looped:
-                if e._held == "peers" and plan.own_shown >= 0:
-                    e._stall_flush(plan, max(-1, plan.own_shown - e.reuse.span) + e._slots + 1, now)
-                if plan.next_unit == plan.units and not plan.all_sent:
-                    plan.all_sent = True
-                    dl.rearm_shorter(plan, now)
+            if e in looped:  # the rules after the send, the Wake's or the reference's
+                if next_at is not None and next_at != next_at:
+                    next_at = e._after_send(plan)
+                next_ats[id(e)] = next_at
                 continue
+            plan.frontier[e.worker_id] = plan.next_unit - 1
             due = e._due(plan, now)  # the engine's own deadline rules: probes, resends, FLUSHes
             assert e._next_deadline(plan) == e.deadlines.next_at(plan)
             if due.size:
                 e._on_deadlines(plan, due, now, 0)
+        if wake:  # the earliest deadline the wait is taken from
+            assert next_ats[id(ref)] == next_ats[id(nat)], f"tick {tick}: next deadline {next_ats}"
         grads = [(pkt, 0) for pkt in ref.io.take()]
         assert [p for p, _ in grads] == nat.io.take(), f"tick {tick}: the two copies sent different packets"
         for e in peers:

@@ -588,28 +588,22 @@ class ReduceEngine:
         wake = self._wake_for(plan)
         while True:
             if wake is not None and plan.synced and not plan.all_sent and not dl.early_close:
-                paced_out = self._wake_send(plan, wake)
-                if paced_out is None:
+                next_at = self._wake_send(plan, wake)  # (NaN: the rules after a send are left to the below)
+                if next_at is None:
                     return
+                paced_out = False
             else:
                 in_flight = self._advance(plan)
                 if in_flight < 0:
                     return
                 paced_out = self._send_ready(plan, in_flight)
+                next_at = math.nan
             if self.trace is not None:
                 self.trace.on_sent(self, plan)
-            plan.frontier[self.worker_id] = plan.next_unit - 1
-            if self._held == "peers" and plan.own_shown >= 0 and not self.config.exact:
-                # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
-                # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
-                span = self.reuse.span
-                self._stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
-            if plan.next_unit == plan.units and not plan.all_sent:
-                # The tail: nothing more of ours is coming, so units still open wait only the RTO.
-                plan.all_sent = True
-                dl.rearm_shorter(plan, time.perf_counter())
+            if next_at != next_at:
+                next_at = self._after_send(plan)
             now = time.perf_counter()
-            wait = min(self._next_deadline(plan) - now, 0.05, give_up_at - now)
+            wait = min(next_at - now, 0.05, give_up_at - now)
             if paced_out:  # units wait for tokens: wake when the next frame may go
                 wait = min(wait, self.pacer.wait_s(now))
             if self.early is not None and not plan.closing:
@@ -628,6 +622,21 @@ class ReduceEngine:
             if now >= give_up_at:
                 plan.state[plan.state < DONE] = GAVE_UP
                 return
+
+    def _after_send(self, plan: ReducePlan) -> float:
+        """What a wake-up does once its units went: this worker's frontier, the stall rule, the start of
+        the tail; returns the earliest deadline of a unit in flight."""
+        plan.frontier[self.worker_id] = plan.next_unit - 1
+        if self._held == "peers" and plan.own_shown >= 0 and not self.config.exact:
+            # Held by the peer rule: its units the peers may send too wait one FLUSH round trip
+            # (Deadlines.stall_flush), not the lag deadline. Exact mode keeps its timers a safety net.
+            span = self.reuse.span
+            self._stall_flush(plan, max(-1, plan.own_shown - span) + self._slots + 1, time.perf_counter())
+        if plan.next_unit == plan.units and not plan.all_sent:
+            # The tail: nothing more of ours is coming, so units still open wait only the RTO.
+            plan.all_sent = True
+            self.deadlines.rearm_shorter(plan, time.perf_counter())
+        return self._next_deadline(plan)
 
     def _after_receive(
         self, plan: ReducePlan, wake: Any, now: float, step: int, results: bool, was_synced: bool
@@ -702,26 +711,29 @@ class ReduceEngine:
             (plan.base + plan.exp_units, self._slots, self._header["step"]),
             (plan.frontier, reuse.sent, reuse.presumed_dead, plan.proven_lost, plan.flushes, plan.retx,
              plan.critical_unit, plan.retx_spent, self._scratch["probe"], due),
-            (dl.group_size, self.worker_id - dl.group_base),
+            (dl.group_size, self.worker_id - dl.group_base, self.worker_id),
         )  # fmt: skip
 
-    def _wake_send(self, plan: ReducePlan, wake: Any) -> bool | None:
-        """:meth:`_advance`, then :meth:`_send_ready`, for a synced reduce not in its tail with no peer
-        presumed dead: one call into ``wake`` (:meth:`_wake_for`), the same units, rows, states and
-        deadlines (tests/test_engine_native.py), and the rows sent here; where the Wake leaves the
-        decision to the reference, :meth:`_send_ready` takes it. None when nothing is left to settle,
-        else whether the pacer held units back (never: a Wake is made only without pacing)."""
+    def _wake_send(self, plan: ReducePlan, wake: Any) -> float | None:
+        """:meth:`_advance`, :meth:`_send_ready` and :meth:`_after_send` for a synced reduce not in its
+        tail with no peer presumed dead: one call into ``wake`` (:meth:`_wake_for`), the same units, rows,
+        states and deadlines (tests/test_engine_native.py), and the rows sent here. Returns None when
+        nothing is left to settle, else the earliest deadline in flight; NaN where the reference is to
+        take the rules after the send (:meth:`_after_send`: the Wake left the decision to
+        :meth:`_send_ready`, or the tail starts)."""
         now = time.perf_counter()
         dl = self.deadlines
         tail_from = plan.chunks_count - self._tail_units if self._tail_units else _NO_TAIL
-        code, plan.low, in_flight, u1, held, checked = wake.send(
+        code, plan.low, in_flight, u1, held, checked, next_at = wake.send(
             plan.low, plan.next_unit, min(self.window, self._loss_window), plan.any_withheld, tail_from,
             now + dl.first_wait_s(plan) * dl.stagger, now,
+            (plan.own_shown, dl.presumed_dead, dl.stall_deadline(now), plan.all_sent),
         )  # fmt: skip
         if code == _WAKE_DONE:
             return None
         if code == _WAKE_BAIL:
-            return self._send_ready(plan, in_flight)
+            self._send_ready(plan, in_flight)  # (never paced: a Wake is made only without pacing)
+            return math.nan
         if checked:  # (_peer_limit's first branch)
             self._peer_wait_since = math.inf
         if code == _WAKE_SENT:
@@ -737,7 +749,7 @@ class ReduceEngine:
             elif c.size:
                 self.send(plan.data_rows[c])
         self._count_held(now, _HELD[held])
-        return False
+        return float(next_at)
 
     def _advance(self, plan: ReducePlan) -> int:
         """Move ``plan.low`` past the settled prefix; the units in flight, or -1 when none is left to
