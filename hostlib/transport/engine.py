@@ -8,10 +8,15 @@ deadlines of the units in flight with numpy. No Python runs per packet in the st
 
 Two paths with the same results (``self.native``, chosen by native.py: ``LTA_ENGINE=python|native``): the
 methods here are the reference; the native path hands the steady state of a wake-up to
-``hostlib/_engine.c`` — a received batch settled in one call (``_handle_native``), the next chunks
-quantized into their packet rows in one call, a run of units sent with slices (``_send_run``), the unit
-scans, the window-stall rule and the slot-reuse news in C — and keeps in Python what is rare (FLUSH
-policy, retries, parameters, health, fallbacks). tests/test_engine_native.py checks them bit for bit.
+``hostlib/_engine.c`` — a received batch settled in one call (``_handle_native``), then, for a reduce in its
+steady state, one call of the reduce's ``Wake`` for what follows the receive (the slot-reuse news, the fast
+flush, the due scan: :meth:`_wake_after`) and one for the send half (the scan, the window and slot-reuse
+rules, quantizing and committing the units that go, the frontier, the stall rule and the next deadline:
+:meth:`_wake_send`); elsewhere (the exponent round, the tail, pacing, owners, critical units) the single
+steps: the next chunks quantized into their packet rows in one call, a run of units sent with slices
+(``_send_run``), the unit scans, the window-stall rule and the slot-reuse news in C — and keeps in Python
+what is rare (FLUSH policy, retries, parameters, health, fallbacks). tests/test_engine_native.py checks
+them bit for bit, the Wake's wake-ups in the reference's order.
 
 Its interface is small: :meth:`reduce` (one allreduce of a float32 vector), :meth:`receive` (handle
 what arrived, between reduces too), the PARAM sends, the codec state, and :attr:`trace` (an
@@ -689,8 +694,9 @@ class ReduceEngine:
         """The native send half of this reduce's steady wake-ups (``hostlib._engine.Wake``: _advance and
         _send_ready in one call, :meth:`_wake_send`), or None where the reference decides every wake-up:
         the Python path, and reduces with pacing, owners, critical units, exact mode, per-unit deadlines
-        or a trace (their sends take branches the Wake leaves to the reference)."""
-        if not (self.native and self._native_quantize) or self.trace is not None or self.pacer.paced:
+        or early close (their sends take branches the Wake leaves to the reference). A trace sees the
+        same steps either way: its hooks are called where both paths pass."""
+        if not (self.native and self._native_quantize) or self.pacer.paced:
             return None
         if plan.any_owned or plan.any_critical or self.config.exact or self.deadlines.adaptive:
             return None
