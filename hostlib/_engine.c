@@ -1186,30 +1186,32 @@ static Py_ssize_t fast_flush_core(const int8_t *state, uint8_t *proven_lost, dou
     return n_probe;
 }
 
-/* Wake: the send half of a steady wake-up in one call, for the reduce it was made for (ReduceEngine._wake_send).
+/* Wake: a steady wake-up of one reduce in a few calls (ReduceEngine._wake_send, _wake_after).
  *
  *   wake(state, sent_at, deadline_at, settled, excused, excused_to, peers, chunks, rows, exp_known, quantized,
  *        own_exp, critical, owner, shift, has_exp, todo, saturated,
  *        (exp_units, span, data_slots, base, block, limit, (f_critical, f_saturated, f_owner)),
- *        bit_generator, direct, stamp) -> Wake
+ *        bit_generator, direct, stamp,
+ *        (frontier, sent, presumed_dead, proven_lost, flushes, retx, critical_unit, retx_spent, probe_out, due_out),
+ *        (group_size, group_pos, worker_id)) -> Wake
  *
  * holds the plan's arrays (the first three and the quantize_ahead ones, as quantize_ahead takes them) and the
- * slot-reuse arrays (reuse.py) for the reduce. Its one method,
+ * slot-reuse arrays (reuse.py) for the reduce. Its send half is two calls around the system call that sends:
  *
- *   send(low, next_unit, room, any_withheld, tail_from, arm_at, now) -> (code, low, in_flight, u1, held, checked)
+ *   send(low, next_unit, room, any_withheld, tail_from) -> (code, low, in_flight, u1, held, checked)
  *
- * is ReduceEngine._advance, then _send_ready for a reduce in its steady state (synced, not in its tail, no peer
- * presumed dead; no pacing, owners, critical units, exact mode or trace: the caller makes a Wake only then):
- * scan's low and units in flight; the window (``room`` units in flight at most), the own span and the peers'
- * bound (reuse_first: _peer_limit's first branch); run's units, quantize_ahead's rows, and the units committed
- * (state IN_FLIGHT, sent_at ``now``, deadline ``arm_at``: Deadlines.arm_run). ``code``: 0 nothing is left to
- * settle; 1 nothing to send; 2 units [next_unit, u1) committed, their rows for the caller to send; 4 the pending
- * ones of [next_unit, u1) committed (the others were settled before they went, by a peer's FLUSH), and the
- * rows to send are those committed whose chunk has this worker's exponent (has_exp: the rest are withheld);
- * 3 the reference must decide (_peer_limit's other branches, exponent units, tail copies: chunks past
- * ``tail_from``): nothing was changed. ``held``: what holds sending from now on
- * (0 nothing, 1 the own span, 2 the peers), as _send_ready's _count_held calls leave it; ``checked``: the
- * peers' bound was taken (the caller's peer-wait clock stops, as in _peer_limit). */
+ * is ReduceEngine._advance, then _send_ready up to the send, for a reduce in its steady state (synced, not in
+ * its tail, no peer presumed dead; no pacing, owners, critical units, exact mode or early close: the caller
+ * makes a Wake only then): scan's low and units in flight; the window (``room`` units in flight at most), the
+ * own span and the peers' bound (reuse_first: _peer_limit's first branch); run's units and quantize_ahead's
+ * rows. ``code``: 0 nothing is left to settle; 1 nothing to send; 2 units [next_unit, u1) to send, every one
+ * pending and with this worker's exponent; 4 the same but some of them were settled before they went (a
+ * peer's FLUSH) or are withheld (has_exp false): the rows to send are the pending ones' with has_exp; 3 the
+ * reference must decide (_peer_limit's other branches, exponent units, tail copies: chunks past
+ * ``tail_from``): nothing was changed. ``held``: what holds sending once these units went (0 nothing, 1 the
+ * own span, 2 the peers), as _send_ready's _count_held leaves it; ``checked``: the peers' bound was taken
+ * (the caller's peer-wait clock stops, as in _peer_limit). Then commit (below) puts the pending units in
+ * flight from the time they went, as the reference stamps them after its send. */
 enum { WAKE_DONE = 0, WAKE_IDLE = 1, WAKE_SENT = 2, WAKE_BAIL = 3, WAKE_SENT_SOME = 4 };
 enum { HELD_NONE = 0, HELD_SPAN = 1, HELD_PEERS = 2 };
 
@@ -1300,19 +1302,16 @@ static PyObject *wake_after(WakeObject *w, PyObject *args) {
 }
 
 static PyObject *wake_send(WakeObject *w, PyObject *args) {
-    Py_ssize_t low, next_unit, room, tail_from, own_shown;
-    int any_withheld, all_sent;
-    unsigned long long dead_bits;
-    double arm_at, now, stall_at;
-    if (!PyArg_ParseTuple(args, "nnnpndd(nKdp):send", &low, &next_unit, &room, &any_withheld, &tail_from, &arm_at,
-                          &now, &own_shown, &dead_bits, &stall_at, &all_sent))
+    Py_ssize_t low, next_unit, room, tail_from;
+    int any_withheld;
+    if (!PyArg_ParseTuple(args, "nnnpn:send", &low, &next_unit, &room, &any_withheld, &tail_from))
         return NULL;
     const Py_ssize_t units = w->units, e = w->exp_units, k = w->q.k;
     if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
         PyErr_SetString(PyExc_ValueError, "Wake.send: low and next_unit must lie in the plan");
         return NULL;
     }
-    int8_t *state = (int8_t *)w->v[0].view.buf;
+    const int8_t *state = (const int8_t *)w->v[0].view.buf;
     /* scan */
     Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
     while (i < top && state[i] >= ST_DONE)
@@ -1325,13 +1324,11 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     for (Py_ssize_t j = low; j < next_unit; j++)
         in_flight += state[j] == ST_IN_FLIGHT;
     const Py_ssize_t u0 = next_unit;
-    Py_ssize_t u1 = u0;
-    int code = WAKE_IDLE, held_now = HELD_NONE, checked = 0;
     if (!unsettled)
-        return Py_BuildValue("innniid", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0, NAN);
+        return Py_BuildValue("innnii", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0);
     const Py_ssize_t left = room - in_flight;
     if (left <= 0 || u0 >= units)
-        goto out;
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 0);
     /* the own span and the peers' bound (reuse_first), local to the plan */
     const int64_t *settled = (const int64_t *)w->v[3].view.buf, *excused_to = (const int64_t *)w->v[5].view.buf;
     const uint8_t *excused = (const uint8_t *)w->v[4].view.buf, *peers = (const uint8_t *)w->v[6].view.buf;
@@ -1345,28 +1342,25 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     }
     const int64_t local = first - w->base, own = (int64_t)low + w->span;
     if (!(local > u0 || (in_flight && !any_withheld)))
-        return Py_BuildValue("innniid", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0, NAN);
-    checked = 1;
+        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
     const int64_t cap = units < u0 + left ? units : u0 + left;
     int64_t hi = cap < own ? cap : own;
     hi = hi < local ? hi : local;
     const int held = (own < local ? own : local) < cap ? (own <= local ? HELD_SPAN : HELD_PEERS) : HELD_NONE;
-    if (hi <= u0) {
-        held_now = held;
-        goto out;
-    }
+    if (hi <= u0)
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, held, 1);
     /* run: the units that may go before the first data unit whose exponent is not settled */
+    Py_ssize_t u1 = u0;
     for (; u1 < hi; u1++)
         if (u1 >= e && state[(u1 - e) / k] < ST_DONE)
             break;
     if (u1 <= u0)
-        goto out;
+        return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
     if (u0 < e || u1 - e > tail_from)
-        return Py_BuildValue("innniid", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0, NAN);
+        return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
     /* The pending ones go (the others were settled before they went: a peer's FLUSH); their chunks are
      * quantized from the first to the last, as _send_units asks */
-    held_now = u1 >= hi ? held : HELD_NONE;
-    code = WAKE_SENT_SOME;
+    const int held_now = u1 >= hi ? held : HELD_NONE;
     Py_ssize_t first_pending = -1, last_pending = -1;
     for (Py_ssize_t u = u0; u < u1; u++)
         if (state[u] == 0) {
@@ -1375,44 +1369,58 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
             last_pending = u;
         }
     if (first_pending < 0)
-        goto out;
+        return Py_BuildValue("innnii", WAKE_SENT_SOME, low, in_flight, u1, held_now, 1);
     if (quantize_core(&w->q, first_pending - e, last_pending + 1 - e) < 0)
         return NULL;
-    if (first_pending == u0 && last_pending == u1 - 1)
-        code = WAKE_SENT;
-    double *sent_at = (double *)w->v[1].view.buf, *deadline_at = (double *)w->v[2].view.buf;
-    for (Py_ssize_t u = u0; u < u1; u++) {
-        if (state[u] != 0) {
+    int code = WAKE_SENT;
+    for (Py_ssize_t u = u0; u < u1 && code == WAKE_SENT; u++)
+        if (state[u] != 0 || !w->q.has_exp[u - e])
             code = WAKE_SENT_SOME;
-            continue;
-        }
-        if (!w->q.has_exp[u - e])
-            code = WAKE_SENT_SOME;
-        state[u] = ST_IN_FLIGHT;
-        sent_at[u] = now;
-        deadline_at[u] = arm_at;
+    return Py_BuildValue("innnii", code, low, in_flight, u1, held_now, 1);
+}
+
+/* commit(u0, u1, low, now, arm_at, (own_shown, dead_bits, stall_at, all_sent), held) -> next_at
+ * After a send's packets went (or none did: u0 == u1): its pending units of [u0, u1) in flight from ``now``, due
+ * at ``arm_at`` (Deadlines.arm_run); then what _run_units does after a send: this worker's frontier, the stall
+ * rule while the peers hold it (``held`` 2; Deadlines.stall_flush from ``own_shown``, at ``stall_at``), and the
+ * earliest deadline in flight, NaN where the tail starts here (the caller re-arms first). */
+static PyObject *wake_commit(WakeObject *w, PyObject *args) {
+    Py_ssize_t u0, u1, low, own_shown;
+    int all_sent, held;
+    unsigned long long dead_bits;
+    double now, arm_at, stall_at;
+    if (!PyArg_ParseTuple(args, "nnndd(nKdp)i:commit", &u0, &u1, &low, &now, &arm_at, &own_shown, &dead_bits, &stall_at,
+                          &all_sent, &held))
+        return NULL;
+    const Py_ssize_t units = w->units;
+    if (u0 < 0 || u1 < u0 || u1 > units || low < 0 || low > u1) {
+        PyErr_SetString(PyExc_ValueError, "Wake.commit: the units must lie in the plan");
+        return NULL;
     }
-out:;
-    /* _run_units after the send: this worker's frontier, the stall rule while the peers hold it, and (unless the
-     * tail starts here: the caller re-arms first) the earliest deadline in flight */
-    const Py_ssize_t sent_to = u1;
+    int8_t *state = (int8_t *)w->v[0].view.buf;
+    double *sent_at = (double *)w->v[1].view.buf, *deadline = (double *)w->v[2].view.buf;
+    for (Py_ssize_t u = u0; u < u1; u++)
+        if (state[u] == 0) {
+            state[u] = ST_IN_FLIGHT;
+            sent_at[u] = now;
+            deadline[u] = arm_at;
+        }
     int64_t *frontier = (int64_t *)w->a[0].view.buf;
-    frontier[w->worker] = (int64_t)sent_to - 1;
-    double *deadline = (double *)w->v[2].view.buf;
-    const int64_t *flushes = (const int64_t *)w->a[4].view.buf;
-    if (held_now == HELD_PEERS && own_shown >= 0) {
+    frontier[w->worker] = (int64_t)u1 - 1;
+    if (held == HELD_PEERS && own_shown >= 0) {
         const Py_ssize_t shown = own_shown - w->span > -1 ? own_shown - w->span : -1;
-        stall_core(state, flushes, (const uint8_t *)w->a[6].view.buf, deadline, frontier, w->workers, units, dead_bits,
-                   low, shown + (Py_ssize_t)w->data_slots + 1, sent_to, stall_at);
+        stall_core(state, (const int64_t *)w->a[4].view.buf, (const uint8_t *)w->a[6].view.buf, deadline, frontier,
+                   w->workers, units, dead_bits, low, shown + (Py_ssize_t)w->data_slots + 1, u1, stall_at);
     }
     double next_at = NAN;
-    if (!(sent_to == units && !all_sent))
-        due_core(state, deadline, low, sent_to, -INFINITY, NULL, NULL, NULL, INFINITY, &next_at);
-    return Py_BuildValue("innniid", code, low, in_flight, u1, held_now, checked, next_at);
+    if (!(u1 == units && !all_sent))
+        due_core(state, deadline, low, u1, -INFINITY, NULL, NULL, NULL, INFINITY, &next_at);
+    return PyFloat_FromDouble(next_at);
 }
 
 static PyMethodDef wake_methods[] = {
     {"send", (PyCFunction)wake_send, METH_VARARGS, "The send half of a steady wake-up (see hostlib/_engine.c)."},
+    {"commit", (PyCFunction)wake_commit, METH_VARARGS, "A steady send's units in flight, then the rules after it."},
     {"after", (PyCFunction)wake_after, METH_VARARGS, "What a steady wake-up does after its receive (hostlib/_engine.c)."},
     {NULL, NULL, 0, NULL},
 };

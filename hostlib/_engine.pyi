@@ -31,18 +31,36 @@ def settle(
 ) -> tuple[Any, ...]: ...
 
 class Wake:
-    """The send half of a steady wake-up, for one reduce (see hostlib/_engine.c)."""
+    """A steady wake-up of one reduce in a few calls (see hostlib/_engine.c)."""
 
     def send(
+        self, low: int, next_unit: int, room: int, any_withheld: bool, tail_from: int, /
+    ) -> tuple[int, int, int, int, int, int]: ...
+    def commit(
         self,
+        u0: int,
+        u1: int,
+        low: int,
+        now: float,
+        arm_at: float,
+        stall: tuple[int, int, float, bool],
+        held: int,
+        /,
+    ) -> float: ...
+    def after(
+        self,
+        results: bool,
+        dead_bits: int,
+        fast_flushed_to: int,
         low: int,
         next_unit: int,
-        room: int,
         any_withheld: bool,
-        tail_from: int,
-        arm_at: float,
         now: float,
+        others_wait_s: float,
+        probe_at: float,
+        resend_max: int,
+        slack: float,
         /,
-    ) -> tuple[int, int, int, int, int, int]: ...
+    ) -> tuple[int, int, int, int]: ...
 
 def wake(*args: Any) -> Wake: ...

@@ -722,39 +722,44 @@ class ReduceEngine:
 
     def _wake_send(self, plan: ReducePlan, wake: Any) -> float | None:
         """:meth:`_advance`, :meth:`_send_ready` and :meth:`_after_send` for a synced reduce not in its
-        tail with no peer presumed dead: one call into ``wake`` (:meth:`_wake_for`), the same units, rows,
-        states and deadlines (tests/test_engine_native.py), and the rows sent here. Returns None when
-        nothing is left to settle, else the earliest deadline in flight; NaN where the reference is to
-        take the rules after the send (:meth:`_after_send`: the Wake left the decision to
-        :meth:`_send_ready`, or the tail starts)."""
+        tail with no peer presumed dead: a call into ``wake`` (:meth:`_wake_for`) that decides and
+        quantizes, the rows sent here, and a call that puts the units in flight from then (as the
+        reference stamps them after its send) and takes the rules after a send: the same units, rows,
+        states and deadlines (tests/test_engine_native.py). Returns None when nothing is left to settle,
+        else the earliest deadline in flight; NaN where the reference is to take the rules after the send
+        (:meth:`_after_send`: the Wake left the decision to :meth:`_send_ready`, or the tail starts)."""
         now = time.perf_counter()
-        dl = self.deadlines
         tail_from = plan.chunks_count - self._tail_units if self._tail_units else _NO_TAIL
-        code, plan.low, in_flight, u1, held, checked, next_at = wake.send(
-            plan.low, plan.next_unit, min(self.window, self._loss_window), plan.any_withheld, tail_from,
-            now + dl.first_wait_s(plan) * dl.stagger, now,
-            (plan.own_shown, dl.presumed_dead, dl.stall_deadline(now), plan.all_sent),
-        )  # fmt: skip
+        u0 = plan.next_unit
+        code, plan.low, in_flight, u1, held, checked = wake.send(
+            plan.low, u0, min(self.window, self._loss_window), plan.any_withheld, tail_from
+        )
         if code == _WAKE_DONE:
             return None
         if code == _WAKE_BAIL:
             self._send_ready(plan, in_flight)  # (never paced: a Wake is made only without pacing)
             return math.nan
+        self._count_held(now, "")
         if checked:  # (_peer_limit's first branch)
             self._peer_wait_since = math.inf
+        e = plan.exp_units
+        plan.next_unit = u1
         if code == _WAKE_SENT:
-            u0, e = plan.next_unit, plan.exp_units
-            plan.next_unit = u1
             self.send(plan.data_rows[u0 - e : u1 - e], plan.slots[u0:u1])
-        elif code == _WAKE_SENT_SOME:  # the units committed now whose chunk is not withheld
-            u0, e = plan.next_unit, plan.exp_units
-            plan.next_unit = u1
-            c = np.flatnonzero((plan.state[u0:u1] == IN_FLIGHT) & plan.has_exp[u0 - e : u1 - e]) + (u0 - e)
+        elif code == _WAKE_SENT_SOME:  # the pending units' rows, but those withheld
+            c = np.flatnonzero((plan.state[u0:u1] == PENDING) & plan.has_exp[u0 - e : u1 - e]) + (u0 - e)
             if c.size and c[-1] - c[0] + 1 == c.size:
                 self.send(plan.data_rows[c[0] : c[-1] + 1])
             elif c.size:
                 self.send(plan.data_rows[c])
-        self._count_held(now, _HELD[held])
+        now = time.perf_counter()
+        dl = self.deadlines
+        next_at = wake.commit(
+            u0, u1, plan.low, now, now + dl.first_wait_s(plan) * dl.stagger,
+            (plan.own_shown, dl.presumed_dead, dl.stall_deadline(now), plan.all_sent), held,
+        )  # fmt: skip
+        if held:
+            self._count_held(now, _HELD[held])
         return float(next_at)
 
     def _advance(self, plan: ReducePlan) -> int:
