@@ -1198,7 +1198,7 @@ static Py_ssize_t fast_flush_core(const int8_t *state, uint8_t *proven_lost, dou
  * holds the plan's arrays (the first three and the quantize_ahead ones, as quantize_ahead takes them) and the
  * slot-reuse arrays (reuse.py) for the reduce. Its send half is two calls around the system call that sends:
  *
- *   send(low, next_unit, room, any_withheld, tail_from) -> (code, low, in_flight, u1, held, checked)
+ *   send(low, next_unit, room, any_withheld) -> (code, low, in_flight, u1, held, checked)
  *
  * is ReduceEngine._advance, then _send_ready up to the send, for a reduce in its steady state (synced, not in
  * its tail, no peer presumed dead; no pacing, owners, critical units, exact mode or early close: the caller
@@ -1206,9 +1206,9 @@ static Py_ssize_t fast_flush_core(const int8_t *state, uint8_t *proven_lost, dou
  * own span and the peers' bound (reuse_first: _peer_limit's first branch); run's units and quantize_ahead's
  * rows. ``code``: 0 nothing is left to settle; 1 nothing to send; 2 units [next_unit, u1) to send, every one
  * pending and with this worker's exponent; 4 the same but some of them were settled before they went (a
- * peer's FLUSH) or are withheld (has_exp false): the rows to send are the pending ones' with has_exp; 3 the
- * reference must decide (_peer_limit's other branches, exponent units, tail copies: chunks past
- * ``tail_from``): nothing was changed. ``held``: what holds sending once these units went (0 nothing, 1 the
+ * peer's FLUSH) or are withheld (has_exp false): the rows to send are the pending ones' with has_exp (the
+ * caller sends the reduce's last chunks' rows again, TransportConfig.tail_units); 3 the reference must decide
+ * (_peer_limit's other branches, exponent units): nothing was changed. ``held``: what holds sending once these units went (0 nothing, 1 the
  * own span, 2 the peers), as _send_ready's _count_held leaves it; ``checked``: the peers' bound was taken
  * (the caller's peer-wait clock stops, as in _peer_limit). Then commit (below) puts the pending units in
  * flight from the time they went, as the reference stamps them after its send. */
@@ -1302,9 +1302,9 @@ static PyObject *wake_after(WakeObject *w, PyObject *args) {
 }
 
 static PyObject *wake_send(WakeObject *w, PyObject *args) {
-    Py_ssize_t low, next_unit, room, tail_from;
+    Py_ssize_t low, next_unit, room;
     int any_withheld;
-    if (!PyArg_ParseTuple(args, "nnnpn:send", &low, &next_unit, &room, &any_withheld, &tail_from))
+    if (!PyArg_ParseTuple(args, "nnnp:send", &low, &next_unit, &room, &any_withheld))
         return NULL;
     const Py_ssize_t units = w->units, e = w->exp_units, k = w->q.k;
     if (low < 0 || next_unit < 0 || low > units || next_unit > units) {
@@ -1356,7 +1356,7 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
             break;
     if (u1 <= u0)
         return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
-    if (u0 < e || u1 - e > tail_from)
+    if (u0 < e)
         return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
     /* The pending ones go (the others were settled before they went: a peer's FLUSH); their chunks are
      * quantized from the first to the last, as _send_units asks */

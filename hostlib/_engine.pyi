@@ -34,7 +34,7 @@ class Wake:
     """A steady wake-up of one reduce in a few calls (see hostlib/_engine.c)."""
 
     def send(
-        self, low: int, next_unit: int, room: int, any_withheld: bool, tail_from: int, /
+        self, low: int, next_unit: int, room: int, any_withheld: bool, /
     ) -> tuple[int, int, int, int, int, int]: ...
     def commit(
         self,

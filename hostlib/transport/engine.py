@@ -78,7 +78,6 @@ _SATURATED = int(Flag.SATURATED)
 # Wake.send's codes and held values (hostlib/_engine.c), and a tail that starts past any chunk
 _WAKE_DONE, _WAKE_IDLE, _WAKE_SENT, _WAKE_BAIL, _WAKE_SENT_SOME = 0, 1, 2, 3, 4
 _HELD = ("", "span", "peers")
-_NO_TAIL = 1 << 62
 
 log = logging.getLogger(__name__)
 
@@ -729,10 +728,9 @@ class ReduceEngine:
         else the earliest deadline in flight; NaN where the reference is to take the rules after the send
         (:meth:`_after_send`: the Wake left the decision to :meth:`_send_ready`, or the tail starts)."""
         now = time.perf_counter()
-        tail_from = plan.chunks_count - self._tail_units if self._tail_units else _NO_TAIL
         u0 = plan.next_unit
         code, plan.low, in_flight, u1, held, checked = wake.send(
-            plan.low, u0, min(self.window, self._loss_window), plan.any_withheld, tail_from
+            plan.low, u0, min(self.window, self._loss_window), plan.any_withheld
         )
         if code == _WAKE_DONE:
             return None
@@ -744,14 +742,21 @@ class ReduceEngine:
             self._peer_wait_since = math.inf
         e = plan.exp_units
         plan.next_unit = u1
+        c0, c1 = u0 - e, u1 - e  # the chunks sent: all of [c0, c1), or those of c
+        c = None
         if code == _WAKE_SENT:
-            self.send(plan.data_rows[u0 - e : u1 - e], plan.slots[u0:u1])
+            self.send(plan.data_rows[c0:c1], plan.slots[u0:u1])
         elif code == _WAKE_SENT_SOME:  # the pending units' rows, but those withheld
-            c = np.flatnonzero((plan.state[u0:u1] == PENDING) & plan.has_exp[u0 - e : u1 - e]) + (u0 - e)
+            c = np.flatnonzero((plan.state[u0:u1] == PENDING) & plan.has_exp[c0:c1]) + c0
             if c.size and c[-1] - c[0] + 1 == c.size:
                 self.send(plan.data_rows[c[0] : c[-1] + 1])
             elif c.size:
                 self.send(plan.data_rows[c])
+        tail = plan.chunks_count - self._tail_units
+        if self._tail_units and code != _WAKE_IDLE and c1 > tail:  # (TransportConfig.tail_units)
+            last = plan.data_rows[max(c0, tail) : c1] if c is None else plan.data_rows[c[c >= tail]]
+            for _ in range(self.config.tail_copies - 1):
+                self.send(last)
         now = time.perf_counter()
         dl = self.deadlines
         next_at = wake.commit(
