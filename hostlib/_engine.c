@@ -574,6 +574,26 @@ done:
     return result;
 }
 
+/* scan's work: *low moved past the settled prefix (up to next_unit), whether any unit is unsettled, and the
+ * units in flight in [*low, next_unit) in *in_flight. */
+static int scan_core(const int8_t *state, Py_ssize_t units, Py_ssize_t *low_io, Py_ssize_t next_unit,
+                     Py_ssize_t *in_flight_out) {
+    Py_ssize_t low = *low_io;
+    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
+    while (i < top && state[i] >= ST_DONE)
+        i++;
+    low = i;
+    int unsettled = low < next_unit;
+    for (Py_ssize_t j = low; !unsettled && j < units; j++)
+        unsettled = state[j] < ST_DONE;
+    Py_ssize_t in_flight = 0;
+    for (Py_ssize_t j = low; j < next_unit; j++)
+        in_flight += state[j] == ST_IN_FLIGHT;
+    *low_io = low;
+    *in_flight_out = in_flight;
+    return unsettled;
+}
+
 /* scan(state, low, next_unit) -> (low, unsettled, in_flight): ReducePlan.advance_low, then
  * ReducePlan.unsettled, then the units in flight in [low, next_unit) (ReduceEngine._send_ready's count). */
 static PyObject *engine_scan(PyObject *self, PyObject *args) {
@@ -594,16 +614,8 @@ static PyObject *engine_scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "scan: low and next_unit must lie in the plan");
         return NULL;
     }
-    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
-    while (i < top && state[i] >= ST_DONE)
-        i++;
-    low = i;
-    int unsettled = low < next_unit;
-    for (Py_ssize_t j = low; !unsettled && j < units; j++)
-        unsettled = state[j] < ST_DONE;
-    Py_ssize_t in_flight = 0;
-    for (Py_ssize_t j = low; j < next_unit; j++)
-        in_flight += state[j] == ST_IN_FLIGHT;
+    Py_ssize_t in_flight;
+    const int unsettled = scan_core(state, units, &low, next_unit, &in_flight);
     PyBuffer_Release(&st.view);
     return Py_BuildValue("nin", low, unsettled, in_flight);
 }
@@ -1043,6 +1055,19 @@ done:
     return result;
 }
 
+/* run's work: the end of the units of [u0, hi) that may go, and whether every one of them is pending. */
+static Py_ssize_t run_core(const int8_t *state, Py_ssize_t exp_units, Py_ssize_t k, Py_ssize_t u0, Py_ssize_t hi,
+                           int *pending) {
+    Py_ssize_t u1 = u0;
+    *pending = 1;
+    for (; u1 < hi; u1++) {
+        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE)
+            break;
+        *pending &= state[u1] == 0;
+    }
+    return u1;
+}
+
 /* run(state, exp_units, k, u0, hi) -> (u1, pending): the units u0..u1-1 of [u0, hi) that may go before the
  * first data unit whose exponent unit is not settled (ReduceEngine._send_units' "blocked" rule), and
  * whether every one of them is still pending. */
@@ -1063,13 +1088,8 @@ static PyObject *engine_run(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "run: u0 and hi must lie in the plan");
         return NULL;
     }
-    Py_ssize_t u1 = u0;
-    int pending = 1;
-    for (; u1 < hi; u1++) {
-        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE)
-            break;
-        pending &= state[u1] == 0;
-    }
+    int pending;
+    const Py_ssize_t u1 = run_core(state, exp_units, k, u0, hi, &pending);
     PyBuffer_Release(&st.view);
     return Py_BuildValue("ni", u1, pending);
 }
@@ -1125,6 +1145,20 @@ done:
     return result;
 }
 
+/* reuse_first's work: the first global unit the peers do not let this worker send (INT64_MAX with none). */
+static int64_t reuse_first_core(const int64_t *settled, const uint8_t *excused, const int64_t *excused_to,
+                                const uint8_t *peers, Py_ssize_t n, long long data_slots) {
+    int64_t first = INT64_MAX;
+    for (Py_ssize_t w = 0; w < n; w++) {
+        if (!peers[w])
+            continue;
+        const int64_t bound = excused[w] ? excused_to[w] : settled[w] + data_slots + 1;
+        if (bound < first)
+            first = bound;
+    }
+    return first;
+}
+
 /* reuse_first(settled, excused, excused_to, peers, data_slots) -> first: SlotReuse.limit's first value, the
  * first global unit this worker may not send yet (the peers' bound: excused_to for an excused peer, its
  * settled unit + data_slots + 1 otherwise; the largest int64 with no peer). */
@@ -1145,15 +1179,7 @@ static PyObject *engine_reuse_first(PyObject *self, PyObject *args) {
     }
     const int64_t *settled = (const int64_t *)b[0].view.buf, *excused_to = (const int64_t *)b[2].view.buf;
     const uint8_t *excused = (const uint8_t *)b[1].view.buf, *peers = (const uint8_t *)b[3].view.buf;
-    int64_t first = INT64_MAX;
-    for (Py_ssize_t w = 0; w < n; w++) {
-        if (!peers[w])
-            continue;
-        const int64_t bound = excused[w] ? excused_to[w] : settled[w] + data_slots + 1;
-        if (bound < first)
-            first = bound;
-    }
-    result = PyLong_FromLongLong(first);
+    result = PyLong_FromLongLong(reuse_first_core(settled, excused, excused_to, peers, n, data_slots));
 done:
     release_vecs(b, 4);
     return result;
@@ -1312,17 +1338,8 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
         return NULL;
     }
     const int8_t *state = (const int8_t *)w->v[0].view.buf;
-    /* scan */
-    Py_ssize_t i = low, top = next_unit > low ? next_unit : low;
-    while (i < top && state[i] >= ST_DONE)
-        i++;
-    low = i;
-    int unsettled = low < next_unit;
-    for (Py_ssize_t j = low; !unsettled && j < units; j++)
-        unsettled = state[j] < ST_DONE;
-    Py_ssize_t in_flight = 0;
-    for (Py_ssize_t j = low; j < next_unit; j++)
-        in_flight += state[j] == ST_IN_FLIGHT;
+    Py_ssize_t in_flight;
+    const int unsettled = scan_core(state, units, &low, next_unit, &in_flight);
     const Py_ssize_t u0 = next_unit;
     if (!unsettled)
         return Py_BuildValue("innnii", WAKE_DONE, low, in_flight, u0, HELD_NONE, 0);
@@ -1332,14 +1349,7 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     /* the own span and the peers' bound (reuse_first), local to the plan */
     const int64_t *settled = (const int64_t *)w->v[3].view.buf, *excused_to = (const int64_t *)w->v[5].view.buf;
     const uint8_t *excused = (const uint8_t *)w->v[4].view.buf, *peers = (const uint8_t *)w->v[6].view.buf;
-    int64_t first = INT64_MAX;
-    for (Py_ssize_t p = 0; p < w->workers; p++) {
-        if (!peers[p])
-            continue;
-        const int64_t bound = excused[p] ? excused_to[p] : settled[p] + w->data_slots + 1;
-        if (bound < first)
-            first = bound;
-    }
+    const int64_t first = reuse_first_core(settled, excused, excused_to, peers, w->workers, w->data_slots);
     const int64_t local = first - w->base, own = (int64_t)low + w->span;
     if (!(local > u0 || (in_flight && !any_withheld)))
         return Py_BuildValue("innnii", WAKE_BAIL, low, in_flight, u0, HELD_NONE, 0);
@@ -1350,10 +1360,8 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     if (hi <= u0)
         return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, held, 1);
     /* run: the units that may go before the first data unit whose exponent is not settled */
-    Py_ssize_t u1 = u0;
-    for (; u1 < hi; u1++)
-        if (u1 >= e && state[(u1 - e) / k] < ST_DONE)
-            break;
+    int all_pending;
+    const Py_ssize_t u1 = run_core(state, e, k, u0, hi, &all_pending);
     if (u1 <= u0)
         return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
     if (u0 < e)
@@ -1361,8 +1369,8 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
     /* The pending ones go (the others were settled before they went: a peer's FLUSH); their chunks are
      * quantized from the first to the last, as _send_units asks */
     const int held_now = u1 >= hi ? held : HELD_NONE;
-    Py_ssize_t first_pending = -1, last_pending = -1;
-    for (Py_ssize_t u = u0; u < u1; u++)
+    Py_ssize_t first_pending = all_pending ? u0 : -1, last_pending = all_pending ? u1 - 1 : -1;
+    for (Py_ssize_t u = u0; !all_pending && u < u1; u++)
         if (state[u] == 0) {
             if (first_pending < 0)
                 first_pending = u;
@@ -1372,9 +1380,9 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
         return Py_BuildValue("innnii", WAKE_SENT_SOME, low, in_flight, u1, held_now, 1);
     if (quantize_core(&w->q, first_pending - e, last_pending + 1 - e) < 0)
         return NULL;
-    int code = WAKE_SENT;
+    int code = all_pending ? WAKE_SENT : WAKE_SENT_SOME;
     for (Py_ssize_t u = u0; u < u1 && code == WAKE_SENT; u++)
-        if (state[u] != 0 || !w->q.has_exp[u - e])
+        if (!w->q.has_exp[u - e])
             code = WAKE_SENT_SOME;
     return Py_BuildValue("innnii", code, low, in_flight, u1, held_now, 1);
 }
