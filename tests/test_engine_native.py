@@ -331,6 +331,13 @@ def _play(
     return a, xs, probed
 
 
+def _assert_numpy_mean(result, xs: list[np.ndarray]) -> None:  # noqa: ANN001
+    """A lossless play against an independent expectation: every chunk counted by every worker, and the
+    values numpy's mean of the inputs (times the reduce's out_scale, 2)."""
+    assert (result.count == len(xs)).all()
+    np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
+
+
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
@@ -384,9 +391,8 @@ def test_native_settles_as_the_reference(
         offset=offset,
         wake=wake,
     )
-    if loss == dup == late == 0.0:  # the lossless play against an independent expectation: numpy's mean
-        assert (result.count == n_workers).all()  # (times the reduce's out_scale, 2)
-        np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
+    if loss == dup == late == 0.0:
+        _assert_numpy_mean(result, xs)
 
 
 @pytest.mark.parametrize(
@@ -412,10 +418,10 @@ def test_the_wake_sends_as_the_reference(
     late: float,
     up_loss: float | None,
 ) -> None:
-    """A reduce of 1200 chunks through a pool of 48: most of its units go out in the steady state, where
-    the native copy sends through its Wake (one call for _advance and _send_ready), held by its own span
-    and by its peers in turn, and under loss with the reference deciding the wake-ups the Wake leaves to
-    it. Every packet, plan array and statistic as the reference's (_play compares them at every step)."""
+    """A reduce of 1200 chunks through a pool of 48: most of its units go out in the steady state, where the
+    native copy runs its wake-ups through its Wake (Wake.send, Wake.commit, Wake.after), held by its own
+    span and by its peers in turn, and under loss with the reference deciding the wake-ups the Wake leaves
+    to it. Every packet, plan array and statistic as the reference's (_play compares them at every step)."""
     fake_clock.t = 1000.0
     result, xs, _ = _play(
         fake_clock,
@@ -430,8 +436,7 @@ def test_the_wake_sends_as_the_reference(
         wake=True,
     )
     if loss == dup == late == 0.0:
-        assert (result.count == n_workers).all()
-        np.testing.assert_allclose(result.values, 2 * np.mean(xs, axis=0), rtol=0, atol=2e-6)
+        _assert_numpy_mean(result, xs)
 
 
 def test_native_fast_flush_probes_as_the_reference_under_result_loss(fake_clock: Clock) -> None:

@@ -75,7 +75,7 @@ _QUANTIZE_BLOCK_VALUES = 1 << 16  # values quantized at once, ahead of the sends
 _RESULT, _PARAM, _PARAM_REQ = int(Op.RESULT), int(Op.PARAM), int(Op.PARAM_REQ)
 _RETX, _MAX, _CRITICAL, _OWNER = int(Flag.RETX), int(Flag.MAX), int(Flag.CRITICAL), int(Flag.OWNER)
 _SATURATED = int(Flag.SATURATED)
-# Wake.send's codes and held values (hostlib/_engine.c), and a tail that starts past any chunk
+# Wake.send's codes and held values (hostlib/_engine.c)
 _WAKE_DONE, _WAKE_IDLE, _WAKE_SENT, _WAKE_BAIL, _WAKE_SENT_SOME = 0, 1, 2, 3, 4
 _HELD = ("", "span", "peers")
 
@@ -591,7 +591,7 @@ class ReduceEngine:
         self._recovery.clear()  # (rows a reduce left by an exception are no unit's of this one)
         wake = self._wake_for(plan)
         while True:
-            if wake is not None and plan.synced and not plan.all_sent and not dl.early_close:
+            if self._steady(plan, wake, plan.synced):
                 next_at = self._wake_send(plan, wake)  # (NaN: the rules after a send are left to the below)
                 if next_at is None:
                     return
@@ -652,7 +652,7 @@ class ReduceEngine:
         and the due scan in one call (:meth:`_wake_after`)."""
         dl = self.deadlines
         due = None
-        if wake is not None and was_synced and not plan.all_sent and not dl.early_close:
+        if self._steady(plan, wake, was_synced):
             due = self._wake_after(plan, wake, now, results)
         else:
             if results:  # RESULTs came: the peers' frontiers may have moved
@@ -674,6 +674,11 @@ class ReduceEngine:
             self._on_deadlines(plan, due, now, step)
         self._send_recovery()
 
+    def _steady(self, plan: ReducePlan, wake: Any, synced: bool) -> bool:
+        """Whether the reduce's Wake takes this step: it has one (:meth:`_wake_for`), it is ``synced`` (as
+        of the step's start), not in its tail, and no peer looks dead."""
+        return wake is not None and synced and not plan.all_sent and not self.deadlines.early_close
+
     def _wake_after(self, plan: ReducePlan, wake: Any, now: float, results: bool) -> np.ndarray | None:
         """:meth:`_after_receive`'s news, fast flush (its probes queued here) and due scan in one call
         (Wake.after), the same units, deadlines and marks (tests/test_engine_native.py). Returns the units
@@ -690,21 +695,18 @@ class ReduceEngine:
         return None if code else self._scratch["due"][:n_due].copy()
 
     def _wake_for(self, plan: ReducePlan) -> Any:
-        """The native send half of this reduce's steady wake-ups (``hostlib._engine.Wake``: _advance and
-        _send_ready in one call, :meth:`_wake_send`), or None where the reference decides every wake-up:
-        the Python path, and reduces with pacing, owners, critical units, exact mode, per-unit deadlines
-        or early close (their sends take branches the Wake leaves to the reference). A trace sees the
-        same steps either way: its hooks are called where both paths pass."""
+        """The native calls of this reduce's steady wake-ups (``hostlib._engine.Wake``: the send half,
+        :meth:`_wake_send`, and what follows a receive, :meth:`_wake_after`), or None where the reference
+        decides every wake-up: the Python path, and reduces with pacing, owners, critical units, exact
+        mode, per-unit deadlines or early close (their sends take branches the Wake leaves to the
+        reference). A trace sees the same steps either way: its hooks are called where both paths pass."""
         if not (self.native and self._native_quantize) or self.pacer.paced:
             return None
-        if plan.any_owned or plan.any_critical or self.config.exact or self.deadlines.adaptive:
-            return None
-        if self.early is not None:
+        # (early close brings the per-unit deadlines too: Deadlines.adaptive)
+        if plan.any_owned or plan.any_critical or self.config.exact or self.early is not None:
             return None
         todo, saturated = self._quantize_scratch(plan)
-        due = self._due_scratch(plan)
-        if len(self._scratch["probe"]) < plan.units:
-            self._scratch["probe"] = np.zeros(plan.units, dtype=np.int64)
+        due, probe = self._due_scratch(plan), self._due_scratch(plan, "probe")
         reuse, dl = self.reuse, self.deadlines
         return native_ext.wake(
             plan.state, plan.sent_at, plan.deadline_at, reuse.settled, reuse._excused, reuse.excused_to,
@@ -715,7 +717,7 @@ class ReduceEngine:
             self._rng.bit_generator, plan.direct,
             (plan.base + plan.exp_units, self._slots, self._header["step"]),
             (plan.frontier, reuse.sent, reuse.presumed_dead, plan.proven_lost, plan.flushes, plan.retx,
-             plan.critical_unit, plan.retx_spent, self._scratch["probe"], due),
+             plan.critical_unit, plan.retx_spent, probe, due),
             (dl.group_size, self.worker_id - dl.group_base, self.worker_id),
         )  # fmt: skip
 
@@ -742,21 +744,12 @@ class ReduceEngine:
             self._peer_wait_since = math.inf
         e = plan.exp_units
         plan.next_unit = u1
-        c0, c1 = u0 - e, u1 - e  # the chunks sent: all of [c0, c1), or those of c
-        c = None
+        c0, c1 = u0 - e, u1 - e
         if code == _WAKE_SENT:
-            self.send(plan.data_rows[c0:c1], plan.slots[u0:u1])
+            self._send_data(plan, c0, c1, None, plan.slots[u0:u1])
         elif code == _WAKE_SENT_SOME:  # the pending units' rows, but those withheld
-            c = np.flatnonzero((plan.state[u0:u1] == PENDING) & plan.has_exp[c0:c1]) + c0
-            if c.size and c[-1] - c[0] + 1 == c.size:
-                self.send(plan.data_rows[c[0] : c[-1] + 1])
-            elif c.size:
-                self.send(plan.data_rows[c])
-        tail = plan.chunks_count - self._tail_units
-        if self._tail_units and code != _WAKE_IDLE and c1 > tail:  # (TransportConfig.tail_units)
-            last = plan.data_rows[max(c0, tail) : c1] if c is None else plan.data_rows[c[c >= tail]]
-            for _ in range(self.config.tail_copies - 1):
-                self.send(last)
+            sent = np.flatnonzero((plan.state[u0:u1] == PENDING) & plan.has_exp[c0:c1]) + c0
+            self._send_data(plan, c0, c1, sent)
         now = time.perf_counter()
         dl = self.deadlines
         next_at = wake.commit(
@@ -816,11 +809,12 @@ class ReduceEngine:
                                         *recovering)  # fmt: skip
         return out[:n_due].copy(), next_at
 
-    def _due_scratch(self, plan: ReducePlan) -> np.ndarray:
-        """The native due scan's output list, one entry per unit of ``plan`` at least (grown on demand)."""
-        out = self._scratch["due"]
+    def _due_scratch(self, plan: ReducePlan, name: str = "due") -> np.ndarray:
+        """A native unit list (``name``: the due scan's, or the Wake's fast-flush probes), one entry per unit
+        of ``plan`` at least (grown on demand)."""
+        out = self._scratch[name]
         if len(out) < plan.units:
-            out = self._scratch["due"] = np.zeros(plan.units, dtype=np.int64)
+            out = self._scratch[name] = np.zeros(plan.units, dtype=np.int64)
         return out
 
     def _send_ready(self, plan: ReducePlan, in_flight: int) -> bool:
@@ -878,16 +872,10 @@ class ReduceEngine:
             self._send_copies(plan.exp_rows[exp_units], plan.slots[exp_units], self.config.exp_copies)
         c = units[units >= plan.exp_units] - plan.exp_units
         if c.size:
-            self._quantize_ahead(plan, int(c[0]), int(c[-1]) + 1)
-            c = c[plan.has_exp[c]]  # no exponent: withheld, but the RESULT is still awaited
-            if c.size and c[-1] - c[0] + 1 == c.size:
-                self.send(plan.data_rows[c[0] : c[-1] + 1])  # contiguous: a view, no copy
-            elif c.size:
-                self.send(plan.data_rows[c])
-            if self._tail_units and c.size and c[-1] >= plan.chunks_count - self._tail_units:
-                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
-                for _ in range(self.config.tail_copies - 1):  # (TransportConfig.tail_units)
-                    self.send(last)
+            c0, c1 = int(c[0]), int(c[-1]) + 1
+            self._quantize_ahead(plan, c0, c1)
+            # no exponent: withheld, but the RESULT is still awaited
+            self._send_data(plan, c0, c1, c[plan.has_exp[c]])
         now = time.perf_counter()
         state[units] = IN_FLIGHT
         if plan.any_owned:  # another worker's chunk: sent, nothing to wait for
@@ -928,20 +916,9 @@ class ReduceEngine:
             c0, c1 = d0 - e, u1 - e
             self._quantize_ahead(plan, c0, c1)
             if plan.has_exp[c0:c1].all():  # the steady state: one contiguous run, its slots at hand
-                self.send(plan.data_rows[c0:c1], plan.slots[d0:u1])
-                c = None
+                self._send_data(plan, c0, c1, None, plan.slots[d0:u1])
             else:
-                c = np.flatnonzero(plan.has_exp[c0:c1]) + c0
-                if c.size and c[-1] - c[0] + 1 == c.size:
-                    self.send(plan.data_rows[c[0] : c[-1] + 1])
-                elif c.size:
-                    self.send(plan.data_rows[c])
-            if self._tail_units and c1 > plan.chunks_count - self._tail_units:
-                if c is None:
-                    c = np.arange(c0, c1)
-                last = plan.data_rows[c[c >= plan.chunks_count - self._tail_units]]
-                for _ in range(self.config.tail_copies - 1):
-                    self.send(last)
+                self._send_data(plan, c0, c1, np.flatnonzero(plan.has_exp[c0:c1]) + c0)
         now = time.perf_counter()
         state[u0:u1] = IN_FLIGHT
         plan.sent_at[u0:u1] = now
@@ -952,6 +929,25 @@ class ReduceEngine:
         if not self.deadlines.arm_run(plan, u0, u1, now):
             self.deadlines.arm(plan, np.arange(u0, u1), now)
         return False
+
+    def _send_data(
+        self, plan: ReducePlan, c0: int, c1: int, chunks: np.ndarray | None, slots: np.ndarray | None = None
+    ) -> None:
+        """Send the data rows of ``chunks`` (sorted chunk indices in [c0, c1); None: every chunk there,
+        whose slots are ``slots``), one slice where they are contiguous, then those of the reduce's last
+        ``tail_units`` chunks ``tail_copies - 1`` times more (TransportConfig.tail_units)."""
+        rows = plan.data_rows
+        if chunks is None:
+            self.send(rows[c0:c1], slots)
+        elif chunks.size and chunks[-1] - chunks[0] + 1 == chunks.size:
+            self.send(rows[chunks[0] : chunks[-1] + 1])  # contiguous: a view, no copy
+        elif chunks.size:
+            self.send(rows[chunks])
+        tail = plan.chunks_count - self._tail_units
+        if self._tail_units and c1 > tail:
+            last = rows[max(c0, tail) : c1] if chunks is None else rows[chunks[chunks >= tail]]
+            for _ in range(self.config.tail_copies - 1):
+                self.send(last)
 
     def _send_copies(self, rows: np.ndarray, slots: np.ndarray, copies: int) -> None:
         """Send ``rows`` ``copies`` times, one copy after the other, in one call (one system call where
