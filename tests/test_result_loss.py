@@ -504,6 +504,51 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
     assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
 
 
+def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluster):
+    """Chaos seed 2 (sharded door, rank 2 killed, 32% RESULT loss), reduced: one peer is dead (presumed so:
+    early close, the sync wait is the sync deadline alone), and two live workers reach one reduce
+    0.6 s after the third. The leader closed that reduce's exponent rounds without them, so they
+    withheld every chunk of it, and the leader excused them for withholding. Before the fix it did so
+    again at every reduce, each time one pool further than the excuse before: the bound never held, the
+    leader never waited, the two stayed a reduce behind with every unit overtaken and raised
+    UnhealthyTraining (in chaos: locked out, or unable to catch up). Now a peer already excused is not
+    excused again for withholding: the leader stops at the bound, waits ``peer_hold_s`` for news (the
+    reuse rules' bounded excuse), and the late two reach its rounds. Independent expectations: no
+    error; both late workers counted in every chunk of the last reduces (nothing is lost); every chunk
+    of every worker is numpy's mean over its bitmap or a fallback for rounds over before it came."""
+    n, reduces, chunks, late_at, late_s, step_s = 4, 14, 200, 3, 0.6, 0.15
+    cluster = make_cluster(
+        n, seed=3, elems_per_packet=K, pool_size=128, min_deadline_ms=5, max_deadline_ms=50,
+        sync_deadline_ms=100, lag_deadline_ms=50, heartbeat_interval_s=0.05, peer_alive_s=0.3,
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    inputs = [[rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
+    holds = count_excuses(cluster.workers[:1])
+
+    def body(w: LtaWorker, i: int) -> list:
+        out: list = []
+        if i == 2:  # dead from the start: no GRAD, no heartbeat
+            w.close()
+            return out
+        for r in range(reduces):
+            if i in (1, 3) and r == late_at:
+                time.sleep(late_s)  # descheduled once, after the dead peer was presumed dead
+            began = time.perf_counter()
+            out.append(w.allreduce(inputs[r][i], step=r))
+            time.sleep(max(0.0, step_s - (time.perf_counter() - began)))  # a step's compute
+        return out
+
+    results = run_workers(cluster.workers, body)
+    for w in (1, 3):
+        late = [int(np.count_nonzero(res.bitmap & (1 << w))) for res in results[0][-3:]]
+        assert late == [chunks] * 3, f"worker {w} counted in {late} of {chunks} chunks of the last reduces"
+    assert cluster.workers[0].deadlines.presumed_dead == 0b100
+    assert cluster.workers[0].stats.peer_hold_timeouts >= 1, "the leader never waited at the bound"
+    assert len(holds) < 2 * reduces, f"the leader excused its late peers again and again: {holds}"
+    # (no chunk is full: the dead worker is in none)
+    assert check_reduces(results, inputs, K, full=0, partial=(1, None), fallback=(0, None))
+
+
 def test_a_peer_that_withholds_a_group_holds_no_one_with_a_pool_of_k_slots(make_cluster):
     """Issue 22 (small-pool fault): a worker whose exponent proposal is missing from an exponent RESULT
     withholds all K chunks of it, so its bit cannot show up in K units in a row. With a pool of 16 (D = 15
