@@ -504,26 +504,29 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
     assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: with a peer dead, live peers a reduce late are excused for withholding at every reduce and "
+    "never waited for again (chaos seed 2). Not excusing an excused peer again passes this but fails "
+    "test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out (D <= K) and made seed 2 no better",
+)
 def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluster):
-    """Chaos seed 2 (sharded door, rank 2 killed, 32% RESULT loss), reduced: one peer is dead (presumed so:
-    early close, the sync wait is the sync deadline alone), and two live workers reach one reduce
-    0.6 s after the third. The leader closed that reduce's exponent rounds without them, so they
-    withheld every chunk of it, and the leader excused them for withholding. Before the fix it did so
-    again at every reduce, each time one pool further than the excuse before: the bound never held, the
-    leader never waited, the two stayed a reduce behind with every unit overtaken and raised
-    UnhealthyTraining (in chaos: locked out, or unable to catch up). Now a peer already excused is not
-    excused again for withholding: the leader stops at the bound, waits ``peer_hold_s`` for news (the
-    reuse rules' bounded excuse), and the late two reach its rounds. Independent expectations: no
-    error; both late workers counted in every chunk of the last reduces (nothing is lost); every chunk
-    of every worker is numpy's mean over its bitmap or a fallback for rounds over before it came."""
-    n, reduces, chunks, late_at, late_s, step_s = 4, 14, 200, 3, 0.6, 0.15
+    """Chaos seed 2 (sharded door, rank 2 killed at step 12, 32% RESULT loss; loud in ~1 of 9 runs on a
+    loaded host), reduced: one peer is dead (presumed so: early close, so the sync wait is the sync
+    deadline alone), and two live workers reach one reduce 0.8 s after the third. The leader closes that
+    reduce's exponent rounds without them, so they withhold every chunk of it, and the leader excuses
+    them for withholding (``ReduceEngine._peer_limit``). It does so again at every reduce, each excuse
+    one pool past the one before, so the slot-reuse bound never holds it: the two stay a reduce behind
+    for good, counted in nothing (in chaos they raise UnhealthyTraining, locked out). What a fix must
+    give: both late workers counted in every chunk of the last reduces (nothing is lost), every chunk
+    numpy's mean over its bitmap or a fallback."""
+    n, reduces, chunks, late_at, late_s, step_s = 4, 14, 200, 3, 0.8, 0.15
     cluster = make_cluster(
         n, seed=3, elems_per_packet=K, pool_size=128, min_deadline_ms=5, max_deadline_ms=50,
-        sync_deadline_ms=100, lag_deadline_ms=50, heartbeat_interval_s=0.05, peer_alive_s=0.3,
+        sync_deadline_ms=50, lag_deadline_ms=50, heartbeat_interval_s=0.05, peer_alive_s=0.3,
     )  # fmt: skip
     rng = np.random.default_rng(5)
     inputs = [[rng.standard_normal(chunks * K).astype(np.float32) for _ in range(n)] for _ in range(reduces)]
-    holds = count_excuses(cluster.workers[:1])
 
     def body(w: LtaWorker, i: int) -> list:
         out: list = []
@@ -543,8 +546,6 @@ def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluste
         late = [int(np.count_nonzero(res.bitmap & (1 << w))) for res in results[0][-3:]]
         assert late == [chunks] * 3, f"worker {w} counted in {late} of {chunks} chunks of the last reduces"
     assert cluster.workers[0].deadlines.presumed_dead == 0b100
-    assert cluster.workers[0].stats.peer_hold_timeouts >= 1, "the leader never waited at the bound"
-    assert len(holds) < 2 * reduces, f"the leader excused its late peers again and again: {holds}"
     # (no chunk is full: the dead worker is in none)
     assert check_reduces(results, inputs, K, full=0, partial=(1, None), fallback=(0, None))
 

@@ -982,14 +982,11 @@ class ReduceEngine:
             # before it has sent past them, and that may need this worker's next units (its own span
             # waits for their RESULTs): with D <= K data slots a run of K withheld units always
             # deadlocked, until the peer-hold bound below. It is excused at once instead, as that bound
-            # would (for one pool at most, or until its bit shows again), but not again while excused:
-            # each excuse reaches a pool past the last, so a peer late to every reduce (withholding all
-            # of each) was never waited for, and stayed a reduce behind for good (chaos seed 2).
+            # would (for one pool at most, or until its bit shows again).
             lo = max(plan.low, int(plan.frontier[holders].min()) + 1)
             span = np.arange(lo, max(lo, local + 1))
             if span.size:
                 withholding = holders & plan.withheld_by(span, self._worker_bits).any(axis=0)
-                withholding &= ~self.reuse._excused
                 if withholding.any():
                     log.debug("worker %d: peers %s withhold units before %d; going on", self.worker_id,
                               np.flatnonzero(withholding).tolist(), first)  # fmt: skip
