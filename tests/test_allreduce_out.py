@@ -69,6 +69,30 @@ def test_prev_fallback_keeps_its_own_copy_of_an_out_buffer(make_cluster):
         np.testing.assert_array_equal(r.values, values)
 
 
+def test_prev_fallback_is_not_the_array_handed_to_the_caller(make_cluster):
+    """Without ``out`` a reduce returns a new array; the caller may scale or clip it in place (as a
+    training loop does with its gradients). A later reduce that loses every GRAD falls back to the
+    previous result: the numpy mean of the first inputs, not what the caller made of it. Before the fix
+    the returned array was the fallback itself, and the fallback came back times 100."""
+    n = 2
+    cluster = make_cluster(n, elems_per_packet=K, seed=1, exact=True, fallback="prev")
+    inputs = _inputs(n, 0)
+    first = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=0))
+    expected = np.mean(np.stack(inputs).astype(np.float64), axis=0)
+    reduced = [r.values.copy() for r in first]
+    for r in first:
+        assert np.max(np.abs(r.values - expected)) < 1e-3
+        r.values *= 100.0  # the caller's own use of its result
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=1.0))
+    second = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=1))
+    third = run_workers(cluster.workers, lambda w, i: w.allreduce(inputs[i], step=2))
+    for r2, r3, values in zip(second, third, reduced, strict=True):
+        assert np.all(r2.fallback == Fallback.PREV) and np.all(r3.fallback == Fallback.PREV)
+        np.testing.assert_array_equal(r2.values, values)
+        r2.values[:] = -1.0  # the fallback handed out is the caller's too
+        np.testing.assert_array_equal(r3.values, values)
+
+
 def test_prev_fallback_of_keys_sharing_a_length_stays_per_key(make_cluster):
     """Two tensors of one length (two keys, one plan) reduced in turn into caller buffers, three rounds;
     then every GRAD is lost: each key falls back to its own last result (the numpy mean of its own last

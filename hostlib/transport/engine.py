@@ -387,9 +387,11 @@ class ReduceEngine:
         if out is None:
             flat = rows.reshape(-1)[:n]
             values = flat.copy() if scale == 1.0 else flat * np.float32(scale)
-            if self._fallback == Fallback.PREV:  # the mean (a NaN chunk is not kept: its rows hold ~0 sums)
-                self._prev[key] = flat.copy() if nonfinite.any() or scale != 1.0 else values
-                self._prev_rows.pop(key, None)
+            if self._fallback == Fallback.PREV:
+                # The rows themselves, taken over (the mean; a NaN chunk's rows hold ~0 sums), never the
+                # array handed to the caller: a caller that scaled or clipped its result in place made
+                # that the next reduce's fallback, silently (the same single copy as before).
+                self._keep_prev(plan, key, n, n_chunks)
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             which = None if not plan.any_owned else ~plan.elsewhere[:n_chunks]

@@ -268,7 +268,8 @@ class LtaWorker:
         own memory: a chunk's input is read before its values are written); ``ReduceResult.values`` is
         then ``out`` itself, flattened. Each chunk's values go there as its RESULT arrives, while the
         reduce waits for the others (the rest at the end), so an exception out of the reduce can leave
-        ``out`` part written. Without it every call returns a new array. Reusing one buffer saves a fresh
+        ``out`` part written. Without it every call returns a new array, the caller's to change (the
+        ``prev`` fallback keeps its own copy either way). Reusing one buffer saves a fresh
         allocation (and its page faults) per reduce.
 
         ``owners``: one int per chunk, the only worker that needs that chunk's result (-1: every worker),
