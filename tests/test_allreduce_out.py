@@ -1,13 +1,18 @@
 """``LtaWorker.allreduce(x, out=buf)``: the result is written into the caller's buffer (even ``x``'s own
-memory), equals what a call without ``out`` returns, and the ``prev`` fallback keeps its own copy."""
+memory), equals what a call without ``out`` returns, and the ``prev`` fallback keeps its own copy; with or
+without ``out``, a returned result is the caller's (no later reduce changes it, and changing it changes
+no later reduce)."""
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import numpy as np
 import pytest
 
 from hostlib.emulation.dropmodels import DropPolicy
-from hostlib.transport import Fallback
+from hostlib.transport import Fallback, ReduceResult
 from tests.conftest import run_workers
 
 K = 64
@@ -91,6 +96,33 @@ def test_prev_fallback_is_not_the_array_handed_to_the_caller(make_cluster):
         np.testing.assert_array_equal(r2.values, values)
         r2.values[:] = -1.0  # the fallback handed out is the caller's too
         np.testing.assert_array_equal(r3.values, values)
+
+
+@pytest.mark.parametrize("into", ["fresh", "buffer"])
+def test_a_result_stays_what_it_was_after_later_reduces(make_cluster, into: str):
+    """Every array of a returned ReduceResult is the caller's: later reduces of the same length (the same
+    plan, its buffers reused) with other inputs, loss and fallbacks change none of them. Independent
+    expectation: a deep copy taken when each result came back (``buffer``: a buffer of the caller's per
+    reduce, which it does not touch again)."""
+    n, steps = 2, 4
+    cluster = make_cluster(n, up=0.3, down=0.1, elems_per_packet=K, seed=4, exact=True, fallback="prev")
+    buffers = [[np.empty(LENGTH, dtype=np.float32) for _ in range(steps)] for _ in range(n)]
+    kept: list[list] = [[] for _ in range(n)]
+    for step in range(steps):
+        inputs = _inputs(n, 10 + step)
+
+        def body(w, i, inputs=inputs, step=step):
+            out = buffers[i][step] if into == "buffer" else None
+            return w.allreduce(inputs[i], step=step, out=out)
+
+        for i, r in enumerate(run_workers(cluster.workers, body)):
+            kept[i].append((r, copy.deepcopy(r)))
+    fields = [f.name for f in dataclasses.fields(ReduceResult) if f.name != "elapsed_s"]
+    for i in range(n):
+        for r, then in kept[i]:
+            for name in fields:
+                np.testing.assert_array_equal(getattr(r, name), getattr(then, name), err_msg=name)
+    assert any((then.fallback != Fallback.NONE).any() for _, then in kept[0] + kept[1])  # loss happened
 
 
 def test_prev_fallback_of_keys_sharing_a_length_stays_per_key(make_cluster):
