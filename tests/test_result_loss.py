@@ -504,22 +504,18 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
     assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: with a peer dead, live peers a reduce late are excused for withholding at every reduce and "
-    "never waited for again (chaos seed 2). Not excusing an excused peer again passes this but fails "
-    "test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out (D <= K) and made seed 2 no better",
-)
 def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluster):
     """Chaos seed 2 (sharded door, rank 2 killed at step 12, 32% RESULT loss; loud in ~1 of 9 runs on a
     loaded host), reduced: one peer is dead (presumed so: early close, so the sync wait is the sync
     deadline alone), and two live workers reach one reduce 0.8 s after the third. The leader closes that
     reduce's exponent rounds without them, so they withhold every chunk of it, and the leader excuses
-    them for withholding (``ReduceEngine._peer_limit``). It does so again at every reduce, each excuse
-    one pool past the one before, so the slot-reuse bound never holds it: the two stay a reduce behind
-    for good, counted in nothing (in chaos they raise UnhealthyTraining, locked out). What a fix must
-    give: both late workers counted in every chunk of the last reduces (nothing is lost), every chunk
-    numpy's mean over its bitmap or a fallback."""
+    them for withholding (``ReduceEngine._peer_limit``). Before the fix it did so again at every reduce,
+    each excuse one pool past the one before, so the slot-reuse bound never held it: the two stayed a
+    reduce behind for good, counted in nothing (in chaos they raised UnhealthyTraining, locked out). Now
+    a reduce that ends with a live peer in none of its RESULTs makes the next one's first units wait the
+    long time (``Deadlines.end_of_reduce``, ``sync_wait_s``), and the two get back in. Independent
+    expectations: both late workers counted in every chunk of the last reduces (nothing is lost), every
+    chunk numpy's mean over its bitmap or a fallback."""
     n, reduces, chunks, late_at, late_s, step_s = 4, 14, 200, 3, 0.8, 0.15
     cluster = make_cluster(
         n, seed=3, elems_per_packet=K, pool_size=128, min_deadline_ms=5, max_deadline_ms=50,

@@ -33,6 +33,9 @@ class Deadlines:
         self.srtt_ms: float | None = None
         self.rttvar_ms = 0.0
         self.early_close = False  # some worker looks dead: use short deadlines
+        # A live peer (heard lately, not presumed dead) showed in no RESULT of the last reduce: it is
+        # a reduce behind, and the next reduce's first units wait for it (sync_wait_s).
+        self.left_behind = False
         self._all_workers = (1 << n_workers) - 1
         self._absent = self._all_workers  # workers missing from every RESULT of the current window
         # Bit w: worker w was missing from every RESULT of a whole window, and from every one since
@@ -146,9 +149,20 @@ class Deadlines:
         survivors that waited the longer time for each other split for good, one leading by more than
         it and the others withheld from every round (chaos seed 60: steps 0.04 s -> 1.3 s)."""
         sync_s = self.config.sync_deadline_ms / 1000.0
-        if self.early_close:
+        if self.early_close and not self.left_behind:
             return sync_s
         return max(sync_s, self.rto_s() + self.give_up_s())
+
+    def end_of_reduce(self, frontier: np.ndarray, now: float) -> None:
+        """A reduce ended with ``frontier[w]`` the last unit whose RESULT showed worker ``w`` (-1: none).
+        A live peer in none of them (heard within ``peer_alive_s``, not presumed dead) fell a reduce
+        behind while another peer is dead: with the sync deadline alone, the next reduce would close its
+        first units without it again, it would withhold the whole of it again, and it would never get
+        back (chaos seed 2). So the next reduce's first units wait the long time for it (:meth:`sync_wait_s`),
+        once for each reduce it missed."""
+        absent = _mask_of(np.flatnonzero(frontier < 0))
+        live = self.alive(now) & ~self.presumed_dead & ~(1 << self.worker_id)
+        self.left_behind = bool(absent & live)
 
     def presume_dead(self, workers: np.ndarray) -> None:
         """Presume these peers dead now, on other evidence than the RESULTs (the parameter exchange: an
