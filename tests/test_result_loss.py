@@ -366,8 +366,9 @@ def test_a_reduce_starts_by_waiting_as_long_as_a_live_peer_may_finish_the_one_be
     """Until the first RESULT of a reduce, units wait the sync deadline, but at least one RTO plus the
     time a peer takes to give a unit up (each of its max_flushes + 1 FLUSHes unanswered, staggered by
     1.5, each wait doubled): a live peer whose last RESULT of the reduce before was lost is that late.
-    While a peer looks dead (a window of RESULTs without its bit), the sync deadline alone.
-    Hand-computed from TCP's estimator (srtt + 4 rttvar, first sample: rttvar = srtt / 2)."""
+    While a peer looks dead (a window of RESULTs without its bit), the sync deadline alone, except after
+    a reduce a live peer missed entirely (``Deadlines.end_of_reduce``). Hand-computed from TCP's
+    estimator (srtt + 4 rttvar, first sample: rttvar = srtt / 2)."""
     from hostlib.transport.deadlines import Deadlines
 
     cfg = TransportConfig(sync_deadline_ms=200, min_deadline_ms=20, max_deadline_ms=500, max_flushes=3)
@@ -379,6 +380,17 @@ def test_a_reduce_starts_by_waiting_as_long_as_a_live_peer_may_finish_the_one_be
     assert dl.sync_wait_s() == pytest.approx(0.030 + 0.024 * 1.5 * 15)
     dl.track_absent(np.full(64, 0b011, dtype=np.uint64))  # worker 2 in no RESULT of a window
     assert dl.early_close and dl.sync_wait_s() == pytest.approx(0.200)  # a peer looks dead: no more
+    # ... unless a live peer (heard lately, not presumed dead) was in no RESULT of the last reduce: the
+    # next reduce waits the longer time for it, once
+    now = time.perf_counter()
+    dl.heard(np.array([1]), now)
+    dl.end_of_reduce(np.array([40, -1, -1]), now)  # worker 1 heard, absent; worker 2 dead, absent
+    # (early close's RTO: 1.5 srtt = 15 ms, floored at min_deadline_ms)
+    assert dl.sync_wait_s() == pytest.approx(0.020 + 0.024 * 1.5 * 15)
+    dl.end_of_reduce(np.array([40, 39, -1]), now)  # worker 1 back in the next reduce
+    assert dl.sync_wait_s() == pytest.approx(0.200)
+    dl.end_of_reduce(np.array([40, -1, -1]), now + 10.0)  # absent, but not heard for 10 s: dead-like
+    assert dl.sync_wait_s() == pytest.approx(0.200)
     slow = Deadlines(TransportConfig(sync_deadline_ms=2000, max_flushes=1), worker_id=0, n_workers=3)
     slow.rtt_sample(10.0)
     slow.flush_sample(8.0)
