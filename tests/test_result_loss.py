@@ -384,13 +384,16 @@ def test_a_reduce_starts_by_waiting_as_long_as_a_live_peer_may_finish_the_one_be
     # next reduce waits the longer time for it, once
     now = time.perf_counter()
     dl.heard(np.array([1]), now)
-    dl.end_of_reduce(np.array([40, -1, -1]), now)  # worker 1 heard, absent; worker 2 dead, absent
+    behind = np.zeros(3, dtype=bool)  # no peer's heartbeat said it settled the reduce
+    dl.end_of_reduce(np.array([40, -1, -1]), behind, now)  # worker 1 heard, absent; worker 2 dead
     # (early close's RTO: 1.5 srtt = 15 ms, floored at min_deadline_ms)
     assert dl.sync_wait_s() == pytest.approx(0.020 + 0.024 * 1.5 * 15)
-    dl.end_of_reduce(np.array([40, 39, -1]), now)  # worker 1 back in the next reduce
+    dl.end_of_reduce(np.array([40, 39, -1]), behind, now)  # worker 1 back in the next reduce
     assert dl.sync_wait_s() == pytest.approx(0.200)
-    dl.end_of_reduce(np.array([40, -1, -1]), now + 10.0)  # absent, but not heard for 10 s: dead-like
+    dl.end_of_reduce(np.array([40, -1, -1]), behind, now + 10.0)  # absent, not heard for 10 s: dead-like
     assert dl.sync_wait_s() == pytest.approx(0.200)
+    dl.end_of_reduce(np.array([40, -1, -1]), np.array([False, True, False]), now)  # worker 1 is ahead
+    assert dl.sync_wait_s() == pytest.approx(0.200)  # (this worker is the late one: no waiting)
     slow = Deadlines(TransportConfig(sync_deadline_ms=2000, max_flushes=1), worker_id=0, n_workers=3)
     slow.rtt_sample(10.0)
     slow.flush_sample(8.0)

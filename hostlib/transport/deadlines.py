@@ -153,14 +153,16 @@ class Deadlines:
             return sync_s
         return max(sync_s, self.rto_s() + self.give_up_s())
 
-    def end_of_reduce(self, frontier: np.ndarray, now: float) -> None:
-        """A reduce ended with ``frontier[w]`` the last unit whose RESULT showed worker ``w`` (-1: none).
-        A live peer in none of them (heard within ``peer_alive_s``, not presumed dead) fell a reduce
+    def end_of_reduce(self, frontier: np.ndarray, past_it: np.ndarray, now: float) -> None:
+        """A reduce ended with ``frontier[w]`` the last unit whose RESULT showed worker ``w`` (-1: none);
+        ``past_it[w]``: peer w's relayed heartbeat said it settled the whole reduce. A live peer in none
+        of its RESULTs (heard within ``peer_alive_s``, not presumed dead, not past it) fell a reduce
         behind while another peer is dead: with the sync deadline alone, the next reduce would close its
         first units without it again, it would withhold the whole of it again, and it would never get
         back (chaos seed 2). So the next reduce's first units wait the long time for it (:meth:`sync_wait_s`),
-        once for each reduce it missed."""
-        absent = _mask_of(np.flatnonzero(frontier < 0))
+        once for each reduce it missed. A peer past it is ahead: this worker is the late one, and
+        waiting longer would only slow its catching up."""
+        absent = _mask_of(np.flatnonzero((frontier < 0) & ~past_it))
         live = self.alive(now) & ~self.presumed_dead & ~(1 << self.worker_id)
         self.left_behind = bool(absent & live)
 

@@ -235,7 +235,9 @@ class ReduceEngine:
         )
         self._run_units(plan, step, t0)
         self._count_held(time.perf_counter(), "")
-        self.deadlines.end_of_reduce(plan.frontier, time.perf_counter())
+        self.deadlines.end_of_reduce(
+            plan.frontier, self.peers_settled >= plan.base + plan.units, time.perf_counter()
+        )
         self._learn(plan, time.perf_counter() - t0)
         result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0, scale)
         self.settled_to = max(self.settled_to, plan.base + plan.units)
