@@ -147,7 +147,8 @@ class Deadlines:
         200 ms, had no bit in any RESULT of the reduce, were presumed dead after 64 of them and stayed
         locked out. While a peer looks dead (early close) the sync deadline alone: with a killed rank,
         survivors that waited the longer time for each other split for good, one leading by more than
-        it and the others withheld from every round (chaos seed 60: steps 0.04 s -> 1.3 s)."""
+        it and the others withheld from every round (chaos seed 60: steps 0.04 s -> 1.3 s). Except after
+        a reduce a live peer missed entirely (:meth:`end_of_reduce`): the longer time again, once."""
         sync_s = self.config.sync_deadline_ms / 1000.0
         if self.early_close and not self.left_behind:
             return sync_s

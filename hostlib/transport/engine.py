@@ -390,11 +390,6 @@ class ReduceEngine:
         if out is None:
             flat = rows.reshape(-1)[:n]
             values = flat.copy() if scale == 1.0 else flat * np.float32(scale)
-            if self._fallback == Fallback.PREV:
-                # The rows themselves, taken over (the mean; a NaN chunk's rows hold ~0 sums), never the
-                # array handed to the caller: a caller that scaled or clipped its result in place made
-                # that the next reduce's fallback, silently (the same single copy as before).
-                self._keep_prev(plan, key, n, n_chunks)
         else:
             values = out if out.ndim == 1 else out.reshape(-1)
             which = None if not plan.any_owned else ~plan.elsewhere[:n_chunks]
@@ -403,8 +398,11 @@ class ReduceEngine:
             if which is None or which.any():
                 _copy_rows(rows, values, n, which, scale)
             plan.deliver_to(None)  # (the plan keeps no hold on the caller's buffer)
-            if self._fallback == Fallback.PREV:
-                self._keep_prev(plan, key, n, n_chunks)
+        if self._fallback == Fallback.PREV:
+            # The rows themselves, taken over (the mean; a NaN chunk's rows hold ~0 sums), never the
+            # array handed to the caller, with ``out`` or without: a caller that scaled or clipped its
+            # result in place made that the next reduce's fallback, silently.
+            self._keep_prev(plan, key, n, n_chunks)
         if nonfinite.any():
             # rare: a mask per value is fine here
             values[np.repeat(nonfinite, self.config.elems_per_packet)[: values.size]] = np.nan
