@@ -114,6 +114,32 @@ def test_vectorized_result_check_agrees_with_the_chunk_by_chunk_check():
     assert check_result(coarse, inputs, k)[1] > 1
 
 
+def test_an_input_check_reused_over_many_results_agrees_with_the_chunk_by_chunk_check():
+    """The benchmark's check (worked out once per input round, then called for every result) gives the
+    reference's figures for each of several results in turn, and its scratch never leaks between them."""
+    from hostlib.verify import InputCheck, check_chunks
+
+    rng = np.random.default_rng(5)
+    workers, k, chunks = 4, 32, 9
+    inputs = rng.standard_normal((workers, k * chunks - 7)).astype(np.float32)
+    maxabs = np.zeros(k * chunks)
+    maxabs[: inputs.shape[1]] = np.abs(inputs).max(axis=0)
+    shift = (28 - np.frexp(maxabs.reshape(chunks, k).max(axis=1))[1]).astype(np.int32)
+    check = InputCheck(inputs, k)
+    worsts = []
+    for round_ in range(4):
+        count = np.where(rng.random(chunks) < 0.7, 4, rng.integers(0, 4, chunks)).astype(np.int64)
+        bitmap = np.array([(1 << w) - 1 for w in count], dtype=np.uint64)
+        result = _reduce_result(inputs, k, count, bitmap, shift, rng)
+        if round_ == 2:  # one value of a full chunk off by twice the bound
+            full = int(np.flatnonzero(count == 4)[0])
+            result.values[full * k + 3] += 2 * 2.0 ** -float(shift[full])
+        got = check(result)
+        assert got == pytest.approx(check_chunks(result, inputs, k, np.flatnonzero(count > 0)))
+        worsts.append(got[1])
+    assert worsts[2] > 1 and max(worsts[:2] + worsts[3:]) < 1
+
+
 # ---- --rate ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "mbit"),
