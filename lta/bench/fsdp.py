@@ -13,14 +13,20 @@ rank 0 waited for in reduce-scatters and how many chunks it keeps (one more per 
 Step time is wall time, which the other work on a shared machine inflates; ``cpu_ms_per_step`` is the CPU
 time every rank's process spent per timed step (summed over the ranks; the embedded softswitch's thread
 runs in rank 0's process and counts), steadier under load. ``loadavg`` is the 1-minute load average at the
-start and the end of the run."""
+start and the end of the run.
+
+``--rounds R`` runs the four variants R times, in order in odd rounds and in reverse in even ones, fresh
+processes each time: a machine whose speed drifts between runs moves a single pair's ratio a lot (one
+2-rank ratio read 0.94 on one day and 1.45 on the next). Each variant's figures pool the steps of every
+round (what lta saw, ``collectives`` and ``summary``: the first round's); ``rounds`` gives each round's
+p50s and ratios, and the ``_median`` keys the median of the rounds' ratios."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +38,7 @@ from lta.bench.ranks import raise_rank_errors, run_ranks
 from lta.bench.summary import ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
-SCHEMA = "lta.bench.fsdp/1"
+SCHEMA = "lta.bench.fsdp/2"  # /2: --rounds (pooled steps, per-round ratios, their median)
 
 WIDTH, IN_FEATURES = 1024, 1024  # 1024 -> 4 x 1024 -> 10: 4.2M parameters
 ALL_LOSSY = "allreduce,reduce_scatter,all_gather"
@@ -124,10 +130,41 @@ def run_variant(
         "first_loss": float(losses[0]),
         "final_loss": float(losses[-1]),
         "params": results[0]["params"],
+        "steps_s": step.tolist(),  # (pooled over rounds by combine_rounds, then dropped)
     }
     if backend == "lta":
         out["collectives"] = {r: results[r]["collectives"] for r in range(world)}
         out["summary"] = _summary(results, world)
+    return out
+
+
+RATIOS = {"lta": "ratio_lta_over_gloo_p50", "lta_grads_only": "ratio_lta_grads_only_over_gloo_p50"}
+
+
+def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
+    """The report of R rounds (each ``{variant: run_variant's dict}``): per variant, the step-time stats of
+    every round's steps pooled and the CPU per step averaged over the rounds (losses, ``collectives`` and
+    ``summary``: the first round's); per round, each variant's p50 and the ratios to gloo's; the median of
+    each ratio over the rounds."""
+    out: dict[str, Any] = {}
+    for name in rounds[0]:
+        runs = [r[name] for r in rounds]
+        first = {key: value for key, value in runs[0].items() if key != "steps_s" and not key.endswith("_ms")}
+        out[name] = {
+            **first,
+            **time_stats(np.concatenate([run["steps_s"] for run in runs])),
+            "cpu_ms_per_step": float(np.mean([run["cpu_ms_per_step"] for run in runs])),
+        }
+    per_round = []
+    for r in rounds:
+        each: dict[str, Any] = {f"{name}_p50_ms": run["p50_ms"] for name, run in r.items()}
+        each |= {key: ratio(r[name]["p50_ms"], r["gloo"]["p50_ms"]) for name, key in RATIOS.items()}
+        per_round.append(each)
+    out["rounds"] = per_round
+    for name, key in RATIOS.items():
+        out[key] = ratio(out[name]["p50_ms"], out["gloo"]["p50_ms"])
+        known = [each[key] for each in per_round if each[key] is not None]
+        out[f"{key}_median"] = float(np.median(known)) if known else None
     return out
 
 
@@ -178,6 +215,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "several seeds)",
     )
     p.add_argument(
+        "--rounds",
+        type=argtypes.positive_int,
+        default=3,
+        help="runs of the four variants, in order in odd rounds, reversed in even ones (the machine drifts)",
+    )
+    p.add_argument(
         "--switch-sockets",
         type=argtypes.nonnegative_int,
         default=0,
@@ -194,6 +237,7 @@ def _run(args: argparse.Namespace) -> int:
         "stale_bound": args.stale_bound,
         "lossy_ops": ALL_LOSSY,
         "seed": args.seed,
+        "rounds": args.rounds,
         "switch_sockets": args.switch_sockets or args.workers,
     }
     if args.switch_sockets > 64:
@@ -214,20 +258,30 @@ def _run(args: argparse.Namespace) -> int:
         ),  # the default setting
         "lta_lossy": ("lta", {**lossy_env, "LTA_DROP_UP": str(args.loss), "LTA_DROP_PARAM": str(args.loss)}),
     }
-    out: dict[str, Any] = {"config": config, "loadavg": {"start": os.getloadavg()[0]}}
-    title = f"lta bench fsdp: {args.workers} ranks, {args.steps} steps: gloo, lta, lta {args.loss:.0%} loss"
+    loadavg = {"start": os.getloadavg()[0]}
+    title = (
+        f"lta bench fsdp: {args.workers} ranks, {args.rounds} rounds of {args.steps} steps: gloo, lta, "
+        f"lta {args.loss:.0%} loss"
+    )
+    rounds = []
     with Status(title) as status:
-        for name, (backend, env) in variants.items():
-            status.update(f"{name}: {args.workers} ranks, {args.warmup} + {args.steps} steps")
-            out[name] = run_variant(backend, env, args.workers, args.steps, args.warmup, seed=args.seed)
-    out["loadavg"]["end"] = os.getloadavg()[0]
-    out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
+        for i in range(args.rounds):
+            got = {}
+            for name in list(variants) if i % 2 == 0 else list(variants)[::-1]:
+                backend, env = variants[name]
+                status.update(f"round {i + 1}/{args.rounds}, {name}: {args.warmup} + {args.steps} steps")
+                got[name] = run_variant(backend, env, args.workers, args.steps, args.warmup, seed=args.seed)
+            rounds.append({name: got[name] for name in variants})
+    loadavg["end"] = os.getloadavg()[0]
+    out: dict[str, Any] = {"config": config, "loadavg": loadavg, **combine_rounds(rounds)}
     out["ratio_lta_over_gloo_cpu"] = out["lta"]["cpu_ms_per_step"] / out["gloo"]["cpu_ms_per_step"]
-    out["ratio_lta_grads_only_over_gloo_p50"] = ratio(out["lta_grads_only"]["p50_ms"], out["gloo"]["p50_ms"])
     out["final_loss_rel_diff_lta_vs_gloo"] = abs(out["lta"]["final_loss"] / out["gloo"]["final_loss"] - 1)
 
     def table() -> Iterator[str]:
-        yield f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, {args.steps} steps"
+        yield (
+            f"stock FSDP2, {args.workers} ranks, {out['gloo']['params']:,} parameters, "
+            f"{args.rounds} x {args.steps} steps a variant"
+        )
         for name in variants:
             r = out[name]
             yield (
@@ -247,5 +301,10 @@ def _run(args: argparse.Namespace) -> int:
             f"{out['ratio_lta_over_gloo_cpu']:.2f} (all three collectives lossy); load average "
             f"{out['loadavg']['start']:.1f} -> {out['loadavg']['end']:.1f}"
         )
+        for name, key in RATIOS.items():
+            each = ", ".join("n/a" if r[key] is None else f"{r[key]:.2f}" for r in out["rounds"])
+            median = out[f"{key}_median"]
+            tail = "" if median is None else f" (median {median:.2f})"
+            yield f"  {name}/gloo step p50 by round: {each}{tail}"
 
     return report(args.json, SCHEMA, out, table)
