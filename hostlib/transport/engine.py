@@ -272,24 +272,7 @@ class ReduceEngine:
                 fenced[:n_chunks] = mask
             fenced[n_chunks] = True
             mask = fenced
-        chunks = plan.chunks
-        in_place = local.ctypes.data == chunks.ctypes.data  # filled in place (input_buffer)
-        # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
-        # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
-        scale = float(weight) if self.config.renormalize == "weight" else 1.0
-        # The native engine quantizes whole chunks where the caller holds them (``direct``): staged are only
-        # the last, partial chunk and what follows, so the input is read once before quantizing, not copied.
-        k_full = n // k if self._native_quantize and not in_place and scale == 1.0 else 0
-        proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale, k_full)
-        if own_nonfinite and k_full:  # staged whole after all: a non-finite chunk sends zeros
-            proposals, own_nonfinite = codec.stage(local, chunks, n, scale)
-            k_full = 0
-        if own_nonfinite:
-            log.warning(
-                "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
-                self.worker_id,
-                own_nonfinite,
-            )
+        proposals, k_full = self._stage(local, plan, weight)
         self._header["step"] = step
         owners = self._owners_rule(owners, n_chunks)
         plan.reset(
@@ -323,6 +306,30 @@ class ReduceEngine:
         if self.trace is not None:
             self.trace.on_reduce_start(self, plan)
         return plan, n_chunks
+
+    def _stage(self, local: np.ndarray, plan: ReducePlan, weight: int) -> tuple[np.ndarray, int]:
+        """``local``'s exponent proposals, its values staged in ``plan.chunks`` as far as they need to be:
+        returns the proposals and how many whole chunks are quantized where the caller holds them (0: all
+        staged)."""
+        n, k, chunks = local.size, self.config.elems_per_packet, plan.chunks
+        in_place = local.ctypes.data == chunks.ctypes.data  # filled in place (input_buffer)
+        # A chunk holding NaN or Inf proposes the non-finite exponent (the max carries it to every worker)
+        # and sends zeros in its data round, so its round runs as any other's and comes back NaN everywhere.
+        scale = float(weight) if self.config.renormalize == "weight" else 1.0
+        # The native engine quantizes whole chunks where the caller holds them (``direct``): staged are only
+        # the last, partial chunk and what follows, so the input is read once before quantizing, not copied.
+        k_full = n // k if self._native_quantize and not in_place and scale == 1.0 else 0
+        proposals, own_nonfinite = codec.stage(None if in_place else local, chunks, n, scale, k_full)
+        if own_nonfinite and k_full:  # staged whole after all: a non-finite chunk sends zeros
+            proposals, own_nonfinite = codec.stage(local, chunks, n, scale)
+            k_full = 0
+        if own_nonfinite:
+            log.warning(
+                "worker %d: %d chunks hold NaN or Inf; they come back NaN on every worker",
+                self.worker_id,
+                own_nonfinite,
+            )
+        return proposals, k_full
 
     @property
     def _native_quantize(self) -> bool:
@@ -374,13 +381,41 @@ class ReduceEngine:
     ) -> tuple[ReduceResult, ReduceOutcome]:
         """The reduce's values (renormalized where a RESULT came, the fallback elsewhere) times
         ``scale``, its result and its statistics. The ``prev`` fallback keeps the values unscaled."""
+        values, fallback, nonfinite = self._values(plan, n, n_chunks, n if key is None else key, out, scale)
+        elapsed = time.perf_counter() - t0
+        got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
+        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
+        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
+        last = plan.base + plan.units - 1
+        passed = bool(self._slot_newest[last % self._slots] > last)
+        waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
+        done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
+        c = slice(0, n_chunks)  # without the exact mode's fence
+        result = ReduceResult(
+            values=values,
+            count=np.where(done, plan.count[c], 0),
+            bitmap=np.where(done, plan.bitmap[c], np.uint64(0)),
+            fallback=fallback[c],
+            withheld=plan.withheld[c],
+            saturated=(plan.result_flags[c] & Flag.SATURATED).astype(bool),
+            shift=plan.shift[c].copy(),
+            elapsed_s=elapsed,
+            critical=plan.critical[c].copy(),
+            nonfinite=nonfinite.copy(),
+        )
+        return result, ReduceOutcome(got_nothing, waited, passed)
+
+    def _values(
+        self, plan: ReducePlan, n: int, n_chunks: int, key: Any, out: np.ndarray | None, scale: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The values :meth:`_finish` returns (``out`` itself where given), the fallback code of every
+        chunk and the chunks that came back NaN; the ``prev`` fallback of ``key`` taken from this reduce."""
         arrived = (plan.state[plan.exp_units :] == DONE) & (plan.count > 0)
         got, fallback = fallback_codes(
             arrived, plan.count, self.n_workers, self.config.renormalize, self._fallback, plan.elsewhere
         )
         rows = plan.out
         missing = ~got & ~plan.elsewhere
-        key = n if key is None else key
         if missing.any():
             if plan.direct is not None and self._fallback == Fallback.LOCAL:  # own values, never staged
                 split = len(plan.direct)
@@ -407,28 +442,7 @@ class ReduceEngine:
             # rare: a mask per value is fine here
             values[np.repeat(nonfinite, self.config.elems_per_packet)[: values.size]] = np.nan
             self.stats.nonfinite_chunks += int(nonfinite.sum())
-        elapsed = time.perf_counter() - t0
-        got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
-        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
-        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
-        last = plan.base + plan.units - 1
-        passed = bool(self._slot_newest[last % self._slots] > last)
-        waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
-        done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
-        c = slice(0, n_chunks)  # without the exact mode's fence
-        result = ReduceResult(
-            values=values,
-            count=np.where(done, plan.count[c], 0),
-            bitmap=np.where(done, plan.bitmap[c], np.uint64(0)),
-            fallback=fallback[c],
-            withheld=plan.withheld[c],
-            saturated=(plan.result_flags[c] & Flag.SATURATED).astype(bool),
-            shift=plan.shift[c].copy(),
-            elapsed_s=elapsed,
-            critical=plan.critical[c].copy(),
-            nonfinite=nonfinite.copy(),
-        )
-        return result, ReduceOutcome(got_nothing, waited, passed)
+        return values, fallback, nonfinite
 
     def _keep_prev(self, plan: ReducePlan, key: Any, n: int, n_chunks: int) -> None:
         """The prev fallback's copy of this reduce's values (``plan.out``'s first ``n``), one the caller

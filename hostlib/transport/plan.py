@@ -164,7 +164,18 @@ class ReducePlan:
         ``stamp_data=False``: the data rows' slot, seq and step are left to whoever quantizes them (the
         native engine writes them with each row's payload: ``hostlib._engine.quantize_ahead``'s ``stamp``),
         sparing a strided pass over every packet row per reduce."""
-        k = self.k
+        self._number(base, pool_size, header, stamp_data)
+        self._mark_critical(critical, exponents_critical, proposals)
+        if self._stamped.get("weight") != weight:
+            self.data_batch["weight"] = weight
+            self._stamped["weight"] = weight
+        if owners is not None or self.any_owned:  # (no owners now nor before: nothing to rewrite)
+            self._set_owners(owners, worker_id)
+        self._clear(n_workers)
+
+    def _number(self, base: int, pool_size: int, header: dict[str, int], stamp_data: bool) -> None:
+        """Unit i of this reduce is global unit ``base + i``: its slot and round, and the header fields
+        that changed since the last reduce, written into the packet rows (:meth:`reset`)."""
         self.base = base
         # Unit i's slot and round: (base + i) mod D and (base + i) div D + 1, read from tables of
         # j mod D and j div D over j < units + D (views, no division per unit; built once per pool).
@@ -187,6 +198,12 @@ class ReducePlan:
                 batch["slot"] = self.slots[sl]
                 batch["seq"] = self.seqs[sl]
         self._stamped.update(changed)
+
+    def _mark_critical(
+        self, critical: np.ndarray | None, exponents_critical: bool, proposals: np.ndarray
+    ) -> None:
+        """The critical chunks and units, and the exponent units' flags and proposals (:meth:`reset`)."""
+        k = self.k
         if critical is None:
             self.critical[:] = False
         else:
@@ -207,18 +224,19 @@ class ReducePlan:
         padded = np.full(self.exp_units * k, INT32_MIN, dtype=np.int64)
         padded[: self.chunks_count] = proposals
         e["payload"] = padded.reshape(self.exp_units, k)
-        d = self.data_batch
-        if self._stamped.get("weight") != weight:
-            d["weight"] = weight
-            self._stamped["weight"] = weight
-        if owners is not None or self.any_owned:  # (no owners now nor before: nothing to rewrite)
-            if owners is None:
-                self.owner[:] = -1
-            else:
-                self.owner[:] = owners
-            self.any_owned = bool((self.owner >= 0).any())
-            self.elsewhere[:] = (self.owner >= 0) & (self.owner != worker_id)
-            d["count"] = np.maximum(self.owner, 0)  # a worker's GRAD names the owner in count
+
+    def _set_owners(self, owners: np.ndarray | None, worker_id: int) -> None:
+        """Each chunk's owner (-1: every worker) and the chunks another worker owns (:meth:`reset`)."""
+        if owners is None:
+            self.owner[:] = -1
+        else:
+            self.owner[:] = owners
+        self.any_owned = bool((self.owner >= 0).any())
+        self.elsewhere[:] = (self.owner >= 0) & (self.owner != worker_id)
+        self.data_batch["count"] = np.maximum(self.owner, 0)  # a worker's GRAD names the owner in count
+
+    def _clear(self, n_workers: int) -> None:
+        """Every per-reduce state back to its start: nothing sent, settled or learned (:meth:`reset`)."""
         for arr in (self.count, self.bitmap, self.weight, self.shift, self.result_flags, self.flushes):
             arr[:] = 0
         self.probes[:] = 0
