@@ -137,9 +137,9 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
         vb = getattr(b.reuse, name)
         assert np.array_equal(va, vb) if isinstance(va, np.ndarray) else va == vb, f"{where}: reuse.{name}"
     assert a.param_requests == b.param_requests, where
-    assert a.param_inbox.keys() == b.param_inbox.keys(), where
-    for chunk, (step, values) in a.param_inbox.items():
-        assert b.param_inbox[chunk][0] == step and np.array_equal(b.param_inbox[chunk][1], values), where
+    inbox_a, inbox_b = a.param_inbox.peek(), b.param_inbox.peek()
+    for name in ("chunk", "step", "sender", "nelem", "values"):
+        assert np.array_equal(getattr(inbox_a, name), getattr(inbox_b, name)), f"{where}: param_inbox.{name}"
 
 
 def _at_offset(x: np.ndarray, offset: int) -> np.ndarray:

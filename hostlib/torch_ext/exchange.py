@@ -62,7 +62,7 @@ shard at most once per ``_REREQUEST_S``). Each copy is
 tagged with the step ``max(held step, the owner's last end marker + 1)``: past every step the owner
 published, so no late copy of the owner's own replaces it anywhere, the re-server's included (it holds
 its copy under the same tag). A receiver tells a re-served copy from the owner's by its sender (the
-PARAM's ``worker_id``, kept by the transport in ``param_senders``) and takes it when it is newer than
+PARAM's ``worker_id``, kept by the transport with each row of its inbox) and takes it when it is newer than
 the copy it holds, or as new and held from the owner itself, or from a higher rank (two ranks that
 both took themselves for the re-server end on the lower one's copy). A survivor that presumes the
 owner dead and is not its re-server waits in ``collect`` until it holds a re-served copy of every
@@ -589,14 +589,10 @@ class ParamExchange:
         or later; an older one would roll the receiver's replica back)."""
         self.worker.poll(0.0)
         inbox = self.worker.param_inbox
-        if not inbox:
+        if not len(inbox):
             return
-        items = list(inbox.items())
-        inbox.clear()
-        ids = np.fromiter((c for c, _ in items), dtype=np.int64, count=len(items))
-        steps = np.fromiter((s for _, (s, _) in items), dtype=np.int64, count=len(items))
-        sent_by = self.worker.param_senders
-        who = np.fromiter((sent_by.pop(c, -1) for c, _ in items), dtype=np.int64, count=len(items))
+        got = inbox.take()
+        ids, steps, who = got.chunk, got.step, got.sender
         is_marker = ids >= MARKER_CHUNK_BASE
         data = ~is_marker & (ids < self.layout.n_chunks)
         owner = np.where(is_marker, ids - MARKER_CHUNK_BASE, -1)
@@ -629,8 +625,7 @@ class ParamExchange:
         take = np.flatnonzero(fresh)
         if len(take):
             k = self.layout.elems_per_chunk
-            values = np.stack([items[i][1][1] for i in take])
-            self.rows[ids[take], : values.shape[1]] = values[:, :k]
+            self.rows[ids[take], :k] = got.values[take, :k]
             # (a re-served copy over an adopted one keeps the adopted step if later: nothing older counts)
             self.held_step[ids[take]] = np.maximum(steps[take], self.held_step[ids[take]])
             by = np.where(sender[take] == owner[take], -1, sender[take])

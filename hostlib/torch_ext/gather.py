@@ -186,21 +186,29 @@ class StaleGather:
 
     def _absorb(self, copies: _Copies, gen: int, t: int) -> None:
         inbox = self.worker.param_inbox
-        if not inbox:
+        if not len(inbox):
             return
+        got = inbox.take()
+        marker = got.chunk >= MARKER_CHUNK_BASE
+        if marker.any():
+            owner = got.chunk[marker] - MARKER_CHUNK_BASE
+            known = owner < len(self._marker_step)
+            np.maximum.at(self._marker_step, owner[known], got.step[marker][known])
         lo, hi = copies.base, copies.base + len(copies.held)
-        for chunk in list(inbox):
-            step, values = inbox[chunk]
-            if chunk >= MARKER_CHUNK_BASE:
-                owner = chunk - MARKER_CHUNK_BASE
-                if owner < len(self._marker_step):
-                    self._marker_step[owner] = max(self._marker_step[owner], step)
-                del inbox[chunk]
-            elif step < gen:
-                del inbox[chunk]  # a late copy of an earlier gather
-            elif step == gen and lo <= chunk < hi:
-                row = chunk - lo
-                copies.rows[row, : values.size] = values
-                copies.held[row] = t
-                del inbox[chunk]
-            # step > gen: a faster rank's next gather; left for it
+        mine = ~marker & (got.step == gen) & (got.chunk >= lo) & (got.chunk < hi)
+        if mine.any():
+            arrived = got if mine.all() else got.rows(mine)
+            rows = arrived.chunk - lo
+            short = arrived.nelem < copies.rows.shape[1]
+            if short.any():  # (every gather row is full; a short one keeps the rest of the row it holds)
+                for r, i in zip(rows[short].tolist(), np.flatnonzero(short).tolist(), strict=True):
+                    copies.rows[r, : arrived.nelem[i]] = arrived.values[i, : arrived.nelem[i]]
+                rows, values = rows[~short], arrived.values[~short]
+            else:
+                values = arrived.values
+            copies.rows[rows] = values
+            copies.held[arrived.chunk - lo] = t
+        # a faster rank's next gather: left for it (a late copy of an earlier gather is dropped)
+        later = ~marker & (got.step > gen)
+        if later.any():
+            inbox.put_back(got.rows(later))

@@ -57,6 +57,7 @@ from hostlib.protocol import (
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
 from hostlib.transport.deadlines import Deadlines, leaf_index
 from hostlib.transport.earlyclose import EarlyClose
+from hostlib.transport.inbox import ParamInbox
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.native import RENORMALIZE_CODES, engine_path, native_ext
 from hostlib.transport.pacing import RateLearner, TokenBucket, frame_bytes
@@ -169,11 +170,10 @@ class ReduceEngine:
         self._header = {"version": VERSION, "job_id": job_id, "worker_id": self.switch_id, "step": 0}
         self._worker_bits = np.arange(n_workers, dtype=np.uint64)
         self._all_bits = np.uint64((1 << n_workers) - 1)  # a RESULT every worker is counted in
-        # Parameter broadcasts that arrived (chunk -> (step, float32 values)), and requests for resends.
-        self.param_inbox: dict[int, tuple[int, np.ndarray]] = {}
-        # The sender (the PARAM's worker_id) of each inbox entry: an owner's copy, or a survivor's
-        # re-served copy of a dead owner's shard (hostlib/torch_ext/exchange.py).
-        self.param_senders: dict[int, int] = {}
+        # Parameter broadcasts that arrived, each with its step and sender (the PARAM's worker_id: an
+        # owner's copy, or a survivor's re-served copy of a dead owner's shard: torch_ext/exchange.py),
+        # and requests for resends.
+        self.param_inbox = ParamInbox(config.elems_per_packet)
         self.param_requests: set[int] = set()
         # Answers PARAM_REQs as they arrive, even inside a reduce (set by the parameter exchange): a
         # receiver waiting for a critical chunk must not wait for this worker's next publish.
@@ -1424,33 +1424,24 @@ class ReduceEngine:
                 return
         k = self.config.elems_per_packet
         payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
-        values = payload.astype(np.float32)
         chunks = hdr["chunk"][rows]
         heal = (chunks >= HEAL_CHUNK_BASE) & (chunks < HEAL_REQUEST_BASE)
         if heal.any():  # a donor's state stream (hostlib/torch_ext/heal.py), never a parameter copy
-            for i in np.flatnonzero(heal).tolist():
-                r = rows[i]
+            values = payload[heal].astype(np.float32)
+            for i, r in enumerate(rows[heal].tolist()):
                 key = (int(hdr["worker_id"][r]), int(hdr["step"][r]))
                 if key not in self.heal_inbox and len(self.heal_inbox) >= _HEAL_STREAMS_KEPT:
                     del self.heal_inbox[next(iter(self.heal_inbox))]  # the oldest: nobody took it
                 stream = self.heal_inbox.setdefault(key, {})
-                stream[int(chunks[i]) - HEAL_CHUNK_BASE] = values[i, : int(hdr["nelem"][r])].copy()
+                stream[int(hdr["chunk"][r]) - HEAL_CHUNK_BASE] = values[i, : int(hdr["nelem"][r])].copy()
             self.stats.params_received += int(heal.sum())
             keep = ~heal
-            rows, values = rows[keep], values[keep]
+            rows, payload = rows[keep], payload[keep]
             if not rows.size:
                 return
-        for i, (chunk, step, nelem, sender) in enumerate(
-            zip(
-                hdr["chunk"][rows].tolist(),
-                hdr["step"][rows].tolist(),
-                hdr["nelem"][rows].tolist(),
-                hdr["worker_id"][rows].tolist(),
-                strict=True,
-            )
-        ):
-            self.param_inbox[chunk] = (step, values[i, :nelem])
-            self.param_senders[chunk] = sender
+        self.param_inbox.add(
+            hdr["chunk"][rows], hdr["step"][rows], hdr["worker_id"][rows], hdr["nelem"][rows], payload
+        )
         self.stats.params_received += len(rows)
 
     def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:

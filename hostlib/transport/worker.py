@@ -20,6 +20,7 @@ from hostlib.transport.earlyclose import EarlyClose
 from hostlib.transport.engine import ReduceEngine
 from hostlib.transport.health import HealthMonitor, probe_switch
 from hostlib.transport.heartbeat import Heartbeat
+from hostlib.transport.inbox import ParamInbox
 from hostlib.transport.io import WorkerIO
 from hostlib.transport.pacing import RateLearner, TokenBucket
 from hostlib.transport.plan import ReducePlan
@@ -128,12 +129,8 @@ class LtaWorker:
         return self.engine.switch_id
 
     @property
-    def param_inbox(self) -> dict[int, tuple[int, np.ndarray]]:
+    def param_inbox(self) -> ParamInbox:
         return self.engine.param_inbox
-
-    @property
-    def param_senders(self) -> dict[int, int]:
-        return self.engine.param_senders
 
     @property
     def param_requests(self) -> set[int]:
