@@ -21,7 +21,8 @@ import numpy as np
 
 @dataclass
 class ParamBatch:
-    """PARAMs taken from the inbox, one row per chunk, in arrival order."""
+    """PARAM rows, one per chunk, in arrival order: a batch taken from the inbox, and the inbox's own
+    storage (:meth:`zeros`)."""
 
     chunk: np.ndarray  # int64: the chunk id
     step: np.ndarray  # int64: the header's step
@@ -29,32 +30,18 @@ class ParamBatch:
     nelem: np.ndarray  # int64: meaningful values of the row
     values: np.ndarray  # float32 (rows, K); past nelem: what the packet carried (zeros)
 
-    def __len__(self) -> int:
-        return len(self.chunk)
-
-    def rows(self, mask: np.ndarray) -> ParamBatch:
-        """These rows (a copy)."""
-        return ParamBatch(
-            self.chunk[mask], self.step[mask], self.sender[mask], self.nelem[mask], self.values[mask]
-        )
-
-
-class _Rows:
-    """One set of the inbox's arrays."""
-
-    def __init__(self, capacity: int, k: int) -> None:
-        self.chunk = np.zeros(capacity, dtype=np.int64)
-        self.step = np.zeros(capacity, dtype=np.int64)
-        self.sender = np.zeros(capacity, dtype=np.int64)
-        self.nelem = np.zeros(capacity, dtype=np.int64)
-        self.values = np.zeros((capacity, k), dtype=np.float32)
+    @classmethod
+    def zeros(cls, capacity: int, k: int) -> ParamBatch:
+        chunk, step, sender, nelem = (np.zeros(capacity, dtype=np.int64) for _ in range(4))
+        return cls(chunk, step, sender, nelem, np.zeros((capacity, k), dtype=np.float32))
 
     def __len__(self) -> int:
         return len(self.chunk)
 
-    def batch(self, rows: slice | np.ndarray) -> ParamBatch:
+    def rows(self, index: slice | np.ndarray) -> ParamBatch:
+        """These rows: views for a slice, a copy for a mask or an index array."""
         return ParamBatch(
-            self.chunk[rows], self.step[rows], self.sender[rows], self.nelem[rows], self.values[rows]
+            self.chunk[index], self.step[index], self.sender[index], self.nelem[index], self.values[index]
         )
 
 
@@ -64,7 +51,7 @@ class ParamInbox:
     def __init__(self, elems_per_packet: int) -> None:
         self.k = elems_per_packet
         self._n = 0
-        self._sets = [_Rows(0, elems_per_packet), _Rows(0, elems_per_packet)]
+        self._sets = [ParamBatch.zeros(0, elems_per_packet), ParamBatch.zeros(0, elems_per_packet)]
         self._active = 0
 
     def __len__(self) -> int:
@@ -80,7 +67,7 @@ class ParamInbox:
         end = self._n + m
         rows = self._sets[self._active]
         if end > len(rows):
-            grown = _Rows(max(end, 2 * len(rows), 64), self.k)
+            grown = ParamBatch.zeros(max(end, 2 * len(rows), 64), self.k)
             for name in ("chunk", "step", "sender", "nelem", "values"):
                 getattr(grown, name)[: self._n] = getattr(rows, name)[: self._n]
             rows = self._sets[self._active] = grown
@@ -94,7 +81,7 @@ class ParamInbox:
         copy of the same chunk that came meanwhile still wins (rare: a faster rank's next gather)."""
         if not len(batch):
             return
-        waiting = self._sets[self._active].batch(np.arange(self._n))  # (copies)
+        waiting = self._sets[self._active].rows(np.arange(self._n))  # (copies)
         self._n = 0
         for rows in (batch, waiting):
             self.add(rows.chunk, rows.step, rows.sender, rows.nelem, rows.values)
@@ -104,13 +91,12 @@ class ParamInbox:
         no chunk came twice (the usual case) the batch views the arrays being filled: read it before the
         next :meth:`add` (:meth:`take`'s batch lasts longer)."""
         n, rows = self._n, self._sets[self._active]
-        chunk = rows.chunk[:n]
-        if n < 2 or np.unique(chunk).size == n:
-            return rows.batch(slice(0, n))
-        # the last occurrence of each chunk id, kept in arrival order
-        last = n - 1 - np.unique(chunk[::-1], return_index=True)[1]
+        # the last occurrence of each chunk id (in arrival order once sorted)
+        last = n - 1 - np.unique(rows.chunk[:n][::-1], return_index=True)[1]
+        if last.size == n:  # no chunk came twice
+            return rows.rows(slice(0, n))
         last.sort()
-        return rows.batch(last)
+        return rows.rows(last)
 
     def take(self) -> ParamBatch:
         """:meth:`peek`, and the inbox emptied: later arrivals fill the other set of arrays, so the batch
@@ -119,6 +105,3 @@ class ParamInbox:
         self._n = 0
         self._active ^= 1
         return batch
-
-    def clear(self) -> None:
-        self._n = 0
