@@ -19,13 +19,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from hostlib import argtypes
 from hostlib.errors import LtaError
 from lta.bench.flags import add_steps, add_warmup, add_workers, bench_command
 from lta.bench.ranks import raise_rank_errors, run_ranks
-from lta.bench.summary import ratio, report, slowest_rank, time_stats
+from lta.bench.summary import median_known, pool_runs, ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.ddp/2"  # /2: --rounds (the figures pool every round; rounds, the median)
@@ -113,16 +111,7 @@ def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
     """The report of R rounds (each ``{backend: run_backend's dict}``): per backend, the step-time stats of
     every round's steps pooled and each rank's CPU per step averaged over the rounds (losses: the first
     round's); per round, both p50s and their ratio; the median of those ratios."""
-    out: dict[str, Any] = {}
-    for backend in ("gloo", "lta"):
-        runs = [r[backend] for r in rounds]
-        out[backend] = {
-            **time_stats(np.concatenate([run["steps_s"] for run in runs])),
-            "cpu_ms_per_step": np.mean([run["cpu_ms_per_step"] for run in runs], axis=0).tolist(),
-            "first_loss": runs[0]["first_loss"],
-            "last_loss": runs[0]["last_loss"],
-            "params": runs[0]["params"],
-        }
+    out: dict[str, Any] = {backend: pool_runs([r[backend] for r in rounds]) for backend in ("gloo", "lta")}
     per_round = [
         {"gloo_p50_ms": r["gloo"]["p50_ms"], "lta_p50_ms": r["lta"]["p50_ms"],
          "ratio_p50": ratio(r["lta"]["p50_ms"], r["gloo"]["p50_ms"])}
@@ -130,8 +119,7 @@ def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
     ]  # fmt: skip
     out["rounds"] = per_round
     out["ratio_lta_over_gloo_p50"] = ratio(out["lta"]["p50_ms"], out["gloo"]["p50_ms"])
-    known = [r["ratio_p50"] for r in per_round if r["ratio_p50"] is not None]
-    out["ratio_lta_over_gloo_p50_median"] = float(np.median(known)) if known else None
+    out["ratio_lta_over_gloo_p50_median"] = median_known(r["ratio_p50"] for r in per_round)
     out["ratio_lta_over_gloo_cpu"] = ratio(
         sum(out["lta"]["cpu_ms_per_step"]), sum(out["gloo"]["cpu_ms_per_step"])
     )

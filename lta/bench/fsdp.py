@@ -35,7 +35,7 @@ from hostlib import argtypes
 from hostlib.errors import LtaError, UsageError
 from lta.bench.flags import add_seed, add_steps, add_warmup, add_workers, bench_command
 from lta.bench.ranks import raise_rank_errors, run_ranks
-from lta.bench.summary import ratio, report, slowest_rank, time_stats
+from lta.bench.summary import median_known, pool_runs, ratio, report, slowest_rank, time_stats
 from lta.progress import Status
 
 SCHEMA = "lta.bench.fsdp/2"  # /2: --rounds (pooled steps, per-round ratios, their median)
@@ -146,15 +146,7 @@ def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
     every round's steps pooled and the CPU per step averaged over the rounds (losses, ``collectives`` and
     ``summary``: the first round's); per round, each variant's p50 and the ratios to gloo's; the median of
     each ratio over the rounds."""
-    out: dict[str, Any] = {}
-    for name in rounds[0]:
-        runs = [r[name] for r in rounds]
-        first = {key: value for key, value in runs[0].items() if key != "steps_s" and not key.endswith("_ms")}
-        out[name] = {
-            **first,
-            **time_stats(np.concatenate([run["steps_s"] for run in runs])),
-            "cpu_ms_per_step": float(np.mean([run["cpu_ms_per_step"] for run in runs])),
-        }
+    out: dict[str, Any] = {name: pool_runs([r[name] for r in rounds]) for name in rounds[0]}
     per_round = []
     for r in rounds:
         each: dict[str, Any] = {f"{name}_p50_ms": run["p50_ms"] for name, run in r.items()}
@@ -163,8 +155,7 @@ def combine_rounds(rounds: Sequence[dict[str, dict]]) -> dict[str, Any]:
     out["rounds"] = per_round
     for name, key in RATIOS.items():
         out[key] = ratio(out[name]["p50_ms"], out["gloo"]["p50_ms"])
-        known = [each[key] for each in per_round if each[key] is not None]
-        out[f"{key}_median"] = float(np.median(known)) if known else None
+        out[f"{key}_median"] = median_known(each[key] for each in per_round)
     return out
 
 

@@ -63,6 +63,21 @@ def collective_times(
     return ends.max(axis=0) - starts.max(axis=0)
 
 
+def pool_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One system's runs over R rounds (``--rounds``), as one: the step-time stats of every round's
+    ``steps_s`` pooled, ``cpu_ms_per_step`` (a number, or one per rank) averaged over the rounds, and the
+    rest (losses, parameters, what the system saw) the first round's."""
+    first = {key: value for key, value in runs[0].items() if key != "steps_s" and not key.endswith("_ms")}
+    cpu = np.mean([run["cpu_ms_per_step"] for run in runs], axis=0).tolist()
+    return {**first, **time_stats(np.concatenate([run["steps_s"] for run in runs])), "cpu_ms_per_step": cpu}
+
+
+def median_known(values: Iterable[float | None]) -> float | None:
+    """The median of the ratios that were measured (None where a round measured nothing); None if none."""
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
 def ratio(a: float, b: float) -> float | None:
     """``a / b``; None where ``b`` is not positive (a system that measured nothing)."""
     return a / b if b > 0 else None
