@@ -13,7 +13,7 @@
  * with ~60 small numpy operations (masks, gathers, a median, the frontier's bit matrix), each a few
  * microseconds of Python and dispatch whatever the batch size. Here a batch is one pass over its rows.
  *
- *   settle(data, lens, n, params, low, now, slot_newest, state, flushes, retx, proven_lost, sent_at,
+ *   settle(data, lens, n, params, low, now, newest_unit, state, flushes, retx, proven_lost, sent_at,
  *          flushed_at, critical_unit, count, bitmap, weight, result_flags, shift, out, exp_known,
  *          nonfinite, own_exp, exp_bitmap, frontier, later_reached, settled, side, rtt, flush) -> tuple
  *
@@ -22,13 +22,13 @@
  *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits), ``low``
  *   the plan's first unit not settled. Each
  *   row is classified as the reference does; PARAM and PARAM_REQ rows of the job are listed in ``side``
- *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) update
- *   ``slot_newest`` and are routed to the plan's units: in range and not DONE, first copy only, they are
+ *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) raise
+ *   ``newest_unit[0]`` (the newest global unit answered) and are routed to the plan's units: in range and not DONE, first copy only, they are
  *   settled (state DONE, values dequantized and renormalized into ``out``, count, bitmap, weight,
  *   flags, shift; exponent units give their chunks' shifts, exp_known, nonfinite, own_exp,
  *   exp_bitmap); later units' bits go to ``later_reached``. RTT and FLUSH samples are computed as the
  *   reference's _time_answers computes them, at time ``now``. After a batch with RESULTs, units of the plan
- *   overtaken in their slot are given up (the reference's _drop_overtaken).
+ *   a pool or more below the newest unit are given up, overtaken (the reference's _drop_overtaken).
  *
  *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
  *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken, lost,
@@ -245,7 +245,7 @@ static double upper_median(double *v, Py_ssize_t m) {
 }
 
 enum {
-    A_SLOT_NEWEST,
+    A_NEWEST_UNIT,
     A_STATE,
     A_FLUSHES,
     A_RETX,
@@ -314,7 +314,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         int writable;
         const char *name;
     } spec[N_ARRAYS] = {
-        {8, slots, 1, "slot_newest"},  {1, units, 1, "state"},        {8, units, 0, "flushes"},
+        {8, 1, 1, "newest_unit"},      {1, units, 1, "state"},        {8, units, 0, "flushes"},
         {8, units, 0, "retx"},         {1, units, 0, "proven_lost"},  {8, units, 0, "sent_at"},
         {8, units, 0, "flushed_at"},   {1, units, 0, "critical_unit"}, {8, c_count, 1, "count"},
         {8, c_count, 1, "bitmap"},     {8, c_count, 1, "weight"},     {8, c_count, 1, "result_flags"},
@@ -369,7 +369,7 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     const uint8_t *data = (const uint8_t *)data_view.buf;
     const Py_ssize_t row_stride = data_view.strides[0];
     const int64_t *len = (const int64_t *)lens.view.buf;
-    int64_t *slot_newest = (int64_t *)a[A_SLOT_NEWEST].view.buf;
+    int64_t *newest_unit = (int64_t *)a[A_NEWEST_UNIT].view.buf;
     int8_t *state = (int8_t *)a[A_STATE].view.buf;
     const int64_t *flushes = (const int64_t *)a[A_FLUSHES].view.buf;
     const int64_t *retx_sent = (const int64_t *)a[A_RETX].view.buf;
@@ -421,8 +421,8 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         if (op != OP_RESULT || slot == probe_slot)
             continue;
         const int64_t global = ((int64_t)be32(h + OFF_SEQ) - 1) * slots + slot;
-        if (slot < slots && slot_newest[slot] < global)
-            slot_newest[slot] = global;
+        if (slot < slots && newest_unit[0] < global)
+            newest_unit[0] = global;
         n_results++;
         const int64_t u = global - base;
         const uint64_t bits = be64(h + OFF_BITMAP);
@@ -538,18 +538,14 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     }
 
     /* Units overtaken (reference: ReduceEngine._drop_overtaken, after every batch with RESULTs): a RESULT
-     * for global unit g means slot g mod D moved past every older round, so units of this reduce still open
-     * in an older round of their slot can never be answered: given up. */
+     * for global unit g shows its sender sent every unit before it, so the slot of each unit up to g - D
+     * moved past that unit's round: units of this reduce still open there can never be answered: given up. */
     if (n_results) {
-        int64_t newest = -1;
-        for (Py_ssize_t j = 0; j < slots; j++)
-            if (slot_newest[j] > newest)
-                newest = slot_newest[j];
-        int64_t hi = newest - base - slots + 1;
+        int64_t hi = newest_unit[0] - base - slots + 1;
         if (hi > units)
             hi = units;
         for (int64_t v = low; v < hi; v++)
-            if (state[v] < ST_DONE && base + v < slot_newest[(base + v) % slots]) {
+            if (state[v] < ST_DONE) {
                 state[v] = ST_GAVE_UP;
                 overtaken++;
             }

@@ -116,7 +116,7 @@ def _same(a: ReduceEngine, b: ReduceEngine, where: str) -> None:
                 )
             else:
                 assert va == vb, f"{where}: plan.{name} differs: {va!r} != {vb!r}"
-    assert np.array_equal(a._slot_newest, b._slot_newest), where
+    assert np.array_equal(a._newest_unit, b._newest_unit), where
     assert a.stats.as_dict() == b.stats.as_dict(), where
     for name in ("_held", "_held_since", "_peer_wait_since"):  # what holds sending, and since when
         assert getattr(a, name) == getattr(b, name), f"{where}: engine.{name}"
@@ -255,8 +255,12 @@ def _play(
         mine += [p for p in mine if rng.random() < dup]
         if mine:  # rows no unit of this reduce owns
             plan = plans[id(ref)][0]
-            if late:  # a later reduce's unit (its slot's older rounds are overtaken: given up)
-                g = plan.base + plan.units + int(rng.integers(0, 40))
+            # A later reduce's unit, less than a pool past this worker's first unit not settled: peers get
+            # no further ahead while it is counted (units a pool below a RESULT's are overtaken:
+            # test_a_result_one_pool_ahead_gives_up_every_older_unit_whatever_its_slot)
+            top = plan.base + min(plan.low + 47, plan.units + 40)
+            if late and top > plan.base + plan.units:
+                g = int(rng.integers(plan.base + plan.units, top))
                 mine.append(_result_of(mine[0], seq=g // 47 + 1, slot=g % 47, bitmap=int(rng.integers(1, 4))))
             mine.append(_result_of(mine[0], slot=47))  # the probe slot
             mine.append(_result_of(mine[0], job_id=JOB + 1))
@@ -693,3 +697,41 @@ def test_a_chunk_settled_before_it_was_quantized_goes_out_only_at_the_end(
     expected = (ints[:5] * 2.0**-shift / 2 * 2).astype(np.float32)
     np.testing.assert_array_equal(local[c * k :], expected)
     assert result.count[c] == 2
+
+
+def test_a_result_one_pool_ahead_gives_up_every_older_unit_whatever_its_slot(fake_clock: Clock) -> None:
+    """A late worker whose peers ran on learns only from the few RESULTs that reach it (RESULT loss,
+    owner-only reduces) that its units' slots moved on. A RESULT for global unit g
+    shows that its sender sent every unit before g (first copies go in order), so the slot of each unit
+    up to g - D has seen a newer round: all of them are overtaken, not only the one in g's slot. A
+    hand-built RESULT for unit 10 + D of the next reduce (D = 47 data slots) gives up units 0..10 of
+    this reduce at once and leaves the others as they were; one for unit last + D + 1 (not the last
+    unit's slot) gives up the rest, and the reduce counts as passed (its peers had left it). The
+    reference and the native settle alike."""
+    k, n_workers = 8, 2
+    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=3)
+    engines = [_engine(cfg, 0, n_workers, native) for native in (False, True)]
+    d = engines[0]._slots
+    x = np.random.default_rng(4).standard_normal(k * 30).astype(np.float32)
+    plans = [e._begin(x.copy(), step=1, weight=1, critical=None, owners=None, t0=fake_clock(), out=None,
+                      out_scale=1.0)[0] for e in engines]  # fmt: skip
+    units = plans[0].units
+    assert 11 < units < d
+    before = plans[0].state.copy()
+    pkt = np.zeros(protocol.packet_bytes(k), dtype=np.uint8)
+    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 1
+    hdr["count"], hdr["bitmap"], hdr["chunk"], hdr["nelem"] = 1, 2, 0, k
+    for g, given_up in ((10 + d, 11), (units - 1 + d + 1, units)):
+        g += plans[0].base
+        hdr["slot"], hdr["seq"] = g % d, g // d + 1
+        for e, plan in zip(engines, plans, strict=True):
+            e._handle(e.io.fill([pkt.tobytes()]), plan)
+            assert (plan.state[:given_up] == GAVE_UP).all()
+            np.testing.assert_array_equal(plan.state[given_up:], before[given_up:])
+            assert e.stats.units_overtaken == given_up
+        _same(*engines, f"unit {g}")
+    for e, plan in zip(engines, plans, strict=True):
+        result, outcome = e._finish(plan, x.size, plan.chunks_count, None, None, fake_clock())
+        assert outcome.passed and outcome.got_nothing == plan.chunks_count
+        assert (result.count == 0).all()

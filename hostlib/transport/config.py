@@ -107,8 +107,8 @@ class TransportConfig:
     health_timeout_s: float = 5.0
     unhealthy_fraction: float = 0.9
     lockout_fraction: float = 0.25
-    # A reduce the peers had left before this worker started it (every unit overtaken: the newest round of
-    # its last unit's slot is newer) is a late worker catching up, not unhealthy: up to this many in a row.
+    # A reduce the peers had left before this worker started it (every unit overtaken: a unit one pool past
+    # its last was answered) is a late worker catching up, not unhealthy: up to this many in a row.
     # Small on purpose: each skipped reduce hands the caller fallbacks for every chunk, and a worker that
     # skips to the end of a run (its peers finished while it was stopped) must not exit as if it trained.
     catch_up_reduces: int = 5

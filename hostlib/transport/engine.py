@@ -141,12 +141,13 @@ class ReduceEngine:
         # The window's cap while RESULT loss dominates (Deadlines.loss_window; none until then), updated
         # as units found lost are answered.
         self._loss_window = self.deadlines.loss_window(self.reuse.span)
-        # Per data slot: the newest global unit a RESULT showed for it, in a reduce or between reduces
-        # (-1: none). Units older than that in the same slot can never be answered (_drop_overtaken).
-        self._slot_newest = np.full(self._slots, -1, dtype=np.int64)
+        # The newest global unit a RESULT showed, in a reduce or between reduces (-1: none; one cell, which
+        # the native settle updates in place). Units a pool or more below it can never be answered
+        # (_drop_overtaken).
+        self._newest_unit = np.full(1, -1, dtype=np.int64)
         # Every unit below this one is settled here (the end of the last reduce), what this worker's
         # relayed heartbeat announces; and what each peer's announced (-1: nothing yet), which feeds
-        # _slot_newest (_peer_settled; docs/protocol.md, "The relayed heartbeat").
+        # _newest_unit (_peer_settled; docs/protocol.md, "The relayed heartbeat").
         self.settled_to = 0
         self.peers_settled = np.full(n_workers, -1, dtype=np.int64)
         self._peer_news = False
@@ -384,10 +385,10 @@ class ReduceEngine:
         values, fallback, nonfinite = self._values(plan, n, n_chunks, n if key is None else key, out, scale)
         elapsed = time.perf_counter() - t0
         got_nothing = self.stats.account(plan, fallback, self.n_workers, elapsed)
-        # A newer round in the slot of this reduce's last unit: a peer sent past its end (units go in
-        # order), so the peers had left this reduce (with got_nothing == every chunk: skipped whole).
+        # A RESULT one pool past this reduce's last unit: a peer sent past its end (units go in order), so
+        # the peers had left this reduce (with got_nothing == every chunk: skipped whole; _drop_overtaken).
         last = plan.base + plan.units - 1
-        passed = bool(self._slot_newest[last % self._slots] > last)
+        passed = int(self._newest_unit[0]) >= last + self._slots
         waited = max(1, plan.chunks_count - int(plan.elsewhere.sum()))
         done = (plan.state[plan.exp_units :] == DONE)[:n_chunks] & ~plan.elsewhere[:n_chunks]
         c = slice(0, n_chunks)  # without the exact mode's fence
@@ -566,7 +567,7 @@ class ReduceEngine:
         self._rng.bit_generator.state = state["rng"]
         self._next_unit = int(state["next_unit"])
         self.reuse.restart_at(self._next_unit)
-        self._slot_newest[:] = -1  # units numbered afresh from the checkpoint's
+        self._newest_unit[0] = -1  # units numbered afresh from the checkpoint's
         self.settled_to = self._next_unit
         self.peers_settled[:] = -1
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
@@ -1319,11 +1320,12 @@ class ReduceEngine:
         self._on_side(hdr, params, requests)
         # Answers to a health probe (slot P-1) are no unit's: they would alias a round of slot 0.
         result = ok & (ops == _RESULT) & (hdr["slot"] != self.probe_slot)
-        if result.any():  # a slot's newest round, remembered even between reduces (a late worker's news)
+        if result.any():  # the newest unit answered, remembered even between reduces (a late worker's news)
             slot = hdr["slot"][result].astype(np.int64)
             mine = slot < self._slots
-            unit = (hdr["seq"][result].astype(np.int64) - 1) * self._slots + slot
-            np.maximum.at(self._slot_newest, slot[mine], unit[mine])
+            if mine.any():
+                unit = (hdr["seq"][result][mine].astype(np.int64) - 1) * self._slots + slot[mine]
+                self._newest_unit[0] = max(int(self._newest_unit[0]), int(unit.max()))
         results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
         self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
         if plan is not None and results.size:
@@ -1365,7 +1367,7 @@ class ReduceEngine:
         now = time.perf_counter()
         (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
          rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx) = native_ext.settle(
-            rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._slot_newest, plan.state,
+            rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._newest_unit, plan.state,
             plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
             plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
             plan.nonfinite, plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"],
@@ -1605,33 +1607,34 @@ class ReduceEngine:
                 plan.delivered[done] = True
 
     def _peer_settled(self, settled: int) -> None:
-        """A peer settled every unit below ``settled`` (its relayed heartbeat), so each slot has seen the
-        newest of those units that uses it: the slot-newest table every overtaken test reads (the
-        native settle's, _drop_overtaken, the passed reduce) learns it as from a RESULT. A worker stopped
-        past the last RESULT its socket could keep finds its stale units here; before, their GRADs and
-        FLUSHes went to rounds the switch had moved past, unanswered, 15-20 s a reduce. (A unit a peer
-        gave up with every copy lost did not move its slot: this worker then falls back for a chunk
-        it could have had.)"""
-        top = settled - 1
-        newest = top - (top - np.arange(self._slots, dtype=np.int64)) % self._slots
-        np.maximum(self._slot_newest, newest, out=self._slot_newest)
+        """A peer settled every unit below ``settled`` (its relayed heartbeat), so unit ``settled - 1``
+        reached the switch: the newest unit every overtaken test reads (the native settle's,
+        _drop_overtaken, the passed reduce) learns it as from a RESULT. A worker stopped past the last
+        RESULT its socket could keep finds its stale units here; before, their GRADs and FLUSHes went to
+        rounds the switch had moved past, unanswered, 15-20 s a reduce. (A unit a peer gave up with every
+        copy lost did not move its slot: this worker then falls back for a chunk it could have had.)"""
+        self._newest_unit[0] = max(int(self._newest_unit[0]), settled - 1)
         self._peer_news = True
 
     def _drop_overtaken(self, plan: ReducePlan) -> None:
-        """A RESULT for global unit ``g`` means slot ``g mod D`` (D data slots) has moved past every older
-        round: units g-D, g-2D, ... that are still open can never be answered (the switch drops their
-        GRADs and FLUSHes as stale). Give them up now instead of waiting through every deadline: the
-        worker that fell behind falls back for those chunks and catches up. The newest round of each
-        slot is remembered across reduces, so a worker that starts a reduce its peers left skips at once
-        to where they are (before, its own span held it on stale units until their FLUSHes gave up).
-        The newest rounds come from RESULTs and from the peers' relayed heartbeats (_peer_settled)."""
+        """A RESULT for global unit ``g`` shows that its sender sent every unit before g (first copies go
+        in order), so each unit up to g - D (D data slots) had a newer round in its slot: units still
+        open there can never be answered (the switch drops their GRADs and FLUSHes as stale). Give them
+        up now instead of waiting through every deadline: the worker that fell behind falls back for
+        those chunks and catches up. (A newer unit every copy of which was lost left its slot where it
+        was: this worker then falls back for a chunk it could have had, as from a relayed heartbeat.)
+        Before, only the unit in g's own slot was given up: a late worker that heard few RESULTs (RESULT
+        loss, owner-only reduces) waited out the FLUSH give-ups of the rest, and a worker stopped until its
+        peers were 3 reduces ahead, with 30% of RESULTs lost and a heartbeat a second, was locked out in 6
+        of 12 runs (1 of 12 since; docs/results.md). The newest unit is remembered across reduces, so a
+        worker that starts a reduce its peers left skips at once to where they are; it comes from RESULTs
+        and from the peers' relayed heartbeats (_peer_settled)."""
         d, base = self._slots, plan.base
-        hi = min(plan.units, int(self._slot_newest.max()) - base - d + 1)
+        hi = min(plan.units, int(self._newest_unit[0]) - base - d + 1)
         if hi <= plan.low:
             return
         v = np.arange(plan.low, hi)
-        v = v[plan.state[v] < DONE]
-        over = v[base + v < self._slot_newest[(base + v) % d]]
+        over = v[plan.state[v] < DONE]
         if over.size:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)
