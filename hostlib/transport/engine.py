@@ -1425,11 +1425,11 @@ class ReduceEngine:
             if not rows.size:
                 return
         k = self.config.elems_per_packet
-        payload = self.io.rx.data[rows, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")
+        payloads = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">f4")  # (a view)
         chunks = hdr["chunk"][rows]
         heal = (chunks >= HEAL_CHUNK_BASE) & (chunks < HEAL_REQUEST_BASE)
         if heal.any():  # a donor's state stream (hostlib/torch_ext/heal.py), never a parameter copy
-            values = payload[heal].astype(np.float32)
+            values = payloads[rows[heal]].astype(np.float32)
             for i, r in enumerate(rows[heal].tolist()):
                 key = (int(hdr["worker_id"][r]), int(hdr["step"][r]))
                 if key not in self.heal_inbox and len(self.heal_inbox) >= _HEAL_STREAMS_KEPT:
@@ -1437,13 +1437,16 @@ class ReduceEngine:
                 stream = self.heal_inbox.setdefault(key, {})
                 stream[int(hdr["chunk"][r]) - HEAL_CHUNK_BASE] = values[i, : int(hdr["nelem"][r])].copy()
             self.stats.params_received += int(heal.sum())
-            keep = ~heal
-            rows, payload = rows[keep], payload[keep]
+            rows = rows[~heal]
             if not rows.size:
                 return
-        self.param_inbox.add(
-            hdr["chunk"][rows], hdr["step"][rows], hdr["worker_id"][rows], hdr["nelem"][rows], payload
-        )
+        # Each run of consecutive receive rows goes in as views: the inbox's copy (the byte swap) is the
+        # only one (a gather of rows first would be a second pass over every parameter copy)
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        for run in np.split(rows, cuts) if cuts.size else (rows,):
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            h = hdr[lo:hi]
+            self.param_inbox.add(h["chunk"], h["step"], h["worker_id"], h["nelem"], payloads[lo:hi])
         self.stats.params_received += len(rows)
 
     def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:
