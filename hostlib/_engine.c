@@ -20,15 +20,15 @@
  *   Rows 0..n-1 of ``data`` (datagram i: data[i, :lens[i]]) are one received batch. ``params`` is the
  *   tuple (packet_bytes, version, job_id, probe_slot, data_slots, n_workers, worker_id, closer_id, k,
  *   renormalize (0 count, 1 weight, 2 none), base, units, exp_units, chunks_count, headroom_bits), ``low``
- *   the plan's first unit not settled. Each
- *   row is classified as the reference does; PARAM and PARAM_REQ rows of the job are listed in ``side``
- *   (for the Python engine, which handles them); RESULTs of the job (not the probe slot's) raise
- *   ``newest_unit[0]`` (the newest global unit answered) and are routed to the plan's units: in range and not DONE, first copy only, they are
- *   settled (state DONE, values dequantized and renormalized into ``out``, count, bitmap, weight,
- *   flags, shift; exponent units give their chunks' shifts, exp_known, nonfinite, own_exp,
- *   exp_bitmap); later units' bits go to ``later_reached``. RTT and FLUSH samples are computed as the
- *   reference's _time_answers computes them, at time ``now``. After a batch with RESULTs, units of the plan
- *   a pool or more below the newest unit are given up, overtaken (the reference's _drop_overtaken).
+ *   the plan's first unit not settled. Each row is classified as the reference does; PARAM and PARAM_REQ
+ *   rows of the job are listed in ``side`` (for the Python engine, which handles them); RESULTs of the job
+ *   (not the probe slot's) raise ``newest_unit[0]`` (the newest global unit answered) and are routed to
+ *   the plan's units: in range and not DONE, first copy only, they are settled (state DONE, values
+ *   dequantized and renormalized into ``out``, count, bitmap, weight, flags, shift; exponent units give
+ *   their chunks' shifts, exp_known, nonfinite, own_exp, exp_bitmap); later units' bits go to
+ *   ``later_reached``. RTT and FLUSH samples are computed as the reference's _time_answers computes them,
+ *   at time ``now``. After a batch with RESULTs, units of the plan a pool or more below the newest unit
+ *   are given up, overtaken (the reference's _drop_overtaken).
  *
  *   Returns (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits,
  *   any_all_bits, rtt_median_ms, rtt_min_ms, flush_median_ms, own_reached, withheld_seen, overtaken, lost,
