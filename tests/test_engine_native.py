@@ -735,3 +735,42 @@ def test_a_result_one_pool_ahead_gives_up_every_older_unit_whatever_its_slot(fak
         result, outcome = e._finish(plan, x.size, plan.chunks_count, None, None, fake_clock())
         assert outcome.passed and outcome.got_nothing == plan.chunks_count
         assert (result.count == 0).all()
+
+
+def test_a_peer_settled_mark_lets_a_withholding_worker_flush_at_once(fake_clock: Clock) -> None:
+    """Chaos seed 2, reduced: worker 2 reached a reduce after worker 0 had closed its exponent rounds
+    alone (worker 1 is dead), so it withholds every chunk of it and sends no GRAD. Its owner-only RESULTs
+    are few, so no RESULT bit proves that worker 0 sent those units, and the withheld units' flush
+    (Deadlines.flush_withheld) waited: the units were given up only as worker 0's RESULTs came a pool
+    past them, at worker 0's pace, and worker 2 never caught up. Worker 0's relayed heartbeat says it
+    settled every unit of the reduce: that is the proof. Its frontier is raised to its mark and the units
+    are FLUSHed at once (those worker 2 is designated for now, the others one FLUSH round trip later);
+    without the mark nothing is due before the lag deadline."""
+    k, n_workers = 8, 3
+    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=3)
+    e = _engine(cfg, 2, n_workers, False)
+    x = np.random.default_rng(4).standard_normal(k * 30).astype(np.float32)
+    plan, n_chunks = e._begin(x.copy(), step=1, weight=1, critical=None, owners=None, t0=fake_clock(),
+                              out=None, out_scale=1.0)  # fmt: skip
+    units = np.arange(plan.exp_units, plan.units)
+    plan.exp_known[:n_chunks] = True
+    plan.exp_bitmap[:n_chunks] = 0b001  # only worker 0's proposals were counted
+    plan.any_withheld = True
+    plan.state[: plan.exp_units] = DONE
+    plan.state[units] = IN_FLIGHT
+    plan.low, plan.next_unit = plan.exp_units, plan.units
+    plan.frontier[2] = plan.units - 1
+    later = fake_clock() + 10.0
+    plan.deadline_at[units] = later
+    now = fake_clock()
+    e._frontier_from_marks(plan)  # no mark heard yet: nothing moves
+    e.deadlines.flush_withheld(plan, now)
+    assert (plan.deadline_at[units] == later).all()
+    e.peers_settled[0] = plan.base + plan.units  # worker 0's mark: every unit of the reduce settled
+    e._frontier_from_marks(plan)
+    assert plan.frontier.tolist() == [plan.units - 1, -1, plan.units - 1]
+    e.deadlines.flush_withheld(plan, now)
+    designated = units % n_workers == 2
+    assert (plan.deadline_at[units[designated]] == now).all()
+    assert (plan.deadline_at[units[~designated]] < later).all()
+    assert (plan.deadline_at[units[~designated]] > now).all()

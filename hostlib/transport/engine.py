@@ -606,6 +606,7 @@ class ReduceEngine:
         dl = self.deadlines
         give_up_at = t0 + self.config.reduce_timeout_s
         self._drop_overtaken(plan)  # slots that RESULTs seen before this reduce showed moved on
+        self._frontier_from_marks(plan)
         self._recovery.clear()  # (rows a reduce left by an exception are no unit's of this one)
         wake = self._wake_for(plan)
         while True:
@@ -638,6 +639,7 @@ class ReduceEngine:
             if self._peer_news:  # a relayed heartbeat: a peer settled further (_drop_overtaken)
                 self._peer_news = False
                 self._drop_overtaken(plan)
+                self._frontier_from_marks(plan)
             now = time.perf_counter()
             results = len(plan.rx_batches) != result_batches
             self._after_receive(plan, wake, now, step, results, was_synced)
@@ -1618,6 +1620,19 @@ class ReduceEngine:
         copy lost did not move its slot: this worker then falls back for a chunk it could have had.)"""
         self._newest_unit[0] = max(int(self._newest_unit[0]), settled - 1)
         self._peer_news = True
+
+    def _frontier_from_marks(self, plan: ReducePlan) -> None:
+        """A peer's relayed settled mark says it is done with every unit below it (answered or given up),
+        as its bit in a RESULT says it sent the units up to there: its frontier in this reduce is raised
+        to the mark. The fast flush and the withheld units' flush (Deadlines) then FLUSH at once the units
+        every live peer is done with, and the switch answers with the stored RESULT (or the unit is
+        overtaken). Without it a worker that withholds a whole reduce (its exponent proposals reached
+        rounds a peer had closed without it) and hears few RESULTs (owner-only reduces, RESULT loss) had
+        no proof that its peers had sent anything: it waited until its units were overtaken, which comes
+        at the leader's pace, and never caught up (chaos seed 2, docs/results.md)."""
+        reach = np.minimum(self.peers_settled - 1 - plan.base, plan.units - 1)
+        reach[self.worker_id] = -1  # (this worker's own frontier is what it sent)
+        np.maximum(plan.frontier, reach, out=plan.frontier)
 
     def _drop_overtaken(self, plan: ReducePlan) -> None:
         """A RESULT for global unit ``g`` shows that its sender sent every unit before g (first copies go
