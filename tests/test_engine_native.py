@@ -766,7 +766,11 @@ def test_a_peer_settled_mark_lets_a_withholding_worker_flush_at_once(fake_clock:
     e._frontier_from_marks(plan)  # no mark heard yet: nothing moves
     e.deadlines.flush_withheld(plan, now)
     assert (plan.deadline_at[units] == later).all()
-    e.peers_settled[0] = plan.base + plan.units  # worker 0's mark: every unit of the reduce settled
+    # worker 0's mark, relayed by its heartbeat: every unit of the reduce settled
+    relay = protocol.make_packet(Op.PARAM, job_id=JOB, worker_id=0, chunk=protocol.ALIVE_CHUNK,
+                                 elems_per_packet=k, nelem=0, bitmap=plan.base + plan.units)  # fmt: skip
+    e._handle(e.io.fill([relay]), plan)
+    assert e._peer_news
     e._frontier_from_marks(plan)
     assert plan.frontier.tolist() == [plan.units - 1, -1, plan.units - 1]
     e.deadlines.flush_withheld(plan, now)
@@ -774,3 +778,12 @@ def test_a_peer_settled_mark_lets_a_withholding_worker_flush_at_once(fake_clock:
     assert (plan.deadline_at[units[designated]] == now).all()
     assert (plan.deadline_at[units[~designated]] < later).all()
     assert (plan.deadline_at[units[~designated]] > now).all()
+    # A mark below the newest one moves that peer's frontier too: it is news (before, only a higher
+    # newest mark was, and a late peer's mark waited for the leader's next one)
+    e._peer_news = False
+    relay = protocol.make_packet(Op.PARAM, job_id=JOB, worker_id=1, chunk=protocol.ALIVE_CHUNK,
+                                 elems_per_packet=k, nelem=0, bitmap=plan.base + 5)  # fmt: skip
+    e._handle(e.io.fill([relay]), plan)
+    assert e._peer_news
+    e._frontier_from_marks(plan)
+    assert plan.frontier.tolist() == [plan.units - 1, 4, plan.units - 1]

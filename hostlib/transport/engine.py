@@ -1417,10 +1417,10 @@ class ReduceEngine:
             # ... and how far it settled (its bitmap field: "The relayed heartbeat" in docs/protocol.md)
             peer = (senders < self.n_workers) & (senders != self.worker_id)
             if peer.any():
-                before = int(self.peers_settled.max())
+                before = self.peers_settled.copy()
                 reach = hdr["bitmap"][rows[alive]].astype(np.int64)
                 np.maximum.at(self.peers_settled, senders[peer], reach[peer])
-                if int(self.peers_settled.max()) > before:
+                if (self.peers_settled != before).any():  # any peer's mark: its frontier moves on
                     self._peer_settled(int(self.peers_settled.max()))
             self.stats.heartbeats_relayed += int(alive.sum())
             rows = rows[~alive]
