@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -200,6 +201,29 @@ def test_renormalization_is_unbiased_where_prev_and_zero_are_not(make_cluster):
     assert p_mean < -0.01 and abs(p_mean) > 4 * p_se, errors  # lags a drifting mean
 
 
+def _reduce_worker_0_first(cluster, inputs: list[np.ndarray]) -> list:
+    """Both workers reduce concurrently, worker 1 starting only once worker 0's exponent GRAD has opened
+    its round at the switch. Started the other way round on a loaded host (threads, the GIL), worker 1's
+    sync FLUSH (500 ms) could close the exponent round before worker 0's proposal arrived: worker 0 would
+    then withhold its whole contribution (protocol.md), which is right, but not what these tests check."""
+    started = cluster.switch.read_counters(cluster.job_id)["grad_start"]
+    results: list = [None, None]
+
+    def worker_0() -> None:
+        results[0] = cluster.workers[0].allreduce(inputs[0])
+
+    thread = threading.Thread(target=worker_0)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while cluster.switch.read_counters(cluster.job_id)["grad_start"] == started:
+        assert time.monotonic() < deadline, "worker 0's exponent GRAD never reached the switch"
+        time.sleep(0.001)
+    results[1] = cluster.workers[1].allreduce(inputs[1])
+    thread.join(timeout=120)
+    assert results[0] is not None, "worker 0 hung or raised (see its thread's traceback)"
+    return results
+
+
 def test_fallback_policies(make_cluster):
     # All RESULTs to worker 1 are lost: it must fall back, by its policy.
     for policy, expect in [("zero", "zero"), ("local", "local"), ("prev", "prev")]:
@@ -207,18 +231,17 @@ def test_fallback_policies(make_cluster):
             2,
             fallback=policy,
             job_id={"zero": 1, "local": 2, "prev": 3}[policy],
-            # Long enough that the lossless first round never flushes out a late thread's exponent (it
-            # would then withhold its whole contribution, and prev would not be the mean).
+            # Long enough that a lossless round never flushes out a late thread's data.
             sync_deadline_ms=500,
             max_flushes=1,
         )
         first = [np.full(100, 1.0, np.float32), np.full(100, 3.0, np.float32)]
-        cluster.reduce_all(first)  # lossless round: prev = 2.0 everywhere
+        _reduce_worker_0_first(cluster, first)  # lossless round: prev = 2.0 everywhere
         from hostlib.emulation.dropmodels import DropPolicy
 
         cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=1.0), worker=1)
         second = [np.full(100, 5.0, np.float32), np.full(100, 7.0, np.float32)]
-        r0, r1 = cluster.reduce_all(second)
+        r0, r1 = _reduce_worker_0_first(cluster, second)
         # Worker 1 never learns the agreed exponent either, so it contributes nothing (protocol.md).
         assert np.allclose(r0.values, 5.0) and np.all(r0.count == 1)
         want = {"zero": 0.0, "local": 7.0, "prev": 2.0}[expect]
