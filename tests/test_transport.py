@@ -208,19 +208,26 @@ def _reduce_worker_0_first(cluster, inputs: list[np.ndarray]) -> list:
     then withhold its whole contribution (protocol.md), which is right, but not what these tests check."""
     started = cluster.switch.read_counters(cluster.job_id)["grad_start"]
     results: list = [None, None]
+    errors: list[BaseException] = []
 
     def worker_0() -> None:
-        results[0] = cluster.workers[0].allreduce(inputs[0])
+        try:
+            results[0] = cluster.workers[0].allreduce(inputs[0])
+        except BaseException as exc:  # raised below, in the test's thread
+            errors.append(exc)
 
     thread = threading.Thread(target=worker_0)
     thread.start()
     deadline = time.monotonic() + 30
-    while cluster.switch.read_counters(cluster.job_id)["grad_start"] == started:
+    while cluster.switch.read_counters(cluster.job_id)["grad_start"] == started and not errors:
         assert time.monotonic() < deadline, "worker 0's exponent GRAD never reached the switch"
         time.sleep(0.001)
-    results[1] = cluster.workers[1].allreduce(inputs[1])
+    if not errors:
+        results[1] = cluster.workers[1].allreduce(inputs[1])
     thread.join(timeout=120)
-    assert results[0] is not None, "worker 0 hung or raised (see its thread's traceback)"
+    if errors:
+        raise errors[0]
+    assert not thread.is_alive(), "worker 0 hung past 120 s"
     return results
 
 
