@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -202,33 +201,22 @@ def test_renormalization_is_unbiased_where_prev_and_zero_are_not(make_cluster):
 
 
 def _reduce_worker_0_first(cluster, inputs: list[np.ndarray]) -> list:
-    """Both workers reduce concurrently, worker 1 starting only once worker 0's exponent GRAD has opened
-    its round at the switch. Started the other way round on a loaded host (threads, the GIL), worker 1's
-    sync FLUSH (500 ms) could close the exponent round before worker 0's proposal arrived: worker 0 would
-    then withhold its whole contribution (protocol.md), which is right, but not what these tests check."""
+    """Both workers reduce concurrently (run_workers), worker 1 starting only once worker 0's exponent GRAD
+    has opened its round at the switch. Started the other way round on a loaded host (threads, the GIL),
+    worker 1's sync FLUSH (500 ms) could close the exponent round before worker 0's proposal arrived:
+    worker 0 would then withhold its whole contribution (protocol.md), which is right, but not what these
+    tests check."""
     started = cluster.switch.read_counters(cluster.job_id)["grad_start"]
-    results: list = [None, None]
-    errors: list[BaseException] = []
 
-    def worker_0() -> None:
-        try:
-            results[0] = cluster.workers[0].allreduce(inputs[0])
-        except BaseException as exc:  # raised below, in the test's thread
-            errors.append(exc)
+    def reduce(worker: LtaWorker, i: int):
+        if i == 1:
+            deadline = time.monotonic() + 30
+            while cluster.switch.read_counters(cluster.job_id)["grad_start"] == started:
+                assert time.monotonic() < deadline, "worker 0's exponent GRAD never reached the switch"
+                time.sleep(0.001)
+        return worker.allreduce(inputs[i])
 
-    thread = threading.Thread(target=worker_0)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while cluster.switch.read_counters(cluster.job_id)["grad_start"] == started and not errors:
-        assert time.monotonic() < deadline, "worker 0's exponent GRAD never reached the switch"
-        time.sleep(0.001)
-    if not errors:
-        results[1] = cluster.workers[1].allreduce(inputs[1])
-    thread.join(timeout=120)
-    if errors:
-        raise errors[0]
-    assert not thread.is_alive(), "worker 0 hung past 120 s"
-    return results
+    return run_workers(cluster.workers, reduce)
 
 
 def test_fallback_policies(make_cluster):
