@@ -54,6 +54,8 @@ def test_elems_per_packet_fills_the_mtu_with_a_power_of_two():
 def test_link_limits_count_every_header():
     # 64 KiB = 16384 float32 = 8 chunks of 2048, one exponent unit sent twice: 10 frames of 8270 bytes
     assert lta_wire_bytes(16384, 2048, exp_copies=2) == 10 * 8270
+    # the link limit counts what a worker must send: the exponent unit once (its copy goes under loss)
+    assert lta_wire_bytes(16384, 2048) == 9 * 8270
     assert link_limit_ms(10 * 8270, 200.0) == pytest.approx(10 * 8270 * 8 / 200e6 * 1e3)
     # gloo, 2 ranks, 1 MiB: the whole tensor each way in 8948-byte segments (118 of them, 66 bytes of
     # headers each) plus 59 ACK frames of 66 bytes for the stream coming the other way
@@ -408,7 +410,7 @@ def test_short_lossy_point_reports_both_systems_and_lta_is_exact(tmp_path):
         n, p = seen[direction], 0.03
         half = Z * math.sqrt(n * p * (1 - p))
         assert n * p - half <= dropped[direction] <= n * p + half, (direction, dropped[direction], n)
-    assert point["lta"]["link_limit_ms"] == pytest.approx(10 * 8270 * 8 / 200e6 * 1e3)
+    assert point["lta"]["link_limit_ms"] == pytest.approx(9 * 8270 * 8 / 200e6 * 1e3)  # each unit once
     assert set(point["ratios"]) == {"gloo_over_lta_p50", "gloo_over_lta_p99", "gloo_over_lta_p99_9"}
 
     lta = point["lta"]
@@ -440,7 +442,8 @@ def test_one_gbit_point_is_limited_by_the_link():
     assert "gloo 20/20" in stderr and "lta 20/20" in stderr
     (point,) = json.loads(stdout)["points"]
     bucket_ms = link_limit_ms(config["tbf_burst_bytes"], 1000.0)  # 1 ms
-    for system, limit_ms in (("gloo", 8.482064), ("lta", 8.6008)):
+    # lta: 128 data frames and the exponent unit once (129 x 8270 bytes; its copy goes only under loss)
+    for system, limit_ms in (("gloo", 8.482064), ("lta", 8.53464)):
         stats = point[system]
         assert stats["link_limit_ms"] == pytest.approx(limit_ms)
         # The link really limits: tbf passes at most one bucket ahead of the rate, so no allreduce can

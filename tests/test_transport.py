@@ -402,6 +402,84 @@ def test_tail_units_wait_the_lag_deadline_for_a_peer_that_has_not_sent_them(make
         np.testing.assert_allclose(r.values, 1.5, rtol=1e-6)
 
 
+def test_a_quiet_network_gets_each_packet_once_and_a_loss_brings_the_copies_back(make_cluster):
+    """The extra copies of the exponent units (``exp_copies``) and of the last data units (``tail_units`` x
+    ``tail_copies``) go only while packets are lost: after ``quiet_units`` units settled with no sign of
+    loss, a reduce sends each packet once, and a reduce that loses one brings the copies back from the
+    next reduce on. Counted as each worker hands its packets to the kernel (the switch would see a
+    reduce's last copies only after the reduce ended), against the reduce's layout: 40 data units and one
+    exponent unit (K = 64). Timers are seconds long: a late thread on a loaded host is not a loss here."""
+    from hostlib.emulation.dropmodels import DropPolicy
+
+    chunks, k = 40, 64
+    once = chunks + 1  # 40 data units, 1 exponent unit
+    with_copies = once + 1 + 2  # the exponent unit's second copy, the last two data units' second copies
+    cluster = make_cluster(
+        2, elems_per_packet=k, quiet_units=3 * once, heartbeat_interval_s=0, exp_copies=2, tail_units=2,
+        tail_copies=2, **{f"{name}_deadline_ms": 5000 for name in ("sync", "lag")},
+    )  # fmt: skip
+    sent = [0, 0]
+    for w, worker in enumerate(cluster.workers):
+
+        def counted(rows: np.ndarray, *args: object, _w: int = w, _send=worker.io.send_rows) -> int:
+            sent[_w] += len(rows)
+            return _send(rows, *args)
+
+        worker.io.send_rows = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(7)
+    last: list[np.ndarray] = []  # each worker's previous result (the prev fallback of a lossy reduce)
+
+    def reduce_counted(quiet: bool = True) -> list[int]:
+        before = list(sent)
+        inputs = [rng.standard_normal(chunks * k).astype(np.float32) for _ in range(2)]
+        results = cluster.reduce_all(inputs)
+        if quiet:
+            check_mean_over_bitmap(results, inputs, k, full=2 * chunks, partial=0, fallback=0)
+        else:
+            check_mean_over_bitmap(
+                results, inputs, k, full=(0, None), partial=(1, None), fallback=(0, None), prev=last
+            )
+        last[:] = [r.values.copy() for r in results]
+        return [a - b for a, b in zip(sent, before, strict=True)]
+
+    # three quiet reduces (3 x 41 units) with the copies, then each packet once
+    assert [reduce_counted() for _ in range(3)] == [[with_copies] * 2] * 3
+    assert [reduce_counted() for _ in range(2)] == [[once] * 2] * 2
+    assert [w.stats.single_copy_reduces for w in cluster.workers] == [2, 2]
+    # a lossy reduce: its FLUSHes are extra packets, and it is a sign of loss for every worker (a FLUSH of
+    # its own, or a RESULT short of the peer whose GRAD was lost)
+    cluster.switch.set_drop_policy(cluster.job_id, "up", DropPolicy(p=0.3))
+    lossy = reduce_counted(quiet=False)
+    assert sum(lossy) > 2 * once, lossy  # each packet once, and the FLUSHes of its losses
+    cluster.switch.set_drop_policy(cluster.job_id, "up", None)
+    assert reduce_counted() == [with_copies] * 2
+
+
+def test_a_result_short_of_a_peer_is_a_sign_of_loss_without_a_flush_of_ones_own():
+    """A worker whose peer FLUSHed the round of a lost GRAD (the designated one) gets a RESULT short of a
+    worker and sends nothing itself: that is a loss too, and the copies stay. A chunk another worker owns
+    (no RESULT comes here) is not."""
+    from types import SimpleNamespace
+
+    from hostlib.transport.engine import ReduceEngine
+    from hostlib.transport.plan import DONE, ReducePlan
+
+    plan = ReducePlan(10 * 64, 64)
+    plan.state[:] = DONE
+    plan.count[:] = 2
+    engine = SimpleNamespace(n_workers=2)
+    assert ReduceEngine._quiet(engine, plan)
+    plan.elsewhere[4], plan.count[4] = True, 0
+    assert ReduceEngine._quiet(engine, plan)
+    plan.count[7] = 1
+    assert not ReduceEngine._quiet(engine, plan)
+    plan.count[7] = 2
+    for name in ("flushes", "probes", "retx"):
+        getattr(plan, name)[3] = 1
+        assert not ReduceEngine._quiet(engine, plan), name
+        getattr(plan, name)[3] = 0
+
+
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("loss", [0.0, 0.1])
 def test_owner_only_chunks_reach_their_owner_alone(make_cluster, n, loss):

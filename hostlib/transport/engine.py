@@ -125,6 +125,10 @@ class ReduceEngine:
         self._recovery: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, their slots)
         # The reduce's last data units sent more than once (none in exact mode: one draw per GRAD there)
         self._tail_units = 0 if cfg.exact else cfg.tail_units
+        # Units settled in a row with no sign of loss, and whether this reduce sends each packet once
+        # (TransportConfig.quiet_units; _learn decides it for the next reduce).
+        self._quiet_run = 0
+        self._single_copies = False
         self._next_unit = 0  # global unit counter shared (by construction) with every worker of the job
         self._rng = np.random.default_rng([cfg.seed, job_id, worker_id])
         self._plans: dict[int, ReducePlan] = {}
@@ -480,16 +484,40 @@ class ReduceEngine:
         if self.early is None:
             return
         rtprop = self.deadlines.rtprop_ms
-        wire = (plan.units + (self.config.exp_copies - 1) * plan.exp_units) * self._frame
+        wire = (plan.units + (self._exp_copies - 1) * plan.exp_units) * self._frame
         rtprop_s = None if rtprop is None else rtprop / 1000.0
         times = self.early.times(plan.n, wire, rtprop_s, self._bottleneck_bps())
         plan.lt_at, plan.hard_close_at = t0 + times.lt_s, t0 + times.deadline_s
 
     def _learn(self, plan: ReducePlan, elapsed: float) -> None:
-        """After a reduce: one delivery-rate sample, and (early close) its completion time."""
+        """After a reduce: one delivery-rate sample, (early close) its completion time, and whether the
+        next reduce sends its redundant copies (:meth:`_quiet`)."""
         self.rate_learner.sample(plan.rx_batches, self._frame)
         if self.early is not None:
             self.early.record(plan.n, elapsed, plan.full_units == plan.units)
+        if self._single_copies:
+            self.stats.single_copy_reduces += 1
+        cfg = self.config
+        if cfg.quiet_units and not cfg.exact:
+            self._quiet_run = self._quiet_run + plan.units if self._quiet(plan) else 0
+            self._single_copies = self._quiet_run >= cfg.quiet_units
+
+    def _quiet(self, plan: ReducePlan) -> bool:
+        """Whether ``plan``'s reduce showed no sign of loss: no unit FLUSHed, probed, resent or given up,
+        and every RESULT it received counted every worker (a short one means a peer's packet was lost, or
+        a peer is late or gone: the copies stay)."""
+        if plan.flushes.any() or plan.probes.any() or plan.retx.any() or (plan.state == GAVE_UP).any():
+            return False
+        received = ~plan.elsewhere
+        return not bool(np.any(plan.count[received] < self.n_workers))
+
+    @property
+    def _exp_copies(self) -> int:
+        return 1 if self._single_copies else self.config.exp_copies
+
+    @property
+    def _tail_copies(self) -> int:
+        return 1 if self._single_copies else self.config.tail_copies
 
     def _early_close(self, plan: ReducePlan, now: float, step: int) -> None:
         """LTP's Early Close: past LT with at least 1 - theta of the units full, or past LT + C, FLUSH
@@ -889,7 +917,7 @@ class ReduceEngine:
         queue_free_at = self._queue_free_at
         exp_units = units[units < plan.exp_units]
         if exp_units.size:
-            self._send_copies(plan.exp_rows[exp_units], plan.slots[exp_units], self.config.exp_copies)
+            self._send_copies(plan.exp_rows[exp_units], plan.slots[exp_units], self._exp_copies)
         c = units[units >= plan.exp_units] - plan.exp_units
         if c.size:
             c0, c1 = int(c[0]), int(c[-1]) + 1
@@ -931,7 +959,7 @@ class ReduceEngine:
         queue_free_at = self._queue_free_at
         if u0 < e:
             e1 = min(u1, e)
-            self._send_copies(plan.exp_rows[u0:e1], plan.slots[u0:e1], self.config.exp_copies)
+            self._send_copies(plan.exp_rows[u0:e1], plan.slots[u0:e1], self._exp_copies)
         if u1 > e:
             c0, c1 = d0 - e, u1 - e
             self._quantize_ahead(plan, c0, c1)
@@ -966,7 +994,7 @@ class ReduceEngine:
         tail = plan.chunks_count - self._tail_units
         if self._tail_units and c1 > tail:
             last = rows[max(c0, tail) : c1] if chunks is None else rows[chunks[chunks >= tail]]
-            for _ in range(self.config.tail_copies - 1):
+            for _ in range(self._tail_copies - 1):
                 self.send(last)
 
     def _send_copies(self, rows: np.ndarray, slots: np.ndarray, copies: int) -> None:

@@ -68,6 +68,8 @@ class TransportStats:
     # GRADs sent again at once for units found lost (Deadlines.fast_flush) while RESULT loss dominates
     # (Deadlines.probing_lost): the switch answers a closed round with its stored RESULT.
     lost_probes: int = 0
+    # Reduces sent with one copy of each packet: the network had been quiet (TransportConfig.quiet_units).
+    single_copy_reduces: int = 0
     # Time this worker had units left to send and room in its window, but a slot-reuse rule (reuse.py)
     # let none go: its own span (its oldest unsettled unit is S units back: a lost unit being recovered,
     # or a round waiting for a late peer, stalls the pipeline there) or, only where the span did not

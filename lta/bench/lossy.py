@@ -129,7 +129,7 @@ def summarize_system(system: str, cfg: LossyConfig, ranks: list[dict[str, Any]])
     if system == "gloo":
         wire = gloo_wire_bytes(4 * cfg.n_values, cfg.workers, cfg.mtu)
     else:
-        wire = lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2)
+        wire = lta_wire_bytes(cfg.n_values, cfg.k)
     out = (
         summarize_times(times, link_limit_ms(wire, cfg.rate_mbit)) | skewed | {"wire_bytes_per_worker": wire}
     )

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                             window=args.window,
                             min_deadline_ms=args.min_deadline_ms)  # fmt: skip
     ranks = run_traced(cfg, args.loss)
-    limit = harness.link_limit_ms(harness.lta_wire_bytes(cfg.n_values, cfg.k, exp_copies=2), cfg.rate_mbit)
+    limit = harness.link_limit_ms(harness.lta_wire_bytes(cfg.n_values, cfg.k), cfg.rate_mbit)
     report = analyse(ranks, limit)
     report["switch_cpu_ms_per_reduce"] = ranks[0].get("switch_cpu_ms_per_reduce")
     report["worker_cpu_ms_per_reduce"] = [float(np.mean([t["cpu_ms"] for t in r["trace"]])) for r in ranks]

@@ -105,7 +105,7 @@ def summarize(cfg: LtpConfig, runs: list[list[dict[str, Any]]]) -> dict[str, Any
     """One variant over its rounds (each a list of the ranks' results): times of the slowest rank per
     allreduce, pooled, and the LTP counters of the timed allreduces, summed."""
     links = cfg.links
-    wire = harness.lta_wire_bytes(links.n_values, links.k, exp_copies=2)
+    wire = harness.lta_wire_bytes(links.n_values, links.k)
     times = [t for ranks in runs for t in slowest_rank([r["times_s"] for r in ranks])]
     out: dict[str, Any] = dict(harness.summarize_times(times, harness.link_limit_ms(wire, links.rate_mbit)))
     every = [r for ranks in runs for r in ranks]

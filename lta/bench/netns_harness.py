@@ -12,7 +12,8 @@ worker namespace (:class:`WorkerGroup`, :func:`run_lta_workers`).
 **Link limit** = the bytes one worker must put on its link in one direction ÷ the link rate, with
 every header tbf counts (Ethernet 14 + IPv4 20, no preamble or FCS):
 
-- lta: every GRAD (data units, and ``exp_copies`` copies of each exponent unit) is one frame of
+- lta: every GRAD (data units and exponent units, each once: the least a worker sends, as it does on a
+  quiet network, ``TransportConfig.quiet_units``; under loss its copies are extra) is one frame of
   14 + 20 + 8 (UDP) + 36 (LTA header) + 4K bytes; RESULTs use the down direction, which is as long;
 - gloo: the ring allreduce sends ``2(N-1)/N`` times the tensor over TCP (reduce-scatter, then
   allgather); segments carry MTU - 52 bytes (IPv4 20 + TCP 20 + timestamps 12) in MTU + 14 byte
@@ -181,8 +182,9 @@ def lta_frame_bytes(k: int) -> int:
     return ETH_BYTES + IPV4_BYTES + UDP_BYTES + HEADER_BYTES + 4 * k
 
 
-def lta_wire_bytes(n_values: int, k: int, exp_copies: int) -> int:
-    """Bytes one worker sends up per allreduce: every data GRAD and every copy of the exponent GRADs."""
+def lta_wire_bytes(n_values: int, k: int, exp_copies: int = 1) -> int:
+    """Bytes one worker sends up per allreduce: every data GRAD and ``exp_copies`` of each exponent GRAD
+    (the default, one: the link limit counts what a worker must send)."""
     chunks = max(1, math.ceil(n_values / k))
     exp_units = math.ceil(chunks / k)
     return (chunks + exp_copies * exp_units) * lta_frame_bytes(k)
