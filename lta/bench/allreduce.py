@@ -276,6 +276,9 @@ def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progre
     modes = available_modes()
     raws: dict[str, dict | None] = {}
     # raw: the path --io forces, else one datagram per message; raw_gso: always GSO/GRO trains.
+    # As many datagrams a reduce as an lta worker sends in its steady state here, where nothing is lost:
+    # each exponent unit once, as it sends them once the network has been quiet (TransportConfig.quiet_units).
+    exp_copies = 1 if transport.quiet_units else transport.exp_copies
     for name, io_mode in (("raw", opts.io or "mmsg-c"), ("raw_gso", "gso-c")):
         if io_mode not in modes:  # no C extension: raw is the best path there is; no GSO: no raw_gso
             io_mode = modes[0] if name == "raw" else ""
@@ -283,7 +286,7 @@ def bench_pair(opts: BenchOptions, n: int, mib: float, phase: Phase = _no_progre
             raws[name] = None
             continue
         raw_spec = RawSpec(
-            n_datagrams=lta_datagrams_per_reduce(n_values, k, transport.exp_copies),
+            n_datagrams=lta_datagrams_per_reduce(n_values, k, exp_copies),
             packet_bytes=packet_bytes(k),
             iters=opts.iters,
             warmup=opts.warmup,
