@@ -69,10 +69,10 @@ class TransportConfig:
     tail_copies: int = 2
     # Those extra copies (exp_copies, tail_copies) only pay where packets are lost; on a quiet network each
     # is a frame of the bottleneck's time (3 frames of the 129 of a 1 MiB reduce at 1 Gbit/s, MTU 9000). After
-    # this many units in a row settled without a sign of loss (a FLUSH, a probe, a resend, a unit given up
-    # or a RESULT short of a worker), a reduce sends each packet once; the first sign brings the copies
-    # back from the next reduce on. 0: always send the copies. (FLUSHes keep flush_copies: they are sent
-    # only on a loss.) Off in exact mode, which keeps its packets as configured.
+    # this many units in a row settled without a sign of loss (a unit found lost, a FLUSH, a probe, a
+    # resend, a unit given up or a RESULT short of a worker), a reduce sends each packet once; the first
+    # sign brings the copies back from the next reduce on. 0: always send the copies. (FLUSHes keep
+    # flush_copies: they are sent only on a loss.) Off in exact mode, which keeps its packets as configured.
     quiet_units: int = 1024
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)

@@ -503,10 +503,13 @@ class ReduceEngine:
             self._single_copies = self._quiet_run >= cfg.quiet_units
 
     def _quiet(self, plan: ReducePlan) -> bool:
-        """Whether ``plan``'s reduce showed no sign of loss: no unit FLUSHed, probed, resent or given up,
-        and every RESULT it received counted every worker (a short one means a peer's packet was lost, or
-        a peer is late or gone: the copies stay)."""
-        if plan.flushes.any() or plan.probes.any() or plan.retx.any() or (plan.state == GAVE_UP).any():
+        """Whether ``plan``'s reduce showed no sign of loss: no unit found lost (``proven_lost``: recovered
+        by a FLUSH or a probe for its stored RESULT), FLUSHed, probed, resent or given up, and every RESULT
+        it received counted every worker (a short one means a peer's packet was lost, or a peer is late or
+        gone; with a quorum below the job's size every RESULT is short: the copies stay)."""
+        if plan.proven_lost.any() or plan.flushes.any() or plan.probes.any() or plan.retx.any():
+            return False
+        if (plan.state == GAVE_UP).any():
             return False
         received = ~plan.elsewhere
         return not bool(np.any(plan.count[received] < self.n_workers))
