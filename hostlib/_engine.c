@@ -71,11 +71,13 @@
 #define OP_PARAM_REQ 5
 #define FLAG_RETX 0x01
 #define FLAG_MAX 0x08
+#define FLAG_SATURATED 0x02
 #define ST_IN_FLIGHT 1
 #define ST_DONE 2
 #define ST_GAVE_UP 3
 #define NONFINITE_EXPONENT (1LL << 24)
 #define SHIFT_LIMIT 127
+#define ROUNDS_PER_UNIT 2 /* a unit's rounds in its slot: its first and its redo (hostlib.protocol) */
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 static const int host_big_endian = 1;
@@ -269,6 +271,10 @@ enum {
     A_SIDE,
     A_RTT,
     A_FLUSH,
+    A_SPEC,
+    A_AGREED_EXP,
+    A_AGREED_BITS,
+    A_REDO,
     N_ARRAYS
 };
 
@@ -280,13 +286,13 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     double now;
     PyObject *deliver_obj = Py_None, *user_out_obj = NULL, *quantized_obj = NULL, *delivered_obj = NULL;
     double user_scale = 1.0;
-    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOO|O:settle", &data_obj, &lens_obj, &n,
+    if (!PyArg_ParseTuple(args, "OOn(nnnnnnnnnnLnnnn)ndOOOOOOOOOOOOOOOOOOOOOOOOOOOO|O:settle", &data_obj, &lens_obj, &n,
                           &packet_bytes, &version, &job_id, &probe_slot, &slots, &n_workers, &worker_id,
                           &closer_id, &k, &renorm, &base, &units, &exp_units, &chunks_count, &headroom, &low, &now,
                           &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
                           &objs[8], &objs[9], &objs[10], &objs[11], &objs[12], &objs[13], &objs[14], &objs[15],
                           &objs[16], &objs[17], &objs[18], &objs[19], &objs[20], &objs[21], &objs[22], &objs[23],
-                          &deliver_obj))
+                          &objs[24], &objs[25], &objs[26], &objs[27], &deliver_obj))
         return NULL;
     if (deliver_obj != Py_None && !PyArg_ParseTuple(deliver_obj, "OdOO:settle deliver", &user_out_obj, &user_scale,
                                                     &quantized_obj, &delivered_obj))
@@ -322,6 +328,8 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         {1, c_count, 1, "nonfinite"},  {1, c_count, 1, "own_exp"},    {8, c_count, 1, "exp_bitmap"},
         {8, n_workers, 1, "frontier"}, {8, n_workers, 1, "later_reached"}, {8, n, 1, "settled"},
         {8, n, 1, "side"},             {8, n, 1, "rtt"},              {8, n, 1, "flush"},
+        {1, c_count, 0, "spec"},       {4, c_count, 1, "agreed_exp"}, {8, c_count, 1, "agreed_bits"},
+        {8, n, 1, "redo"},
     };
     if (get_vec(lens_obj, &lens, 8, n, 0, "lens") < 0)
         goto done;
@@ -393,9 +401,13 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
     int64_t *side = (int64_t *)a[A_SIDE].view.buf;
     double *rtt = (double *)a[A_RTT].view.buf;
     double *flush = (double *)a[A_FLUSH].view.buf;
+    const uint8_t *spec_c = (const uint8_t *)a[A_SPEC].view.buf;
+    int32_t *agreed_exp = (int32_t *)a[A_AGREED_EXP].view.buf;
+    uint64_t *agreed_bits = (uint64_t *)a[A_AGREED_BITS].view.buf;
+    int64_t *redo = (int64_t *)a[A_REDO].view.buf;
 
     const uint64_t all_bits = n_workers == 64 ? ~0ULL : ((1ULL << n_workers) - 1);
-    Py_ssize_t n_settled = 0, n_results = 0, n_side = 0, n_rtt = 0, n_flush = 0;
+    Py_ssize_t n_settled = 0, n_results = 0, n_side = 0, n_rtt = 0, n_flush = 0, n_redo = 0;
     long long retx_count = 0, full = 0, critical_short = 0, lost = 0, lost_retx = 0;
     int any_later = 0, any_all_bits = 0, withheld_seen = 0;
     uint64_t seen_bits = 0;
@@ -420,7 +432,10 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         const int64_t slot = be16(h + OFF_SLOT);
         if (op != OP_RESULT || slot == probe_slot)
             continue;
-        const int64_t global = ((int64_t)be32(h + OFF_SEQ) - 1) * slots + slot;
+        const int64_t round = (int64_t)be32(h + OFF_SEQ) - 1; /* (hostlib.protocol.seq_unit) */
+        const int64_t pair = round < 0 ? -1 : round / ROUNDS_PER_UNIT; /* (seq 0: below every unit) */
+        const int64_t global = pair * slots + slot;
+        const int phase = (int)(round - pair * ROUNDS_PER_UNIT);
         if (slot < slots && newest_unit[0] < global)
             newest_unit[0] = global;
         n_results++;
@@ -435,6 +450,10 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         }
         if (u < 0 || state[u] == ST_DONE)
             continue; /* (a later copy of a unit settled in this batch too: the first copy wins) */
+        if (phase == 0 && u >= exp_units && (h[OFF_FLAGS] & FLAG_SATURATED) && h[OFF_COUNT] > 0) {
+            redo[n_redo++] = i; /* a first round some contributor clamped: redone in the unit's second round */
+            continue;
+        }
         const int prior = state[u];
         state[u] = ST_DONE;
         settled[n_settled] = u;
@@ -492,16 +511,20 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             if (is_exp) {
                 if (cnt <= 0)
                     continue;
-                withheld_seen |= bits != all_bits;
                 for (Py_ssize_t e = 0; e < k; e++) {
                     const int64_t c = u * k + e;
                     if (c >= c_count)
                         break;
                     const int64_t agreed = (int32_t)be32(payload + 4 * e);
-                    int64_t s = (30 - headroom) - agreed;
-                    shift[c] = (int32_t)(s < -SHIFT_LIMIT ? -SHIFT_LIMIT : (s > SHIFT_LIMIT ? SHIFT_LIMIT : s));
+                    agreed_exp[c] = (int32_t)agreed;
+                    agreed_bits[c] = bits;
                     exp_known[c] = 1;
                     nonfinite[c] = agreed >= NONFINITE_EXPONENT;
+                    if (spec_c[c]) /* sent at a speculated exponent: its shift and its withholding stay */
+                        continue;
+                    withheld_seen |= bits != all_bits;
+                    int64_t s = (30 - headroom) - agreed;
+                    shift[c] = (int32_t)(s < -SHIFT_LIMIT ? -SHIFT_LIMIT : (s > SHIFT_LIMIT ? SHIFT_LIMIT : s));
                     own_exp[c] = (bits >> worker_id) & 1;
                     exp_bitmap[c] = bits;
                 }
@@ -555,10 +578,10 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
 
     double rtt_median = n_rtt ? upper_median(rtt, n_rtt) : NAN;
     double flush_median = n_flush ? upper_median(flush, n_flush) : NAN;
-    result = Py_BuildValue("nnniLLLnKidddLinLL", n_settled, n_results, n_side, any_later, retx_count, full,
-                           critical_short, n - n_side - n_settled, (unsigned long long)seen_bits, any_all_bits,
-                           rtt_median, rtt_min, flush_median, (long long)reached[worker_id], withheld_seen,
-                           overtaken, lost, lost_retx);
+    result = Py_BuildValue("nnniLLLnKidddLinLLn", n_settled, n_results, n_side, any_later, retx_count, full,
+                           critical_short, n - n_side - n_settled - n_redo, (unsigned long long)seen_bits,
+                           any_all_bits, rtt_median, rtt_min, flush_median, (long long)reached[worker_id],
+                           withheld_seen, overtaken, lost, lost_retx, n_redo);
 done:
     PyBuffer_Release(&data_view);
     if (lens.held)
@@ -690,7 +713,7 @@ done:
  * None): the reduce's input where the caller holds it, whole chunks only; chunk j below their number is
  * read from it instead of chunks[j] (ReduceEngine._begin did not stage it). ``stamp`` (or None): (g0, D, step),
  * the global unit of chunk 0, the pool and the step; each quantized row then also gets its slot (g mod D),
- * seq (g div D + 1) and step, g = g0 + j, written here where the row is being written anyway, instead of
+ * first round (2 (g div D) + 1: hostlib.protocol.unit_seq) and step, g = g0 + j, written here where the row is being written anyway, instead of
  * by ReducePlan.reset's strided pass over every row (``stamp_data=False``). */
 /* What quantize_core reads and writes: the plan's arrays (C chunks of K values) and the call's constants. */
 typedef struct {
@@ -700,7 +723,7 @@ typedef struct {
     Py_ssize_t stride;
     const char *direct; /* the caller's first ``split`` whole chunks, or NULL */
     Py_ssize_t split;
-    const uint8_t *exp_known, *own_exp, *critical;
+    const uint8_t *exp_known, *own_exp, *critical, *spec_sat;
     uint8_t *quantized, *has_exp, *saturated;
     const int64_t *owner;
     const int32_t *shift;
@@ -762,12 +785,12 @@ static Py_ssize_t quantize_core(const qa_t *q, Py_ssize_t c0, Py_ssize_t c1) {
             if (q->stamp) {
                 const long long g = q->g0 + j;
                 put_be16((uint8_t *)h + OFF_SLOT, (uint16_t)(g % q->pool));
-                put_be32((uint8_t *)h + OFF_SEQ, (uint32_t)(g / q->pool + 1));
+                put_be32((uint8_t *)h + OFF_SEQ, (uint32_t)((g / q->pool) * ROUNDS_PER_UNIT + 1));
                 put_be32((uint8_t *)h + OFF_STEP, (uint32_t)q->step);
             }
             h[OFF_EXP] = (char)(int8_t)shifts[i];
             h[OFF_FLAGS] = (char)((q->critical[j] ? q->f_critical : 0) |
-                                  (q->saturated[i] && q->own_exp[j] ? q->f_saturated : 0) |
+                                  ((q->saturated[i] && q->own_exp[j]) || q->spec_sat[j] ? q->f_saturated : 0) |
                                   (q->owner[j] >= 0 ? q->f_owner : 0));
             q->has_exp[j] = q->own_exp[j];
             q->quantized[j] = 1;
@@ -787,7 +810,7 @@ static Py_ssize_t quantize_core(const qa_t *q, Py_ssize_t c0, Py_ssize_t c1) {
 typedef struct {
     Py_buffer cv, rv, dv;
     int have_cv, have_rv, have_dv;
-    buf_t b[9];
+    buf_t b[10];
 } qa_bufs_t;
 
 static void qa_release(qa_bufs_t *u) {
@@ -798,7 +821,7 @@ static void qa_release(qa_bufs_t *u) {
     if (u->have_dv)
         PyBuffer_Release(&u->dv);
     u->have_cv = u->have_rv = u->have_dv = 0;
-    release_vecs(u->b, 9);
+    release_vecs(u->b, 10);
     memset(u->b, 0, sizeof(u->b));
 }
 
@@ -831,10 +854,11 @@ static int qa_take(qa_bufs_t *u, qa_t *q, PyObject *chunks_obj, PyObject *rows_o
             return -1;
         }
     }
-    static const vec_spec_t spec[9] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
-                                       {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
-                                       {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"}};
-    if (get_vecs(objs, u->b, spec, 9, c) < 0)
+    static const vec_spec_t spec[10] = {{1, 0, "exp_known"}, {1, 1, "quantized"}, {1, 0, "own_exp"},
+                                        {1, 0, "critical"},  {8, 0, "owner"},     {4, 0, "shift"},
+                                        {1, 1, "has_exp"},   {8, 1, "todo"},      {1, 1, "saturated"},
+                                        {1, 0, "spec_sat"}};
+    if (get_vecs(objs, u->b, spec, 10, c) < 0)
         return -1;
     q->chunks = (const char *)u->cv.buf;
     q->c = c;
@@ -852,6 +876,7 @@ static int qa_take(qa_bufs_t *u, qa_t *q, PyObject *chunks_obj, PyObject *rows_o
     q->has_exp = (uint8_t *)u->b[6].view.buf;
     q->todo = (int64_t *)u->b[7].view.buf;
     q->saturated = (uint8_t *)u->b[8].view.buf;
+    q->spec_sat = (const uint8_t *)u->b[9].view.buf;
     return 0;
 }
 
@@ -868,12 +893,13 @@ static int qa_stamp(qa_t *q, PyObject *stamp_obj) {
 }
 
 static PyObject *engine_quantize_ahead(PyObject *self, PyObject *args) {
-    PyObject *chunks_obj, *rows_obj, *objs[9], *direct_obj = Py_None, *stamp_obj = Py_None;
+    PyObject *chunks_obj, *rows_obj, *objs[10], *direct_obj = Py_None, *stamp_obj = Py_None;
     Py_ssize_t c0, c1;
     qa_t q;
     memset(&q, 0, sizeof(q));
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOnnnL(iii)O|OO:quantize_ahead", &chunks_obj, &rows_obj, &objs[0], &objs[1],
-                          &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &c0, &c1, &q.block,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOnnnL(iii)O|OO:quantize_ahead", &chunks_obj, &rows_obj, &objs[0],
+                          &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &objs[9],
+                          &c0, &c1, &q.block,
                           &q.limit, &q.f_critical, &q.f_saturated, &q.f_owner, &q.bitgen, &direct_obj, &stamp_obj))
         return NULL;
     if (qa_stamp(&q, stamp_obj) < 0)
@@ -1052,42 +1078,44 @@ done:
 }
 
 /* run's work: the end of the units of [u0, hi) that may go, and whether every one of them is pending. */
-static Py_ssize_t run_core(const int8_t *state, Py_ssize_t exp_units, Py_ssize_t k, Py_ssize_t u0, Py_ssize_t hi,
-                           int *pending) {
+static Py_ssize_t run_core(const int8_t *state, const uint8_t *exp_known, Py_ssize_t exp_units, Py_ssize_t k,
+                           Py_ssize_t u0, Py_ssize_t hi, int *pending) {
     Py_ssize_t u1 = u0;
     *pending = 1;
     for (; u1 < hi; u1++) {
-        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE)
+        if (u1 >= exp_units && state[(u1 - exp_units) / k] < ST_DONE && !exp_known[u1 - exp_units])
             break;
         *pending &= state[u1] == 0;
     }
     return u1;
 }
 
-/* run(state, exp_units, k, u0, hi) -> (u1, pending): the units u0..u1-1 of [u0, hi) that may go before the
- * first data unit whose exponent unit is not settled (ReduceEngine._send_units' "blocked" rule), and
- * whether every one of them is still pending. */
+/* run(state, exp_known, exp_units, k, u0, hi) -> (u1, pending): the units u0..u1-1 of [u0, hi) that may go before
+ * the first data unit whose exponent unit is not settled and whose exponent is not known (a speculated one is:
+ * ReduceEngine._send_units' "blocked" rule), and whether every one of them is still pending. */
 static PyObject *engine_run(PyObject *self, PyObject *args) {
-    PyObject *state_obj;
+    PyObject *state_obj, *known_obj;
     Py_ssize_t exp_units, k, u0, hi;
-    if (!PyArg_ParseTuple(args, "Onnnn:run", &state_obj, &exp_units, &k, &u0, &hi))
+    if (!PyArg_ParseTuple(args, "OOnnnn:run", &state_obj, &known_obj, &exp_units, &k, &u0, &hi))
         return NULL;
-    buf_t st = {0};
-    if (get_vec(state_obj, &st, 1, 0, 0, "state") < 0) {
-        if (st.held)
-            PyBuffer_Release(&st.view);
-        return NULL;
-    }
-    const int8_t *state = (const int8_t *)st.view.buf;
-    if (u0 < 0 || hi > st.view.shape[0] || k < 1 || exp_units < 0) {
-        PyBuffer_Release(&st.view);
+    buf_t b[2] = {{{0}}};
+    PyObject *result = NULL;
+    if (get_vec(state_obj, &b[0], 1, 0, 0, "state") < 0)
+        goto done;
+    const Py_ssize_t units = b[0].view.shape[0];
+    if (u0 < 0 || hi > units || k < 1 || exp_units < 0 || exp_units > units) {
         PyErr_SetString(PyExc_ValueError, "run: u0 and hi must lie in the plan");
-        return NULL;
+        goto done;
     }
+    if (get_vec(known_obj, &b[1], 1, units - exp_units, 0, "exp_known") < 0)
+        goto done;
     int pending;
-    const Py_ssize_t u1 = run_core(state, exp_units, k, u0, hi, &pending);
-    PyBuffer_Release(&st.view);
-    return Py_BuildValue("ni", u1, pending);
+    const Py_ssize_t u1 = run_core((const int8_t *)b[0].view.buf, (const uint8_t *)b[1].view.buf, exp_units, k, u0,
+                                   hi, &pending);
+    result = Py_BuildValue("ni", u1, pending);
+done:
+    release_vecs(b, 2);
+    return result;
 }
 
 /* gather_rows(src, units, n, offset, copies, slots, out, out_slots): rows src[units[i] - offset] for i < n, each
@@ -1357,7 +1385,7 @@ static PyObject *wake_send(WakeObject *w, PyObject *args) {
         return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, held, 1);
     /* run: the units that may go before the first data unit whose exponent is not settled */
     int all_pending;
-    const Py_ssize_t u1 = run_core(state, e, k, u0, hi, &all_pending);
+    const Py_ssize_t u1 = run_core(state, w->q.exp_known, e, k, u0, hi, &all_pending);
     if (u1 <= u0)
         return Py_BuildValue("innnii", WAKE_IDLE, low, in_flight, u0, HELD_NONE, 1);
     if (u0 < e)
@@ -1439,16 +1467,17 @@ static PyTypeObject WakeType = {
 };
 
 static PyObject *engine_wake(PyObject *self, PyObject *args) {
-    PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[9], *bitgen, *direct_obj, *stamp_obj, *aobjs[10];
+    PyObject *vobjs[7], *chunks_obj, *rows_obj, *qobjs[10], *bitgen, *direct_obj, *stamp_obj, *aobjs[10];
     Py_ssize_t exp_units, span, group_size, group_pos, worker;
     long long data_slots, base;
     qa_t q;
     memset(&q, 0, sizeof(q));
     /* the quantize_ahead arrays come in its order: exp_known, quantized, own_exp, critical, owner, shift, has_exp,
-     * todo, saturated */
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO(OOOOOOOOOO)(nnn):wake", &vobjs[0], &vobjs[1],
+     * todo, saturated, spec_sat */
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOO(nnLLnL(iii))OOO(OOOOOOOOOO)(nnn):wake", &vobjs[0], &vobjs[1],
                           &vobjs[2], &vobjs[3], &vobjs[4], &vobjs[5], &vobjs[6], &chunks_obj, &rows_obj, &qobjs[0],
                           &qobjs[1], &qobjs[2], &qobjs[3], &qobjs[4], &qobjs[5], &qobjs[6], &qobjs[7], &qobjs[8],
+                          &qobjs[9],
                           &exp_units, &span, &data_slots, &base, &q.block, &q.limit, &q.f_critical, &q.f_saturated,
                           &q.f_owner, &bitgen, &direct_obj, &stamp_obj, &aobjs[0], &aobjs[1], &aobjs[2], &aobjs[3],
                           &aobjs[4], &aobjs[5], &aobjs[6], &aobjs[7], &aobjs[8], &aobjs[9], &group_size, &group_pos,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,26 @@ def default_pool_size(elems_per_packet: int) -> int:
 
 
 INT32_MIN = -(2**31)
+# Slots and rounds (docs/protocol.md, "Slots and rounds"): unit g of a job uses slot g mod D and, in that
+# slot, two rounds: its first, 2 (g div D) + 1, and a redo, 2 (g div D) + 2, which only a data unit whose
+# first round came back SATURATED uses (docs/protocol.md, "Speculated exponents"). The switch only orders
+# a slot's rounds, so the hosts may number them so.
+ROUNDS_PER_UNIT = 2
+
+
+def unit_seq(g: Any, data_slots: int, redo: bool = False) -> Any:
+    """The round (``seq``) of unit ``g`` (an int or an int64 array) with ``data_slots`` = D: its first round,
+    or its redo."""
+    return (g // data_slots) * ROUNDS_PER_UNIT + (2 if redo else 1)
+
+
+def seq_unit(seq: Any, slot: Any, data_slots: int) -> tuple[Any, Any]:
+    """The unit a packet of round ``seq`` in ``slot`` belongs to, and its phase (0 the first round, 1 the
+    redo): :func:`unit_seq`'s inverse. ``seq`` and ``slot`` are ints or int64 arrays."""
+    q = seq - 1
+    return (q // ROUNDS_PER_UNIT) * data_slots + slot, q % ROUNDS_PER_UNIT
+
+
 # The health probe (a host convention on the existing contract, no new op): a worker FLUSHes round
 # PROBE_SEQ of its job's last slot (P-1, which no unit uses). The first probe closes that round empty
 # and every worker gets the RESULT; every later one is answered by a unicast resend. An answer proves

@@ -70,6 +70,7 @@ def check_mean_over_bitmap(
     workers: list[int] | None = None,
     prev: list[np.ndarray | None] | None = None,
     only: list[np.ndarray] | None = None,
+    slack_bits: int = 0,
 ) -> int:
     """Checks every chunk of every result and returns how many came from a RESULT (full + partial).
 
@@ -83,11 +84,14 @@ def check_mean_over_bitmap(
       absent or None: the first reduce of that tensor).
     - ``only[i]`` (a bool mask over chunks), where given, limits the check to the chunks worker i
       waits for (a reduce-scatter's owners); the others are unspecified.
+    - ``slack_bits``: the bound is 2^slack_bits times coarser (speculated exponents: a chunk's first round
+      is final only when no contributor's values lay more than TransportConfig.speculate_guard_bits below
+      the speculated exponent, docs/protocol.md, "Speculated exponents").
     - The totals over all results of full, partial and fallback chunks are as ``full``, ``partial``,
       ``fallback`` expect (an exact number or (at least, at most)): a test names what it expects of
       every chunk, so a partial RESULT thrown away for the fallback cannot pass as "some chunk checked".
     """
-    tally = _tally(results, inputs, k, n_workers, workers, prev, only)
+    tally = _tally(results, inputs, k, n_workers, workers, prev, only, slack_bits)
     for what, expected in (("full", full), ("partial", partial), ("fallback", fallback)):
         _within(what, tally[what], expected)
     return tally["full"] + tally["partial"]
@@ -128,13 +132,14 @@ def _tally(
     workers: list[int] | None,
     prev: list[np.ndarray | None] | None,
     only: list[np.ndarray] | None,
+    slack_bits: int = 0,
 ) -> dict[str, int]:
     """The checks of :func:`check_mean_over_bitmap`, chunk by chunk; returns the numbers of full,
     partial and fallback chunks."""
     n = len(inputs) if n_workers is None else n_workers
     who_is = list(range(len(results))) if workers is None else workers
     stacked = np.stack(inputs).astype(np.float64)
-    bound = codec_bound(inputs, k, n)
+    bound = codec_bound(inputs, k, n) * 2.0**slack_bits
     tally = {"full": 0, "partial": 0, "fallback": 0}
     for i, r in enumerate(results):
         assert len(r.values) == stacked.shape[1] and len(r.fallback) == len(bound)

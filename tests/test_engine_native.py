@@ -30,6 +30,7 @@ from hostlib.transport.native import engine_path, native_ext
 from hostlib.transport.plan import DONE, GAVE_UP, IN_FLIGHT
 from hostlib.transport.reuse import _NO_LIMIT, SlotReuse
 from softswitch.pipeline import JobConfig, SoftSwitch
+from tests.conftest import codec_bound
 
 pytestmark = pytest.mark.skipif(native_ext is None, reason="hostlib._engine is not built (pip install -e .)")
 
@@ -166,13 +167,23 @@ def _play(
     up_loss: float | None = None,
     offset: int = 0,
     wake: bool = False,
+    speculate: str = "",
+    stats_out: list | None = None,
 ) -> tuple[object, list[np.ndarray], int]:
     """``loss`` drops GRADs and worker 0's RESULTs, ``up_loss`` (when given) GRADs alone. Worker 0's
     input (its ``out`` too) starts ``offset`` floats past a 64-byte boundary. ``wake``: the native copy
     sends as ReduceEngine._run_units does, through its Wake (_wake_send) where the reduce is steady.
-    Returns the reference's result, the inputs and how many units worker 0's fast flush probed."""
+    ``speculate`` ("agree" or "disagree"): speculated exponents on (TransportConfig.speculate_bits 3), every
+    engine remembering the same last agreed exponents for the reduce, some too low (their chunks' first
+    rounds come back SATURATED: redone), some too high (the guard flags them: redone), some missing (sent
+    after the exponent round); "disagree": the last peer remembers nothing (it sends every chunk at the
+    agreed exponent: the switch keeps one exponent per round and drops the other). Returns the reference's
+    result, the inputs and how many units worker 0's fast flush probed."""
     rng = np.random.default_rng(seed)
-    cfg = TransportConfig(elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize)
+    bits = 3 if speculate else 0
+    cfg = TransportConfig(
+        elems_per_packet=k, pool_size=48, seed=seed, renormalize=renormalize, speculate_bits=bits
+    )
     ref, nat = _engine(cfg, 0, n_workers, False), _engine(cfg, 0, n_workers, True)
     peers = [_engine(cfg, w, n_workers, False) for w in range(1, n_workers)]
     switch = SoftSwitch(seed)
@@ -180,13 +191,24 @@ def _play(
     xs = [rng.standard_normal(n_values).astype(np.float32) * (w + 1) for w in range(n_workers)]
     crit = [(0, k * 3)] if critical else None
     plans, outs = {}, {}
+    spec_key = None
+    if speculate:
+        spec_key = (n_values, 0)
+        chunks = -(-n_values // k)
+        padded = np.zeros((n_workers, chunks * k), dtype=np.float32)
+        padded[:, :n_values] = np.abs(xs)
+        true_e = np.frexp(padded.reshape(n_workers, chunks, k).max(axis=(0, 2)))[1]
+        last = (true_e + rng.integers(-7, 6, chunks)).astype(np.int32)  # off by -7..5 bits
+        last[rng.random(chunks) < 0.2] = protocol.INT32_MIN  # no exponent RESULT there
+        for e in [ref, nat, *peers][: n_workers + 1 - (speculate == "disagree")]:
+            e._agreed[spec_key] = last.copy()
     for e, x in zip([ref, nat, *peers], [xs[0], xs[0], *xs[1:]], strict=True):
         # Worker 0 reduces in place (out is its input), times 2: each chunk's values go out as it settles,
         # once quantized (ReducePlan.deliver_to), and the native copy reads its whole chunks from there.
         local = outs[id(e)] = _at_offset(x, offset if e in (ref, nat) else 0)
         plans[id(e)] = e._begin(
             local, step=11, weight=1 + e.worker_id, critical=crit, owners=None, t0=clock(),
-            out=local if e in (ref, nat) else None, out_scale=2.0,
+            out=local if e in (ref, nat) else None, out_scale=2.0, spec_key=spec_key,
         )  # fmt: skip
     # the native copy quantizes worker 0's whole chunks from its input, the reference from staged rows
     assert (plans[id(nat)][0].direct is not None) == nat._codec_c and plans[id(ref)][0].direct is None
@@ -261,7 +283,8 @@ def _play(
             top = plan.base + min(plan.low + 47, plan.units + 40)
             if late and top > plan.base + plan.units:
                 g = int(rng.integers(plan.base + plan.units, top))
-                mine.append(_result_of(mine[0], seq=g // 47 + 1, slot=g % 47, bitmap=int(rng.integers(1, 4))))
+                bits = int(rng.integers(1, 4))
+                mine.append(_result_of(mine[0], seq=2 * (g // 47) + 1, slot=g % 47, bitmap=bits))
             mine.append(_result_of(mine[0], slot=47))  # the probe slot
             mine.append(_result_of(mine[0], job_id=JOB + 1))
             mine.append(mine[0][:-4])
@@ -332,6 +355,8 @@ def _play(
     assert woke > 0 or nat_wake is None, "the Wake never sent: the play did not test it"
     if nat_wake is not None and plans[id(ref)][0].units > 1000:  # a long reduce: the steady state's sends
         assert woke >= 20, f"seed {seed}: the Wake sent in {woke} ticks only"
+    if stats_out is not None:
+        stats_out.append(ref.stats)
     return a, xs, probed
 
 
@@ -441,6 +466,48 @@ def test_the_wake_sends_as_the_reference(
     )
     if loss == dup == late == 0.0:
         _assert_numpy_mean(result, xs)
+
+
+@pytest.mark.parametrize("wake", [False, True], ids=["steps", "wake"])
+@pytest.mark.parametrize(
+    ("seed", "n_workers", "k", "loss", "dup", "late", "speculate"),
+    [
+        (21, 2, 16, 0.0, 0.0, 0.0, "agree"),  # lossless: redone chunks, every round complete
+        (22, 3, 8, 0.1, 0.05, 0.05, "agree"),
+        (23, 2, 16, 0.05, 0.05, 0.1, "disagree"),
+        (24, 4, 8, 0.2, 0.1, 0.1, "agree"),
+    ],
+)
+def test_native_speculates_and_redoes_as_the_reference(
+    fake_clock: Clock,
+    seed: int,
+    n_workers: int,
+    k: int,
+    loss: float,
+    dup: float,
+    late: float,
+    speculate: str,
+    wake: bool,
+) -> None:
+    """Speculated exponents (docs/protocol.md, "Speculated exponents"): chunks sent before the exponent
+    round's RESULT, first rounds that come back SATURATED and are redone in the unit's second round, under
+    loss, duplicates and late RESULTs, with every peer remembering the same exponents or one remembering
+    none. Both copies send the same packets and hold the same arrays at every step (_play); a lossless play
+    gives numpy's mean, every chunk counted by every worker."""
+    fake_clock.t = 1000.0
+    stats: list = []
+    result, xs, _ = _play(
+        fake_clock, seed, n_workers=n_workers, k=k, n_values=k * 150 + 7, loss=loss, dup=dup, late=late,
+        wake=wake, speculate=speculate, stats_out=stats,
+    )  # fmt: skip
+    assert stats[0].speculated_chunks > 0 and stats[0].redone_chunks > 0, "the play did not speculate or redo"
+    if loss == dup == late == 0.0:
+        # every chunk counted by every worker; the mean within 2^speculate_guard_bits of the exponent
+        # round's bound (worked out from the inputs), times the reduce's out_scale
+        assert (result.count == n_workers).all()
+        bound = np.repeat(codec_bound(xs, k) * 2.0**8, k)[: len(xs[0])]
+        error = np.abs(result.values - 2 * np.mean(np.array(xs, dtype=np.float64), axis=0))
+        assert (error <= 2 * bound + 1e-6).all()
 
 
 def test_native_fast_flush_probes_as_the_reference_under_result_loss(fake_clock: Clock) -> None:
@@ -684,7 +751,7 @@ def test_a_chunk_settled_before_it_was_quantized_goes_out_only_at_the_end(
     hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
     hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 1
     hdr["count"], hdr["bitmap"], hdr["exp"], hdr["chunk"], hdr["nelem"] = 2, 3, shift, c, 5
-    hdr["slot"], hdr["seq"] = (plan.base + u) % e._slots, (plan.base + u) // e._slots + 1
+    hdr["slot"], hdr["seq"] = (plan.base + u) % e._slots, 2 * ((plan.base + u) // e._slots) + 1
     pkt[HEADER_BYTES:].view(">i4")[:] = ints
     n = e.io.fill([pkt.tobytes()])
     e._handle(n, plan)
@@ -724,7 +791,7 @@ def test_a_result_one_pool_ahead_gives_up_every_older_unit_whatever_its_slot(fak
     hdr["count"], hdr["bitmap"], hdr["chunk"], hdr["nelem"] = 1, 2, 0, k
     for g, given_up in ((10 + d, 11), (units - 1 + d + 1, units)):
         g += plans[0].base
-        hdr["slot"], hdr["seq"] = g % d, g // d + 1
+        hdr["slot"], hdr["seq"] = g % d, 2 * (g // d) + 1
         for e, plan in zip(engines, plans, strict=True):
             e._handle(e.io.fill([pkt.tobytes()]), plan)
             assert (plan.state[:given_up] == GAVE_UP).all()

@@ -40,7 +40,7 @@ def test_every_row_carries_the_reduce_s_header_after_each_reset():
                 header["worker_id"],
                 header["step"],
             )
-            assert (h["slot"], h["seq"]) == (g % POOL, g // POOL + 1)
+            assert (h["slot"], h["seq"]) == (g % POOL, 2 * (g // POOL) + 1)
         for i, h in enumerate(exp):
             assert h["chunk"] == i and h["nelem"] == min(K, plan.chunks_count - K * i)
         for c, h in enumerate(data):
@@ -66,4 +66,5 @@ def test_owners_come_and_go_with_the_reduce_that_names_them():
             assert counts == [max(o, 0) for o in given]
             assert plan.elsewhere.tolist() == [o >= 0 and o != 1 for o in given] and plan.any_owned
         g = base * plan.units + np.arange(plan.units)
-        assert plan.slots.tolist() == (g % POOL).tolist() and plan.seqs.tolist() == (g // POOL + 1).tolist()
+        assert plan.slots.tolist() == (g % POOL).tolist()
+        assert plan.seqs.tolist() == (2 * (g // POOL) + 1).tolist()

@@ -74,6 +74,15 @@ class TransportConfig:
     # sign brings the copies back from the next reduce on. 0: always send the copies. (FLUSHes keep
     # flush_copies: they are sent only on a loss.) Off in exact mode, which keeps its packets as configured.
     quiet_units: int = 1024
+    # Speculated exponents (docs/protocol.md, "Speculated exponents"): a chunk whose exponent round's RESULT
+    # this worker got in the last reduce of the same key goes at that exponent plus speculate_bits, at once,
+    # without waiting for this reduce's exponent round (which still runs). A chunk whose values exceed it,
+    # or lie more than speculate_guard_bits below it (zeros excepted), goes flagged SATURATED and is redone
+    # at the agreed exponent: the sum never wraps, and a result is never coarser than 2^speculate_guard_bits
+    # times the exponent round's bound. 0: off (every chunk waits for its exponent round, as before). Off in
+    # exact mode, behind leaf switches, and for owner-only and critical chunks.
+    speculate_bits: int = 0
+    speculate_guard_bits: int = 8
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)
     max_deadline_ms: float = 500.0
@@ -209,6 +218,11 @@ class TransportConfig:
             )
         if not 0 <= self.incarnation <= 0xFFFFFFFF:
             raise ValueError(f"incarnation must be in 0..2**32-1 (0: none), got {self.incarnation}")
+        if not 0 <= self.speculate_bits <= self.speculate_guard_bits <= 24:
+            raise ValueError(
+                f"need 0 <= speculate_bits <= speculate_guard_bits <= 24, got {self.speculate_bits} and "
+                f"{self.speculate_guard_bits}"
+            )
         if self.quiet_units < 0:
             raise ValueError(f"quiet_units must be >= 0, got {self.quiet_units}")
         if self.tail_units < 0:

@@ -46,6 +46,7 @@ from hostlib.protocol import (
     HEADER_DTYPE,
     HEAL_CHUNK_BASE,
     HEAL_REQUEST_BASE,
+    INT32_MIN,
     MAX_WORKERS,
     VERSION,
     Flag,
@@ -53,6 +54,7 @@ from hostlib.protocol import (
     batch_rows,
     empty_batch,
     packet_bytes,
+    seq_unit,
 )
 from hostlib.transport.config import FALLBACK_POLICIES, Fallback, TransportConfig
 from hostlib.transport.deadlines import Deadlines, leaf_index
@@ -83,6 +85,7 @@ _HELD = ("", "span", "peers")
 log = logging.getLogger(__name__)
 
 _HEAL_STREAMS_KEPT = 4  # a peer's heal streams meant for another rank are held this many at most
+_SPEC_KEYS = 1024  # keys whose last agreed exponents a worker keeps for speculation
 
 
 @dataclass
@@ -133,6 +136,12 @@ class ReduceEngine:
         self._rng = np.random.default_rng([cfg.seed, job_id, worker_id])
         self._plans: dict[int, ReducePlan] = {}
         self._prev: dict[Any, np.ndarray] = {}
+        # The exponent round's result of the last reduce of each (length, occurrence in its step) (INT32_MIN:
+        # none), for speculated exponents (TransportConfig.speculate_bits; _spec_key, _speculate); at most
+        # _SPEC_KEYS of them, the oldest dropped.
+        self._agreed: dict[tuple[int, int], np.ndarray] = {}
+        self._spec_step: int | None = None
+        self._spec_seen: dict[int, int] = {}
         # The (chunks, K) rows buffer a prev value is a view of, where it was a plan's output rows (handed
         # over in _finish instead of copied; plan.out then takes the buffer it held before). A plan's out
         # is never one of these while they back a prev value.
@@ -210,6 +219,7 @@ class ReduceEngine:
             "side": np.zeros(cap, dtype=np.int64),
             "rtt": np.zeros(cap, dtype=np.float64),
             "flush": np.zeros(cap, dtype=np.float64),
+            "redo": np.zeros(cap, dtype=np.int64),
             "due": np.zeros(0, dtype=np.int64),  # grown to the plan's units
             "probe": np.zeros(0, dtype=np.int64),  # ... the Wake's fast flush's probes too
             "todo": np.zeros(0, dtype=np.int64),  # ... and chunks
@@ -235,8 +245,18 @@ class ReduceEngine:
         """One allreduce of the float32 vector ``local`` (see ``LtaWorker.allreduce`` for the arguments
         and the guarantee); returns the result and what the health checks need."""
         t0 = time.perf_counter()
+        key = local.size if key is None else key
+        spec_key = self._spec_key(local.size, step)
         plan, n_chunks = self._begin(
-            local, step=step, weight=weight, critical=critical, owners=owners, t0=t0, out=out, out_scale=scale
+            local,
+            step=step,
+            weight=weight,
+            critical=critical,
+            owners=owners,
+            t0=t0,
+            out=out,
+            out_scale=scale,
+            spec_key=spec_key,
         )
         self._run_units(plan, step, t0)
         self._count_held(time.perf_counter(), "")
@@ -245,6 +265,7 @@ class ReduceEngine:
         )
         self._learn(plan, time.perf_counter() - t0)
         result, outcome = self._finish(plan, local.size, n_chunks, key, out, t0, scale)
+        self._remember_agreed(plan, spec_key)
         self.settled_to = max(self.settled_to, plan.base + plan.units)
         if self.trace is not None:
             self.trace.on_reduce_end(self, plan, result)
@@ -261,6 +282,7 @@ class ReduceEngine:
         t0: float,
         out: np.ndarray | None = None,
         out_scale: float = 1.0,
+        spec_key: tuple[int, int] | None = None,
     ) -> tuple[ReducePlan, int]:
         """Stage ``local``, take its exponent proposals and reset the plan of its length: the reduce is
         ready to send. Returns the plan and the chunk count (without exact mode's fence). ``out`` and
@@ -295,6 +317,8 @@ class ReduceEngine:
             stamp_data=not self._native_quantize,
         )
         plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
+        if spec_key is not None and self._speculating(plan):
+            self._speculate(plan, spec_key, proposals)
         # Each chunk's values go to ``out`` as its RESULT is settled, while the reduce waits for the others,
         # instead of in a pass over every value after the last: not where chunks are owned elsewhere (their
         # rows are not written), nor with renormalize "none" (a partial chunk there takes the fallback, and
@@ -373,6 +397,137 @@ class ReduceEngine:
                 owners[-1] = -1
         # In exact mode the fence is every worker's (and the last chunk keeps its owner).
         return np.append(owners, -1) if self.config.exact else owners
+
+    # ---- speculated exponents (docs/protocol.md, "Speculated exponents") ----------------------------------
+    def _speculating(self, plan: ReducePlan) -> bool:
+        """Whether ``plan``'s reduce may send chunks at speculated exponents: TransportConfig.speculate_bits
+        set, not in exact mode, not behind leaf switches, no chunk owned (owner-only RESULTs)."""
+        cfg = self.config
+        return bool(cfg.speculate_bits) and not cfg.exact and not cfg.leaf_sizes and not plan.any_owned
+
+    def _spec_key(self, n: int, step: int) -> tuple[int, int]:
+        """The reduce whose agreed exponents a reduce of ``n`` values at ``step`` speculates from: the last
+        one of the same length and the same occurrence of that length in its step (DDP's buckets of one
+        length in a step are told apart). Lengths, their order and the steps are what every worker of the
+        job passes alike, so every worker that got that reduce's exponent RESULTs speculates alike (the
+        caller's key, a tensor's address on torch's paths, may differ between ranks)."""
+        if step != self._spec_step:
+            self._spec_step = step
+            self._spec_seen.clear()
+        seen = self._spec_seen.get(n, 0)
+        self._spec_seen[n] = seen + 1
+        return n, seen
+
+    def _speculate(self, plan: ReducePlan, key: tuple[int, int], proposals: np.ndarray) -> None:
+        """Mark the chunks of ``plan`` that go at once, at the exponent the reduce ``key`` (:meth:`_spec_key`)
+        agreed on last plus ``speculate_bits``: those whose exponent RESULT this worker got there (finite),
+        critical ones excepted. Their shift is known now, their rows are sent whatever the exponent round
+        will say, and the exponent round's RESULT leaves them be (_on_exponents).
+
+        A chunk whose own exponent lies above the speculated one (its values may not fit; a non-finite
+        chunk too), or more than ``speculate_guard_bits`` below it while not all zero (it would lose more
+        than that many bits against the exponent round's shift), goes flagged SATURATED: its first round
+        cannot be final, and the chunk is redone at the agreed exponent (_on_redo). Both decisions depend
+        on this worker's own values; who is counted in the result never does (the redo is by the first
+        round's contributors)."""
+        last = self._agreed.get(key)
+        if last is None or len(last) != plan.chunks_count:
+            return
+        cfg = self.config
+        ok = (last != INT32_MIN) & (last < codec.NONFINITE_EXPONENT) & ~plan.critical
+        if not ok.any():
+            return
+        c = np.flatnonzero(ok)
+        guess = last[c].astype(np.int64) + cfg.speculate_bits
+        own = proposals[c].astype(np.int64)
+        plan.spec[c] = True
+        coarse = (own < guess - cfg.speculate_guard_bits) & (own > codec.EMPTY_EXPONENT)
+        plan.spec_sat[c] = (own > guess) | coarse
+        plan.shift[c] = codec.data_shifts(guess, self.n_workers)
+        plan.exp_known[c] = True
+        plan.own_exp[c] = True
+        plan.exp_bitmap[c] = self._all_bits
+        self.stats.speculated_chunks += len(c)
+
+    def _remember_agreed(self, plan: ReducePlan, key: tuple[int, int]) -> None:
+        """Keep what the exponent round of ``plan``'s reduce agreed on, for the next reduce of ``key``."""
+        if not self._speculating(plan):
+            return
+        kept = self._agreed.pop(key, None)
+        if kept is None or kept.shape != plan.agreed_exp.shape:
+            kept = np.empty_like(plan.agreed_exp)
+        np.copyto(kept, plan.agreed_exp)
+        self._agreed[key] = kept  # (re-inserted: the newest key is last)
+        if len(self._agreed) > _SPEC_KEYS:
+            del self._agreed[next(iter(self._agreed))]
+
+    def _on_redo(self, plan: ReducePlan, rows: np.ndarray) -> None:
+        """``rows`` of the receive buffer are RESULTs of data units' first rounds that some contributor
+        flagged SATURATED (it clamped, or its values lay outside the speculated exponent's range): no such
+        sum is used. Each unit moves to its second round (``plan.seqs``: its FLUSHes and probes go there),
+        where the first round's contributors whose proposals the exponent round counted send the chunk
+        again at the agreed exponent (_redo_send); every worker awaits its RESULT as any unit's."""
+        data = self.io.rx.data
+        hdr = np.ndarray((len(data),), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
+        g, _ = seq_unit(hdr["seq"][rows].astype(np.int64), hdr["slot"][rows].astype(np.int64), self._slots)
+        c = g - plan.base - plan.exp_units
+        c, first = np.unique(c, return_index=True)
+        bits = hdr["bitmap"][rows[first]].astype(np.uint64)
+        new = ~plan.redo[c] & (plan.state[c + plan.exp_units] < DONE)
+        c, bits = c[new], bits[new]
+        if not c.size:
+            return
+        u = c + plan.exp_units
+        plan.redo[c] = True
+        plan.redo_bits[c] = bits
+        plan.seqs[u] += 1
+        # The second round waits as a FLUSHed unit does (one FLUSH round trip, doubled: Deadlines.arm), then
+        # FLUSHes: no rule that reads a peer's progress (the fast flush, tail probes) may close it sooner,
+        # since the peers send it out of order, as their first round's RESULT reaches them.
+        now = time.perf_counter()
+        for arr in (plan.probes, plan.retx, plan.retx_spent):
+            arr[u] = 0
+        plan.flushes[u] = 1
+        plan.first_flush_at[u] = plan.flushed_at[u] = now
+        plan.proven_lost[u] = plan.proven_in[u] = False
+        waiting = u[plan.state[u] == IN_FLIGHT]
+        if waiting.size:
+            self.deadlines.arm(plan, waiting, now)
+        plan.redo_waiting[c] = True
+        plan.any_redo_waiting = True
+        self.stats.redone_chunks += len(c)
+        self._redo_send(plan)
+
+    def _redo_send(self, plan: ReducePlan) -> None:
+        """Send this worker's GRAD of the redone chunks whose agreed exponent is known now, where it is one of
+        their first round's contributors and its proposal was counted; the others await the RESULT. A chunk
+        whose exponent unit was given up has no agreed exponent: this worker sends nothing for it."""
+        k, e = self.config.elems_per_packet, plan.exp_units
+        c = np.flatnonzero(plan.redo_waiting)
+        known = (plan.agreed_bits[c] != 0) | (plan.state[c // k] >= DONE)
+        c = c[known]
+        if not c.size:
+            return
+        plan.redo_waiting[c] = False
+        plan.any_redo_waiting = bool(plan.redo_waiting.any())
+        u = c + e
+        own = np.uint64(1) << np.uint64(self.worker_id)
+        mine = ((plan.redo_bits[c] & plan.agreed_bits[c] & own) != 0) & (plan.state[u] == IN_FLIGHT)
+        plan.has_exp[c[~mine]] = False  # (nothing of this worker's in the redo: no probe resends a row)
+        if mine.any():
+            c, u = c[mine], u[mine]
+            if plan.direct is not None:  # whole chunks were quantized where the caller holds them
+                there = c[c < len(plan.direct)]
+                plan.chunks[there] = plan.direct[there]
+            shifts = codec.data_shifts(plan.agreed_exp[c].astype(np.int64), self.n_workers)
+            plan.shift[c] = shifts
+            d = plan.data_batch
+            codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], c)
+            d["exp"][c], d["seq"][c], d["slot"][c] = shifts, plan.seqs[u], plan.slots[u]
+            d["step"][c] = self._header["step"]
+            d["flags"][c] = np.where(plan.critical[c], _CRITICAL, 0) | np.where(plan.owner[c] >= 0, _OWNER, 0)
+            self.send(plan.data_rows[c], plan.slots[u])
+            plan.sent_at[u] = time.perf_counter()
 
     def _finish(
         self,
@@ -507,7 +662,12 @@ class ReduceEngine:
         by a FLUSH or a probe for its stored RESULT), FLUSHed, probed, resent or given up, and every RESULT
         it received counted every worker (a short one means a peer's packet was lost, or a peer is late or
         gone; with a quorum below the job's size every RESULT is short: the copies stay)."""
-        if plan.proven_lost.any() or plan.flushes.any() or plan.probes.any() or plan.retx.any():
+        lost, flushes = plan.proven_lost, plan.flushes
+        if plan.redo.any():  # a redone unit's FLUSH bookkeeping (_on_redo) is no sign of loss
+            kept = np.ones(plan.units, dtype=bool)
+            kept[np.flatnonzero(plan.redo) + plan.exp_units] = False
+            lost, flushes = lost & kept, np.where(kept, flushes, 0)
+        if lost.any() or flushes.any() or plan.probes.any() or plan.retx.any():
             return False
         if (plan.state == GAVE_UP).any():
             return False
@@ -762,7 +922,7 @@ class ReduceEngine:
         return native_ext.wake(
             plan.state, plan.sent_at, plan.deadline_at, reuse.settled, reuse._excused, reuse.excused_to,
             reuse._peers, plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp,
-            plan.critical, plan.owner, plan.shift, plan.has_exp, todo, saturated,
+            plan.critical, plan.owner, plan.shift, plan.has_exp, todo, saturated, plan.spec_sat,
             (plan.exp_units, reuse.span, self._slots, plan.base, self._quantize_block,
              codec.contribution_limit(self.n_workers), self._quantize_flags),
             self._rng.bit_generator, plan.direct,
@@ -901,7 +1061,9 @@ class ReduceEngine:
         units = np.arange(u0, max(u0, hi))
         blocked = np.zeros(len(units), dtype=bool)
         data = units >= plan.exp_units
-        blocked[data] |= state[(units[data] - plan.exp_units) // k] < DONE  # exponent not settled
+        # exponent not settled, nor speculated
+        c = units[data] - plan.exp_units
+        blocked[data] |= (state[c // k] < DONE) & ~plan.exp_known[c]
         if blocked.any():
             units = units[: int(np.argmax(blocked))]
         # Tokens bind only when more units are ready than they allow; units blocked for another reason
@@ -952,7 +1114,7 @@ class ReduceEngine:
             return None
         k, e, state = self.config.elems_per_packet, plan.exp_units, plan.state
         # data units wait for their exponent unit's RESULT
-        u1, pending = native_ext.run(state, e, k, u0, hi)
+        u1, pending = native_ext.run(state, plan.exp_known, e, k, u0, hi)
         if u1 <= u0:
             return False
         if not pending:
@@ -1070,7 +1232,7 @@ class ReduceEngine:
             limit = codec.contribution_limit(self.n_workers)
             native_ext.quantize_ahead(
                 plan.chunks, plan.data_rows, plan.exp_known, plan.quantized, plan.own_exp, plan.critical,
-                plan.owner, plan.shift, plan.has_exp, todo, saturated, c0, c1, block, limit,
+                plan.owner, plan.shift, plan.has_exp, todo, saturated, plan.spec_sat, c0, c1, block, limit,
                 self._quantize_flags, self._rng.bit_generator, plan.direct,
                 (plan.base + plan.exp_units, self._slots, self._header["step"]),
             )  # fmt: skip
@@ -1098,7 +1260,7 @@ class ReduceEngine:
         counted = plan.own_exp[sel]
         d["flags"][sel] = (
             np.where(plan.critical[sel], _CRITICAL, 0)
-            | np.where(saturated & counted, _SATURATED, 0)
+            | np.where((saturated & counted) | plan.spec_sat[sel], _SATURATED, 0)
             | np.where(plan.owner[sel] >= 0, _OWNER, 0)
         )
         plan.has_exp[sel] = counted  # the others are withheld (ReducePlan.withheld)
@@ -1357,7 +1519,7 @@ class ReduceEngine:
             slot = hdr["slot"][result].astype(np.int64)
             mine = slot < self._slots
             if mine.any():
-                unit = (hdr["seq"][result][mine].astype(np.int64) - 1) * self._slots + slot[mine]
+                unit, _ = seq_unit(hdr["seq"][result][mine].astype(np.int64), slot[mine], self._slots)
                 self._newest_unit[0] = max(int(self._newest_unit[0]), int(unit.max()))
         results = np.flatnonzero(result) if plan is not None else np.zeros(0, np.int64)
         self.stats.packets_ignored += n - params.size - int(requests.sum()) - results.size
@@ -1399,12 +1561,14 @@ class ReduceEngine:
             deliver = plan.user_out, plan.user_scale, plan.quantized, plan.delivered
         now = time.perf_counter()
         (settled, results, side, any_later, retx, full, critical_short, ignored, seen_bits, any_all_bits,
-         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx) = native_ext.settle(
+         rtt_ms, rtt_min_ms, flush_ms, own_reached, withheld, overtaken, lost, lost_retx,
+         redo) = native_ext.settle(
             rx.data, rx.lens, n, self._native_params[1], plan.low, now, self._newest_unit, plan.state,
             plan.flushes, plan.retx, plan.proven_lost, plan.sent_at, plan.flushed_at, plan.critical_unit,
             plan.count, plan.bitmap, plan.weight, plan.result_flags, plan.shift, plan.out, plan.exp_known,
             plan.nonfinite, plan.own_exp, plan.exp_bitmap, plan.frontier, s["later"], s["settled"], s["side"],
-            s["rtt"], s["flush"], deliver)  # fmt: skip
+            s["rtt"], s["flush"], plan.spec, plan.agreed_exp, plan.agreed_bits, s["redo"],
+            deliver)  # fmt: skip
         if side:
             data = rx.data
             hdr = np.ndarray((n,), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
@@ -1439,6 +1603,8 @@ class ReduceEngine:
             if self.trace is not None:
                 self.trace.on_settled(self, plan, s["settled"][:settled].copy())
         self.stats.units_overtaken += overtaken  # (given up in the call, as _drop_overtaken does)
+        if redo or plan.any_redo_waiting:
+            self._redo_news(plan, s["redo"][:redo].copy())
 
     def _on_params(self, hdr: np.ndarray, rows: np.ndarray) -> None:
         alive = hdr["chunk"][rows] == ALIVE_CHUNK
@@ -1484,10 +1650,23 @@ class ReduceEngine:
 
     def _on_results(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray) -> None:
         """Settle the units these RESULTs answer, all at once."""
-        u_all = (hdr["seq"][rows].astype(np.int64) - 1) * self._slots + hdr["slot"][rows] - plan.base
+        seqs, slots = hdr["seq"][rows].astype(np.int64), hdr["slot"][rows].astype(np.int64)
+        g_all, phase = seq_unit(seqs, slots, self._slots)
+        u_all = g_all - plan.base
         state = plan.state
         take = (u_all >= 0) & (u_all < plan.units)
         take[take] = state[u_all[take]] != DONE
+        # A data unit's first round that some contributor flagged SATURATED is redone, not settled (_on_redo)
+        redo = take & (phase == 0) & (u_all >= plan.exp_units) & (hdr["count"][rows] > 0)
+        redo &= (hdr["flags"][rows] & _SATURATED) != 0
+        take &= ~redo
+        if redo.any():  # (rare) one behind a RESULT that settled its unit in this batch is ignored, as late
+            first_settled: dict[int, int] = {}
+            for pos in np.flatnonzero(take).tolist():
+                first_settled.setdefault(int(u_all[pos]), pos)
+            for pos in np.flatnonzero(redo).tolist():
+                if first_settled.get(int(u_all[pos]), pos) < pos:
+                    redo[pos] = False
         rows_all = rows
         rows, u = rows[take], u_all[take]
         # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
@@ -1495,7 +1674,7 @@ class ReduceEngine:
         if u.size > 1 and not bool((u[1:] > u[:-1]).all()):
             first = np.sort(np.unique(u, return_index=True)[1])
             rows, u = rows[first], u[first]
-        self.stats.packets_ignored += len(u_all) - len(u)
+        self.stats.packets_ignored += len(u_all) - len(u) - int(np.count_nonzero(redo))
         later = u_all >= plan.units
         if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
             bitmap = hdr["bitmap"][rows_all[later]].astype(np.uint64)
@@ -1508,6 +1687,15 @@ class ReduceEngine:
             if self.trace is not None:
                 self.trace.on_settled(self, plan, u)
         self._drop_overtaken(plan)
+        self._redo_news(plan, rows_all[redo])
+
+    def _redo_news(self, plan: ReducePlan, rows: np.ndarray) -> None:
+        """After a batch is settled: the first rounds it brought back SATURATED (``rows``), and the redone
+        chunks whose agreed exponent it brought (_on_redo, _redo_send)."""
+        if rows.size:
+            self._on_redo(plan, rows)
+        elif plan.any_redo_waiting:
+            self._redo_send(plan)
 
     def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
         n_workers = self.n_workers
@@ -1612,10 +1800,7 @@ class ReduceEngine:
             valid = chunks < plan.chunks_count
             ebits = np.broadcast_to(bitmap[agreed][:, None], chunks.shape)[valid]
             chunks = chunks[valid]
-            self._on_exponents(plan, chunks, payload[rows[agreed]][valid])
-            plan.own_exp[chunks] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
-            plan.exp_bitmap[chunks] = ebits
-            plan.any_withheld |= bool(np.any(bitmap[agreed] != np.uint64((1 << n_workers) - 1)))
+            self._on_exponents(plan, chunks, payload[rows[agreed]][valid], ebits)
         data = ~exp
         if not data.any():
             return
@@ -1688,13 +1873,26 @@ class ReduceEngine:
             plan.state[over] = GAVE_UP
             self.stats.units_overtaken += len(over)
 
-    def _on_exponents(self, plan: ReducePlan, chunks: np.ndarray, agreed: np.ndarray) -> None:
-        """The exponent rounds of ``chunks`` closed with the ``agreed`` exponents: their data-round shifts
-        are known. Chunks are quantized lazily, a block at a time as they are sent, so the quantizing
-        overlaps the switch's work on the packets already sent."""
-        plan.shift[chunks] = codec.data_shifts(agreed.astype(np.int64), self.n_workers)
+    def _on_exponents(
+        self, plan: ReducePlan, chunks: np.ndarray, agreed: np.ndarray, ebits: np.ndarray
+    ) -> None:
+        """The exponent rounds of ``chunks`` closed with the ``agreed`` exponents, counting the proposals
+        ``ebits``: their data-round shifts are known, and whether this worker withholds them. Chunks are
+        quantized lazily, a block at a time as they are sent, so the quantizing overlaps the switch's work on
+        the packets already sent. A chunk sent at a speculated exponent keeps its shift and goes whatever
+        the bits say; the round's result is kept for a redo and for the next reduce's speculation."""
+        agreed = agreed.astype(np.int64)
+        plan.agreed_exp[chunks] = agreed
+        plan.agreed_bits[chunks] = ebits
         plan.exp_known[chunks] = True
         plan.nonfinite[chunks] = codec.nonfinite_agreed(agreed)
+        spec = plan.spec[chunks]
+        if spec.any():
+            chunks, agreed, ebits = chunks[~spec], agreed[~spec], ebits[~spec]
+        plan.shift[chunks] = codec.data_shifts(agreed, self.n_workers)
+        plan.own_exp[chunks] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
+        plan.exp_bitmap[chunks] = ebits
+        plan.any_withheld |= bool(np.any(ebits != self._all_bits))
 
 
 def _copy_rows(

@@ -2,9 +2,9 @@
 
 A reduce of n values is ``exp_units`` exponent units (one per K chunks: each carries K per-chunk
 exponent proposals, aggregated by max) followed by one data unit per chunk. Unit g of the job (counted
-over every reduce since the worker started) uses slot ``g mod D`` in round ``g div D + 1``, where
-``D = P - 1`` (slot P-1 is the health probe's); every worker of a job derives the same numbering from
-the same sequence of tensor lengths.
+over every reduce since the worker started) uses slot ``g mod D`` in round ``2 (g div D) + 1`` (its redo,
+round ``2 (g div D) + 2``: hostlib.protocol.unit_seq), where ``D = P - 1`` (slot P-1 is the health
+probe's); every worker of a job derives the same numbering from the same sequence of tensor lengths.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.protocol import INT32_MIN, Flag, Op, batch_rows, empty_batch
+from hostlib.protocol import INT32_MIN, ROUNDS_PER_UNIT, Flag, Op, batch_rows, empty_batch
 
 # Unit states, ordered: a unit at or past DONE is settled. ELSEWHERE: an owner-only unit another worker
 # owns, settled once sent (its RESULT goes to the owner alone; docs/protocol.md, "Owner-only RESULT").
@@ -85,6 +85,23 @@ class ReducePlan:
         # the chunk: it never sends that GRAD (ReduceEngine._quantize_ahead), and every peer knows it.
         self.exp_bitmap = np.zeros(c, dtype=np.uint64)
         self.any_withheld = False  # some worker withholds some chunk of this reduce
+        # Speculated exponents (docs/protocol.md, "Speculated exponents"): the chunks this worker sends at an
+        # exponent it derived from the last reduce of the same key, before the exponent round's RESULT
+        # (their shift, exp_known and own_exp set by ReduceEngine._speculate), and those whose values lie
+        # outside that exponent's range: their first-round rows go flagged SATURATED, so the chunk is redone.
+        self.spec = np.zeros(c, dtype=bool)
+        self.spec_sat = np.zeros(c, dtype=bool)
+        # The exponent round's result for every chunk, speculated or not: its exponent (INT32_MIN: none yet)
+        # and whose proposals it counted (0: none yet).
+        self.agreed_exp = np.full(c, INT32_MIN, dtype=np.int32)
+        self.agreed_bits = np.zeros(c, dtype=np.uint64)
+        # Chunks whose first round came back SATURATED, redone in their unit's second round at the agreed
+        # exponent by the first round's contributors (ReduceEngine._redo); the first round's bitmap; and
+        # those of them this worker still has to send once the agreed exponent is known.
+        self.redo = np.zeros(c, dtype=bool)
+        self.redo_bits = np.zeros(c, dtype=np.uint64)
+        self.redo_waiting = np.zeros(c, dtype=bool)
+        self.any_redo_waiting = False
         self.quantized = np.zeros(c, dtype=bool)
         # The caller's output, where each chunk's values go as its RESULT is settled (deliver_to), and the
         # chunks whose values went there that way.
@@ -177,15 +194,16 @@ class ReducePlan:
         """Unit i of this reduce is global unit ``base + i``: its slot and round, and the header fields
         that changed since the last reduce, written into the packet rows (:meth:`reset`)."""
         self.base = base
-        # Unit i's slot and round: (base + i) mod D and (base + i) div D + 1, read from tables of
-        # j mod D and j div D over j < units + D (views, no division per unit; built once per pool).
+        # Unit i's slot and first round: (base + i) mod D and 2 ((base + i) div D) + 1 (unit_seq), read from
+        # tables of j mod D and j div D over j < units + D (no division per unit; built once per pool). The
+        # rounds are a fresh array: a unit redone moves to its second round (ReduceEngine._redo).
         if self._cycle_d != pool_size:
             j = np.arange(self.units + pool_size, dtype=np.int64)
             self._cycle_mod, self._cycle_div = j % pool_size, j // pool_size
             self._cycle_d = pool_size
         r = base % pool_size
         self.slots = self._cycle_mod[r : r + self.units]
-        self.seqs = self._cycle_div[r : r + self.units] + (base // pool_size + 1)
+        self.seqs = (self._cycle_div[r : r + self.units] + base // pool_size) * ROUNDS_PER_UNIT + 1
         changed = [(name, value) for name, value in header.items() if self._stamped.get(name) != value]
         for batch, sl, every in (
             (self.exp_batch, slice(0, self.exp_units), True),
@@ -256,6 +274,12 @@ class ReducePlan:
         self.delivered[:] = False
         self.exp_bitmap[:] = 0
         self.any_withheld = False
+        for flags in (self.spec, self.spec_sat, self.redo, self.redo_waiting):
+            flags[:] = False
+        self.agreed_exp[:] = INT32_MIN
+        self.agreed_bits[:] = 0
+        self.redo_bits[:] = 0
+        self.any_redo_waiting = False
         self.state[:] = PENDING
         self.synced = False
         self.low = 0

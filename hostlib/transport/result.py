@@ -70,6 +70,10 @@ class TransportStats:
     lost_probes: int = 0
     # Reduces sent with one copy of each packet: the network had been quiet (TransportConfig.quiet_units).
     single_copy_reduces: int = 0
+    # Speculated exponents (TransportConfig.speculate_bits): chunks sent before their exponent round's RESULT,
+    # and chunks whose first round came back SATURATED and were redone at the agreed exponent.
+    speculated_chunks: int = 0
+    redone_chunks: int = 0
     # Time this worker had units left to send and room in its window, but a slot-reuse rule (reuse.py)
     # let none go: its own span (its oldest unsettled unit is S units back: a lost unit being recovered,
     # or a round waiting for a late peer, stalls the pipeline there) or, only where the span did not
