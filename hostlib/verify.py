@@ -5,7 +5,10 @@ and check its own result: a chunk that came back with count > 0 must equal the m
 contributors named in its bitmap, within the codec's bound ``2^-s`` (docs/protocol.md) plus half an ulp
 of the float32 result. ``s`` is worked out from the inputs (:func:`input_bound`), never read from the
 result: a transport that quantized with a coarser shift than the inputs call for fails the check.
-Used by ``lta demo``, the Mininet demo and the lossy benchmark.
+With speculated exponents (``TransportConfig.speculate_bits``) a first round's result may be up to
+``2^speculate_guard_bits`` coarser (docs/protocol.md, "Speculated exponents"): :func:`slack_bits` of the
+worker's config widens the bound by that, and no more. Used by ``lta demo``, the Mininet demo and the
+lossy benchmark.
 """
 
 from __future__ import annotations
@@ -13,26 +16,30 @@ from __future__ import annotations
 import numpy as np
 
 from hostlib import codec
-from hostlib.transport import ReduceResult
+from hostlib.transport import ReduceResult, TransportConfig
 
 
 def seeded_input(seed: int, round_: int, worker: int, elems: int) -> np.ndarray:
     return np.random.default_rng([seed, round_, worker]).standard_normal(elems).astype(np.float32)
 
 
-def input_bound(inputs: np.ndarray, elems_per_packet: int) -> np.ndarray:
+def slack_bits(config: TransportConfig) -> int:
+    """The bits a result of a worker with ``config`` may be coarser than the exponent round's bound."""
+    return config.speculate_guard_bits if config.speculate_bits else 0
+
+
+def input_bound(inputs: np.ndarray, elems_per_packet: int, slack: int = 0) -> np.ndarray:
     """Per chunk, the codec's error bound for ``inputs`` ((workers, values), all N of the job): the agreed
     exponent is at most the proposal of the max |x| over every worker, so the data shift is at least
     :func:`codec.data_shifts` of it, and a mean over any contributors is off by less than its
-    ``2^-shift``."""
+    ``2^-shift``; ``slack``: that times ``2^slack`` (:func:`slack_bits`)."""
     n_workers, n = inputs.shape
     k = elems_per_packet
     chunks = -(-n // k)
     maxabs = np.zeros(chunks * k, dtype=np.float32)
     maxabs[:n] = np.abs(inputs).max(axis=0)
-    return codec.error_bound(
-        codec.data_shifts(codec.exponent_proposals(maxabs.reshape(chunks, k)), n_workers)
-    )
+    shifts = codec.data_shifts(codec.exponent_proposals(maxabs.reshape(chunks, k)), n_workers)
+    return codec.error_bound(shifts) * 2.0**slack
 
 
 def check_result(
@@ -41,6 +48,7 @@ def check_result(
     elems_per_packet: int,
     mean_all: np.ndarray | None = None,
     bound: np.ndarray | None = None,
+    slack: int = 0,
 ) -> tuple[int, float]:
     """(chunks checked, worst |error| / tolerance) over the chunks renormalized from a RESULT.
     ``inputs`` is (workers, values). A worst ratio below 1 passes.
@@ -48,8 +56,9 @@ def check_result(
     The chunks every worker contributed to (the usual case) are compared in one vectorized pass against
     the mean over all workers: ``mean_all`` (float64, ``inputs.astype(np.float64).mean(axis=0)``) and
     ``bound`` (:func:`input_bound`) are computed here when absent. The others go chunk by chunk
-    (:func:`check_chunks`, the reference). Inputs checked many times: :class:`InputCheck`."""
-    return InputCheck(inputs, elems_per_packet, mean_all=mean_all, bound=bound)(result)
+    (:func:`check_chunks`, the reference). Inputs checked many times: :class:`InputCheck`. ``slack``: the
+    bound's widening in bits (:func:`slack_bits`)."""
+    return InputCheck(inputs, elems_per_packet, mean_all=mean_all, bound=bound, slack=slack)(result)
 
 
 class InputCheck:
@@ -65,11 +74,12 @@ class InputCheck:
         elems_per_packet: int,
         mean_all: np.ndarray | None = None,
         bound: np.ndarray | None = None,
+        slack: int = 0,
     ) -> None:
         self.inputs = inputs
         self.k = elems_per_packet
         n_workers, n = inputs.shape
-        self.bound = input_bound(inputs, self.k) if bound is None else bound
+        self.bound = input_bound(inputs, self.k, slack) if bound is None else bound
         self.mean = inputs.astype(np.float64).mean(axis=0) if mean_all is None else mean_all
         self._all = np.uint64((1 << n_workers) - 1)
         self._starts = np.arange(0, n, self.k)

@@ -16,7 +16,7 @@ from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.errors import UsageError
 from hostlib.protocol import MAX_ELEMS_PER_PACKET, MAX_LEAVES
 from hostlib.transport import LtaWorker, TransportConfig
-from hostlib.verify import check_result, seeded_input
+from hostlib.verify import check_result, seeded_input, slack_bits
 from lta.jsonout import emit
 from lta.launch import JobSpec, leaf_ids, report_progress, run_job
 from lta.progress import Status
@@ -29,7 +29,8 @@ def demo_worker(worker: LtaWorker, rank: int, n_values: int, rounds: int, seed: 
     for step in range(rounds):
         result = worker.allreduce(seeded_input(seed, step, rank, n_values), step=step)
         inputs = np.stack([seeded_input(seed, step, r, n_values) for r in range(worker.n_workers)])
-        n_checked, err = check_result(result, inputs, worker.config.elems_per_packet)
+        slack = slack_bits(worker.config)
+        n_checked, err = check_result(result, inputs, worker.config.elems_per_packet, slack=slack)
         checked += n_checked
         worst = max(worst, err)
         report_progress(step + 1, rounds)

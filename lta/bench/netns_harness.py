@@ -280,11 +280,12 @@ def transport_config(args: argparse.Namespace) -> TransportConfig:
 
 def lta_worker_main(args: argparse.Namespace) -> dict[str, Any]:
     from hostlib.transport import LtaWorker
-    from hostlib.verify import InputCheck
+    from hostlib.verify import InputCheck, slack_bits
 
     config = transport_config(args)
     inputs = worker_inputs(args.seed, args.workers, args.values)
-    checks = [InputCheck(x, args.elems_per_packet) for x in inputs]  # each round's, worked out once
+    slack = slack_bits(config)
+    checks = [InputCheck(x, args.elems_per_packet, slack=slack) for x in inputs]  # each round's, once
     switch_host, _, switch_port = args.switch.rpartition(":")
     bind_host, _, bind_port = args.bind.rpartition(":")
     times, starts, worst, checked = [], [], 0.0, 0
