@@ -21,7 +21,7 @@ Environment variables (read by :meth:`LtaOptions.from_env`; options passed in co
 | ``LTA_FALLBACK``, ``LTA_RENORMALIZE`` | transport policies | prev / count |
 | ``LTA_DROP_UP``, ``LTA_DROP_DOWN``, ``LTA_DROP_PARAM`` | Bernoulli loss, self-hosted switch only | 0 |
 | ``LTA_SEED`` | seeds rounding and emulated loss | 0 |
-| ``LTA_SPECULATE_BITS`` | m: data goes at the last agreed exponent + m bits, before the exponent round (0: off) | ``TransportConfig``'s |
+| ``LTA_SPECULATE_BITS`` | speculated exponents' margin m (0: off; docs/protocol.md) | TransportConfig's |
 | ``LTA_HEALTH_TIMEOUT`` | seconds to wait for the switch to answer the join probe (0: skip) | 5 |
 | ``LTA_ON_UNHEALTHY`` | reduces that keep getting nothing: ``raise``, ``warn`` or ``ignore`` | raise |
 | ``LTA_LOSSY_OPS`` | the group's collectives that go through the switch (below) | allreduce,reduce_scatter |
