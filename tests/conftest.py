@@ -17,6 +17,7 @@ import pytest
 
 from hostlib.emulation.dropmodels import DropPolicy
 from hostlib.transport import Fallback, LtaWorker, ReduceResult, TransportConfig
+from hostlib.verify import slack_bits
 from softswitch.pipeline import JobConfig, SoftSwitch
 from softswitch.server import SoftSwitchServer
 
@@ -31,6 +32,12 @@ class Cluster:
     def reduce_all(self, inputs: list[np.ndarray], **kwargs) -> list[ReduceResult]:
         """Every worker reduces its input concurrently (one thread each); returns their results."""
         return run_workers(self.workers, lambda w, i: w.allreduce(inputs[i], **kwargs))
+
+    @property
+    def slack_bits(self) -> int:
+        """How much coarser than the exponent round's bound a result may be, in bits, by the workers'
+        config (speculated exponents: docs/protocol.md; hostlib.verify.slack_bits)."""
+        return slack_bits(self.workers[0].config)
 
 
 Expected = int | tuple[int, int | None]  # an exact number, or (at least, at most; None: no upper bound)
@@ -105,6 +112,7 @@ def check_reduces(
     full: Expected,
     partial: Expected,
     fallback: Expected,
+    slack_bits: int = 0,
 ) -> int:
     """:func:`check_mean_over_bitmap` over a run of reduces of one tensor: ``per_worker[w][r]`` is worker
     w's result of reduce r (a worker that stopped early has fewer), ``inputs[r][w]`` its input. The prev
@@ -116,7 +124,7 @@ def check_reduces(
         if not who:
             break
         prev = [per_worker[w][r - 1].values if r else None for w in who]
-        tally = _tally([per_worker[w][r] for w in who], inputs[r], k, None, who, prev, None)
+        tally = _tally([per_worker[w][r] for w in who], inputs[r], k, None, who, prev, None, slack_bits)
         for what in totals:
             totals[what] += tally[what]
     for what, expected in (("full", full), ("partial", partial), ("fallback", fallback)):

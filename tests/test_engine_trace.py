@@ -55,6 +55,7 @@ def test_a_tracer_sees_each_reduce_from_start_to_end_and_every_unit_settled(make
             results,
             inputs,
             K,
+            slack_bits=cluster.slack_bits,
             full=(2 * CHUNKS // 2, None),
             partial=(1, None),
             fallback=(0, 2 * CHUNKS // 8),

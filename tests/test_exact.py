@@ -25,10 +25,18 @@ def _inputs(rng: np.random.Generator, n: int, length: int, scale: list[float]) -
 def test_a_lost_exponent_withholds_the_chunk_whatever_its_values(make_cluster):
     """Worker 1's values are a thousandth of the others': they always fit the agreed exponent, so the
     rule before issue K (withhold only what would exceed it) never withheld them. Now a worker whose own
-    proposal was not counted withholds every chunk of that exponent unit, and sends nothing for it."""
+    proposal was not counted withholds every chunk of that exponent unit, and sends nothing for it. (The
+    exponent round's rule: speculated exponents are off here. A speculated chunk goes at its speculated
+    exponent whatever the exponent round says, flagged where its values lie outside: test_speculate.py.)"""
     n, length = 3, 20 * K + 5
     cluster = make_cluster(
-        n, elems_per_packet=K, exp_copies=1, seed=5, sync_deadline_ms=300, min_deadline_ms=50
+        n,
+        elems_per_packet=K,
+        exp_copies=1,
+        seed=5,
+        sync_deadline_ms=300,
+        min_deadline_ms=50,
+        speculate_bits=0,
     )
     # Worker 1 probes its exponent GRAD again on its RTO until the round closes, and a reduce's first
     # units wait max(sync deadline, RTO + give-up) before their FLUSH (Deadlines.sync_wait_s, ~1 s

@@ -233,7 +233,14 @@ def test_a_worker_locked_out_of_its_peers_rounds_fails_loudly(make_cluster, down
     for step, r in enumerate(lead):  # worker 0 alone in every chunk that came back: its own input
         prev = [lead[step - 1].values] if step else None
         assert check_mean_over_bitmap(
-            [r], inputs[step], 16, full=0, partial=(1, None), fallback=(0, None), prev=prev
+            [r],
+            inputs[step],
+            16,
+            full=0,
+            partial=(1, None),
+            fallback=(0, None),
+            prev=prev,
+            slack_bits=cluster.slack_bits,
         )
     assert all(not np.any(r.bitmap & 0b10) for r in lead + late)  # worker 1 never counted
     if down:

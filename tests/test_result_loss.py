@@ -224,7 +224,15 @@ def test_a_worker_late_to_the_job_rejoins_instead_of_being_locked_out(make_clust
     assert rejoined.any(), f"worker 2 never counted again (its peers waited for it {holds.count(2)} times)"
     # Nothing is lost: the peers close rounds short of worker 2 while they excuse it (partial), and
     # worker 2 falls back for the chunks of rounds that were over before it came.
-    assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
+    assert check_reduces(
+        results,
+        inputs,
+        K,
+        full=(1, None),
+        partial=(1, None),
+        fallback=(0, None),
+        slack_bits=cluster.slack_bits,
+    )
 
 
 def _stop_worker_two(
@@ -320,7 +328,15 @@ def test_a_worker_stopped_mid_reduce_skips_the_reduces_its_peers_left_and_rejoin
         for r in results[2][-3:]:
             assert np.all(r.bitmap & 0b100), "worker 2 did not rejoin its peers' rounds"
     # the peers closed rounds without the stopped worker (partial); it fell back for the reduces it skipped
-    assert check_reduces(results, inputs, k, full=(1, None), partial=(1, None), fallback=(1, None))
+    assert check_reduces(
+        results,
+        inputs,
+        k,
+        full=(1, None),
+        partial=(1, None),
+        fallback=(1, None),
+        slack_bits=cluster.slack_bits,
+    )
 
 
 def test_a_worker_stopped_past_every_result_it_could_keep_learns_from_the_relayed_heartbeats(make_cluster):
@@ -435,7 +451,15 @@ def test_a_peer_late_to_every_reduce_is_counted_in_every_reduce(make_cluster):
     counted = [int(np.count_nonzero(res.bitmap & 0b100)) for res in results[0]]
     assert all(counted), f"worker 2 counted in no chunk of some reduce: {counted}"
     # Nothing is lost and worker 2 is late within the wait: no chunk of anyone falls back.
-    assert check_reduces(results, inputs, k, full=(1, None), partial=(0, None), fallback=0)
+    assert check_reduces(
+        results,
+        inputs,
+        k,
+        full=(1, None),
+        partial=(0, None),
+        fallback=0,
+        slack_bits=cluster.slack_bits,
+    )
 
 
 def test_held_time_counts_the_reuse_rules_holding_a_worker(make_cluster):
@@ -516,7 +540,15 @@ def test_a_live_worker_missing_from_a_window_of_results_is_not_presumed_dead_and
     assert rejoined.any(), f"worker 2 never counted again (its peers waited for it {holds.count(2)} times)"
     # Nothing is lost: rounds closed short of worker 2 while it was excused, and it fell back for rounds
     # that were over before it came.
-    assert check_reduces(results, inputs, K, full=(1, None), partial=(1, None), fallback=(0, None))
+    assert check_reduces(
+        results,
+        inputs,
+        K,
+        full=(1, None),
+        partial=(1, None),
+        fallback=(0, None),
+        slack_bits=cluster.slack_bits,
+    )
 
 
 def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluster):
@@ -558,7 +590,15 @@ def test_survivors_late_to_a_reduce_while_a_peer_is_dead_get_back_in(make_cluste
         assert late == [chunks] * 3, f"worker {w} counted in {late} of {chunks} chunks of the last reduces"
     assert cluster.workers[0].deadlines.presumed_dead == 0b100
     # (no chunk is full: the dead worker is in none)
-    assert check_reduces(results, inputs, K, full=0, partial=(1, None), fallback=(0, None))
+    assert check_reduces(
+        results,
+        inputs,
+        K,
+        full=0,
+        partial=(1, None),
+        fallback=(0, None),
+        slack_bits=cluster.slack_bits,
+    )
 
 
 def test_a_peer_that_withholds_a_group_holds_no_one_with_a_pool_of_k_slots(make_cluster):

@@ -73,7 +73,9 @@ def test_every_chunk_is_the_mean_over_its_bitmap(make_cluster, n, loss):
             (rng.standard_normal(length) * 10.0 ** rng.integers(-3, 3)).astype(np.float32) for _ in range(n)
         ]
         results = cluster.reduce_all(inputs, step=step)
-        checked += check_mean_over_bitmap(results, inputs, K, prev=prev, **expect)
+        checked += check_mean_over_bitmap(
+            results, inputs, K, prev=prev, slack_bits=cluster.slack_bits, **expect
+        )
         prev = [r.values for r in results]
         counts = np.concatenate([r.count[r.fallback == Fallback.NONE] for r in results])
         if loss == 0.0:

@@ -225,7 +225,8 @@ class Healer:
         next_unit, own = counters[0], counters[1:]
         self.restore(step, own, values)
         codec = worker.codec_state()
-        worker.load_codec_state({**codec, "next_unit": next_unit})  # own rounding stream and prev kept
+        # own rounding stream and prev kept; its last agreed exponents are of reduces its peers left long ago
+        worker.load_codec_state({**codec, "next_unit": next_unit, "agreed": {}})
         worker.health.healed()
         inbox.clear()
         self.healed += 1

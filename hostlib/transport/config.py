@@ -81,7 +81,7 @@ class TransportConfig:
     # at the agreed exponent: the sum never wraps, and a result is never coarser than 2^speculate_guard_bits
     # times the exponent round's bound. 0: off (every chunk waits for its exponent round, as before). Off in
     # exact mode, behind leaf switches, and for owner-only and critical chunks.
-    speculate_bits: int = 0
+    speculate_bits: int = 3
     speculate_guard_bits: int = 8
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured
     min_deadline_ms: float = 20.0  # lower it on quiet, low-RTT networks (lta bench lossy does)

@@ -46,7 +46,6 @@ from hostlib.protocol import (
     HEADER_DTYPE,
     HEAL_CHUNK_BASE,
     HEAL_REQUEST_BASE,
-    INT32_MIN,
     MAX_WORKERS,
     VERSION,
     Flag,
@@ -434,20 +433,25 @@ class ReduceEngine:
         if last is None or len(last) != plan.chunks_count:
             return
         cfg = self.config
-        ok = (last != INT32_MIN) & (last < codec.NONFINITE_EXPONENT) & ~plan.critical
-        if not ok.any():
+        # (an all-zero chunk last time says nothing of this one's range: it waits for the exponent round)
+        ok = (last > codec.EMPTY_EXPONENT) & (last < codec.NONFINITE_EXPONENT)
+        if plan.any_critical:
+            ok &= ~plan.critical
+        every = bool(ok.all())  # (the steady state: slices, no gathers)
+        if not every and not ok.any():
             return
-        c = np.flatnonzero(ok)
-        guess = last[c].astype(np.int64) + cfg.speculate_bits
-        own = proposals[c].astype(np.int64)
-        plan.spec[c] = True
-        coarse = (own < guess - cfg.speculate_guard_bits) & (own > codec.EMPTY_EXPONENT)
-        plan.spec_sat[c] = (own > guess) | coarse
+        c: slice | np.ndarray = slice(None) if every else np.flatnonzero(ok)
+        guess = last[c] + np.int32(cfg.speculate_bits)  # (|exponents| < 2^25: int32 holds them)
+        own = proposals[c]
+        sat = plan.spec_sat[c] if every else np.empty(len(guess), dtype=bool)
+        np.greater(own, guess, out=sat)
+        sat |= (own < guess - np.int32(cfg.speculate_guard_bits)) & (own > codec.EMPTY_EXPONENT)
+        if not every:
+            plan.spec_sat[c] = sat
+        plan.spec[c] = plan.exp_known[c] = plan.own_exp[c] = True
         plan.shift[c] = codec.data_shifts(guess, self.n_workers)
-        plan.exp_known[c] = True
-        plan.own_exp[c] = True
         plan.exp_bitmap[c] = self._all_bits
-        self.stats.speculated_chunks += len(c)
+        self.stats.speculated_chunks += len(guess)
 
     def _remember_agreed(self, plan: ReducePlan, key: tuple[int, int]) -> None:
         """Keep what the exponent round of ``plan``'s reduce agreed on, for the next reduce of ``key``."""
@@ -745,13 +749,18 @@ class ReduceEngine:
 
     def codec_state(self) -> dict[str, Any]:
         """What the next reduces depend on besides their inputs (copies): the stochastic-rounding
-        generator, the unit counter (slot and round of every packet) and the ``prev`` fallback's last
-        values. :meth:`load_codec_state` on a fresh worker of the same job makes its next reduces
-        round and number their packets exactly as this one's would (checkpoint/restore)."""
+        generator, the unit counter (slot and round of every packet), the ``prev`` fallback's last
+        values and the last agreed exponents speculation starts from (``agreed``, with the step and the
+        lengths seen in it: :meth:`_spec_key`). :meth:`load_codec_state` on a fresh worker of the same job
+        makes its next reduces round, speculate and number their packets exactly as this one's would
+        (checkpoint/restore)."""
         return {
             "rng": self._rng.bit_generator.state,
             "next_unit": self._next_unit,
             "prev": {key: values.copy() for key, values in self._prev.items()},
+            "agreed": {key: values.copy() for key, values in self._agreed.items()},
+            "agreed_step": -1 if self._spec_step is None else self._spec_step,
+            "agreed_seen": dict(self._spec_seen),
         }
 
     def load_codec_state(self, state: dict[str, Any]) -> None:
@@ -763,6 +772,14 @@ class ReduceEngine:
         self.peers_settled[:] = -1
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
         self._prev_rows = {}
+        # (a state saved before speculated exponents: nothing to speculate from, as a fresh worker)
+        self._agreed = {
+            (int(n), int(seen)): np.array(values, dtype=np.int32)
+            for (n, seen), values in state.get("agreed", {}).items()
+        }
+        step = int(state.get("agreed_step", -1))
+        self._spec_step = None if step < 0 else step
+        self._spec_seen = {int(n): int(seen) for n, seen in state.get("agreed_seen", {}).items()}
 
     def input_buffer(self, n: int) -> np.ndarray:
         """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
