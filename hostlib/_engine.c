@@ -533,14 +533,22 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             const int64_t c = u - exp_units;
             const int64_t w = be32(h + OFF_WEIGHT);
             const int32_t s = (int8_t)h[OFF_EXP];
-            count[c] = cnt;
-            bitmap[c] = bits;
+            /* A redo's round (its unit's second): every worker sends, the first round's contributors their
+             * values with weight 2^w, the others zeros with weight 0, so the weights' sum is the contributors
+             * counted (docs/protocol.md, "Speculated exponents") */
+            const int redone = ((int64_t)be32(h + OFF_SEQ) - 1) % ROUNDS_PER_UNIT == 1;
+            const uint64_t in = redone ? bits & (uint64_t)w : bits;
+            const int64_t counted = redone ? (int64_t)__builtin_popcountll(in) : cnt;
+            count[c] = counted;
+            bitmap[c] = in;
             weight[c] = w;
             result_flags[c] = h[OFF_FLAGS];
             shift[c] = s;
-            if (cnt <= 0)
+            if (counted <= 0)
                 continue;
-            const double divisor = renorm == 0 ? (double)cnt : renorm == 1 ? (double)(w > 0 ? w : cnt) : (double)n_workers;
+            const double divisor = renorm == 0   ? (double)counted
+                                   : renorm == 1 ? (double)(w > 0 ? w : counted)
+                                                 : (double)n_workers;
             const double scale = ldexp(1.0, -s) / divisor;
             /* (the payload is big-endian: swapped on a little-endian host) */
             if (user_out == NULL || !quantized[c] || c * k >= user_n) {

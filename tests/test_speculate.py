@@ -55,14 +55,15 @@ def test_a_lossless_run_speculates_and_every_chunk_is_the_mean_of_every_worker(m
 
 def test_a_redo_leaves_the_mean_unbiased_under_loss(make_cluster):
     """One worker's values leap 64x every other step (their first rounds come back SATURATED and are
-    redone), with 10% of GRADs lost. The redo is sent by the first round's contributors alone, so who is
-    counted depends on which packets arrived, never on whose values caused the redo: over the leap steps
-    the renormalized result averages to the true mean (to second order in the loss: a redone unit's GRAD
-    is one more to lose, docs/protocol.md). Redone by every worker whose proposal was counted instead, the
-    large worker is counted less often than the others (it needs two GRADs through, a peer missing from
-    the first round only one): that change made this test read -1.48 (-8.8%, 10 standard errors)."""
-    n, length, loss = 4, 256 * K, 0.1
-    cluster = _speculating(make_cluster, n, up=loss, seed=3, sync_deadline_ms=100, min_deadline_ms=30)
+    redone), with 10% of GRADs lost. The redo counts the first round's contributors alone, and its round
+    closes when every worker's GRAD is in (zeros from the others), not on a timer, so who is counted
+    depends on which packets arrived, never on whose values caused the redo: over the leap steps the
+    renormalized result averages to the true mean (to second order in the loss: a redone unit's GRAD is
+    one more to lose, docs/protocol.md). With the redo's values sent by every worker whose proposal was
+    counted instead, the large worker is counted less often than the others (it needs two GRADs through,
+    a peer missing from the first round only one): that change made this test read -1.41 (-8.4%)."""
+    n, length, loss = 4, 512 * K, 0.1
+    cluster = _speculating(make_cluster, n, up=loss, seed=3, sync_deadline_ms=200, min_deadline_ms=40)
     rng = np.random.default_rng(9)
     errors, truths = [], []
     for step in range(24):
@@ -78,9 +79,13 @@ def test_a_redo_leaves_the_mean_unbiased_under_loss(make_cluster):
         truths.append(truth[got])
     d = np.concatenate(errors)
     mean, se = d.mean(), d.std() / np.sqrt(d.size)
-    assert cluster.workers[0].stats.redone_chunks >= 11 * 256 * 0.8  # the leap steps' chunks were redone
-    assert abs(mean) < 4 * se, (mean, se, np.concatenate(truths).mean())
-    assert 4 * se < 0.05 * np.concatenate(truths).mean()  # fine enough to see a -10% bias
+    assert cluster.workers[0].stats.redone_chunks >= 11 * 512 * 0.8  # the leap steps' chunks were redone
+    # Within 4 standard errors plus 3% of the mean: on a loaded host the workers' chunks are not
+    # independent samples (a thread descheduled past a FLUSH timer misses many rounds at once: ±3% between
+    # runs), and the bias this test is for is -8.8%.
+    top = 0.03 * np.concatenate(truths).mean()
+    assert abs(mean) < 4 * se + top, (mean, se, top)
+    assert 4 * se < top
 
 
 def test_a_worker_that_remembers_nothing_costs_loss_never_a_wrong_mean(make_cluster):

@@ -80,7 +80,8 @@ class TransportConfig:
     # or lie more than speculate_guard_bits below it (zeros excepted), goes flagged SATURATED and is redone
     # at the agreed exponent: the sum never wraps, and a result is never coarser than 2^speculate_guard_bits
     # times the exponent round's bound. 0: off (every chunk waits for its exponent round, as before). Off in
-    # exact mode, behind leaf switches, and for owner-only and critical chunks.
+    # exact mode, behind leaf switches, with renormalize other than "count", above 32 workers, and for
+    # owner-only and critical chunks.
     speculate_bits: int = 3
     speculate_guard_bits: int = 8
     initial_deadline_ms: float = 50.0  # the RTO before any round trip was measured

@@ -47,6 +47,7 @@ from hostlib.protocol import (
     HEAL_CHUNK_BASE,
     HEAL_REQUEST_BASE,
     MAX_WORKERS,
+    ROUNDS_PER_UNIT,
     VERSION,
     Flag,
     Op,
@@ -85,6 +86,7 @@ log = logging.getLogger(__name__)
 
 _HEAL_STREAMS_KEPT = 4  # a peer's heal streams meant for another rank are held this many at most
 _SPEC_KEYS = 1024  # keys whose last agreed exponents a worker keeps for speculation
+_REDO_MAX_WORKERS = 32  # a redo's GRAD names its sender in the 32-bit weight field (_redo_send)
 
 
 @dataclass
@@ -400,9 +402,13 @@ class ReduceEngine:
     # ---- speculated exponents (docs/protocol.md, "Speculated exponents") ----------------------------------
     def _speculating(self, plan: ReducePlan) -> bool:
         """Whether ``plan``'s reduce may send chunks at speculated exponents: TransportConfig.speculate_bits
-        set, not in exact mode, not behind leaf switches, no chunk owned (owner-only RESULTs)."""
+        set, renormalized by the count (a redo's round carries its contributors in the weight field, one
+        bit per worker: 32 workers at most), not in exact mode, not behind leaf switches, no chunk owned
+        (owner-only RESULTs)."""
         cfg = self.config
-        return bool(cfg.speculate_bits) and not cfg.exact and not cfg.leaf_sizes and not plan.any_owned
+        if not cfg.speculate_bits or cfg.renormalize != "count" or self.n_workers > _REDO_MAX_WORKERS:
+            return False
+        return not cfg.exact and not cfg.leaf_sizes and not plan.any_owned
 
     def _spec_key(self, n: int, step: int) -> tuple[int, int]:
         """The reduce whose agreed exponents a reduce of ``n`` values at ``step`` speculates from: the last
@@ -485,27 +491,38 @@ class ReduceEngine:
         plan.redo[c] = True
         plan.redo_bits[c] = bits
         plan.seqs[u] += 1
-        # The second round waits as a FLUSHed unit does (one FLUSH round trip, doubled: Deadlines.arm), then
-        # FLUSHes: no rule that reads a peer's progress (the fast flush, tail probes) may close it sooner,
-        # since the peers send it out of order, as their first round's RESULT reaches them.
-        now = time.perf_counter()
+        # The second round has no deadline until this worker knows the agreed exponent (_redo_send): its
+        # contributors cannot send before they know it, and a FLUSH before their GRADs would close the
+        # round short of them, or empty (a fallback chosen by the values that caused the redo). Then it
+        # waits as a FLUSHed unit does (one FLUSH round trip, doubled: Deadlines.arm): no rule that reads a
+        # peer's progress (the fast flush, tail probes) may close it sooner, since the peers send it out
+        # of order, as their first round's RESULT reaches them.
         for arr in (plan.probes, plan.retx, plan.retx_spent):
             arr[u] = 0
         plan.flushes[u] = 1
-        plan.first_flush_at[u] = plan.flushed_at[u] = now
         plan.proven_lost[u] = plan.proven_in[u] = False
-        waiting = u[plan.state[u] == IN_FLIGHT]
-        if waiting.size:
-            self.deadlines.arm(plan, waiting, now)
+        plan.deadline_at[u] = np.inf
+        # A unit this worker had not sent yet is in flight from now: its first round is over, and its row
+        # for the second goes with the others' (_redo_send); the send loop passes it by.
+        pending = plan.state[u] == PENDING
+        if pending.any():
+            plan.state[u[pending]] = IN_FLIGHT
+            plan.sent_at[u[pending]] = time.perf_counter()
+            plan.quantized[c[pending]] = True
+            plan.has_exp[c[pending]] = False
         plan.redo_waiting[c] = True
         plan.any_redo_waiting = True
         self.stats.redone_chunks += len(c)
         self._redo_send(plan)
 
     def _redo_send(self, plan: ReducePlan) -> None:
-        """Send this worker's GRAD of the redone chunks whose agreed exponent is known now, where it is one of
-        their first round's contributors and its proposal was counted; the others await the RESULT. A chunk
-        whose exponent unit was given up has no agreed exponent: this worker sends nothing for it."""
+        """Send this worker's GRAD of the redone chunks whose agreed exponent is known now, at that exponent:
+        its values with weight 2^worker where it is one of their first round's contributors and its
+        proposal was counted, else zeros with weight 0. Every worker that knows of the redo sends, so the
+        round closes when the last GRAD arrives, as a first round does, and no timer decides who is
+        counted; the weights' sum names the contributors counted (the settle reads it: count and bitmap).
+        A chunk whose exponent unit was given up has no agreed exponent: this worker sends nothing for it
+        (its FLUSH closes the round)."""
         k, e = self.config.elems_per_packet, plan.exp_units
         c = np.flatnonzero(plan.redo_waiting)
         known = (plan.agreed_bits[c] != 0) | (plan.state[c // k] >= DONE)
@@ -515,23 +532,33 @@ class ReduceEngine:
         plan.redo_waiting[c] = False
         plan.any_redo_waiting = bool(plan.redo_waiting.any())
         u = c + e
+        now = time.perf_counter()
+        plan.first_flush_at[u] = plan.flushed_at[u] = now
+        waiting = u[plan.state[u] == IN_FLIGHT]
+        if waiting.size:
+            self.deadlines.arm(plan, waiting, now)
+        sends = (plan.agreed_bits[c] != 0) & (plan.state[u] == IN_FLIGHT)
+        plan.has_exp[c] = sends  # (a probe resends the second round's row; none where nothing went)
+        if not sends.any():
+            return
+        c, u = c[sends], u[sends]
         own = np.uint64(1) << np.uint64(self.worker_id)
-        mine = ((plan.redo_bits[c] & plan.agreed_bits[c] & own) != 0) & (plan.state[u] == IN_FLIGHT)
-        plan.has_exp[c[~mine]] = False  # (nothing of this worker's in the redo: no probe resends a row)
+        mine = (plan.redo_bits[c] & plan.agreed_bits[c] & own) != 0
+        if plan.direct is not None:  # whole chunks were quantized where the caller holds them
+            there = c[mine & (c < len(plan.direct))]
+            plan.chunks[there] = plan.direct[there]
+        shifts = codec.data_shifts(plan.agreed_exp[c].astype(np.int64), self.n_workers)
+        plan.shift[c] = shifts
+        d = plan.data_batch
         if mine.any():
-            c, u = c[mine], u[mine]
-            if plan.direct is not None:  # whole chunks were quantized where the caller holds them
-                there = c[c < len(plan.direct)]
-                plan.chunks[there] = plan.direct[there]
-            shifts = codec.data_shifts(plan.agreed_exp[c].astype(np.int64), self.n_workers)
-            plan.shift[c] = shifts
-            d = plan.data_batch
-            codec.quantize_into(plan.chunks, shifts, self.n_workers, self._rng, d["payload"], c)
-            d["exp"][c], d["seq"][c], d["slot"][c] = shifts, plan.seqs[u], plan.slots[u]
-            d["step"][c] = self._header["step"]
-            d["flags"][c] = np.where(plan.critical[c], _CRITICAL, 0) | np.where(plan.owner[c] >= 0, _OWNER, 0)
-            self.send(plan.data_rows[c], plan.slots[u])
-            plan.sent_at[u] = time.perf_counter()
+            codec.quantize_into(plan.chunks, shifts[mine], self.n_workers, self._rng, d["payload"], c[mine])
+        d["payload"][c[~mine]] = 0
+        d["weight"][c] = np.where(mine, 1 << self.worker_id, 0)
+        d["exp"][c], d["seq"][c], d["slot"][c] = shifts, plan.seqs[u], plan.slots[u]
+        d["step"][c] = self._header["step"]
+        d["flags"][c] = np.where(plan.critical[c], _CRITICAL, 0) | np.where(plan.owner[c] >= 0, _OWNER, 0)
+        self.send(plan.data_rows[c], plan.slots[u])
+        plan.sent_at[u] = time.perf_counter()
 
     def _finish(
         self,
@@ -900,6 +927,8 @@ class ReduceEngine:
             due = self._due(plan, now, dl.recovery_slack_s())
         if due.size:
             self._on_deadlines(plan, due, now, step)
+            if plan.any_redo_waiting:  # (an exponent unit given up: its redone chunks get their deadlines)
+                self._redo_send(plan)
         self._send_recovery()
 
     def _steady(self, plan: ReducePlan, wake: Any, synced: bool) -> bool:
@@ -1823,8 +1852,13 @@ class ReduceEngine:
             return
         c = u[data] - plan.exp_units
         cnt, shift = count[data], hdr["exp"][rows[data]].astype(np.int32)
-        plan.count[c], plan.bitmap[c] = cnt, bitmap[data]
-        plan.weight[c] = hdr["weight"][rows[data]]
+        bits, weights = bitmap[data], hdr["weight"][rows[data]].astype(np.int64)
+        redone = (hdr["seq"][rows[data]].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
+        if redone.any():  # a redo's round: the weights name the contributors counted (_redo_send)
+            bits = np.where(redone, bits & weights.astype(np.uint64), bits)
+            cnt = np.where(redone, np.bitwise_count(bits).astype(np.int64), cnt)
+        plan.count[c], plan.bitmap[c] = cnt, bits
+        plan.weight[c] = weights
         plan.result_flags[c], plan.shift[c] = flags[data], shift
         # Dequantized as they arrive, straight from the receive buffer.
         divisor = renormalize_divisor(cnt, plan.weight[c], self.config.renormalize, n_workers)
