@@ -441,16 +441,22 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
         n_results++;
         const int64_t u = global - base;
         const uint64_t bits = be64(h + OFF_BITMAP);
+        /* A worker's bit proves it sent every unit up to this one (units go in order): in a redo's round only
+         * the first round's contributors' (weight 2^w) do; the others' zeros went out of order */
+        const uint64_t proof = phase == 1 ? bits & (uint64_t)be32(h + OFF_WEIGHT) : bits;
+        const int flagged = phase == 0 && (h[OFF_FLAGS] & FLAG_SATURATED) && h[OFF_COUNT] > 0;
         if (u >= units) { /* a later reduce's: what its bits prove the peers sent (reuse.py) */
             any_later = 1;
             for (Py_ssize_t w = 0; w < n_workers; w++)
-                if ((bits >> w) & 1 && later[w] < u)
+                if ((proof >> w) & 1 && later[w] < u)
                     later[w] = u;
+            if (phase == 1 || flagged)
+                redo[n_redo++] = i; /* a later unit redone: this worker joins its redo there (_on_redo) */
             continue;
         }
         if (u < 0 || state[u] == ST_DONE)
             continue; /* (a later copy of a unit settled in this batch too: the first copy wins) */
-        if (phase == 0 && u >= exp_units && (h[OFF_FLAGS] & FLAG_SATURATED) && h[OFF_COUNT] > 0) {
+        if (flagged && u >= exp_units) {
             redo[n_redo++] = i; /* a first round some contributor clamped: redone in the unit's second round */
             continue;
         }
@@ -481,13 +487,13 @@ static PyObject *engine_settle(PyObject *self, PyObject *args) {
             if (flushes[u] == 1 && (retx || h[OFF_WORKER] == closer_id))
                 flush[n_flush++] = (now - flushed_at[u]) * 1000.0;
         }
-        if (bits == all_bits) {
+        if (proof == all_bits) {
             for (Py_ssize_t w = 0; w < n_workers; w++)
                 if (reached[w] < u)
                     reached[w] = u;
         } else {
             for (Py_ssize_t w = 0; w < n_workers; w++)
-                if ((bits >> w) & 1 && reached[w] < u)
+                if ((proof >> w) & 1 && reached[w] < u)
                     reached[w] = u;
         }
     }

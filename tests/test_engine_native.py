@@ -854,3 +854,71 @@ def test_a_peer_settled_mark_lets_a_withholding_worker_flush_at_once(fake_clock:
     assert e._peer_news
     e._frontier_from_marks(plan)
     assert plan.frontier.tolist() == [plan.units - 1, 4, plan.units - 1]
+
+
+def _redo_result(engine: ReduceEngine, plan, c: int, *, bitmap: int, weight: int, later: int = 0) -> bytes:  # noqa: ANN001
+    """A RESULT of chunk ``c``'s redo round (its unit's second round; ``later`` reduces' worth of units on),
+    hand-built: ``bitmap`` the workers whose GRADs it counted, ``weight`` the sum of their weights (2^w for a
+    first-round contributor, 0 for a worker that sent zeros)."""
+    g = plan.base + plan.units * later + plan.exp_units + c
+    pkt = np.zeros(protocol.packet_bytes(engine.config.elems_per_packet), dtype=np.uint8)
+    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 1
+    hdr["slot"], hdr["seq"] = g % engine._slots, protocol.unit_seq(g, engine._slots, redo=True)
+    hdr["count"], hdr["bitmap"], hdr["weight"], hdr["exp"] = bin(bitmap).count("1"), bitmap, weight, 20
+    hdr["chunk"], hdr["nelem"] = c, engine.config.elems_per_packet
+    pkt[HEADER_BYTES:].view(">i4")[:] = 1 << 20
+    return pkt.tobytes()
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_a_redo_round_counts_its_contributors_and_proves_only_their_progress(fake_clock: Clock, native: bool):
+    """A redo's RESULT counted worker 0's values (weight 1 = 2^0) and worker 1's zeros (weight 0): the chunk
+    is worker 0's value alone (count 1, bitmap 1), and only worker 0's bit proves it sent every unit before
+    (worker 1's zeros went out of order: a peer that had not reached the unit yet sends them at once)."""
+    cfg = TransportConfig(elems_per_packet=8, pool_size=48, seed=1, speculate_bits=3)
+    e = _engine(cfg, 0, 2, native)
+    plan, _ = e._begin(np.ones(8 * 20, dtype=np.float32), step=5, weight=1, critical=None, owners=None,
+                       t0=fake_clock())  # fmt: skip
+    e._handle(e.io.fill([_redo_result(e, plan, 15, bitmap=0b11, weight=0b01)]), plan)
+    c, u = 15, plan.exp_units + 15
+    assert plan.state[u] == DONE and plan.count[c] == 1 and plan.bitmap[c] == 1
+    np.testing.assert_array_equal(plan.out[c], np.full(8, 1.0))  # 2^20 · 2^-20 / 1
+    assert plan.frontier.tolist() == [u, -1]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_a_worker_late_to_a_redone_unit_joins_its_redo_and_gets_the_stored_result(
+    fake_clock: Clock, native: bool
+):
+    """A redo RESULT of the next reduce's unit reaches a worker still in this reduce: when it starts that
+    reduce, the unit is in its second round already (its FLUSHes and probes go there: the switch drops the
+    first round's as stale), and once the agreed exponent is known the worker sends its zeros there, which
+    the switch answers with the stored RESULT (before, its first round's FLUSHes went unanswered until it
+    gave the unit up)."""
+    cfg = TransportConfig(elems_per_packet=8, pool_size=48, seed=1, speculate_bits=3)
+    e = _engine(cfg, 1, 2, native)
+    x = np.ones(8 * 20, dtype=np.float32)
+    plan, _ = e._begin(x, step=5, weight=1, critical=None, owners=None, t0=fake_clock())
+    e._handle(e.io.fill([_redo_result(e, plan, 7, bitmap=0b01, weight=0b01, later=1)]), plan)
+    assert plan.state.tolist().count(DONE) == 0 and not plan.redo.any()  # (this reduce's own: untouched)
+    e._plans.clear()  # the next reduce, of the same length, starts one reduce later
+    e._next_unit = plan.base + plan.units
+    nxt, _ = e._begin(x, step=6, weight=1, critical=None, owners=None, t0=fake_clock())
+    u = nxt.exp_units + 7
+    second = protocol.unit_seq(nxt.base + u, e._slots, redo=True)
+    assert nxt.redo[7] and nxt.state[u] == IN_FLIGHT and nxt.seqs[u] == second
+    assert nxt.deadline_at[u] == np.inf and nxt.redo_waiting[7]  # until the agreed exponent is known
+    e.io.take()
+    # the exponent round's RESULT (exponent unit 0: chunks 0-7), worker 1's proposal counted
+    pkt = np.zeros(protocol.packet_bytes(8), dtype=np.uint8)
+    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
+    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 0
+    hdr["slot"], hdr["seq"] = nxt.base % e._slots, protocol.unit_seq(nxt.base, e._slots)
+    hdr["count"], hdr["bitmap"], hdr["flags"] = 2, 0b11, int(Flag.MAX)
+    pkt[HEADER_BYTES:].view(">i4")[:] = 1
+    e._handle(e.io.fill([pkt.tobytes()]), nxt)
+    sent = [np.frombuffer(row, dtype=np.uint8)[:HEADER_BYTES].view(HEADER_DTYPE)[0] for row in e.io.take()]
+    mine = [h for h in sent if h["seq"] == second and h["slot"] == (nxt.base + u) % e._slots]
+    assert len(mine) == 1 and mine[0]["op"] == int(Op.GRAD) and mine[0]["weight"] == 0  # zeros
+    assert np.isfinite(nxt.deadline_at[u]) and not nxt.redo_waiting[7]

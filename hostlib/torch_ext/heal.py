@@ -226,7 +226,9 @@ class Healer:
         self.restore(step, own, values)
         codec = worker.codec_state()
         # own rounding stream and prev kept; its last agreed exponents are of reduces its peers left long ago
-        worker.load_codec_state({**codec, "next_unit": next_unit, "agreed": {}})
+        worker.load_codec_state(
+            {**codec, "next_unit": next_unit, "agreed": {}, "agreed_step": -1, "agreed_seen": {}}
+        )
         worker.health.healed()
         inbox.clear()
         self.healed += 1

@@ -85,8 +85,9 @@ _HELD = ("", "span", "peers")
 log = logging.getLogger(__name__)
 
 _HEAL_STREAMS_KEPT = 4  # a peer's heal streams meant for another rank are held this many at most
-_SPEC_KEYS = 1024  # keys whose last agreed exponents a worker keeps for speculation
+_SPEC_KEYS = 256  # keys whose last agreed exponents a worker keeps for speculation
 _REDO_MAX_WORKERS = 32  # a redo's GRAD names its sender in the 32-bit weight field (_redo_send)
+_LATER_REDO_KEPT = 4096  # later units known to be redone, kept for their reduce (_later_redone)
 
 
 @dataclass
@@ -143,6 +144,8 @@ class ReduceEngine:
         self._agreed: dict[tuple[int, int], np.ndarray] = {}
         self._spec_step: int | None = None
         self._spec_seen: dict[int, int] = {}
+        # Later reduces' units a RESULT showed redone, and their first rounds' bitmaps (_on_redo)
+        self._later_redo: dict[int, int] = {}
         # The (chunks, K) rows buffer a prev value is a view of, where it was a plan's output rows (handed
         # over in _finish instead of copied; plan.out then takes the buffer it held before). A plan's out
         # is never one of these while they back a prev value.
@@ -320,6 +323,7 @@ class ReduceEngine:
         plan.direct = local[: k_full * k].reshape(k_full, k) if k_full else None
         if spec_key is not None and self._speculating(plan):
             self._speculate(plan, spec_key, proposals)
+        self._later_redone(plan)
         # Each chunk's values go to ``out`` as its RESULT is settled, while the reduce waits for the others,
         # instead of in a pass over every value after the last: not where chunks are owned elsewhere (their
         # rows are not written), nor with renormalize "none" (a partial chunk there takes the fallback, and
@@ -416,6 +420,8 @@ class ReduceEngine:
         length in a step are told apart). Lengths, their order and the steps are what every worker of the
         job passes alike, so every worker that got that reduce's exponent RESULTs speculates alike (the
         caller's key, a tensor's address on torch's paths, may differ between ranks)."""
+        if step == 0:  # (no step numbering, LtaWorker.allreduce's default: by the length alone)
+            return n, 0
         if step != self._spec_step:
             self._spec_step = step
             self._spec_seen.clear()
@@ -476,13 +482,44 @@ class ReduceEngine:
         flagged SATURATED (it clamped, or its values lay outside the speculated exponent's range): no such
         sum is used. Each unit moves to its second round (``plan.seqs``: its FLUSHes and probes go there),
         where the first round's contributors whose proposals the exponent round counted send the chunk
-        again at the agreed exponent (_redo_send); every worker awaits its RESULT as any unit's."""
+        again at the agreed exponent (_redo_send); every worker awaits its RESULT as any unit's. Rows of a
+        later reduce's units (flagged, or of their redo's round) are remembered for it (_later_redo)."""
         data = self.io.rx.data
         hdr = np.ndarray((len(data),), dtype=HEADER_DTYPE, buffer=data, strides=(data.strides[0],))
-        g, _ = seq_unit(hdr["seq"][rows].astype(np.int64), hdr["slot"][rows].astype(np.int64), self._slots)
-        c = g - plan.base - plan.exp_units
+        g, phase = seq_unit(
+            hdr["seq"][rows].astype(np.int64), hdr["slot"][rows].astype(np.int64), self._slots
+        )
+        bits = np.where(phase == 0, hdr["bitmap"][rows].astype(np.uint64), np.uint64(0))
+        later = g >= plan.base + plan.units
+        if later.any():
+            for unit, first in zip(g[later].tolist(), bits[later].tolist(), strict=True):
+                self._later_redo.setdefault(unit, first)
+            while len(self._later_redo) > _LATER_REDO_KEPT:
+                del self._later_redo[next(iter(self._later_redo))]
+            g, bits = g[~later], bits[~later]
+        self._mark_redo(plan, g - plan.base - plan.exp_units, bits)
+
+    def _later_redone(self, plan: ReducePlan) -> None:
+        """At a reduce's start: its units a peer's RESULT showed redone before this worker got there (it
+        was late: its first round's GRAD and FLUSHes go to a round the slot moved past, which the switch
+        drops unanswered). They are redone here too, at once: this worker's second-round GRAD gets the
+        stored RESULT back, instead of its FLUSHes giving up."""
+        if not self._later_redo:
+            return
+        top = plan.base + plan.units
+        mine = {g: bits for g, bits in self._later_redo.items() if plan.base + plan.exp_units <= g < top}
+        self._later_redo = {g: bits for g, bits in self._later_redo.items() if g >= top}
+        if mine:
+            units = np.fromiter(mine.keys(), dtype=np.int64, count=len(mine))
+            bits = np.fromiter(mine.values(), dtype=np.uint64, count=len(mine))
+            self._mark_redo(plan, units - plan.base - plan.exp_units, bits)
+
+    def _mark_redo(self, plan: ReducePlan, c: np.ndarray, bits: np.ndarray) -> None:
+        """Chunks ``c`` of ``plan`` are redone, their first rounds' bitmaps ``bits`` (_on_redo)."""
+        if not c.size:
+            return
         c, first = np.unique(c, return_index=True)
-        bits = hdr["bitmap"][rows[first]].astype(np.uint64)
+        bits = bits[first]
         new = ~plan.redo[c] & (plan.state[c + plan.exp_units] < DONE)
         c, bits = c[new], bits[new]
         if not c.size:
@@ -554,6 +591,7 @@ class ReduceEngine:
             codec.quantize_into(plan.chunks, shifts[mine], self.n_workers, self._rng, d["payload"], c[mine])
         d["payload"][c[~mine]] = 0
         d["weight"][c] = np.where(mine, 1 << self.worker_id, 0)
+        plan._stamped.pop("weight", None)  # (the next reset writes the reduce's weight back)
         d["exp"][c], d["seq"][c], d["slot"][c] = shifts, plan.seqs[u], plan.slots[u]
         d["step"][c] = self._header["step"]
         d["flags"][c] = np.where(plan.critical[c], _CRITICAL, 0) | np.where(plan.owner[c] >= 0, _OWNER, 0)
@@ -927,8 +965,8 @@ class ReduceEngine:
             due = self._due(plan, now, dl.recovery_slack_s())
         if due.size:
             self._on_deadlines(plan, due, now, step)
-            if plan.any_redo_waiting:  # (an exponent unit given up: its redone chunks get their deadlines)
-                self._redo_send(plan)
+        if plan.any_redo_waiting:  # (an exponent unit given up or overtaken: its redone chunks' deadlines)
+            self._redo_send(plan)
         self._send_recovery()
 
     def _steady(self, plan: ReducePlan, wake: Any, synced: bool) -> bool:
@@ -1702,9 +1740,11 @@ class ReduceEngine:
         state = plan.state
         take = (u_all >= 0) & (u_all < plan.units)
         take[take] = state[u_all[take]] != DONE
-        # A data unit's first round that some contributor flagged SATURATED is redone, not settled (_on_redo)
-        redo = take & (phase == 0) & (u_all >= plan.exp_units) & (hdr["count"][rows] > 0)
-        redo &= (hdr["flags"][rows] & _SATURATED) != 0
+        # A data unit's first round that some contributor flagged SATURATED is redone, not settled (_on_redo);
+        # a later reduce's unit so flagged, or in its redo's round, is remembered for that reduce
+        flagged = (phase == 0) & (hdr["count"][rows] > 0) & ((hdr["flags"][rows] & _SATURATED) != 0)
+        later = u_all >= plan.units
+        redo = (take & flagged & (u_all >= plan.exp_units)) | (later & (flagged | (phase == 1)))
         take &= ~redo
         if redo.any():  # (rare) one behind a RESULT that settled its unit in this batch is ignored, as late
             first_settled: dict[int, int] = {}
@@ -1721,9 +1761,8 @@ class ReduceEngine:
             first = np.sort(np.unique(u, return_index=True)[1])
             rows, u = rows[first], u[first]
         self.stats.packets_ignored += len(u_all) - len(u) - int(np.count_nonzero(redo))
-        later = u_all >= plan.units
         if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
-            bitmap = hdr["bitmap"][rows_all[later]].astype(np.uint64)
+            bitmap = _proof(hdr, rows_all[later])
             bits = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
             self.reuse.saw(plan.base, np.where(bits, u_all[later][:, None], -1).max(axis=0))
         # Every RESULT frame of this batch crossed this worker's link: one point of the delivery rate.
@@ -1754,6 +1793,7 @@ class ReduceEngine:
         retx = (flags & _RETX) != 0
         self.stats.results_retx += int(retx.sum())
         self._time_answers(plan, hdr, rows, u, prior, count, retx)
+        proof = _proof(hdr, rows)  # (whose bits prove they sent every unit up to u: reached, below)
         self.deadlines.track_absent(bitmap)
         plan.full_units += int(np.count_nonzero(count == n_workers))
         if plan.any_critical:
@@ -1765,10 +1805,10 @@ class ReduceEngine:
                 self.stats.critical_partial_results += int(short.sum())
                 log.debug("worker %d: %d critical units closed short", self.worker_id, int(short.sum()))
         # A worker's bit in unit u's RESULT proves it has sent every unit up to u (units go in order).
-        if bool((bitmap == self._all_bits).all()):  # every round complete (the lossless case): one max
+        if bool((proof == self._all_bits).all()):  # every round complete (the lossless case): one max
             reached = np.full(n_workers, int(u.max()), dtype=np.int64)
         else:
-            has_bit = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
+            has_bit = ((proof[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
             reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
         plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
@@ -1856,7 +1896,8 @@ class ReduceEngine:
         redone = (hdr["seq"][rows[data]].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
         if redone.any():  # a redo's round: the weights name the contributors counted (_redo_send)
             bits = np.where(redone, bits & weights.astype(np.uint64), bits)
-            cnt = np.where(redone, np.bitwise_count(bits).astype(np.int64), cnt)
+            ones = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+            cnt = np.where(redone, ones.astype(np.int64), cnt)
         plan.count[c], plan.bitmap[c] = cnt, bits
         plan.weight[c] = weights
         plan.result_flags[c], plan.shift[c] = flags[data], shift
@@ -1944,6 +1985,17 @@ class ReduceEngine:
         plan.own_exp[chunks] = ((ebits >> np.uint64(self.worker_id)) & np.uint64(1)).astype(bool)
         plan.exp_bitmap[chunks] = ebits
         plan.any_withheld |= bool(np.any(ebits != self._all_bits))
+
+
+def _proof(hdr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The bits of RESULT ``rows`` that prove their workers sent every unit up to the row's (units go in
+    order): the bitmap, but in a redo's round (its unit's second) only the first round's contributors,
+    named by the weight (2^w each; the others' zeros went out of order: ReduceEngine._redo_send)."""
+    bitmap = hdr["bitmap"][rows].astype(np.uint64)
+    redone = (hdr["seq"][rows].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
+    if redone.any():
+        bitmap = np.where(redone, bitmap & hdr["weight"][rows].astype(np.uint64), bitmap)
+    return bitmap
 
 
 def _copy_rows(
