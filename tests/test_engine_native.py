@@ -859,16 +859,13 @@ def test_a_peer_settled_mark_lets_a_withholding_worker_flush_at_once(fake_clock:
 def _redo_result(engine: ReduceEngine, plan, c: int, *, bitmap: int, weight: int, later: int = 0) -> bytes:  # noqa: ANN001
     """A RESULT of chunk ``c``'s redo round (its unit's second round; ``later`` reduces' worth of units on),
     hand-built: ``bitmap`` the workers whose GRADs it counted, ``weight`` the sum of their weights (2^w for a
-    first-round contributor, 0 for a worker that sent zeros)."""
+    first-round contributor, 0 for a worker that sent zeros); every value 2^20 at shift 20."""
     g = plan.base + plan.units * later + plan.exp_units + c
-    pkt = np.zeros(protocol.packet_bytes(engine.config.elems_per_packet), dtype=np.uint8)
-    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
-    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 1
-    hdr["slot"], hdr["seq"] = g % engine._slots, protocol.unit_seq(g, engine._slots, redo=True)
-    hdr["count"], hdr["bitmap"], hdr["weight"], hdr["exp"] = bin(bitmap).count("1"), bitmap, weight, 20
-    hdr["chunk"], hdr["nelem"] = c, engine.config.elems_per_packet
-    pkt[HEADER_BYTES:].view(">i4")[:] = 1 << 20
-    return pkt.tobytes()
+    k, seq = engine.config.elems_per_packet, protocol.unit_seq(g, engine._slots, redo=True)
+    return protocol.make_packet(
+        Op.RESULT, job_id=JOB, worker_id=1, slot=g % engine._slots, seq=seq, payload=np.full(k, 1 << 20),
+        elems_per_packet=k, exp=20, count=bin(bitmap).count("1"), chunk=c, weight=weight, bitmap=bitmap,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
@@ -911,13 +908,11 @@ def test_a_worker_late_to_a_redone_unit_joins_its_redo_and_gets_the_stored_resul
     assert nxt.deadline_at[u] == np.inf and nxt.redo_waiting[7]  # until the agreed exponent is known
     e.io.take()
     # the exponent round's RESULT (exponent unit 0: chunks 0-7), worker 1's proposal counted
-    pkt = np.zeros(protocol.packet_bytes(8), dtype=np.uint8)
-    hdr = pkt[:HEADER_BYTES].view(HEADER_DTYPE)
-    hdr["version"], hdr["op"], hdr["job_id"], hdr["worker_id"] = protocol.VERSION, int(Op.RESULT), JOB, 0
-    hdr["slot"], hdr["seq"] = nxt.base % e._slots, protocol.unit_seq(nxt.base, e._slots)
-    hdr["count"], hdr["bitmap"], hdr["flags"] = 2, 0b11, int(Flag.MAX)
-    pkt[HEADER_BYTES:].view(">i4")[:] = 1
-    e._handle(e.io.fill([pkt.tobytes()]), nxt)
+    exponents = protocol.make_packet(
+        Op.RESULT, job_id=JOB, slot=nxt.base % e._slots, seq=protocol.unit_seq(nxt.base, e._slots),
+        payload=np.ones(8), elems_per_packet=8, flags=int(Flag.MAX), count=2, bitmap=0b11,
+    )  # fmt: skip
+    e._handle(e.io.fill([exponents]), nxt)
     sent = [np.frombuffer(row, dtype=np.uint8)[:HEADER_BYTES].view(HEADER_DTYPE)[0] for row in e.io.take()]
     mine = [h for h in sent if h["seq"] == second and h["slot"] == (nxt.base + u) % e._slots]
     assert len(mine) == 1 and mine[0]["op"] == int(Op.GRAD) and mine[0]["weight"] == 0  # zeros
