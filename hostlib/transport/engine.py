@@ -1812,7 +1812,7 @@ class ReduceEngine:
             reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
         plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
-        self._settle_values(plan, hdr, rows, u, count, bitmap, flags)
+        self._settle_values(plan, hdr, rows, u, count, proof, flags)
 
     def _time_answers(
         self,
@@ -1875,7 +1875,8 @@ class ReduceEngine:
         flags: np.ndarray,
     ) -> None:
         """What the RESULTs of units ``u`` carry: agreed exponents (exponent units) and the dequantized,
-        renormalized sums with their counts, bitmaps and weights (data units)."""
+        renormalized sums with their counts, bitmaps and weights (data units). ``bitmap``: the rows'
+        :func:`_proof` (in a redo's round, the contributors counted)."""
         k, n_workers = self.config.elems_per_packet, self.n_workers
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
         payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
@@ -1892,14 +1893,13 @@ class ReduceEngine:
             return
         c = u[data] - plan.exp_units
         cnt, shift = count[data], hdr["exp"][rows[data]].astype(np.int32)
-        bits, weights = bitmap[data], hdr["weight"][rows[data]].astype(np.int64)
-        redone = (hdr["seq"][rows[data]].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
-        if redone.any():  # a redo's round: the weights name the contributors counted (_redo_send)
-            bits = np.where(redone, bits & weights.astype(np.uint64), bits)
+        bits = bitmap[data]  # (_proof's: a redo's round names the contributors counted, _redo_send)
+        redone = _redone(hdr, rows[data])
+        if redone.any():  # ... and counts them
             ones = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
             cnt = np.where(redone, ones.astype(np.int64), cnt)
         plan.count[c], plan.bitmap[c] = cnt, bits
-        plan.weight[c] = weights
+        plan.weight[c] = hdr["weight"][rows[data]]
         plan.result_flags[c], plan.shift[c] = flags[data], shift
         # Dequantized as they arrive, straight from the receive buffer.
         divisor = renormalize_divisor(cnt, plan.weight[c], self.config.renormalize, n_workers)
@@ -1987,12 +1987,17 @@ class ReduceEngine:
         plan.any_withheld |= bool(np.any(ebits != self._all_bits))
 
 
+def _redone(hdr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Which RESULT ``rows`` are of a redo's round (their unit's second: hostlib.protocol.seq_unit)."""
+    return (hdr["seq"][rows].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
+
+
 def _proof(hdr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The bits of RESULT ``rows`` that prove their workers sent every unit up to the row's (units go in
     order): the bitmap, but in a redo's round (its unit's second) only the first round's contributors,
     named by the weight (2^w each; the others' zeros went out of order: ReduceEngine._redo_send)."""
     bitmap = hdr["bitmap"][rows].astype(np.uint64)
-    redone = (hdr["seq"][rows].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
+    redone = _redone(hdr, rows)
     if redone.any():
         bitmap = np.where(redone, bitmap & hdr["weight"][rows].astype(np.uint64), bitmap)
     return bitmap
