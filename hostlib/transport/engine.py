@@ -591,7 +591,7 @@ class ReduceEngine:
             codec.quantize_into(plan.chunks, shifts[mine], self.n_workers, self._rng, d["payload"], c[mine])
         d["payload"][c[~mine]] = 0
         d["weight"][c] = np.where(mine, 1 << self.worker_id, 0)
-        plan._stamped.pop("weight", None)  # (the next reset writes the reduce's weight back)
+        plan.restamp("weight")  # (the next reset writes the reduce's weight back)
         d["exp"][c], d["seq"][c], d["slot"][c] = shifts, plan.seqs[u], plan.slots[u]
         d["step"][c] = self._header["step"]
         d["flags"][c] = np.where(plan.critical[c], _CRITICAL, 0) | np.where(plan.owner[c] >= 0, _OWNER, 0)

@@ -289,6 +289,11 @@ class ReducePlan:
         self.fast_flushed_to = 0
         self.all_sent = False
 
+    def restamp(self, name: str) -> None:
+        """Header field ``name`` of some data rows was written outside :meth:`reset` (a redo's weight:
+        ReduceEngine._redo_send): the next reset writes it into every row again."""
+        self._stamped.pop(name, None)
+
     def deliver_to(self, out: np.ndarray | None, scale: float = 1.0) -> None:
         """Settling a data chunk with values (a RESULT of count > 0) also writes them, times ``scale``, to
         the flat float32 ``out`` (its first ``out.size`` values are the reduce's), once the chunk has been
