@@ -531,9 +531,9 @@ class ReduceEngine:
         # The second round has no deadline until this worker knows the agreed exponent (_redo_send): its
         # contributors cannot send before they know it, and a FLUSH before their GRADs would close the
         # round short of them, or empty (a fallback chosen by the values that caused the redo). Then it
-        # waits as a FLUSHed unit does (one FLUSH round trip, doubled: Deadlines.arm): no rule that reads a
-        # peer's progress (the fast flush, tail probes) may close it sooner, since the peers send it out
-        # of order, as their first round's RESULT reaches them.
+        # waits one RTO. It counts as FLUSHed once: no rule that reads a peer's progress (the fast flush,
+        # tail probes) may close it sooner, since the peers send it out of order, as their first round's
+        # RESULT reaches them.
         for arr in (plan.probes, plan.retx, plan.retx_spent):
             arr[u] = 0
         plan.flushes[u] = 1
@@ -571,9 +571,11 @@ class ReduceEngine:
         u = c + e
         now = time.perf_counter()
         plan.first_flush_at[u] = plan.flushed_at[u] = now
+        # Every worker that knows the agreed exponent sends now: the round's GRADs are due within a round
+        # trip, as a tail unit's are, so it waits one RTO (the configured floor min_deadline_ms included)
+        # before its FLUSH; later FLUSHes back off as any unit's (Deadlines.arm).
         waiting = u[plan.state[u] == IN_FLIGHT]
-        if waiting.size:
-            self.deadlines.arm(plan, waiting, now)
+        plan.deadline_at[waiting] = now + self.deadlines.rto_s() * self.deadlines.stagger
         sends = (plan.agreed_bits[c] != 0) & (plan.state[u] == IN_FLIGHT)
         plan.has_exp[c] = sends  # (a probe resends the second round's row; none where nothing went)
         if not sends.any():
