@@ -47,7 +47,6 @@ from hostlib.protocol import (
     HEAL_CHUNK_BASE,
     HEAL_REQUEST_BASE,
     MAX_WORKERS,
-    ROUNDS_PER_UNIT,
     VERSION,
     Flag,
     Op,
@@ -1755,22 +1754,22 @@ class ReduceEngine:
             for pos in np.flatnonzero(redo).tolist():
                 if first_settled.get(int(u_all[pos]), pos) < pos:
                     redo[pos] = False
-        rows_all = rows
-        rows, u = rows[take], u_all[take]
+        rows_all, redone_all = rows, phase == 1  # (a redo's round: its unit's second)
+        rows, u, redone = rows[take], u_all[take], redone_all[take]
         # One RESULT per unit: a resend or a duplicate FLUSH answer in the same batch changes nothing.
         # (Units mostly arrive in order, each once: then there is nothing to remove and no sort to pay.)
         if u.size > 1 and not bool((u[1:] > u[:-1]).all()):
             first = np.sort(np.unique(u, return_index=True)[1])
-            rows, u = rows[first], u[first]
+            rows, u, redone = rows[first], u[first], redone[first]
         self.stats.packets_ignored += len(u_all) - len(u) - int(np.count_nonzero(redo))
         if later.any():  # a later reduce's: its bits prove what the peers settled (reuse.py)
-            bitmap = _proof(hdr, rows_all[later])
+            bitmap = _proof(hdr, rows_all[later], redone_all[later])
             bits = ((bitmap[:, None] >> self._worker_bits) & np.uint64(1)).astype(bool)
             self.reuse.saw(plan.base, np.where(bits, u_all[later][:, None], -1).max(axis=0))
         # Every RESULT frame of this batch crossed this worker's link: one point of the delivery rate.
         plan.rx_batches.append((time.perf_counter(), len(u_all)))
         if u.size:
-            self._settle(plan, hdr, rows, u)
+            self._settle(plan, hdr, rows, u, redone)
             if self.trace is not None:
                 self.trace.on_settled(self, plan, u)
         self._drop_overtaken(plan)
@@ -1784,7 +1783,10 @@ class ReduceEngine:
         elif plan.any_redo_waiting:
             self._redo_send(plan)
 
-    def _settle(self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray) -> None:
+    def _settle(
+        self, plan: ReducePlan, hdr: np.ndarray, rows: np.ndarray, u: np.ndarray, redone: np.ndarray
+    ) -> None:
+        """Settle units ``u`` from RESULT ``rows`` (``redone``: a row is of its unit's redo round)."""
         n_workers = self.n_workers
         prior = plan.state[u].copy()
         plan.state[u] = DONE
@@ -1795,7 +1797,7 @@ class ReduceEngine:
         retx = (flags & _RETX) != 0
         self.stats.results_retx += int(retx.sum())
         self._time_answers(plan, hdr, rows, u, prior, count, retx)
-        proof = _proof(hdr, rows)  # (whose bits prove they sent every unit up to u: reached, below)
+        proof = _proof(hdr, rows, redone)  # (whose bits prove they sent every unit up to u: reached, below)
         self.deadlines.track_absent(bitmap)
         plan.full_units += int(np.count_nonzero(count == n_workers))
         if plan.any_critical:
@@ -1814,7 +1816,7 @@ class ReduceEngine:
             reached = np.where(has_bit, u[:, None], -1).max(axis=0)
         np.maximum(plan.frontier, reached, out=plan.frontier)
         plan.own_shown = max(plan.own_shown, int(reached[self.worker_id]))
-        self._settle_values(plan, hdr, rows, u, count, proof, flags)
+        self._settle_values(plan, hdr, rows, u, count, proof, flags, redone)
 
     def _time_answers(
         self,
@@ -1875,10 +1877,11 @@ class ReduceEngine:
         count: np.ndarray,
         bitmap: np.ndarray,
         flags: np.ndarray,
+        redone: np.ndarray,
     ) -> None:
         """What the RESULTs of units ``u`` carry: agreed exponents (exponent units) and the dequantized,
         renormalized sums with their counts, bitmaps and weights (data units). ``bitmap``: the rows'
-        :func:`_proof` (in a redo's round, the contributors counted)."""
+        :func:`_proof` (in a redo's round, ``redone``, the contributors counted)."""
         k, n_workers = self.config.elems_per_packet, self.n_workers
         # The payloads of every receive row, as a view (no gather): row rows[i] is RESULT i's.
         payload = self.io.rx.data[:, HEADER_BYTES : HEADER_BYTES + 4 * k].view(">i4")
@@ -1896,7 +1899,7 @@ class ReduceEngine:
         c = u[data] - plan.exp_units
         cnt, shift = count[data], hdr["exp"][rows[data]].astype(np.int32)
         bits = bitmap[data]  # (_proof's: a redo's round names the contributors counted, _redo_send)
-        redone = _redone(hdr, rows[data])
+        redone = redone[data]
         if redone.any():  # ... and counts them
             ones = np.unpackbits(np.ascontiguousarray(bits).view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
             cnt = np.where(redone, ones.astype(np.int64), cnt)
@@ -1989,17 +1992,12 @@ class ReduceEngine:
         plan.any_withheld |= bool(np.any(ebits != self._all_bits))
 
 
-def _redone(hdr: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Which RESULT ``rows`` are of a redo's round (their unit's second: hostlib.protocol.seq_unit)."""
-    return (hdr["seq"][rows].astype(np.int64) - 1) % ROUNDS_PER_UNIT == 1
-
-
-def _proof(hdr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _proof(hdr: np.ndarray, rows: np.ndarray, redone: np.ndarray) -> np.ndarray:
     """The bits of RESULT ``rows`` that prove their workers sent every unit up to the row's (units go in
-    order): the bitmap, but in a redo's round (its unit's second) only the first round's contributors,
-    named by the weight (2^w each; the others' zeros went out of order: ReduceEngine._redo_send)."""
+    order): the bitmap, but in a redo's round (``redone``: its unit's second, hostlib.protocol.seq_unit's
+    phase 1) only the first round's contributors, named by the weight (2^w each; the others' zeros went
+    out of order: ReduceEngine._redo_send)."""
     bitmap = hdr["bitmap"][rows].astype(np.uint64)
-    redone = _redone(hdr, rows)
     if redone.any():
         bitmap = np.where(redone, bitmap & hdr["weight"][rows].astype(np.uint64), bitmap)
     return bitmap
