@@ -239,9 +239,8 @@ def test_fallback_policies(make_cluster):
         cluster.switch.set_drop_policy(cluster.job_id, "down", DropPolicy(p=1.0), worker=1)
         second = [np.full(100, 5.0, np.float32), np.full(100, 7.0, np.float32)]
         r0, r1 = _reduce_worker_0_first(cluster, second)
-        if (
-            cluster.slack_bits
-        ):  # speculated exponents: worker 1's GRADs went at the first reduce's exponent + 3
+        # speculated exponents: worker 1's GRADs went at the first reduce's exponent + 3
+        if cluster.slack_bits:
             assert np.allclose(r0.values, 6.0) and np.all(r0.count == 2)
         else:  # worker 1 never learns the agreed exponent either, so it contributes nothing (protocol.md)
             assert np.allclose(r0.values, 5.0) and np.all(r0.count == 1)
