@@ -107,6 +107,31 @@ def test_a_worker_that_remembers_nothing_costs_loss_never_a_wrong_mean(make_clus
     assert cluster.switch.read_counters(cluster.job_id)["grad_exp_mismatch"] > 0
 
 
+def test_a_rejoining_worker_forgets_the_agreed_exponents_and_keeps_its_rounding_stream(make_cluster):
+    """LtaWorker.rejoin_at (what a worker does after taking a peer's state, torch_ext/heal.py) numbers the
+    next units from the counter given and forgets the agreed exponents, keeping the rounding stream and
+    the ``prev`` values: the next reduce speculates no chunk and is still every worker's mean, and the one
+    after it speculates every chunk again."""
+    n, length = 2, 8 * K
+    cluster = _speculating(make_cluster, n, **PATIENT)
+    rng = np.random.default_rng(5)
+    speculated = []
+    for step in range(4):
+        if step == 2:
+            for w in cluster.workers:
+                before = w.codec_state()
+                w.rejoin_at(before["next_unit"])
+                after = w.codec_state()
+                assert after["rng"] == before["rng"] and after["prev"].keys() == before["prev"].keys()
+                assert after["agreed"] == {} and after["agreed_seen"] == {} and after["agreed_step"] == -1
+                assert after["next_unit"] == before["next_unit"]
+        inputs = [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
+        results = cluster.reduce_all(inputs, step=step)
+        check_mean_over_bitmap(results, inputs, K, full=n * 8, partial=0, fallback=0, slack_bits=GUARD)
+        speculated.append(cluster.workers[0].stats.speculated_chunks)
+    assert speculated == [0, 8, 8, 16], speculated
+
+
 def test_a_nonfinite_value_under_speculation_is_nan_on_every_worker(make_cluster):
     """An Inf in one worker's chunk of a speculated reduce: its row goes flagged SATURATED (its proposal is
     the non-finite marker, above any speculated exponent), the chunk is redone, and the exponent round's

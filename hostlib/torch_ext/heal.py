@@ -224,11 +224,7 @@ class Healer:
             worker.poll(0.01)
         next_unit, own = counters[0], counters[1:]
         self.restore(step, own, values)
-        codec = worker.codec_state()
-        # own rounding stream and prev kept; its last agreed exponents are of reduces its peers left long ago
-        worker.load_codec_state(
-            {**codec, "next_unit": next_unit, "agreed": {}, "agreed_step": -1, "agreed_seen": {}}
-        )
+        worker.rejoin_at(next_unit)
         worker.health.healed()
         inbox.clear()
         self.healed += 1

@@ -831,11 +831,7 @@ class ReduceEngine:
 
     def load_codec_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]
-        self._next_unit = int(state["next_unit"])
-        self.reuse.restart_at(self._next_unit)
-        self._newest_unit[0] = -1  # units numbered afresh from the checkpoint's
-        self.settled_to = self._next_unit
-        self.peers_settled[:] = -1
+        self._restart_units(int(state["next_unit"]))
         self._prev = {key: np.array(values, dtype=np.float32) for key, values in state["prev"].items()}
         self._prev_rows = {}
         # (a state saved before speculated exponents: nothing to speculate from, as a fresh worker)
@@ -846,6 +842,24 @@ class ReduceEngine:
         step = int(state.get("agreed_step", -1))
         self._spec_step = None if step < 0 else step
         self._spec_seen = {int(n): int(seen) for n, seen in state.get("agreed_seen", {}).items()}
+
+    def rejoin_at(self, next_unit: int) -> None:
+        """Number the next reduce's units from ``next_unit`` (the peers' counter: a worker that fell behind
+        and took a peer's state, torch_ext/heal.py) and forget the last agreed exponents: they are of
+        reduces its peers left long ago, and a reduce speculated from them would disagree with theirs.
+        The rounding stream and the ``prev`` fallback's values are kept."""
+        self._restart_units(next_unit)
+        self._agreed.clear()
+        self._spec_step = None
+        self._spec_seen.clear()
+
+    def _restart_units(self, next_unit: int) -> None:
+        """The unit counter at ``next_unit``, and what was learnt of units numbered before it forgotten."""
+        self._next_unit = next_unit
+        self.reuse.restart_at(next_unit)
+        self._newest_unit[0] = -1  # units numbered afresh
+        self.settled_to = next_unit
+        self.peers_settled[:] = -1
 
     def input_buffer(self, n: int) -> np.ndarray:
         """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.

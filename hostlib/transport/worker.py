@@ -328,6 +328,12 @@ class LtaWorker:
     def load_codec_state(self, state: dict[str, Any]) -> None:
         self.engine.load_codec_state(state)
 
+    def rejoin_at(self, next_unit: int) -> None:
+        """After taking a peer's state (torch_ext/heal.py): number the next reduce's units from the peers'
+        ``next_unit`` and forget the exponents agreed in reduces before it; rounding stream and ``prev``
+        kept (ReduceEngine.rejoin_at)."""
+        self.engine.rejoin_at(next_unit)
+
     def input_buffer(self, n: int) -> np.ndarray:
         """The float32 buffer (``n`` values, C-contiguous) a reduce of ``n`` values stages its input in.
         A caller that writes its input there and passes it as ``x`` to :meth:`allreduce` saves a copy; the
