@@ -591,11 +591,18 @@ class Deadlines:
         # The newest only: a RESULT with a peer's bit there proves it sent every unit before, which are
         # then flushed as lost (fast_flush); a peer merely late loses one round per RTO, not all of them.
         newest = int(units[-1])
-        plan.deadline_at[newest] = min(plan.deadline_at[newest], self.stall_deadline(now))
+        plan.deadline_at[newest] = min(plan.deadline_at[newest], self.rto_at(now))
 
-    def stall_deadline(self, now: float) -> float:
-        """When :meth:`stall_flush` FLUSHes the newest stalled unit: one RTO from ``now``, staggered."""
+    def rto_at(self, now: float) -> float:
+        """One RTO from ``now`` (the floor min_deadline_ms included), staggered: when :meth:`stall_flush`
+        FLUSHes the newest stalled unit, and a redo round's first wait (:meth:`arm_redo`)."""
         return now + self.rto_s() * self._stagger
+
+    def arm_redo(self, plan: ReducePlan, units: np.ndarray, now: float) -> None:
+        """Arm a redo round's ``units`` in flight as this worker sends it (ReduceEngine._redo_send): every
+        worker that knows the agreed exponent sends now, so the round's GRADs are due within a round trip,
+        as a tail unit's are: one RTO before its FLUSH; later FLUSHes back off as any unit's (:meth:`arm`)."""
+        plan.deadline_at[units] = self.rto_at(now)
 
     def rearm_shorter(self, plan: ReducePlan, now: float) -> None:
         """Re-arm in-flight units whose first deadline is later than the current rule gives (never

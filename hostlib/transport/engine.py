@@ -570,11 +570,7 @@ class ReduceEngine:
         u = c + e
         now = time.perf_counter()
         plan.first_flush_at[u] = plan.flushed_at[u] = now
-        # Every worker that knows the agreed exponent sends now: the round's GRADs are due within a round
-        # trip, as a tail unit's are, so it waits one RTO (the configured floor min_deadline_ms included)
-        # before its FLUSH; later FLUSHes back off as any unit's (Deadlines.arm).
-        waiting = u[plan.state[u] == IN_FLIGHT]
-        plan.deadline_at[waiting] = now + self.deadlines.rto_s() * self.deadlines.stagger
+        self.deadlines.arm_redo(plan, u[plan.state[u] == IN_FLIGHT], now)
         sends = (plan.agreed_bits[c] != 0) & (plan.state[u] == IN_FLIGHT)
         plan.has_exp[c] = sends  # (a probe resends the second round's row; none where nothing went)
         if not sends.any():
@@ -1064,7 +1060,7 @@ class ReduceEngine:
         dl = self.deadlines
         next_at = wake.commit(
             u0, u1, plan.low, now, now + dl.first_wait_s(plan) * dl.stagger,
-            (plan.own_shown, dl.presumed_dead, dl.stall_deadline(now), plan.all_sent), held,
+            (plan.own_shown, dl.presumed_dead, dl.rto_at(now), plan.all_sent), held,
         )  # fmt: skip
         if held:
             self._count_held(now, _HELD[held])
@@ -1087,7 +1083,7 @@ class ReduceEngine:
         if not self.native:
             dl.stall_flush(plan, permitted, now)
             return
-        at = dl.stall_deadline(now)
+        at = dl.rto_at(now)
         native_ext.stall(plan.state, plan.flushes, plan.critical_unit, plan.deadline_at, plan.frontier,
                          dl.presumed_dead, plan.low, permitted, plan.next_unit, at)  # fmt: skip
 
